@@ -1,0 +1,2 @@
+//! Safetensors checkpoints: mapped once, validated completely, viewed in place.
+pub mod linear;

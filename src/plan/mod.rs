@@ -1,0 +1,2 @@
+//! Profiles, the memory plan and the live ledger.
+pub mod memory;
