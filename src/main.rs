@@ -1,1 +1,51 @@
-fn main() {}
+//! The `sparkrt` command line: parses arguments, runs one subcommand, and
+//! turns errors into messages and exit codes (0 ok, 1 runtime failure,
+//! 2 bad input, 3 the plan does not fit).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use sparkrt::cli;
+
+/// sparkrt serves Mixture-of-Experts models on a DGX Spark without wedging
+/// the host: every byte is planned before anything is allocated.
+#[derive(Parser)]
+#[command(name = "sparkrt", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Read the host: memory, kubelet reservations, kubepods cgroup, GPU.
+    Probe(cli::probe::ProbeArgs),
+    /// Budget every byte for a profile on this host; exit 3 if it does not fit.
+    Plan(cli::plan::PlanArgs),
+}
+
+fn main() -> ExitCode {
+    let args = Cli::parse();
+    init_logging();
+    let result = match &args.command {
+        Command::Probe(a) => cli::probe::run(a),
+        Command::Plan(a) => cli::plan::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            cli::exit_code_for(&error)
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SPARKRT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}

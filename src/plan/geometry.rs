@@ -91,13 +91,15 @@ impl ModelGeometry {
                 !self.mlp_only_layers.contains(&i)
                     && self.num_experts > 0
                     && self.decoder_sparse_step > 0
-                    && (i + 1) % self.decoder_sparse_step == 0
+                    && (i + 1).is_multiple_of(self.decoder_sparse_step)
             }
         }
     }
 
     pub fn num_moe_layers(&self) -> usize {
-        (0..self.num_layers).filter(|&i| self.is_moe_layer(i)).count()
+        (0..self.num_layers)
+            .filter(|&i| self.is_moe_layer(i))
+            .count()
     }
 
     /// Attention span of layer `i` (full unless `layer_types` says sliding).

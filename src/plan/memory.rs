@@ -1,7 +1,19 @@
 //! The memory formulas: every byte count sparkrt prints or allocates comes
-//! from here (the plan, the allocator's ledger and the monitor all use it).
+//! from here. The plan, the allocator (through the ledger) and the monitor all
+//! use these functions, so a figure shown is a figure allocated.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use super::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
+
+/// Activations, workspace and logits are f32 on every backend.
+pub const ACTIVATION_BYTES: u64 = 4;
+/// bf16 bytes, for weights that are never quantized.
+const BF16: u64 = 2;
+/// i32 ids, offsets and positions.
+const INDEX_BYTES: u64 = 4;
 
 /// Groups the plan and `inspect` report weight bytes by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -37,5 +49,403 @@ impl WeightGroup {
             WeightGroup::Norms => "norms",
             WeightGroup::LmHead => "lm_head",
         }
+    }
+}
+
+/// Weight bytes by group (every group present, zero when empty).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WeightBytes {
+    pub groups: BTreeMap<WeightGroup, u64>,
+}
+
+impl WeightBytes {
+    pub fn zero() -> WeightBytes {
+        WeightBytes {
+            groups: WeightGroup::ALL.iter().map(|&g| (g, 0)).collect(),
+        }
+    }
+
+    pub fn add(&mut self, group: WeightGroup, bytes: u64) {
+        *self.groups.entry(group).or_insert(0) += bytes;
+    }
+
+    pub fn get(&self, group: WeightGroup) -> u64 {
+        self.groups.get(&group).copied().unwrap_or(0)
+    }
+
+    pub fn total(&self) -> u64 {
+        self.groups.values().sum()
+    }
+}
+
+/// Bytes of one `[rows, cols]` linear weight stored as `format`, scales included:
+/// NVFP4 = packed codes + one F8 scale per 16 + `weight_scale_2` + `input_scale`;
+/// MXFP4 = packed codes + one E8M0 scale per 32.
+pub fn linear_bytes(rows: u64, cols: u64, format: Quantization) -> u64 {
+    match format {
+        Quantization::Bf16 => rows * cols * BF16,
+        Quantization::Nvfp4 => rows * cols / 2 + rows * cols.div_ceil(16) + 4 + 4,
+        Quantization::Mxfp4 => rows * cols / 2 + rows * cols.div_ceil(32),
+    }
+}
+
+/// Weight bytes computed from the geometry alone (no checkpoint at hand).
+/// Attention, router, embeddings, norms and lm_head are bf16 in every format;
+/// experts (and NVFP4 dense MLPs) take the model's quantization.
+pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
+    let (h, v) = (g.hidden_size as u64, g.vocab_size as u64);
+    let (heads, kv_heads, hd) = (
+        g.num_attention_heads as u64,
+        g.num_kv_heads as u64,
+        g.head_dim as u64,
+    );
+    let (e, i_moe) = (g.num_experts as u64, g.moe_intermediate_size as u64);
+    let q_dim = heads * hd;
+    let kv_dim = kv_heads * hd;
+    let gpt_oss = g.architecture == Architecture::GptOss;
+
+    let mut w = WeightBytes::zero();
+    w.add(WeightGroup::Embeddings, v * h * BF16);
+    if !g.tie_word_embeddings {
+        w.add(WeightGroup::LmHead, v * h * BF16);
+    }
+    w.add(WeightGroup::Norms, h * BF16); // model.norm
+
+    let attention = (2 * q_dim * h + 2 * kv_dim * h) * BF16
+        + if g.attention_bias {
+            (q_dim + 2 * kv_dim + h) * BF16
+        } else {
+            0
+        }
+        + if gpt_oss { heads * BF16 } else { 0 }; // sinks
+    let norms = 2 * h * BF16 + if gpt_oss { 0 } else { 2 * hd * BF16 }; // + q/k norm
+    let router = e * h * BF16 + if gpt_oss { e * BF16 } else { 0 };
+    let experts = if gpt_oss {
+        // Stacked: gate_up [E, 2I, H] and down [E, H, I], each with a bf16 bias.
+        e * (linear_bytes(2 * i_moe, h, g.quantization) + 2 * i_moe * BF16)
+            + e * (linear_bytes(h, i_moe, g.quantization) + h * BF16)
+    } else {
+        e * (2 * linear_bytes(i_moe, h, g.quantization) + linear_bytes(h, i_moe, g.quantization))
+    };
+    let dense_format = match g.quantization {
+        Quantization::Nvfp4 => Quantization::Nvfp4,
+        _ => Quantization::Bf16,
+    };
+    let i_dense = g.intermediate_size as u64;
+    let dense = 2 * linear_bytes(i_dense, h, dense_format) + linear_bytes(h, i_dense, dense_format);
+
+    for layer in 0..g.num_layers {
+        w.add(WeightGroup::Attention, attention);
+        w.add(WeightGroup::Norms, norms);
+        if g.is_moe_layer(layer) {
+            w.add(WeightGroup::Router, router);
+            w.add(WeightGroup::Experts, experts);
+        } else {
+            w.add(WeightGroup::DenseMlp, dense);
+        }
+    }
+    w
+}
+
+/// One named buffer of a plan category.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Buffer {
+    pub name: String,
+    pub bytes: u64,
+}
+
+fn buffer(name: &str, bytes: u64) -> Buffer {
+    Buffer {
+        name: name.to_string(),
+        bytes,
+    }
+}
+
+/// The ONE MoE workspace shared by every MoE layer, sized for the largest
+/// batch the MoE can see: `capacity_tokens = max_num_batched_tokens × dp_size`
+/// (tokens gathered from every data-parallel rank), `routed_rows =
+/// capacity_tokens × top_k`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MoeWorkspace {
+    pub instances: u64,
+    pub capacity_tokens: u64,
+    pub routed_rows: u64,
+    pub bytes: u64,
+    /// What one workspace per MoE layer would cost (the design sparkrt avoids).
+    pub per_layer_total_bytes: u64,
+    pub buffers: Vec<Buffer>,
+}
+
+pub fn moe_workspace(
+    g: &ModelGeometry,
+    max_num_batched_tokens: usize,
+    dp_size: usize,
+) -> MoeWorkspace {
+    let capacity_tokens = max_num_batched_tokens as u64 * dp_size as u64;
+    let rows = capacity_tokens * g.top_k as u64;
+    let (h, i) = (g.hidden_size as u64, g.moe_intermediate_size as u64);
+    let buffers = vec![
+        buffer("topk_ids", rows * INDEX_BYTES),
+        buffer("topk_weights", rows * ACTIVATION_BYTES),
+        buffer("expert_offsets", (g.num_experts as u64 + 1) * INDEX_BYTES),
+        buffer("sorted_rows", rows * INDEX_BYTES),
+        buffer("gathered_input", rows * h * ACTIVATION_BYTES),
+        buffer("gate_up_output", rows * 2 * i * ACTIVATION_BYTES),
+        buffer("activation", rows * i * ACTIVATION_BYTES),
+        buffer("down_output", rows * h * ACTIVATION_BYTES),
+    ];
+    let bytes = buffers.iter().map(|b| b.bytes).sum();
+    MoeWorkspace {
+        instances: 1,
+        capacity_tokens,
+        routed_rows: rows,
+        bytes,
+        per_layer_total_bytes: bytes * g.num_moe_layers() as u64,
+        buffers,
+    }
+}
+
+/// The activation set: the largest live set of one forward step, allocated
+/// once and reused by every layer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Activations {
+    pub bytes: u64,
+    pub buffers: Vec<Buffer>,
+}
+
+/// `tokens` = max_num_batched_tokens (one step's tokens), `seqs` =
+/// max_num_seqs (rows of logits sampled per step).
+pub fn activations(
+    g: &ModelGeometry,
+    tokens: usize,
+    seqs: usize,
+    max_model_len: usize,
+    kv_block_size: usize,
+) -> Activations {
+    let t = tokens as u64;
+    let s = seqs as u64;
+    let h = g.hidden_size as u64;
+    let q_dim = (g.num_attention_heads * g.head_dim) as u64;
+    let kv_dim = (g.num_kv_heads * g.head_dim) as u64;
+    let blocks_per_seq = max_model_len.div_ceil(kv_block_size.max(1)) as u64;
+    let mut buffers = vec![
+        buffer("hidden", t * h * ACTIVATION_BYTES),
+        buffer("normed", t * h * ACTIVATION_BYTES),
+        buffer("qkv", t * (q_dim + 2 * kv_dim) * ACTIVATION_BYTES),
+        buffer("attention_output", t * q_dim * ACTIVATION_BYTES),
+        buffer("block_output", t * h * ACTIVATION_BYTES),
+        buffer("router_logits", t * g.num_experts as u64 * ACTIVATION_BYTES),
+    ];
+    if g.num_moe_layers() < g.num_layers {
+        let i = g.intermediate_size as u64;
+        buffers.push(buffer("dense_gate_up", t * 2 * i * ACTIVATION_BYTES));
+        buffers.push(buffer("dense_activation", t * i * ACTIVATION_BYTES));
+    }
+    buffers.push(buffer("logits", s * g.vocab_size as u64 * ACTIVATION_BYTES));
+    // token ids, positions and KV slots per token; a block table, a length
+    // and a start per sequence.
+    buffers.push(buffer(
+        "step_metadata",
+        (3 * t + s * (blocks_per_seq + 2)) * INDEX_BYTES,
+    ));
+    Activations {
+        bytes: buffers.iter().map(|b| b.bytes).sum(),
+        buffers,
+    }
+}
+
+/// Per-token KV bytes of the layers that keep every token (full attention):
+/// `2 × layers × kv_heads × head_dim × dtype_bytes`.
+pub fn kv_bytes_per_token(g: &ModelGeometry, dtype_bytes: u64) -> u64 {
+    let full_layers = (0..g.num_layers)
+        .filter(|&i| g.layer_attention(i) == LayerAttention::FullAttention)
+        .count() as u64;
+    2 * full_layers * g.num_kv_heads as u64 * g.head_dim as u64 * dtype_bytes
+}
+
+/// KV of sliding-window layers: each running sequence keeps only the last
+/// `sliding_window` tokens of them, so they cost a fixed
+/// `max_num_seqs × window × 2 × sliding_layers × kv_heads × head_dim × dtype_bytes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SlidingKv {
+    pub layers: u64,
+    pub window_tokens: u64,
+    pub bytes_per_token: u64,
+    pub bytes: u64,
+}
+
+pub fn sliding_kv(
+    g: &ModelGeometry,
+    dtype_bytes: u64,
+    max_num_seqs: usize,
+    max_model_len: usize,
+) -> SlidingKv {
+    let layers = (0..g.num_layers)
+        .filter(|&i| g.layer_attention(i) == LayerAttention::SlidingAttention)
+        .count() as u64;
+    let window_tokens = if layers == 0 {
+        0
+    } else {
+        g.sliding_window.unwrap_or(0).min(max_model_len) as u64
+    };
+    let bytes_per_token = 2 * layers * g.num_kv_heads as u64 * g.head_dim as u64 * dtype_bytes;
+    SlidingKv {
+        layers,
+        window_tokens,
+        bytes_per_token,
+        bytes: max_num_seqs as u64 * window_tokens * bytes_per_token,
+    }
+}
+
+/// Full-attention KV tokens that fit in `budget` bytes: whole blocks only,
+/// capped at what `max_num_seqs` sequences of `max_model_len` tokens can use
+/// (`max_num_seqs × ⌈max_model_len / block⌉` blocks).
+pub fn kv_tokens_for(
+    budget: u64,
+    bytes_per_token: u64,
+    block_size: usize,
+    max_num_seqs: usize,
+    max_model_len: usize,
+) -> u64 {
+    let block = block_size.max(1) as u64;
+    let cap_blocks = max_num_seqs as u64 * (max_model_len as u64).div_ceil(block);
+    let blocks = match bytes_per_token {
+        0 => cap_blocks,
+        bpt => (budget / (bpt * block)).min(cap_blocks),
+    };
+    blocks * block
+}
+
+/// The host's headroom: what the plan may use.
+///
+/// - `host_limit = mem_available − eviction_hard − os_reserve − safety_margin`
+/// - with a kubelet: `kube_limit = mem_total − system_reserved − kube_reserved
+///   − eviction_hard − kubepods_in_use − safety_margin`
+/// - `usable = min(host_limit, kube_limit)`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Headroom {
+    pub mem_total: u64,
+    pub mem_available: u64,
+    pub eviction_hard: u64,
+    pub os_reserve: u64,
+    pub safety_margin: u64,
+    pub system_reserved: u64,
+    pub kube_reserved: u64,
+    pub kubepods_in_use: u64,
+    pub host_limit: i64,
+    pub kube_limit: Option<i64>,
+    pub usable: i64,
+    pub binding: Binding,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Binding {
+    Host,
+    Kubelet,
+}
+
+/// Inputs of [`headroom`], all bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostFigures {
+    pub mem_total: u64,
+    pub mem_available: u64,
+    pub eviction_hard: u64,
+    pub system_reserved: u64,
+    pub kube_reserved: u64,
+    pub kubepods_in_use: u64,
+    /// Whether a kubelet runs on this host (its limit then applies too).
+    pub kubelet: bool,
+}
+
+pub fn headroom(host: &HostFigures, os_reserve: u64, safety_margin: u64) -> Headroom {
+    let signed = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
+    let host_limit = signed(host.mem_available)
+        - signed(host.eviction_hard)
+        - signed(os_reserve)
+        - signed(safety_margin);
+    let kube_limit = host.kubelet.then(|| {
+        signed(host.mem_total)
+            - signed(host.system_reserved)
+            - signed(host.kube_reserved)
+            - signed(host.eviction_hard)
+            - signed(host.kubepods_in_use)
+            - signed(safety_margin)
+    });
+    let (usable, binding) = match kube_limit {
+        Some(k) if k < host_limit => (k, Binding::Kubelet),
+        _ => (host_limit, Binding::Host),
+    };
+    Headroom {
+        mem_total: host.mem_total,
+        mem_available: host.mem_available,
+        eviction_hard: host.eviction_hard,
+        os_reserve,
+        safety_margin,
+        system_reserved: host.system_reserved,
+        kube_reserved: host.kube_reserved,
+        kubepods_in_use: host.kubepods_in_use,
+        host_limit,
+        kube_limit,
+        usable,
+        binding,
+    }
+}
+
+/// MemAvailable below which the memory guard stops admitting work.
+pub fn guard_threshold(eviction_hard: u64, safety_margin: u64) -> u64 {
+    eviction_hard + safety_margin
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_bytes_by_format() {
+        assert_eq!(linear_bytes(64, 128, Quantization::Bf16), 16_384);
+        // 64×128/2 codes + 64×8 scales + two f32 scalars
+        assert_eq!(linear_bytes(64, 128, Quantization::Nvfp4), 4096 + 512 + 8);
+        // 64×128/2 codes + 64×4 exponents
+        assert_eq!(linear_bytes(64, 128, Quantization::Mxfp4), 4096 + 256);
+    }
+
+    #[test]
+    fn headroom_binding() {
+        let gib = 1i64 << 30;
+        let host = HostFigures {
+            mem_total: 100 << 30,
+            mem_available: 90 << 30,
+            eviction_hard: 1 << 30,
+            system_reserved: 2 << 30,
+            kube_reserved: 1 << 30,
+            kubepods_in_use: 20 << 30,
+            kubelet: true,
+        };
+        let h = headroom(&host, 4 << 30, 1 << 30);
+        assert_eq!(h.host_limit, 84 * gib);
+        assert_eq!(h.kube_limit, Some(75 * gib));
+        assert_eq!((h.usable, h.binding), (75 * gib, Binding::Kubelet));
+        let h = headroom(
+            &HostFigures {
+                kubelet: false,
+                ..host
+            },
+            4 << 30,
+            1 << 30,
+        );
+        assert_eq!(
+            (h.usable, h.binding, h.kube_limit),
+            (84 * gib, Binding::Host, None)
+        );
+    }
+
+    #[test]
+    fn kv_tokens_are_whole_blocks_and_capped() {
+        assert_eq!(kv_tokens_for(1000 * 100, 100, 16, 10, 1000), 992);
+        // one sequence of 1000 tokens needs 63 blocks of 16
+        assert_eq!(kv_tokens_for(u64::MAX / 2, 100, 16, 1, 1000), 1008);
+        assert_eq!(kv_tokens_for(u64::MAX / 2, 100, 16, 3, 1000), 3 * 1008);
+        assert_eq!(kv_tokens_for(0, 100, 16, 1, 1000), 0);
     }
 }

@@ -1,3 +1,341 @@
 //! Profiles, the memory plan and the live ledger.
+//!
+//! A plan is computed before anything is allocated, from a profile, the
+//! checkpoint's headers (when at hand) and a reading of the host. It says
+//! whether the model fits and, if not, by how much and which knob to turn.
+
 pub mod geometry;
+pub mod ledger;
 pub mod memory;
+pub mod profile;
+pub mod report;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use geometry::{Architecture, ModelGeometry};
+use memory::{
+    Activations, Headroom, HostFigures, MoeWorkspace, SlidingKv, WeightBytes, WeightGroup,
+};
+use profile::{
+    DEFAULT_CPU_OVERHEAD, DEFAULT_CUDA_OVERHEAD, DeviceKind, KvCacheDtype, KvCacheSize, Profile,
+};
+
+use crate::host::HostReading;
+
+#[derive(Debug, Error)]
+pub enum PlanError {
+    #[error(
+        "the checkpoint does not match the profile: {field} is {checkpoint} in the checkpoint's config.json but {profile} in the profile"
+    )]
+    GeometryMismatch {
+        field: String,
+        profile: String,
+        checkpoint: String,
+    },
+}
+
+/// The backend a plan is made for (after `auto` is resolved).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanDevice {
+    Cpu,
+    Cuda,
+}
+
+impl PlanDevice {
+    pub fn resolve(kind: DeviceKind, gpu_present: bool) -> PlanDevice {
+        match kind {
+            DeviceKind::Cpu => PlanDevice::Cpu,
+            DeviceKind::Cuda => PlanDevice::Cuda,
+            DeviceKind::Auto if gpu_present => PlanDevice::Cuda,
+            DeviceKind::Auto => PlanDevice::Cpu,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ModelSummary {
+    pub name: Option<String>,
+    pub architecture: Architecture,
+    pub quantization: geometry::Quantization,
+    pub num_layers: usize,
+    pub num_moe_layers: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub hidden_size: usize,
+    pub moe_intermediate_size: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WeightsPlan {
+    pub total: u64,
+    pub groups: std::collections::BTreeMap<WeightGroup, u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Bytes {
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KvPlan {
+    pub dtype: KvCacheDtype,
+    pub block_size: usize,
+    /// Per-token bytes of the full-attention layers.
+    pub bytes_per_token: u64,
+    /// Full-attention tokens the cache holds (whole blocks).
+    pub tokens: u64,
+    pub blocks: u64,
+    /// Sliding-window layers' fixed share (zero without such layers).
+    pub sliding: SlidingKv,
+    /// `tokens × bytes_per_token + sliding.bytes`.
+    pub bytes: u64,
+}
+
+/// Why a plan does not fit and what would make it fit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Shortfall {
+    pub bytes: u64,
+    pub advice: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub fits: bool,
+    /// True when weights come from the geometry, not a checkpoint's headers.
+    pub estimated: bool,
+    pub profile: String,
+    pub device: PlanDevice,
+    pub host: Headroom,
+    pub model: ModelSummary,
+    pub weights: WeightsPlan,
+    pub moe_workspace: MoeWorkspace,
+    pub activations: Activations,
+    pub runtime_overhead: Bytes,
+    pub kv_cache: KvPlan,
+    pub total: u64,
+    pub shortfall: Option<Shortfall>,
+    /// max_model_len and friends, echoed so the plan reads on its own.
+    pub serving: profile::ServingSection,
+}
+
+impl Plan {
+    /// Bytes of everything but the KV cache.
+    pub fn fixed_bytes(&self) -> u64 {
+        self.weights.total
+            + self.moe_workspace.bytes
+            + self.activations.bytes
+            + self.runtime_overhead.bytes
+    }
+}
+
+/// The host figures of a reading, as the plan's formulas take them.
+pub fn host_figures(reading: &HostReading) -> HostFigures {
+    HostFigures {
+        mem_total: reading.meminfo.mem_total,
+        mem_available: reading.meminfo.mem_available,
+        eviction_hard: reading.eviction_hard(),
+        system_reserved: reading.system_reserved(),
+        kube_reserved: reading.kube_reserved(),
+        kubepods_in_use: reading.kubepods_in_use(),
+        kubelet: reading.kubelet.is_some(),
+    }
+}
+
+/// Computes the plan. `exact_weights` are the checkpoint's header bytes by
+/// group; without them weights are estimated from the geometry.
+pub fn compute(
+    profile: &Profile,
+    host: &HostFigures,
+    exact_weights: Option<WeightBytes>,
+    device: PlanDevice,
+) -> Plan {
+    let g = profile.model.geometry();
+    let s = &profile.serving;
+    let headroom = memory::headroom(
+        host,
+        profile.host.os_reserve.0,
+        profile.host.safety_margin.0,
+    );
+    let estimated = exact_weights.is_none();
+    let weights = exact_weights.unwrap_or_else(|| memory::estimate_weights(&g));
+    let workspace = memory::moe_workspace(&g, s.max_num_batched_tokens, s.dp_size);
+    let activations = memory::activations(
+        &g,
+        s.max_num_batched_tokens,
+        s.max_num_seqs,
+        s.max_model_len,
+        s.kv_block_size,
+    );
+    let overhead = profile
+        .backend
+        .runtime_overhead
+        .map(|b| b.0)
+        .unwrap_or(match device {
+            PlanDevice::Cpu => DEFAULT_CPU_OVERHEAD,
+            PlanDevice::Cuda => DEFAULT_CUDA_OVERHEAD,
+        });
+    let dtype_bytes = s.kv_cache_dtype.bytes();
+    let bytes_per_token = memory::kv_bytes_per_token(&g, dtype_bytes);
+    let sliding = memory::sliding_kv(&g, dtype_bytes, s.max_num_seqs, s.max_model_len);
+
+    let fixed = weights.total() + workspace.bytes + activations.bytes + overhead + sliding.bytes;
+    let usable = headroom.usable;
+    let kv_budget = match s.kv_cache {
+        KvCacheSize::Auto => u64::try_from(usable - fixed as i64).unwrap_or(0),
+        KvCacheSize::Bytes(b) => b,
+    };
+    let tokens = memory::kv_tokens_for(
+        kv_budget,
+        bytes_per_token,
+        s.kv_block_size,
+        s.max_num_seqs,
+        s.max_model_len,
+    );
+    let kv_bytes = tokens * bytes_per_token + sliding.bytes;
+    let total = fixed - sliding.bytes + kv_bytes;
+
+    // One sequence of max_model_len tokens must fit in the cache.
+    let one_sequence = memory::kv_tokens_for(
+        u64::MAX,
+        bytes_per_token,
+        s.kv_block_size,
+        1,
+        s.max_model_len,
+    );
+    let fits = (total as i64) <= usable && tokens >= one_sequence;
+    let shortfall = (!fits).then(|| {
+        let needed = (fixed + one_sequence * bytes_per_token) as i64;
+        let short = match s.kv_cache {
+            KvCacheSize::Auto => needed - usable,
+            KvCacheSize::Bytes(_) => (total as i64 - usable).max(needed - usable),
+        };
+        Shortfall {
+            bytes: u64::try_from(short).unwrap_or(0),
+            advice: advice(
+                profile,
+                &weights,
+                usable,
+                tokens,
+                one_sequence,
+                bytes_per_token,
+                &workspace,
+                &activations,
+            ),
+        }
+    });
+
+    Plan {
+        fits,
+        estimated,
+        profile: profile.source.clone(),
+        device,
+        host: headroom,
+        model: ModelSummary {
+            name: profile.model.name.clone(),
+            architecture: g.architecture,
+            quantization: g.quantization,
+            num_layers: g.num_layers,
+            num_moe_layers: g.num_moe_layers(),
+            num_experts: g.num_experts,
+            top_k: g.top_k,
+            hidden_size: g.hidden_size,
+            moe_intermediate_size: g.moe_intermediate_size,
+        },
+        weights: WeightsPlan {
+            total: weights.total(),
+            groups: weights.groups,
+        },
+        moe_workspace: workspace,
+        activations,
+        runtime_overhead: Bytes { bytes: overhead },
+        kv_cache: KvPlan {
+            dtype: s.kv_cache_dtype,
+            block_size: s.kv_block_size,
+            bytes_per_token,
+            tokens,
+            blocks: tokens / s.kv_block_size.max(1) as u64,
+            sliding,
+            bytes: kv_bytes,
+        },
+        total,
+        shortfall,
+        serving: s.clone(),
+    }
+}
+
+/// Which knobs would make a plan that does not fit, fit.
+#[allow(clippy::too_many_arguments)]
+fn advice(
+    profile: &Profile,
+    weights: &WeightBytes,
+    usable: i64,
+    kv_tokens: u64,
+    one_sequence: u64,
+    bytes_per_token: u64,
+    workspace: &MoeWorkspace,
+    activations: &Activations,
+) -> Vec<String> {
+    use crate::units::{format_gib, format_gib_signed};
+    let s = &profile.serving;
+    if weights.total() as i64 > usable {
+        return vec![format!(
+            "the weights alone take {} but only {} is usable on this host: this model does not fit here; choose a smaller model or quantization, or a host with more memory",
+            format_gib(weights.total()),
+            format_gib_signed(usable)
+        )];
+    }
+    let mut advice = Vec::new();
+    if let KvCacheSize::Bytes(b) = s.kv_cache {
+        if kv_tokens < one_sequence {
+            advice.push(format!(
+                "kv_cache = {} holds {kv_tokens} tokens, fewer than one max_model_len = {} sequence ({} needed): raise kv_cache or lower max_model_len",
+                format_gib(b),
+                s.max_model_len,
+                format_gib(one_sequence * bytes_per_token)
+            ));
+        } else {
+            advice.push(format!(
+                "lower kv_cache (now {}) or set it to \"auto\"",
+                format_gib(b)
+            ));
+        }
+    }
+    let per_batched_token = (workspace.bytes + activations.bytes) / s.max_num_batched_tokens as u64;
+    advice.push(format!(
+        "lower max_num_batched_tokens (now {}): the MoE workspace and activations cost {} per batched token",
+        s.max_num_batched_tokens,
+        crate::units::format_size(per_batched_token)
+    ));
+    advice.push(format!(
+        "lower max_model_len (now {}): one full-length sequence needs {} of KV cache",
+        s.max_model_len,
+        format_gib(one_sequence * bytes_per_token)
+    ));
+    advice
+}
+
+/// Checks that a checkpoint's geometry is the profile's, naming the first
+/// field that differs.
+pub fn check_geometry(
+    profile: &ModelGeometry,
+    checkpoint: &ModelGeometry,
+) -> Result<(), PlanError> {
+    let as_fields = |g: &ModelGeometry| match serde_json::to_value(g) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
+    let (p, c) = (as_fields(profile), as_fields(checkpoint));
+    for (field, profile_value) in &p {
+        let checkpoint_value = c.get(field).unwrap_or(&serde_json::Value::Null);
+        if profile_value != checkpoint_value {
+            return Err(PlanError::GeometryMismatch {
+                field: field.clone(),
+                profile: profile_value.to_string(),
+                checkpoint: checkpoint_value.to_string(),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! One module per subcommand. Each `run` returns the process exit code; an
+//! error is bad input (exit 2) unless wrapped in [`RuntimeFailure`] (exit 1).
+
+pub mod plan;
+pub mod probe;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+
+use crate::host::{HostReading, KubeletSource};
+use crate::plan::profile::{KubeletMode, Profile};
+
+/// Exit code of a plan that does not fit.
+pub const EXIT_DOES_NOT_FIT: u8 = 3;
+/// Exit code of bad input: a malformed file, flag or checkpoint.
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+/// An error that is the runtime's failure, not the user's input (exit 1).
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct RuntimeFailure(#[from] pub anyhow::Error);
+
+/// Maps an error to the process exit code.
+pub fn exit_code_for(error: &anyhow::Error) -> ExitCode {
+    if error.downcast_ref::<RuntimeFailure>().is_some() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::from(EXIT_BAD_INPUT)
+    }
+}
+
+/// Host options shared by `probe`, `plan`, `serve` and `top`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct HostArgs {
+    /// Read the host below this directory instead of `/` (fake trees in tests).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub host_root: PathBuf,
+    /// Kubelet configuration file [default: <host-root>/var/lib/kubelet/config.yaml if present].
+    #[arg(long, value_name = "FILE")]
+    pub kubelet_config: Option<PathBuf>,
+}
+
+impl HostArgs {
+    /// Reads the host as a profile's `[host] kubelet` setting asks.
+    pub fn read(&self, kubelet: KubeletMode) -> Result<HostReading> {
+        let source = match (kubelet, &self.kubelet_config) {
+            (KubeletMode::None, _) => KubeletSource::None,
+            (KubeletMode::Auto, Some(path)) => KubeletSource::File(path.clone()),
+            (KubeletMode::Auto, None) => KubeletSource::Auto,
+        };
+        crate::host::read_host(&self.host_root, &source)
+            .with_context(|| format!("reading the host below {}", self.host_root.display()))
+    }
+}
+
+/// Finds a profile: a path, or a name looked up in `./profiles`,
+/// `/etc/sparkrt/profiles` and the source tree's `profiles/`.
+pub fn find_profile(name_or_path: &str) -> Result<PathBuf> {
+    let as_path = Path::new(name_or_path);
+    if as_path.is_file() {
+        return Ok(as_path.to_path_buf());
+    }
+    let file_name = if name_or_path.ends_with(".toml") {
+        name_or_path.to_string()
+    } else {
+        format!("{name_or_path}.toml")
+    };
+    let dirs = [
+        PathBuf::from("profiles"),
+        PathBuf::from("/etc/sparkrt/profiles"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles"),
+    ];
+    for dir in &dirs {
+        let candidate = dir.join(&file_name);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "no profile {name_or_path:?}: not a file, and no {file_name} in {}",
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Loads a profile by name or path.
+pub fn load_profile(name_or_path: &str) -> Result<(Profile, PathBuf)> {
+    let path = find_profile(name_or_path)?;
+    let profile = Profile::load(&path)?;
+    Ok((profile, path))
+}
+
+/// The checkpoint folder to use: `--model` if given, else the profile's
+/// `model.path` (relative paths are relative to the profile file).
+pub fn model_dir(
+    explicit: Option<&Path>,
+    profile: &Profile,
+    profile_path: &Path,
+) -> Option<PathBuf> {
+    if let Some(dir) = explicit {
+        return Some(dir.to_path_buf());
+    }
+    let path = profile.model.path.as_ref()?;
+    if path.is_absolute() {
+        Some(path.clone())
+    } else {
+        Some(profile_path.parent().unwrap_or(Path::new(".")).join(path))
+    }
+}

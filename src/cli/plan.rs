@@ -1,0 +1,55 @@
+//! `sparkrt plan`: every byte budgeted before anything is allocated.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use super::{EXIT_DOES_NOT_FIT, HostArgs, load_profile, model_dir};
+use crate::host::gpu;
+use crate::plan::{self, Plan, PlanDevice, report};
+
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    /// Profile: a path or a name from profiles/ (e.g. qwen3-30b-a3b-nvfp4).
+    #[arg(long, value_name = "PROFILE")]
+    pub profile: String,
+    /// Checkpoint folder: exact weight bytes from its safetensors headers
+    /// [default: the profile's model.path, if any].
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Print one JSON object (all sizes in bytes) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Plans as `args` ask: profile, host, and the checkpoint's headers if any.
+pub fn make_plan(args: &PlanArgs) -> Result<Plan> {
+    let (profile, profile_path) = load_profile(&args.profile)?;
+    let reading = args.host.read(profile.host.kubelet)?;
+    let gpu_present = gpu::probe().first().is_some();
+    let device = PlanDevice::resolve(profile.backend.device, gpu_present);
+    let _dir = model_dir(args.model.as_deref(), &profile, &profile_path);
+    Ok(plan::compute(
+        &profile,
+        &plan::host_figures(&reading),
+        None,
+        device,
+    ))
+}
+
+pub fn run(args: &PlanArgs) -> Result<ExitCode> {
+    let plan = make_plan(args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+    } else {
+        print!("{}", report::render(&plan));
+    }
+    Ok(if plan.fits {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_DOES_NOT_FIT)
+    })
+}

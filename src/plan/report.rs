@@ -1,0 +1,156 @@
+//! The plan as a table a person reads.
+
+use std::fmt::Write;
+
+use super::Plan;
+use super::memory::WeightGroup;
+use crate::units::{format_gib, format_gib_signed, format_size};
+
+/// Renders `plan` as aligned text, ending with the verdict.
+pub fn render(plan: &Plan) -> String {
+    let mut out = String::new();
+    let h = &plan.host;
+    let m = &plan.model;
+    let name = m.name.as_deref().unwrap_or(m.architecture.name());
+    let _ = writeln!(
+        out,
+        "sparkrt plan: {name} ({}, {}) on {} [{}]{}",
+        m.architecture.name(),
+        m.quantization.name(),
+        match plan.device {
+            super::PlanDevice::Cpu => "cpu",
+            super::PlanDevice::Cuda => "cuda",
+        },
+        plan.profile,
+        if plan.estimated {
+            "  (weights estimated from the geometry)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  {} layers ({} MoE), {} experts, top-{}, hidden {}, expert intermediate {}",
+        m.num_layers,
+        m.num_moe_layers,
+        m.num_experts,
+        m.top_k,
+        m.hidden_size,
+        m.moe_intermediate_size
+    );
+
+    let _ = writeln!(out, "\nHost");
+    let row = |out: &mut String, label: &str, value: String| {
+        let _ = writeln!(out, "  {label:<42}{value:>14}");
+    };
+    row(&mut out, "MemTotal", format_gib(h.mem_total));
+    row(&mut out, "MemAvailable", format_gib(h.mem_available));
+    row(&mut out, "eviction hard", format_gib(h.eviction_hard));
+    row(&mut out, "OS reserve", format_gib(h.os_reserve));
+    row(&mut out, "safety margin", format_gib(h.safety_margin));
+    if let Some(kube_limit) = h.kube_limit {
+        row(
+            &mut out,
+            "kubelet systemReserved",
+            format_gib(h.system_reserved),
+        );
+        row(
+            &mut out,
+            "kubelet kubeReserved",
+            format_gib(h.kube_reserved),
+        );
+        row(&mut out, "kubepods in use", format_gib(h.kubepods_in_use));
+        row(&mut out, "host limit", format_gib_signed(h.host_limit));
+        row(&mut out, "kubelet limit", format_gib_signed(kube_limit));
+    } else {
+        row(
+            &mut out,
+            "host limit (no kubelet)",
+            format_gib_signed(h.host_limit),
+        );
+    }
+    let binding = match h.binding {
+        super::memory::Binding::Host => "host",
+        super::memory::Binding::Kubelet => "kubelet",
+    };
+    row(
+        &mut out,
+        &format!("usable (bound by {binding})"),
+        format_gib_signed(h.usable),
+    );
+
+    let _ = writeln!(out, "\nPlan");
+    row(&mut out, "weights", format_gib(plan.weights.total));
+    for group in WeightGroup::ALL {
+        let bytes = plan.weights.groups.get(&group).copied().unwrap_or(0);
+        if bytes > 0 {
+            row(&mut out, &format!("  {}", group.name()), format_size(bytes));
+        }
+    }
+    let ws = &plan.moe_workspace;
+    row(
+        &mut out,
+        &format!("MoE workspace (1 shared, {} tokens)", ws.capacity_tokens),
+        format_size(ws.bytes),
+    );
+    for b in &ws.buffers {
+        row(&mut out, &format!("  {}", b.name), format_size(b.bytes));
+    }
+    row(
+        &mut out,
+        &format!("  (one per layer would be ×{})", m.num_moe_layers),
+        format_size(ws.per_layer_total_bytes),
+    );
+    row(&mut out, "activations", format_size(plan.activations.bytes));
+    row(
+        &mut out,
+        "runtime overhead",
+        format_size(plan.runtime_overhead.bytes),
+    );
+    let kv = &plan.kv_cache;
+    row(
+        &mut out,
+        &format!("KV cache ({} tokens, {})", kv.tokens, kv.dtype.name()),
+        format_gib(kv.bytes),
+    );
+    row(
+        &mut out,
+        "  bytes per token",
+        format!("{}", kv.bytes_per_token),
+    );
+    if kv.sliding.layers > 0 {
+        row(
+            &mut out,
+            &format!(
+                "  sliding layers ({} × {} tokens/seq)",
+                kv.sliding.layers, kv.sliding.window_tokens
+            ),
+            format_size(kv.sliding.bytes),
+        );
+    }
+    row(&mut out, "total", format_gib(plan.total));
+
+    match &plan.shortfall {
+        None => {
+            let _ = writeln!(
+                out,
+                "\nFITS: {} of {} usable, {} to spare.",
+                format_gib(plan.total),
+                format_gib_signed(h.usable),
+                format_gib_signed(h.usable - plan.total as i64)
+            );
+        }
+        Some(short) => {
+            let _ = writeln!(
+                out,
+                "\nDOES NOT FIT: {} short of {} usable.",
+                format_gib(short.bytes),
+                format_gib_signed(h.usable)
+            );
+            for a in &short.advice {
+                let _ = writeln!(out, "  - {a}");
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,327 @@
+//! `sparkrt probe` and `sparkrt plan` against fake host trees, with the
+//! expected figures derived by hand from the formulas in the issue.
+
+mod common;
+
+use common::*;
+
+const GIB: i64 = 1 << 30;
+const MIB: i64 = 1 << 20;
+
+fn spark_root() -> String {
+    fixture("hosts/spark").display().to_string()
+}
+
+fn box24_root() -> String {
+    fixture("hosts/box24").display().to_string()
+}
+
+fn plan_json(profile_path: &str, host_root: &str) -> (serde_json::Value, i32) {
+    let out = sparkrt(&[
+        "plan",
+        "--profile",
+        profile_path,
+        "--host-root",
+        host_root,
+        "--json",
+    ]);
+    (json(&out), out.status.code().unwrap_or(-1))
+}
+
+#[test]
+fn probe_reads_the_spark_tree() {
+    let out = sparkrt(&["probe", "--host-root", &spark_root(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    // tests/fixtures/hosts/spark/proc/meminfo, kB × 1024
+    assert_eq!(v["meminfo"]["mem_total"], 127_605_452u64 * 1024);
+    assert_eq!(v["meminfo"]["mem_available"], 118_000_000u64 * 1024);
+    assert_eq!(v["meminfo"]["cached"], 15_728_640u64 * 1024);
+    assert_eq!(v["meminfo"]["buffers"], 204_800u64 * 1024);
+    assert_eq!(v["meminfo"]["shmem"], 524_288u64 * 1024);
+    assert_eq!(v["kubelet"]["system_reserved"], 2u64 << 30);
+    assert_eq!(v["kubelet"]["kube_reserved"], 1u64 << 30);
+    // 5% of MemTotal, truncated: 130,667,982,848 × 0.05 = 6,533,399,142.4
+    assert_eq!(v["eviction_hard_bytes"], 6_533_399_142u64);
+    assert_eq!(v["kubepods"]["current"], 3u64 << 30);
+    assert_eq!(v["kubepods"]["max"], serde_json::Value::Null);
+}
+
+#[test]
+fn spark_plan_for_qwen3_30b_nvfp4_uses_the_headroom_rule() {
+    let (v, code) = plan_json(
+        &profile("qwen3-30b-a3b-nvfp4").display().to_string(),
+        &spark_root(),
+    );
+    let h = &v["host"];
+    let mem_total: i64 = 127_605_452 * 1024;
+    let mem_available: i64 = 118_000_000 * 1024;
+    let eviction = mem_total / 20; // 5%, truncated
+    let (os_reserve, safety) = (4 * GIB, 2 * GIB); // the profile's [host]
+    let host_limit = mem_available - eviction - os_reserve - safety;
+    let kube_limit = mem_total - 2 * GIB - GIB - eviction - 3 * GIB - safety;
+    assert_eq!(h["eviction_hard"], eviction);
+    assert_eq!(h["host_limit"], host_limit);
+    assert_eq!(h["kube_limit"], kube_limit);
+    assert_eq!(h["usable"], host_limit.min(kube_limit));
+    assert_eq!(h["binding"], "host");
+    assert_eq!(v["estimated"], true);
+    assert_eq!(v["fits"], true);
+    assert_eq!(code, 0);
+
+    // bf16 KV: 2 × 48 layers × 4 KV heads × 128 × 2 bytes
+    assert_eq!(v["kv_cache"]["bytes_per_token"], 98_304);
+    // auto KV: what remains of usable, in whole 16-token blocks
+    let fixed = v["weights"]["total"].as_i64().unwrap()
+        + v["moe_workspace"]["bytes"].as_i64().unwrap()
+        + v["activations"]["bytes"].as_i64().unwrap()
+        + v["runtime_overhead"]["bytes"].as_i64().unwrap();
+    let tokens = (host_limit - fixed) / (98_304 * 16) * 16;
+    assert_eq!(v["kv_cache"]["tokens"], tokens);
+    assert_eq!(v["total"], fixed + tokens * 98_304);
+
+    // One MoE workspace: 8192 tokens × top-8 routed rows.
+    let ws = &v["moe_workspace"];
+    assert_eq!(ws["instances"], 1);
+    assert_eq!(ws["capacity_tokens"], 8192);
+    assert_eq!(ws["routed_rows"], 8192 * 8);
+    let rows: i64 = 8192 * 8;
+    let expected_ws = rows * 4 * 3 // ids, weights, sorted rows
+        + 129 * 4 // expert offsets
+        + rows * 2048 * 4 * 2 // gathered input, down output
+        + rows * 2 * 768 * 4 // gate/up output
+        + rows * 768 * 4; // activation
+    assert_eq!(ws["bytes"], expected_ws);
+    assert_eq!(ws["per_layer_total_bytes"], expected_ws * 48);
+    assert_eq!(ws["buffers"].as_array().unwrap().len(), 8);
+
+    // NVFP4 experts: per [768, 2048] matrix 768·2048/2 codes + 768·128 F8
+    // scales + two f32 scalars; 3 matrices × 128 experts × 48 layers.
+    let per_matrix: i64 = 768 * 2048 / 2 + 768 * 128 + 8;
+    assert_eq!(v["weights"]["groups"]["experts"], per_matrix * 3 * 128 * 48);
+    assert_eq!(v["model"]["num_moe_layers"], 48);
+}
+
+#[test]
+fn box24_without_kubelet_binds_on_the_host() {
+    let (v, code) = plan_json(
+        &profile("qwen3-moe-tiny").display().to_string(),
+        &box24_root(),
+    );
+    let h = &v["host"];
+    // 22 GiB available − 0 eviction − 1 GiB OS reserve − 512 MiB margin
+    assert_eq!(h["host_limit"], 22 * GIB - GIB - 512 * MIB);
+    assert_eq!(h["kube_limit"], serde_json::Value::Null);
+    assert_eq!(h["binding"], "host");
+    assert_eq!(code, 0);
+    // The tiny profile's cache is capped at 8 seqs × 1024 tokens, f32:
+    // 2 × 4 layers × 2 KV heads × 32 × 4 bytes = 2048 bytes per token.
+    assert_eq!(v["kv_cache"]["bytes_per_token"], 2048);
+    assert_eq!(v["kv_cache"]["tokens"], 8 * 1024);
+    assert_eq!(v["kv_cache"]["bytes"], 8 * 1024 * 2048);
+    // Workspace: 256 tokens × top-4 = 1024 rows, hidden 128, expert intermediate 64.
+    let rows = 1024;
+    assert_eq!(
+        v["moe_workspace"]["bytes"],
+        rows * 4 * 3 + 17 * 4 + rows * 128 * 4 * 2 + rows * 128 * 4 + rows * 64 * 4
+    );
+}
+
+#[test]
+fn dp_size_two_doubles_the_workspace_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(profile("qwen3-30b-a3b-bf16"))
+        .unwrap()
+        .replace("dp_size = 1", "dp_size = 2");
+    let path = dir.path().join("dp2.toml");
+    std::fs::write(&path, text).unwrap();
+    let (one, _) = plan_json(
+        &profile("qwen3-30b-a3b-bf16").display().to_string(),
+        &spark_root(),
+    );
+    let (two, _) = plan_json(&path.display().to_string(), &spark_root());
+    assert_eq!(one["moe_workspace"]["capacity_tokens"], 8192);
+    assert_eq!(two["moe_workspace"]["capacity_tokens"], 16384);
+    assert_eq!(two["moe_workspace"]["routed_rows"], 16384 * 8);
+}
+
+#[test]
+fn qwen3_235b_nvfp4_does_not_fit_a_spark() {
+    let out = sparkrt(&[
+        "plan",
+        "--profile",
+        &profile("qwen3-235b-a22b-nvfp4").display().to_string(),
+        "--host-root",
+        &spark_root(),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stdout(&out));
+    let text = stdout(&out);
+    assert!(text.contains("DOES NOT FIT"), "{text}");
+    assert!(text.contains("weights alone"), "{text}");
+    let (v, code) = plan_json(
+        &profile("qwen3-235b-a22b-nvfp4").display().to_string(),
+        &spark_root(),
+    );
+    assert_eq!(code, 3);
+    assert_eq!(v["fits"], false);
+    assert!(v["shortfall"]["bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn a_fixed_kv_cache_that_is_too_big_names_the_knobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(profile("qwen3-30b-a3b-bf16"))
+        .unwrap()
+        .replace("kv_cache = \"auto\"", "kv_cache = \"200GiB\"");
+    let path = dir.path().join("big-kv.toml");
+    std::fs::write(&path, text).unwrap();
+    let out = sparkrt(&[
+        "plan",
+        "--profile",
+        &path.display().to_string(),
+        "--host-root",
+        &spark_root(),
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    let text = stdout(&out);
+    for knob in ["kv_cache", "max_num_batched_tokens", "max_model_len"] {
+        assert!(text.contains(knob), "advice names {knob}: {text}");
+    }
+}
+
+fn expect_bad_input(args: &[&str], needle: &str) {
+    let out = sparkrt(args);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stdout {} stderr {}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let err = stderr(&out);
+    assert!(err.contains(needle), "expected {needle:?} in: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_host_trees_are_exit_2_never_a_panic() {
+    let tiny = profile("qwen3-moe-tiny").display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("proc")).unwrap();
+
+    std::fs::write(root.join("proc/meminfo"), "MemTotal: 1000 kB\nMemAvail").unwrap();
+    expect_bad_input(
+        &[
+            "plan",
+            "--profile",
+            &tiny,
+            "--host-root",
+            &root.display().to_string(),
+        ],
+        "meminfo",
+    );
+    std::fs::write(root.join("proc/meminfo"), "").unwrap();
+    expect_bad_input(
+        &["probe", "--host-root", &root.display().to_string()],
+        "MemTotal",
+    );
+    std::fs::remove_file(root.join("proc/meminfo")).unwrap();
+    expect_bad_input(
+        &["probe", "--host-root", &root.display().to_string()],
+        "cannot read",
+    );
+
+    let host = |yaml: &str| {
+        let d = tempfile::tempdir().unwrap();
+        FakeHost {
+            mem_total_kb: 1 << 24,
+            mem_available_kb: 1 << 23,
+            kubelet_yaml: Some(yaml.to_string()),
+            kubepods_current: None,
+        }
+        .write(d.path());
+        d
+    };
+    let d = host("systemReserved:\n  memory: 2Zi\n");
+    expect_bad_input(
+        &[
+            "plan",
+            "--profile",
+            &tiny,
+            "--host-root",
+            &d.path().display().to_string(),
+        ],
+        "unknown suffix",
+    );
+    let d = host("systemReserved: {memory: [\n");
+    expect_bad_input(
+        &["probe", "--host-root", &d.path().display().to_string()],
+        "not valid YAML",
+    );
+    let d = host("evictionHard:\n  memory.available: \"-5%\"\n");
+    expect_bad_input(
+        &["probe", "--host-root", &d.path().display().to_string()],
+        "percentage",
+    );
+}
+
+#[test]
+fn bad_profiles_are_exit_2_with_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = std::fs::read_to_string(profile("qwen3-moe-tiny")).unwrap();
+    let write = |name: &str, text: String| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let box24 = box24_root();
+
+    let unknown = write(
+        "unknown.toml",
+        original.replace("top_k = 4", "top_k = 4\ntop_p = 4"),
+    );
+    expect_bad_input(
+        &["plan", "--profile", &unknown, "--host-root", &box24],
+        &format!("{unknown}:"),
+    );
+    expect_bad_input(
+        &["plan", "--profile", &unknown, "--host-root", &box24],
+        "top_p",
+    );
+
+    let wrong_type = write(
+        "type.toml",
+        original.replace("num_experts = 16", "num_experts = \"many\""),
+    );
+    expect_bad_input(
+        &["plan", "--profile", &wrong_type, "--host-root", &box24],
+        "num_experts",
+    );
+
+    let missing = write("missing.toml", original.replace("hidden_size = 128\n", ""));
+    expect_bad_input(
+        &["plan", "--profile", &missing, "--host-root", &box24],
+        "hidden_size",
+    );
+
+    let bad_size = write(
+        "size.toml",
+        original.replace("os_reserve = \"1GiB\"", "os_reserve = \"1 gallon\""),
+    );
+    expect_bad_input(
+        &["plan", "--profile", &bad_size, "--host-root", &box24],
+        "gallon",
+    );
+
+    expect_bad_input(
+        &[
+            "plan",
+            "--profile",
+            "no-such-profile",
+            "--host-root",
+            &box24,
+        ],
+        "no profile",
+    );
+}
