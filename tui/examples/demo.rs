@@ -1,0 +1,176 @@
+//! `cargo run -p sparkrt-tui --example demo [-- --no-server]`
+//!
+//! Runs the monitor on made-up data: a host whose MemAvailable swings towards
+//! the eviction line and back (so the pool turns yellow, then red), and a
+//! stand-in `sparkrt serve` on 127.0.0.1 that answers `/v1/memory` and
+//! `/metrics` with a filling KV cache and growing token counters. With
+//! `--no-server` nothing listens, and the screen shows the host panels only.
+
+use std::f64::consts::TAU;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use sparkrt_tui::{GpuProcess, HostSnapshot, HostSource, TopOptions};
+
+const GIB: u64 = 1 << 30;
+const MEM_TOTAL: u64 = 128 * GIB;
+const EVICTION_HARD: u64 = 16 * GIB;
+/// One full swing of the made-up load, in seconds.
+const PERIOD_S: f64 = 40.0;
+
+/// MemAvailable at `t` seconds: between 18 and 46 GiB.
+fn mem_available(t: f64) -> u64 {
+    let swing = 0.5 + 0.5 * (TAU * t / PERIOD_S).cos();
+    ((18.0 + 28.0 * swing) * GIB as f64) as u64
+}
+
+/// Share of the KV cache in use at `t`: fills as MemAvailable falls.
+fn kv_fill(t: f64) -> f64 {
+    0.5 - 0.45 * (TAU * t / PERIOD_S).cos()
+}
+
+struct DemoHost {
+    start: Instant,
+}
+
+impl HostSource for DemoHost {
+    fn read(&mut self) -> Result<HostSnapshot, String> {
+        Ok(host_at(self.start.elapsed().as_secs_f64()))
+    }
+}
+
+fn host_at(t: f64) -> HostSnapshot {
+    HostSnapshot {
+        mem_total: MEM_TOTAL,
+        mem_available: mem_available(t),
+        mem_free: 6 * GIB,
+        cached: 14 * GIB,
+        buffers: GIB / 2,
+        shmem: GIB / 4,
+        swap_total: 0,
+        swap_free: 0,
+        kubepods_current: Some(3 * GIB),
+        kubepods_max: Some(100 * GIB),
+        system_reserved: 2 * GIB,
+        kube_reserved: GIB,
+        eviction_hard: EVICTION_HARD,
+        usable: Some(100 * GIB),
+        gpu_processes: vec![GpuProcess {
+            pid: std::process::id(),
+            bytes: 80 * GIB,
+        }],
+    }
+}
+
+fn memory_json(t: f64) -> String {
+    let blocks_total = 20_480u64;
+    let blocks_used = (blocks_total as f64 * kv_fill(t)) as u64;
+    let host = host_at(t);
+    let category = |name: &str, planned: u64, allocated: u64| serde_json::json!({"name": name, "planned": planned, "allocated": allocated});
+    serde_json::json!({
+        "plan": {"model": "demo"},
+        "ledger": {
+            "categories": [
+                category("weights", 60 * GIB, 60 * GIB),
+                category("moe_workspace", 2 * GIB, 2 * GIB),
+                category("activations", GIB, GIB),
+                category("kv_cache", 20 * GIB, 20 * GIB),
+                category("runtime_overhead", 2 * GIB, GIB + GIB / 2),
+            ],
+            "page_cache_policy": "dontneed",
+            "weights_residency": "host_registered",
+        },
+        "kv": {"block_size_tokens": 16, "block_bytes": 1 << 20,
+               "blocks_total": blocks_total, "blocks_used": blocks_used},
+        "host": {
+            "mem_total": host.mem_total, "mem_available": host.mem_available,
+            "mem_free": host.mem_free, "cached": host.cached, "buffers": host.buffers,
+            "shmem": host.shmem, "swap_total": 0, "swap_free": 0,
+            "kubepods_current": host.kubepods_current, "kubepods_max": host.kubepods_max,
+            "system_reserved": host.system_reserved, "kube_reserved": host.kube_reserved,
+            "eviction_hard": host.eviction_hard,
+        },
+        "guard": {"tripped": host.mem_available < 20 * GIB,
+                  "threshold_bytes": 20 * GIB, "resume_bytes": 24 * GIB},
+        "process_rss": 62 * GIB,
+    })
+    .to_string()
+}
+
+fn metrics_text(t: f64) -> String {
+    let blocks_total = 20_480u64;
+    let used = (blocks_total as f64 * kv_fill(t)) as u64;
+    let running = (8.0 * kv_fill(t)).round() as u64;
+    let tripped = u8::from(mem_available(t) < 20 * GIB);
+    format!(
+        "# TYPE sparkrt_requests_total counter\n\
+         sparkrt_requests_total{{outcome=\"ok\"}} {ok}\n\
+         sparkrt_requests_total{{outcome=\"error\"}} 1\n\
+         sparkrt_requests_total{{outcome=\"rejected\"}} {rejected}\n\
+         sparkrt_requests_running {running}\n\
+         sparkrt_requests_waiting {waiting}\n\
+         sparkrt_prompt_tokens_total {prompt:.0}\n\
+         sparkrt_generation_tokens_total {generated:.0}\n\
+         sparkrt_kv_blocks_used {used}\n\
+         sparkrt_kv_blocks_free {free}\n\
+         sparkrt_guard_tripped {tripped}\n",
+        ok = (t / 3.0) as u64,
+        rejected = (t / 30.0) as u64,
+        waiting = running / 3,
+        prompt = 800.0 * t,
+        generated = 55.0 * t,
+        free = blocks_total - used,
+    )
+}
+
+fn serve(listener: TcpListener, start: Instant) {
+    for stream in listener.incoming().flatten() {
+        thread::spawn(move || answer(stream, start.elapsed().as_secs_f64()));
+    }
+}
+
+fn answer(stream: TcpStream, t: f64) {
+    let mut reader = BufReader::new(&stream);
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).is_err() {
+        return;
+    }
+    // Skip the headers up to the blank line.
+    let mut header = String::new();
+    while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+        header.clear();
+    }
+    let path = request_line.split_whitespace().nth(1).unwrap_or("");
+    let (status, body) = match path {
+        "/v1/memory" => ("200 OK", memory_json(t)),
+        "/metrics" => ("200 OK", metrics_text(t)),
+        _ => ("404 Not Found", String::new()),
+    };
+    let mut stream = stream;
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let start = Instant::now();
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let url = format!("http://{}", listener.local_addr()?);
+    if std::env::args().any(|a| a == "--no-server") {
+        drop(listener); // nothing answers there now
+    } else {
+        thread::spawn(move || serve(listener, start));
+    }
+    let options = TopOptions {
+        server_url: url,
+        interval: Duration::from_millis(500),
+        history: Duration::from_secs(120),
+        ..TopOptions::default()
+    };
+    sparkrt_tui::run(options, Box::new(DemoHost { start }))?;
+    Ok(())
+}

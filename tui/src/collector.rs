@@ -1,0 +1,148 @@
+//! The collector: once per interval it reads the host, the process table and
+//! the server, and sends one [`Sample`] to the draw loop. It runs on its own
+//! thread so the screen never waits on a slow server.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::client::ServerClient;
+use crate::event::AppEvent;
+use crate::host::{HostSnapshot, HostSource};
+use crate::link::{LinkTracker, ServerLink};
+use crate::memory::ServerMemory;
+use crate::metrics::ServingMetrics;
+use crate::processes::{ProcessRow, ProcessTable};
+use crate::rates::CounterRate;
+
+/// Everything read in one round.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub taken_at: Instant,
+    /// The host source's reading, or why it failed.
+    pub host: Result<HostSnapshot, String>,
+    pub processes: Vec<ProcessRow>,
+    pub link: ServerLink,
+    /// `/v1/memory`, while connected.
+    pub server: Option<ServerMemory>,
+    /// `/metrics` (or why it could not be read), while connected.
+    pub metrics: Option<Result<ServingMetrics, String>>,
+    pub generation_tokens_per_s: Option<f64>,
+    pub prompt_tokens_per_s: Option<f64>,
+}
+
+impl Sample {
+    /// The host reading to draw: the local one, else the server's.
+    pub fn host_reading(&self) -> Option<&HostSnapshot> {
+        self.host
+            .as_ref()
+            .ok()
+            .or_else(|| self.server.as_ref().map(|s| &s.host))
+    }
+
+    pub fn serving(&self) -> Option<&ServingMetrics> {
+        self.metrics.as_ref().and_then(|m| m.as_ref().ok())
+    }
+}
+
+pub struct Collector {
+    host: Box<dyn HostSource>,
+    client: ServerClient,
+    processes: Option<(ProcessTable, usize)>,
+    link: LinkTracker,
+    generation_rate: CounterRate,
+    prompt_rate: CounterRate,
+}
+
+impl Collector {
+    /// A collector that reads no process table (see [`Collector::with_processes`]).
+    pub fn new(host: Box<dyn HostSource>, client: ServerClient) -> Collector {
+        Collector {
+            host,
+            client,
+            processes: None,
+            link: LinkTracker::default(),
+            generation_rate: CounterRate::default(),
+            prompt_rate: CounterRate::default(),
+        }
+    }
+
+    /// Also read the `limit` largest processes by RSS each round.
+    pub fn with_processes(mut self, limit: usize) -> Collector {
+        self.processes = Some((ProcessTable::new(), limit));
+        self
+    }
+
+    /// One round: host, processes, then the server (each request bounded by
+    /// the client's timeout). `/metrics` is only asked once `/v1/memory`
+    /// answered, so a dead server costs one timeout per round, not two.
+    pub fn collect(&mut self) -> Sample {
+        let host = self.host.read();
+        let gpu = host
+            .as_ref()
+            .map(|h| h.gpu_processes.as_slice())
+            .unwrap_or_default();
+        let processes = match &mut self.processes {
+            Some((table, limit)) => table.read(*limit, gpu),
+            None => Vec::new(),
+        };
+
+        let (server, metrics) = match self.client.memory() {
+            Ok(memory) => {
+                self.link.record_success();
+                let metrics = self.client.metrics().map_err(|e| e.to_string());
+                (Some(memory), Some(metrics))
+            }
+            Err(error) => {
+                self.link.record_failure(error.to_string());
+                (None, None)
+            }
+        };
+        let taken_at = Instant::now();
+        let serving = metrics.as_ref().and_then(|m| m.as_ref().ok());
+        let generation_tokens_per_s = self
+            .generation_rate
+            .update(taken_at, serving.and_then(|m| m.generation_tokens_total));
+        let prompt_tokens_per_s = self
+            .prompt_rate
+            .update(taken_at, serving.and_then(|m| m.prompt_tokens_total));
+
+        Sample {
+            taken_at,
+            host,
+            processes,
+            link: self.link.link(),
+            server,
+            metrics,
+            generation_tokens_per_s,
+            prompt_tokens_per_s,
+        }
+    }
+}
+
+/// Runs `collector` every `interval` on a new thread, sending each sample to
+/// `events`. The thread ends when `stop` receives or is dropped, or when the
+/// draw loop has gone (`events` closed).
+pub fn spawn(
+    mut collector: Collector,
+    interval: Duration,
+    events: Sender<AppEvent>,
+    stop: Receiver<()>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("sparkrt-top-collector".to_string())
+        .spawn(move || {
+            loop {
+                let started = Instant::now();
+                let sample = collector.collect();
+                if events.send(AppEvent::Sample(Box::new(sample))).is_err() {
+                    return;
+                }
+                let wait = interval.saturating_sub(started.elapsed());
+                match stop.recv_timeout(wait) {
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+        })
+}

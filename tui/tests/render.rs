@@ -1,0 +1,358 @@
+//! Whole-screen renders on ratatui's TestBackend with canned data: labels,
+//! figures and the markers land where the arithmetic says.
+//!
+//! Layout facts used below: row 0 is the status line; the pool panel starts
+//! on row 1 with its border, so its headline is row 2, the bar rows 3 and 4,
+//! the eviction marker row 5 and the usable marker row 6. The bar spans the
+//! inner width (terminal width − 2) from column 1.
+
+mod common;
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{GIB, connected_sample, disconnected_sample};
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::buffer::Buffer;
+use ratatui::style::Color;
+use sparkrt_tui::app::App;
+use sparkrt_tui::event::AppEvent;
+use sparkrt_tui::pool::marker_column;
+use sparkrt_tui::run::{TopError, draw_loop};
+use sparkrt_tui::ui;
+
+const STATUS_ROW: u16 = 0;
+const HEADLINE_ROW: u16 = 2;
+const BAR_ROWS: [u16; 2] = [3, 4];
+const EVICTION_ROW: u16 = 5;
+const USABLE_ROW: u16 = 6;
+
+fn app_with(sample: sparkrt_tui::collector::Sample) -> App {
+    let mut app = App::new(
+        "http://127.0.0.1:8000",
+        Duration::from_millis(500),
+        Duration::from_secs(300),
+    );
+    app.apply(sample);
+    app
+}
+
+fn render(app: &App, width: u16, height: u16) -> Buffer {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+    terminal.draw(|frame| ui::draw(frame, app)).unwrap();
+    terminal.backend().buffer().clone()
+}
+
+fn row(buffer: &Buffer, y: u16) -> String {
+    (0..buffer.area.width)
+        .map(|x| buffer[(x, y)].symbol())
+        .collect()
+}
+
+fn screen(buffer: &Buffer) -> String {
+    (0..buffer.area.height)
+        .map(|y| row(buffer, y))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn symbol(buffer: &Buffer, x: u16, y: u16) -> &str {
+    buffer[(x, y)].symbol()
+}
+
+/// The column of the first cell on row `y` whose text starts with `needle`.
+fn find_on_row(buffer: &Buffer, y: u16, needle: &str) -> Option<u16> {
+    let cells: Vec<&str> = (0..buffer.area.width)
+        .map(|x| buffer[(x, y)].symbol())
+        .collect();
+    (0..cells.len()).find_map(|start| {
+        cells[start..]
+            .concat()
+            .starts_with(needle)
+            .then_some(start as u16)
+    })
+}
+
+#[test]
+fn pool_bar_markers_sit_where_the_arithmetic_says() {
+    let buffer = render(&app_with(connected_sample()), 122, 40);
+    // Inner width 120. Eviction line at 128 − 16 = 112 GiB: ⌊112 × 120 / 128⌋
+    // = 105, plus the border column: x = 106. Usable at 96 GiB: ⌊96 × 120 /
+    // 128⌋ = 90, x = 91.
+    assert_eq!(marker_column(112 * GIB, 128 * GIB, 120), 105);
+    for y in BAR_ROWS {
+        assert_eq!(symbol(&buffer, 106, y), "┃", "eviction line on row {y}");
+        assert_eq!(buffer[(106, y)].fg, Color::Red);
+        assert_eq!(symbol(&buffer, 91, y), "╎", "usable line on row {y}");
+    }
+    // The marker label does not fit right of column 105, so it ends there.
+    assert_eq!(symbol(&buffer, 106, EVICTION_ROW), "▲");
+    let eviction_label = row(&buffer, EVICTION_ROW);
+    assert!(
+        eviction_label.contains("eviction (evictionHard 16.0 GiB) ▲"),
+        "{eviction_label}"
+    );
+    assert_eq!(symbol(&buffer, 91, USABLE_ROW), "△");
+    assert!(row(&buffer, USABLE_ROW).contains("usable 96.0 GiB"));
+    // The line is drawn on the bar and nowhere else on those rows.
+    assert_eq!(row(&buffer, BAR_ROWS[0]).matches('┃').count(), 1);
+}
+
+#[test]
+fn pool_segments_fill_the_bar_in_order() {
+    let buffer = render(&app_with(connected_sample()), 130, 40);
+    // Inner width 128 = one cell per GiB. Weights 0..60, moe 60..62, kv used
+    // 62..67, kv free 67..82, activations 82..83, overhead 83..84, others
+    // 84..88, page cache 88..113, free 113..128 (x = cell + 1).
+    let bar = row(&buffer, BAR_ROWS[0]);
+    let cells: Vec<char> = bar.chars().collect();
+    assert!(cells[1..=84].iter().all(|&c| c == '█'), "{bar}");
+    assert!(cells[85..=88].iter().all(|&c| c == '▓'), "{bar}");
+    assert!(
+        cells[89..=113]
+            .iter()
+            .all(|&c| c == '▒' || c == '╎' || c == '┃'),
+        "{bar}"
+    );
+    assert!(
+        cells[114..=128].iter().all(|&c| c == '░' || c == '┃'),
+        "{bar}"
+    );
+    // The labels on the second bar row start where their segment starts.
+    assert_eq!(find_on_row(&buffer, BAR_ROWS[1], "weights"), Some(1));
+    assert_eq!(find_on_row(&buffer, BAR_ROWS[1], "kv free"), Some(68));
+    // The usable line (x = 97) crosses the page cache label.
+    assert_eq!(find_on_row(&buffer, BAR_ROWS[1], "page cac"), Some(89));
+    assert_eq!(buffer[(1, BAR_ROWS[0])].fg, Color::Blue);
+    assert_eq!(buffer[(63, BAR_ROWS[0])].fg, Color::Cyan);
+}
+
+#[test]
+fn headline_legend_and_panels_show_the_figures() {
+    let buffer = render(&app_with(connected_sample()), 160, 44);
+    let text = screen(&buffer);
+    let headline = row(&buffer, HEADLINE_ROW);
+    assert!(
+        headline.contains("headroom 24.0 GiB to eviction"),
+        "{headline}"
+    );
+    assert!(headline.contains("MemAvailable 40.0 GiB"), "{headline}");
+    assert!(
+        headline.contains("runtime 84.0 GiB / usable 96.0 GiB"),
+        "{headline}"
+    );
+    assert!(row(&buffer, 1).contains("MemTotal 128.0 GiB"));
+    for needle in [
+        // legend
+        "weights 60.0 GiB",
+        "kv used 5.0 GiB",
+        "kv free 15.0 GiB",
+        "other processes 4.0 GiB",
+        "page cache 25.0 GiB",
+        "free 15.0 GiB",
+        // serving
+        "running 3 · queued 1",
+        "gen 54.5 · prompt 812.0",
+        "kv blocks used 5120 · free 15360 (25%)",
+        "ok 120 · error 2 · rejected 5",
+        "trips < 18.0 GiB",
+        // host
+        "evictionHard   16.0 GiB",
+        "kubelet resv.  system 2.0 GiB · kube 1.0 GiB",
+        "swap used      2.0 GiB / 8.0 GiB",
+        "kubepods       6.0 GiB / max –",
+        "plan usable    96.0 GiB",
+        // ledger notes and processes
+        "page cache: dontneed · weights: host registered",
+        "server RSS 62.0 GiB",
+        "sparkrt",
+        "kubelet",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    // Status line.
+    assert!(row(&buffer, STATUS_ROW).contains("server: connected http://127.0.0.1:8000"));
+}
+
+/// The words of a screen line, borders dropped.
+fn words(line: &str) -> Vec<&str> {
+    line.split(|c: char| c.is_whitespace() || c == '│')
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+#[test]
+fn ledger_rows_show_planned_allocated_and_share() {
+    let buffer = render(&app_with(connected_sample()), 160, 44);
+    let text = screen(&buffer);
+    let overhead = text
+        .lines()
+        .find(|l| l.contains("runtime_overhead"))
+        .expect("overhead row");
+    // Planned 2 GiB, allocated 1 GiB: 50 %.
+    let figures = words(overhead);
+    let at = figures
+        .iter()
+        .position(|w| *w == "runtime_overhead")
+        .unwrap();
+    assert_eq!(&figures[at + 1..at + 4], ["2.0", "1.0", "50"]);
+    let total = text
+        .lines()
+        .find(|l| l.contains("│total"))
+        .expect("total row");
+    let figures = words(total);
+    let at = figures.iter().position(|w| *w == "total").unwrap();
+    // 60 + 2 + 1 + 20 + 2 = 85 GiB planned, 84 allocated: 98.8 % → 99.
+    assert_eq!(&figures[at + 1..at + 4], ["85.0", "84.0", "99"]);
+    assert!(text.contains("ledger (GiB)"));
+}
+
+#[test]
+fn headroom_colour_turns_yellow_then_red() {
+    let colour_of_headroom = |available: u64| {
+        let mut sample = connected_sample();
+        if let Ok(host) = &mut sample.host {
+            host.mem_available = available;
+        }
+        let buffer = render(&app_with(sample), 122, 40);
+        let x = find_on_row(&buffer, HEADLINE_ROW, "headroom ").unwrap() + 9;
+        buffer[(x, HEADLINE_ROW)].fg
+    };
+    // Headroom 24 GiB of 128 (18.8 %), 10 GiB (7.8 %), 4 GiB (3.1 %).
+    assert_eq!(colour_of_headroom(40 * GIB), Color::Green);
+    assert_eq!(colour_of_headroom(26 * GIB), Color::Yellow);
+    assert_eq!(colour_of_headroom(20 * GIB), Color::Red);
+}
+
+#[test]
+fn units_key_switches_to_decimal_gigabytes() {
+    let mut app = app_with(connected_sample());
+    app.on_key(KeyEvent::new(KeyCode::Char('u'), KeyModifiers::NONE));
+    let buffer = render(&app, 160, 44);
+    // 128 GiB = 137.44 GB; 24 GiB = 25.77 GB.
+    assert!(row(&buffer, 1).contains("MemTotal 137.4 GB"));
+    assert!(row(&buffer, HEADLINE_ROW).contains("headroom 25.8 GB"));
+}
+
+#[test]
+fn without_a_server_host_panels_remain() {
+    let buffer = render(&app_with(disconnected_sample()), 122, 40);
+    let text = screen(&buffer);
+    assert!(row(&buffer, STATUS_ROW).contains("server: disconnected (connection refused)"));
+    assert!(text.contains("no server: host panels only"));
+    assert!(text.contains("MemAvailable   40.0 GiB"));
+    // Host-only pool: others 88, page cache 25, free 15 GiB; the eviction
+    // line is still at x = 106.
+    assert!(text.contains("other processes 88.0 GiB"));
+    assert!(row(&buffer, HEADLINE_ROW).contains("runtime 0.0 GiB"));
+    assert_eq!(symbol(&buffer, 106, BAR_ROWS[0]), "┃");
+}
+
+#[test]
+fn before_the_first_sample_it_says_so() {
+    let app = App::new(
+        "http://x:1",
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    );
+    let text = screen(&render(&app, 100, 30));
+    assert!(text.contains("waiting for the first sample"));
+}
+
+#[test]
+fn help_overlay_lists_the_keys() {
+    let mut app = app_with(connected_sample());
+    app.on_key(KeyEvent::new(KeyCode::Char('?'), KeyModifiers::NONE));
+    let text = screen(&render(&app, 100, 40));
+    for needle in [
+        "q     quit",
+        "p     pause",
+        "tab   focus",
+        "s     sort",
+        "u     units",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?}");
+    }
+    app.on_key(KeyEvent::new(KeyCode::Esc, KeyModifiers::NONE));
+    assert!(!screen(&render(&app, 100, 40)).contains("q     quit"));
+}
+
+#[test]
+fn narrow_wide_and_tiny_terminals_render_without_panics() {
+    let mut help = app_with(connected_sample());
+    help.show_help = true;
+    let apps = [
+        app_with(connected_sample()),
+        app_with(disconnected_sample()),
+        help,
+    ];
+    for app in &apps {
+        for (width, height) in [(60, 40), (60, 20), (200, 60), (200, 12), (20, 8), (1, 1)] {
+            let buffer = render(app, width, height);
+            assert_eq!(buffer.area.width, width);
+        }
+    }
+    // At 60 columns the bar and its eviction line are still there:
+    // inner 58, ⌊112 × 58 / 128⌋ = 50, x = 51.
+    let buffer = render(&apps[0], 60, 40);
+    assert_eq!(symbol(&buffer, 51, BAR_ROWS[0]), "┃");
+    assert_eq!(symbol(&buffer, 51, EVICTION_ROW), "▲");
+    // At 200 columns: inner 198, ⌊112 × 198 / 128⌋ = 173, x = 174.
+    let buffer = render(&apps[0], 200, 60);
+    assert_eq!(symbol(&buffer, 174, BAR_ROWS[1]), "┃");
+}
+
+#[test]
+fn draw_loop_applies_samples_and_quits_on_q() {
+    let mut terminal = Terminal::new(TestBackend::new(122, 40)).unwrap();
+    let mut app = App::new(
+        "http://127.0.0.1:8000",
+        Duration::from_millis(500),
+        Duration::from_secs(300),
+    );
+    let (tx, rx) = mpsc::channel();
+    tx.send(AppEvent::Sample(Box::new(connected_sample())))
+        .unwrap();
+    tx.send(AppEvent::Resize).unwrap();
+    tx.send(AppEvent::Key(KeyEvent::new(
+        KeyCode::Char('q'),
+        KeyModifiers::NONE,
+    )))
+    .unwrap();
+    draw_loop(&mut terminal, &mut app, &rx, || true).unwrap();
+    assert!(app.latest.is_some());
+    let last = screen(terminal.backend().buffer());
+    assert!(last.contains("headroom 24.0 GiB"));
+}
+
+#[test]
+fn draw_loop_ends_when_the_collector_is_gone() {
+    let mut terminal = Terminal::new(TestBackend::new(80, 30)).unwrap();
+    let mut app = App::new(
+        "http://x:1",
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    );
+    let (tx, rx) = mpsc::channel::<AppEvent>();
+    drop(tx);
+    let result = draw_loop(&mut terminal, &mut app, &rx, || false);
+    assert!(matches!(result, Err(TopError::CollectorStopped)));
+}
+
+#[test]
+fn broken_metrics_and_host_readings_are_shown_not_hidden() {
+    let mut sample = connected_sample();
+    sample.metrics = Some(Err("/metrics: sparkrt_requests_running is NaN".to_string()));
+    sample.host = Err("/proc/meminfo: permission denied".to_string());
+    let buffer = render(&app_with(sample), 160, 44);
+    let text = screen(&buffer);
+    assert!(text.contains("metrics: /metrics: sparkrt_requests_running is NaN"));
+    assert!(text.contains("host reading failed: /proc/meminfo: permission denied"));
+    // The server's host object stands in: the pool is still drawn, without
+    // the usable line the server does not report.
+    assert!(row(&buffer, HEADLINE_ROW).contains("headroom 24.0 GiB"));
+    assert!(!row(&buffer, HEADLINE_ROW).contains("usable"));
+    assert!(text.contains("plan usable    –"));
+}
