@@ -4,4 +4,5 @@
 //! modules.
 pub mod checkpoint;
 pub mod plan;
+pub mod text;
 pub mod units;
