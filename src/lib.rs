@@ -4,6 +4,8 @@
 //! modules.
 pub mod checkpoint;
 pub mod cli;
+pub mod engine;
 pub mod host;
 pub mod plan;
+pub mod text;
 pub mod units;

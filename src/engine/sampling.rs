@@ -1,0 +1,538 @@
+//! Choosing the next token from a row of logits.
+//!
+//! Greedy when `temperature == 0` (argmax, lowest id on ties); otherwise the
+//! logits are divided by the temperature, cut to the `top_k` most likely
+//! tokens, cut again to the smallest set of those whose probability reaches
+//! `top_p` (nucleus), and one token is drawn from what is left (the order
+//! transformers applies them in).
+//!
+//! Tokens are ranked by (logit descending, id ascending), a total order, so
+//! both cuts keep exactly the tokens ranked at or above one *threshold*
+//! token. The draw then scans the row in id order, adding the weights of the
+//! kept tokens. The result depends only on the row, the parameters and the
+//! random number, not on how the threshold was found.
+//!
+//! Reproducibility: each request owns its random generator, seeded from its
+//! `seed`, and each sampled token consumes exactly one draw, so a request's
+//! tokens depend only on its own logits and seed, never on which other
+//! requests share its batch.
+//!
+//! Cost, with V ≈ 152k: a few O(V) passes and no O(V log V) sort. Top-k is
+//! one `select_nth_unstable` (and then only k exponentials); top-p first
+//! drops the tokens too light to matter, then finds its threshold by a
+//! weighted quickselect over what is left (`nucleus_threshold`).
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::time::SystemTime;
+
+/// Where the nucleus search splits the candidates first (see
+/// [`nucleus_threshold`]).
+const FIRST_NUCLEUS_GUESS: usize = 64;
+
+/// Per-request sampling settings (the OpenAI request fields).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy; otherwise logits are divided by it.
+    pub temperature: f32,
+    /// Keep only the `k` most likely tokens; `None` keeps all.
+    pub top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches `top_p`;
+    /// 1.0 keeps all.
+    pub top_p: f32,
+    /// Seed of the request's random generator; `None` picks a fresh one.
+    pub seed: Option<u64>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Generation ends before any of these strings.
+    pub stop: Vec<String>,
+}
+
+impl Default for SamplingParams {
+    /// OpenAI's defaults: temperature 1, no cuts, 16 tokens.
+    fn default() -> SamplingParams {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: None,
+            top_p: 1.0,
+            seed: None,
+            max_tokens: 16,
+            stop: Vec::new(),
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding of at most `max_tokens` tokens.
+    pub fn greedy(max_tokens: usize) -> SamplingParams {
+        SamplingParams {
+            temperature: 0.0,
+            max_tokens,
+            ..SamplingParams::default()
+        }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// Checks every field; the first problem found is returned.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        if !self.temperature.is_finite() {
+            return Err(SamplingError::NonFiniteTemperature(self.temperature));
+        }
+        if self.temperature < 0.0 {
+            return Err(SamplingError::NegativeTemperature(self.temperature));
+        }
+        // Written so that NaN fails too.
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(SamplingError::TopPOutOfRange(self.top_p));
+        }
+        if self.top_k == Some(0) {
+            return Err(SamplingError::ZeroTopK);
+        }
+        if self.max_tokens == 0 {
+            return Err(SamplingError::ZeroMaxTokens);
+        }
+        if let Some(index) = self.stop.iter().position(String::is_empty) {
+            return Err(SamplingError::EmptyStopString { index });
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    #[error("temperature must be >= 0, got {0}")]
+    NegativeTemperature(f32),
+    #[error("temperature must be a finite number, got {0}")]
+    NonFiniteTemperature(f32),
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopPOutOfRange(f32),
+    #[error("top_k must be at least 1 (leave it unset to keep every token)")]
+    ZeroTopK,
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    #[error("stop string {index} is empty")]
+    EmptyStopString { index: usize },
+    #[error("cannot sample from an empty row of logits")]
+    EmptyLogits,
+    #[error("logit {index} is {value}: the model produced NaN or +infinity")]
+    NonFiniteLogit { index: usize, value: f32 },
+    #[error("every logit is -infinity: no token can be chosen")]
+    AllTokensMasked,
+    #[error("the logits row has {vocab} entries but the sampling workspace holds only {capacity}")]
+    WorkspaceTooSmall { vocab: usize, capacity: usize },
+}
+
+/// The SplitMix64 generator (Steele, Lea & Flood, 2014): 64 bits of state,
+/// good statistical quality, and a definition short enough to live here, so
+/// a seed gives the same tokens across sparkrt versions and dependency
+/// upgrades (a library generator may change its algorithm between releases).
+#[derive(Clone, Debug)]
+pub struct SplitMix64 {
+    state: u64,
+}
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> SplitMix64 {
+        SplitMix64 { state: seed }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1), from the top 53 bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// Rank of a vocabulary entry as one integer: a larger key is a more likely
+/// token, and among equal logits the lower id has the larger key. Integer
+/// comparisons keep the selections fast.
+fn rank_key(id: u32, logit: f32) -> u64 {
+    // `+ 0.0` turns -0.0 into +0.0, so the two zeros tie as they do for `>`.
+    let bits = (logit + 0.0).to_bits();
+    // Flip the bits of negatives and set the sign bit of positives: unsigned
+    // order of the result is numeric order of the floats.
+    let ordered = if bits & 0x8000_0000 != 0 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    };
+    (u64::from(ordered) << 32) | u64::from(!id)
+}
+
+fn key_id(key: u64) -> usize {
+    !(key as u32) as usize
+}
+
+/// Most likely first.
+fn descending(a: &u64, b: &u64) -> std::cmp::Ordering {
+    b.cmp(a)
+}
+
+/// Scratch space for sampling one row, sized for the vocabulary once and
+/// shared by every request of an engine (rows are sampled one at a time), so
+/// that sampling allocates nothing per token.
+#[derive(Debug)]
+pub struct SamplingWorkspace {
+    /// Unnormalised probability of each token, in id order.
+    weights: Vec<f32>,
+    /// Rank keys of the candidates, reordered by the selections.
+    keys: Vec<u64>,
+}
+
+impl SamplingWorkspace {
+    pub fn new(vocab_size: usize) -> SamplingWorkspace {
+        SamplingWorkspace {
+            weights: Vec::with_capacity(vocab_size),
+            keys: Vec::with_capacity(vocab_size),
+        }
+    }
+
+    /// Bytes this workspace holds, for the memory ledger.
+    pub fn bytes(&self) -> usize {
+        self.weights.capacity() * std::mem::size_of::<f32>()
+            + self.keys.capacity() * std::mem::size_of::<u64>()
+    }
+
+    fn capacity(&self) -> usize {
+        self.weights.capacity().min(self.keys.capacity())
+    }
+}
+
+/// The sampling state of one request.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    temperature: f32,
+    top_k: Option<usize>,
+    top_p: f32,
+    seed: u64,
+    rng: SplitMix64,
+}
+
+impl Sampler {
+    /// Validates `params` and seeds the generator (a fresh seed when the
+    /// request gives none; [`seed`](Self::seed) tells which).
+    pub fn new(params: &SamplingParams) -> Result<Sampler, SamplingError> {
+        params.validate()?;
+        let seed = params.seed.unwrap_or_else(fresh_seed);
+        Ok(Sampler {
+            temperature: params.temperature,
+            top_k: params.top_k,
+            top_p: params.top_p,
+            seed,
+            rng: SplitMix64::new(seed),
+        })
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Picks the next token from one row of logits.
+    pub fn sample(
+        &mut self,
+        logits: &[f32],
+        workspace: &mut SamplingWorkspace,
+    ) -> Result<u32, SamplingError> {
+        let (best, max_logit) = checked_argmax(logits)?;
+        if self.temperature == 0.0 {
+            return Ok(best);
+        }
+        if workspace.capacity() < logits.len() {
+            return Err(SamplingError::WorkspaceTooSmall {
+                vocab: logits.len(),
+                capacity: workspace.capacity(),
+            });
+        }
+        let draw = self.rng.next_f64();
+        let threshold = self.cut(logits, max_logit, workspace);
+
+        let weights = &workspace.weights;
+        let kept_ids = || {
+            (0..logits.len())
+                .filter(move |&id| threshold.is_none_or(|t| rank_key(id as u32, logits[id]) >= t))
+        };
+        let kept_mass: f64 = kept_ids().map(|id| f64::from(weights[id])).sum();
+        // The first kept token whose running weight passes the target; if
+        // rounding leaves the target at the very end, the last kept token
+        // with any weight.
+        let target = draw * kept_mass;
+        let mut cumulative = 0.0;
+        let mut chosen = best;
+        for id in kept_ids() {
+            let w = f64::from(weights[id]);
+            if w > 0.0 {
+                cumulative += w;
+                chosen = id as u32;
+                if cumulative > target {
+                    break;
+                }
+            }
+        }
+        Ok(chosen)
+    }
+
+    /// Applies top-k and top-p: returns the rank key of the least likely
+    /// token kept (`None` when nothing is cut), and leaves in
+    /// `workspace.weights` the softmax numerator of every kept token.
+    fn cut(
+        &self,
+        logits: &[f32],
+        max_logit: f32,
+        workspace: &mut SamplingWorkspace,
+    ) -> Option<u64> {
+        // Shifted by the maximum so that no exponential overflows.
+        let weight = |id: usize| ((logits[id] - max_logit) / self.temperature).exp();
+        let SamplingWorkspace { weights, keys } = workspace;
+        let vocab = logits.len();
+        weights.clear();
+        weights.resize(vocab, 0.0);
+
+        let top_k = self.top_k.unwrap_or(vocab).min(vocab);
+        if top_k == vocab && self.top_p >= 1.0 {
+            fill_weights(weights, 0..vocab, weight);
+            return None;
+        }
+
+        keys.clear();
+        let mut threshold = None;
+        let mass = if top_k < vocab {
+            keys.extend(
+                logits
+                    .iter()
+                    .enumerate()
+                    .map(|(id, &logit)| rank_key(id as u32, logit)),
+            );
+            keys.select_nth_unstable_by(top_k - 1, descending);
+            keys.truncate(top_k);
+            threshold = keys.last().copied();
+            // Only these can be kept: their weights are all that is needed.
+            fill_weights(weights, keys.iter().map(|&key| key_id(key)), weight)
+        } else {
+            let total = fill_weights(weights, 0..vocab, weight);
+            // Tokens lighter than this cannot be in the nucleus: together
+            // they weigh less than `(1 - top_p) * total`, so the heavier
+            // ones alone reach `top_p * total`. Leaving them out makes the
+            // usual peaked distribution a short list.
+            let floor = (1.0 - f64::from(self.top_p)) * total / vocab as f64;
+            keys.extend(
+                (0..vocab)
+                    .filter(|&id| f64::from(weights[id]) >= floor)
+                    .map(|id| rank_key(id as u32, logits[id])),
+            );
+            total
+        };
+        if self.top_p < 1.0 {
+            let target = f64::from(self.top_p) * mass;
+            if let Some(nucleus) = nucleus_threshold(keys, weights, target) {
+                threshold = Some(nucleus);
+            }
+        }
+        threshold
+    }
+}
+
+/// Writes the weight of each id in `ids` into `weights`; returns their sum.
+fn fill_weights(
+    weights: &mut [f32],
+    ids: impl Iterator<Item = usize>,
+    weight: impl Fn(usize) -> f32,
+) -> f64 {
+    let mut total = 0.0;
+    for id in ids {
+        weights[id] = weight(id);
+        total += f64::from(weights[id]);
+    }
+    total
+}
+
+/// Index of the largest logit (lowest index on ties) and its value; rejects
+/// NaN and +inf (a broken model) and rows with nothing to choose.
+fn checked_argmax(logits: &[f32]) -> Result<(u32, f32), SamplingError> {
+    let mut best = 0;
+    let mut best_logit = f32::NEG_INFINITY;
+    for (index, &value) in logits.iter().enumerate() {
+        if value.is_nan() || value == f32::INFINITY {
+            return Err(SamplingError::NonFiniteLogit { index, value });
+        }
+        if value > best_logit {
+            best = index;
+            best_logit = value;
+        }
+    }
+    if logits.is_empty() {
+        return Err(SamplingError::EmptyLogits);
+    }
+    if best_logit == f32::NEG_INFINITY {
+        return Err(SamplingError::AllTokensMasked);
+    }
+    Ok((best as u32, best_logit))
+}
+
+/// Rank key of the last token of the smallest most-likely-first prefix of
+/// `candidates` whose weight reaches `target`; `None` if rounding kept the
+/// total just short of it (then every candidate stays).
+///
+/// A weighted quickselect: split the candidates around the median, then
+/// either the better half alone reaches the target (look inside it) or it
+/// does not (count it whole, look in the worse half). Each round halves the
+/// slice, so the whole search is O(n). The first split is at the
+/// [`FIRST_NUCLEUS_GUESS`]-th candidate instead of the median: a language
+/// model's distribution is usually peaked, and then one selection suffices.
+fn nucleus_threshold(candidates: &mut [u64], weights: &[f32], target: f64) -> Option<u64> {
+    let weight = |key: u64| f64::from(weights[key_id(key)]);
+    let mut rest = candidates;
+    // Weight of the candidates already known to be in the prefix; always
+    // below `target`.
+    let mut counted = 0.0;
+    let mut guess = FIRST_NUCLEUS_GUESS;
+    while !rest.is_empty() {
+        let mid = (rest.len() / 2).min(guess);
+        guess = usize::MAX;
+        rest.select_nth_unstable_by(mid, descending);
+        let better: f64 = rest[..mid].iter().map(|&key| weight(key)).sum();
+        if counted + better >= target {
+            rest = &mut rest[..mid];
+            continue;
+        }
+        counted += better + weight(rest[mid]);
+        if counted >= target {
+            return Some(rest[mid]);
+        }
+        rest = &mut rest[mid + 1..];
+    }
+    None
+}
+
+/// A seed for requests that give none: std's per-process random hash keys
+/// mixed with the clock (no dependency needed for this).
+fn fresh_seed() -> u64 {
+    RandomState::new().hash_one(SystemTime::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Published SplitMix64 output for seed 0 (the reference C code of
+    /// Vigna's xoshiro page, used to seed xoshiro generators).
+    #[test]
+    fn splitmix64_matches_reference_output() {
+        let mut rng = SplitMix64::new(0);
+        assert_eq!(rng.next_u64(), 0xe220_a839_7b1d_cdaf);
+        assert_eq!(rng.next_u64(), 0x6e78_9e6a_a1b9_65f4);
+        assert_eq!(rng.next_u64(), 0x06c4_5d18_8009_454f);
+        assert_eq!(rng.next_u64(), 0xf88b_b8a8_724c_81ec);
+    }
+
+    /// The nucleus found by weighted quickselect ends at the same token as
+    /// a full sort's, on distributions from flat to sharply peaked.
+    #[test]
+    fn nucleus_matches_full_sort() {
+        let mut rng = SplitMix64::new(7);
+        for scale in [0.5, 8.0, 40.0] {
+            let logits: Vec<f32> = (0..20_000)
+                .map(|_| (rng.next_f64() * scale) as f32)
+                .collect();
+            let weights: Vec<f32> = logits.iter().map(|&l| (l - scale as f32).exp()).collect();
+            let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+            let mut sorted: Vec<u64> = logits
+                .iter()
+                .enumerate()
+                .map(|(id, &logit)| rank_key(id as u32, logit))
+                .collect();
+            sorted.sort_unstable_by(descending);
+            for top_p in [1e-6, 0.05, 0.5, 0.9, 0.999] {
+                let mut cumulative = 0.0;
+                let want = sorted.iter().copied().find(|&key| {
+                    cumulative += f64::from(weights[key_id(key)]);
+                    cumulative >= top_p * total
+                });
+                let mut candidates = sorted.clone();
+                candidates.reverse();
+                let got = nucleus_threshold(&mut candidates, &weights, top_p * total);
+                assert_eq!(got, want, "scale {scale}, top_p {top_p}");
+            }
+        }
+    }
+
+    /// Both cuts together pick the same threshold token as a full sort, with
+    /// and without top-k (the top-p-only path skips light tokens first).
+    #[test]
+    fn cuts_match_a_full_sort() {
+        let mut rng = SplitMix64::new(11);
+        let vocab = 30_000;
+        for scale in [0.5, 8.0, 40.0] {
+            let logits: Vec<f32> = (0..vocab)
+                .map(|_| (rng.next_f64() * scale) as f32)
+                .collect();
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let temperature = 0.7;
+            let mut sorted: Vec<u64> = logits
+                .iter()
+                .enumerate()
+                .map(|(id, &logit)| rank_key(id as u32, logit))
+                .collect();
+            sorted.sort_unstable_by(descending);
+            let weight = |key: u64| f64::from(((logits[key_id(key)] - max) / temperature).exp());
+            for top_k in [None, Some(100), Some(5000)] {
+                for top_p in [1e-6, 0.3, 0.9, 0.999, 1.0] {
+                    let kept = &sorted[..top_k.unwrap_or(vocab)];
+                    let mass: f64 = kept.iter().map(|&k| weight(k)).sum();
+                    let mut cumulative = 0.0;
+                    let want = if top_p < 1.0 {
+                        kept.iter().copied().find(|&key| {
+                            cumulative += weight(key);
+                            cumulative >= f64::from(top_p) * mass
+                        })
+                    } else {
+                        top_k.map(|k| sorted[k - 1])
+                    };
+                    let params = SamplingParams {
+                        temperature,
+                        top_k,
+                        top_p,
+                        ..SamplingParams::default()
+                    };
+                    let sampler = Sampler::new(&params).unwrap();
+                    let mut workspace = SamplingWorkspace::new(vocab);
+                    let got = sampler.cut(&logits, max, &mut workspace);
+                    assert_eq!(got, want, "scale {scale}, top_k {top_k:?}, top_p {top_p}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rank_keys_order_like_logits_then_ids() {
+        // Strictly increasing rank.
+        let entries = [
+            (3, f32::NEG_INFINITY),
+            (0, -2.5),
+            (2, 0.0),
+            (1, -0.0),
+            (0, 0.0),
+            (9, 1e-30),
+            (5, 3.0),
+        ];
+        for pair in entries.windows(2) {
+            let (lower, higher) = (pair[0], pair[1]);
+            assert!(
+                rank_key(lower.0, lower.1) < rank_key(higher.0, higher.1),
+                "{lower:?} vs {higher:?}"
+            );
+        }
+        // -0.0 and 0.0 tie on the logit, so the lower id ranks higher.
+        assert!(rank_key(0, -0.0) > rank_key(1, 0.0));
+        assert_eq!(key_id(rank_key(12345, 1.5)), 12345);
+    }
+}

@@ -1,0 +1,280 @@
+//! The checkpoint's chat template (Jinja, from `tokenizer_config.json` or
+//! `chat_template.jinja`), rendered with minijinja the way transformers'
+//! `apply_chat_template` renders it with Jinja2.
+//!
+//! What transformers provides and templates rely on: `trim_blocks` and
+//! `lstrip_blocks`, `{% break %}`/`{% continue %}`, the variables
+//! `messages`, `add_generation_prompt`, `tools`/`documents` (none here) and
+//! the special tokens (`bos_token`, `eos_token`, ...), the functions
+//! `raise_exception(msg)` and `strftime_now(fmt)`, a `tojson` filter that
+//! writes like Python's `json.dumps`, and Python string/dict methods
+//! (`.strip()`, `.startswith()`, `.items()`, from minijinja-contrib's pycompat).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use minijinja::{Environment, Error, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+
+use super::TextError;
+use super::config_files::{
+    CHAT_TEMPLATE_FILE, SpecialTokens, read_text_if_exists, read_tokenizer_config,
+};
+use super::python_json;
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// One chat turn.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, ... (the template decides what it accepts).
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template and the special tokens it may refer to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    special_tokens: SpecialTokens,
+}
+
+impl ChatTemplate {
+    /// Loads the template of a checkpoint directory: `chat_template.jinja` if
+    /// present (newer transformers save it there), otherwise the
+    /// `chat_template` of `tokenizer_config.json`. A checkpoint without one
+    /// (a base model) gives [`TextError::NoChatTemplate`].
+    pub fn from_dir(dir: &Path) -> Result<ChatTemplate, TextError> {
+        let config = read_tokenizer_config(dir)?;
+        let source = match read_text_if_exists(&dir.join(CHAT_TEMPLATE_FILE))? {
+            Some(source) => source,
+            None => config
+                .chat_template
+                .ok_or_else(|| TextError::NoChatTemplate {
+                    dir: dir.to_path_buf(),
+                })?,
+        };
+        ChatTemplate::from_source(source, config.special_tokens)
+    }
+
+    /// Compiles a template given as text.
+    pub fn from_source(
+        source: String,
+        special_tokens: SpecialTokens,
+    ) -> Result<ChatTemplate, TextError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", python_json::tojson);
+        env.add_template_owned(TEMPLATE_NAME, source)
+            .map_err(|source| TextError::TemplateSyntax { source })?;
+        Ok(ChatTemplate {
+            env,
+            special_tokens,
+        })
+    }
+
+    /// Renders a conversation. With `add_generation_prompt` the text ends
+    /// with the header of an assistant turn, ready for the model to continue.
+    /// Encode the result with `add_special_tokens = false`.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TextError> {
+        let mut context: BTreeMap<&str, Value> = BTreeMap::new();
+        context.insert("messages", Value::from_serialize(messages));
+        context.insert("add_generation_prompt", Value::from(add_generation_prompt));
+        // transformers passes these as None when the request has none.
+        context.insert("tools", Value::from(()));
+        context.insert("documents", Value::from(()));
+        let tokens = &self.special_tokens;
+        for (name, token) in [
+            ("bos_token", &tokens.bos),
+            ("eos_token", &tokens.eos),
+            ("pad_token", &tokens.pad),
+            ("unk_token", &tokens.unk),
+        ] {
+            if let Some(token) = token {
+                context.insert(name, Value::from(token.as_str()));
+            }
+        }
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|source| TextError::TemplateRender { source })?;
+        template
+            .render(context)
+            .map_err(|source| TextError::TemplateRender { source })
+    }
+}
+
+/// `raise_exception(message)`: templates call it to reject a conversation
+/// (e.g. roles out of order); the message reaches the caller's error.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `strftime_now(format)`: the current date, in UTC (sparkrt carries no
+/// time-zone database; transformers uses local time).
+fn strftime_now(format: String) -> Result<Value, Error> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    format_utc_timestamp(now, &format).map(Value::from)
+}
+
+/// Formats seconds since the Unix epoch with the `strftime` directives chat
+/// templates use: `%Y %y %m %d %H %M %S %j %b %B %a %A %%`.
+pub(crate) fn format_utc_timestamp(unix_seconds: i64, format: &str) -> Result<String, Error> {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const WEEKDAYS: [&str; 7] = [
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+    ];
+
+    let days = unix_seconds.div_euclid(86_400);
+    let seconds_of_day = unix_seconds.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    let day_of_year = days - days_from_civil(year, 1, 1) + 1;
+    // 1970-01-01 was a Thursday.
+    let weekday = (days + 4).rem_euclid(7) as usize;
+    let month_name = MONTHS[(month - 1) as usize];
+
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year.rem_euclid(100))),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('H') => out.push_str(&format!("{:02}", seconds_of_day / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", seconds_of_day / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", seconds_of_day % 60)),
+            Some('j') => out.push_str(&format!("{day_of_year:03}")),
+            Some('B') => out.push_str(month_name),
+            Some('b') => out.push_str(&month_name[..3]),
+            Some('A') => out.push_str(WEEKDAYS[weekday]),
+            Some('a') => out.push_str(&WEEKDAYS[weekday][..3]),
+            Some('%') => out.push('%'),
+            other => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!(
+                        "strftime_now: unsupported directive %{}",
+                        other.map(String::from).unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// (year, month 1..=12, day 1..=31) of a day counted from 1970-01-01, in the
+/// proleptic Gregorian calendar. Counts in 400-year eras of 146,097 days,
+/// with years starting on March 1 so that the leap day falls last.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468; // days from 0000-03-01
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// Inverse of [`civil_from_days`].
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year.rem_euclid(400);
+    let month_from_march = if month > 2 { month - 3 } else { month + 9 };
+    let day_of_year = (153 * month_from_march + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Expected strings from Python:
+    /// `datetime.fromtimestamp(t, timezone.utc).strftime(fmt)`.
+    #[test]
+    fn formats_timestamps_like_python_strftime() {
+        let cases = [
+            (
+                0,
+                "%Y-%m-%d %H:%M:%S %a %A %b %B %j %y",
+                "1970-01-01 00:00:00 Thu Thursday Jan January 001 70",
+            ),
+            (
+                951_827_696,
+                "%Y-%m-%d %H:%M:%S %a %j",
+                "2000-02-29 12:34:56 Tue 060",
+            ),
+            (
+                1_767_225_599,
+                "%d %b %Y %H:%M:%S %A %j",
+                "31 Dec 2025 23:59:59 Wednesday 365",
+            ),
+            (-1, "%Y-%m-%d %H:%M:%S %%", "1969-12-31 23:59:59 %"),
+        ];
+        for (t, fmt, want) in cases {
+            assert_eq!(format_utc_timestamp(t, fmt).unwrap(), want, "t={t}");
+        }
+        assert!(format_utc_timestamp(0, "%Q").is_err());
+    }
+
+    #[test]
+    fn days_round_trip_through_the_civil_calendar() {
+        for days in (-800_000..800_000).step_by(997) {
+            let (y, m, d) = civil_from_days(days);
+            assert_eq!(days_from_civil(y, m, d), days);
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! The checkpoint's tokenizer (`tokenizer.json`, run by HF `tokenizers`) and
+//! the token ids that end a generation.
+
+use std::path::Path;
+
+use super::TextError;
+use super::config_files::{
+    GENERATION_CONFIG, MODEL_CONFIG, SpecialTokens, TOKENIZER_CONFIG, eos_token_ids_in,
+    read_tokenizer_config,
+};
+use super::stream::StreamDecoder;
+
+/// A loaded tokenizer plus the ids that end generation.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    eos_token_ids: Vec<u32>,
+    special_tokens: SpecialTokens,
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` from a checkpoint directory, and collects the
+    /// end-of-sequence ids from `generation_config.json` (`eos_token_id`, an
+    /// integer or a list), `config.json` (the same field) and
+    /// `tokenizer_config.json` (`eos_token`, a string). Generation stops on
+    /// any of them; each file is optional.
+    pub fn from_dir(dir: &Path) -> Result<Tokenizer, TextError> {
+        let path = dir.join("tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|source| TextError::TokenizerLoad { path, source })?;
+        let config = read_tokenizer_config(dir)?;
+
+        let mut eos_token_ids = eos_token_ids_in(dir, GENERATION_CONFIG)?;
+        eos_token_ids.extend(eos_token_ids_in(dir, MODEL_CONFIG)?);
+        if let Some(eos) = &config.special_tokens.eos {
+            let id = inner
+                .token_to_id(eos)
+                .ok_or_else(|| TextError::UnknownEosToken {
+                    path: dir.join(TOKENIZER_CONFIG),
+                    token: eos.clone(),
+                })?;
+            eos_token_ids.push(id);
+        }
+        eos_token_ids.sort_unstable();
+        eos_token_ids.dedup();
+
+        Ok(Tokenizer {
+            inner,
+            eos_token_ids,
+            special_tokens: config.special_tokens,
+        })
+    }
+
+    /// Text to ids. `add_special_tokens` applies the tokenizer's post-processor
+    /// (a BOS for Llama-style tokenizers, nothing for Qwen's); pass `false` for
+    /// a prompt rendered by a chat template, which writes its own.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TextError> {
+        let encoding = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|source| TextError::Encode { source })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Ids to text, as transformers' `decode` does: bytes that do not form
+    /// valid UTF-8 become U+FFFD. Ids the vocabulary does not know (a model's
+    /// vocabulary is often padded past the tokenizer's) are skipped.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TextError> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|source| TextError::Decode { source })
+    }
+
+    /// A detokenizer for one streamed sequence.
+    pub fn stream_decoder(&self, skip_special_tokens: bool) -> StreamDecoder {
+        StreamDecoder::new(skip_special_tokens)
+    }
+
+    /// Ids that end generation, sorted, without duplicates (possibly empty).
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos_token_ids.binary_search(&id).is_ok()
+    }
+
+    /// The special-token strings of `tokenizer_config.json`.
+    pub fn special_tokens(&self) -> &SpecialTokens {
+        &self.special_tokens
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Number of ids the tokenizer knows, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}

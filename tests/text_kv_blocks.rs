@@ -1,0 +1,189 @@
+//! KV block bookkeeping: hand-worked cases and a randomised run checked
+//! against a simple model.
+
+use std::collections::{HashMap, HashSet};
+
+use sparkrt::engine::kv_blocks::{BlockAllocator, BlockTable, KvBlocksError, SeqId};
+use sparkrt::engine::sampling::SplitMix64;
+
+#[test]
+fn construction_is_validated() {
+    assert_eq!(
+        BlockAllocator::new(4, 0).err(),
+        Some(KvBlocksError::ZeroBlockSize)
+    );
+    let too_many = u32::MAX as usize + 1;
+    assert_eq!(
+        BlockAllocator::new(too_many, 16).err(),
+        Some(KvBlocksError::TooManyBlocks {
+            requested: too_many
+        })
+    );
+    let a = BlockAllocator::new(0, 16).unwrap();
+    assert_eq!((a.free_blocks(), a.used_blocks()), (0, 0));
+}
+
+#[test]
+fn tables_grow_and_slots_address_the_blocks() {
+    let mut a = BlockAllocator::new(10, 16).unwrap();
+    a.allocate_for(1, 20).unwrap();
+    assert_eq!(a.table(1).unwrap().blocks(), &[0, 1]);
+    a.allocate_for(2, 1).unwrap();
+    assert_eq!(a.table(2).unwrap().blocks(), &[2]);
+    // Still within two blocks: nothing new.
+    a.allocate_for(1, 32).unwrap();
+    assert_eq!(a.table(1).unwrap().blocks(), &[0, 1]);
+    a.allocate_for(1, 33).unwrap();
+    assert_eq!(a.table(1).unwrap().blocks(), &[0, 1, 3]);
+    assert_eq!((a.used_blocks(), a.free_blocks(), a.num_seqs()), (4, 6, 2));
+
+    let t1 = a.table(1).unwrap();
+    assert_eq!(a.slot(t1, 0), Some(0));
+    assert_eq!(a.slot(t1, 17), Some(17));
+    assert_eq!(a.slot(t1, 32), Some(3 * 16));
+    assert_eq!(a.slot(t1, 47), Some(3 * 16 + 15));
+    assert_eq!(a.slot(t1, 48), None);
+    assert_eq!(a.slot(a.table(2).unwrap(), 5), Some(2 * 16 + 5));
+
+    assert_eq!(a.blocks_for_tokens(0), 0);
+    assert_eq!(a.blocks_for_tokens(16), 1);
+    assert_eq!(a.blocks_for_tokens(17), 2);
+    assert_eq!(a.blocks_needed(1, 100), 7 - 3);
+    assert_eq!(a.blocks_needed(99, 100), 7);
+    assert!(a.can_allocate(6));
+    assert!(!a.can_allocate(7));
+}
+
+#[test]
+fn failed_allocation_changes_nothing() {
+    let mut a = BlockAllocator::new(4, 4).unwrap();
+    a.allocate_for(1, 8).unwrap();
+    let before = a.table(1).unwrap().clone();
+    assert_eq!(
+        a.allocate_for(1, 8 + 3 * 4),
+        Err(KvBlocksError::OutOfBlocks { needed: 3, free: 2 })
+    );
+    assert_eq!(a.table(1).unwrap(), &before);
+    assert_eq!((a.used_blocks(), a.free_blocks()), (2, 2));
+    // A new sequence that does not fit gets no table at all.
+    assert!(a.allocate_for(2, 100).is_err());
+    assert!(a.table(2).is_none());
+    assert_eq!(a.num_seqs(), 1);
+    // What does fit still works.
+    a.allocate_for(2, 8).unwrap();
+    assert_eq!(a.free_blocks(), 0);
+}
+
+#[test]
+fn free_returns_every_block() {
+    let mut a = BlockAllocator::new(8, 2).unwrap();
+    a.allocate_for(1, 5).unwrap();
+    a.allocate_for(2, 4).unwrap();
+    assert_eq!(a.free(1), 3);
+    assert_eq!(a.free(1), 0, "freeing twice returns nothing more");
+    assert_eq!(a.free(42), 0);
+    assert_eq!((a.used_blocks(), a.free_blocks()), (2, 6));
+    // Freed blocks are reused, lowest first.
+    a.allocate_for(3, 6).unwrap();
+    assert_eq!(a.table(3).unwrap().blocks(), &[0, 1, 2]);
+    assert_eq!(a.free(2) + a.free(3), 5);
+    assert_eq!(a.free_blocks(), 8);
+    assert_eq!(a.num_seqs(), 0);
+}
+
+#[test]
+fn blocks_out_of_the_window_are_a_prefix() {
+    let mut a = BlockAllocator::new(8, 4).unwrap();
+    a.allocate_for(1, 20).unwrap();
+    let table: &BlockTable = a.table(1).unwrap();
+    assert_eq!(table.blocks(), &[0, 1, 2, 3, 4]);
+    // 18 tokens, window 8: positions 10..18 are needed; blocks 0 (0..4) and
+    // 1 (4..8) are entirely older, block 2 (8..12) is not.
+    assert_eq!(table.blocks_out_of_window(4, 18, 8), &[0, 1]);
+    assert_eq!(table.blocks_out_of_window(4, 7, 8), &[] as &[u32]);
+    assert_eq!(table.blocks_out_of_window(4, 12, 8), &[0]);
+    assert_eq!(table.blocks_out_of_window(4, 20, 4), &[0, 1, 2, 3]);
+    assert_eq!(a.blocks_out_of_window(table, 18, 8), &[0, 1]);
+    // A window larger than what the table covers never reaches past it.
+    assert_eq!(table.blocks_out_of_window(4, 100, 4), &[0, 1, 2, 3, 4]);
+}
+
+/// Checks every invariant of the allocator against the model (sequence →
+/// tokens it asked for).
+fn check(a: &BlockAllocator, model: &HashMap<SeqId, usize>, block_size: usize) {
+    let mut seen = HashSet::new();
+    let mut held = 0;
+    for (&seq, &tokens) in model {
+        let table = a.table(seq).unwrap();
+        assert_eq!(table.len(), tokens.div_ceil(block_size), "seq {seq}");
+        for &block in table.blocks() {
+            assert!((block as usize) < a.num_blocks());
+            assert!(seen.insert(block), "block {block} handed out twice");
+        }
+        held += table.len();
+        // Every position maps to a distinct slot inside its block.
+        for pos in 0..tokens {
+            let slot = a.slot(table, pos).unwrap();
+            assert_eq!(slot / block_size, table.blocks()[pos / block_size] as usize);
+        }
+    }
+    assert_eq!(a.num_seqs(), model.len());
+    assert_eq!(a.used_blocks(), held);
+    assert_eq!(a.used_blocks() + a.free_blocks(), a.num_blocks());
+}
+
+#[test]
+fn random_allocations_and_frees_keep_the_books_straight() {
+    let (num_blocks, block_size) = (64, 4);
+    let mut a = BlockAllocator::new(num_blocks, block_size).unwrap();
+    let mut model: HashMap<SeqId, usize> = HashMap::new();
+    let mut rng = SplitMix64::new(2024);
+    let (mut failures, mut successes) = (0, 0);
+    for _ in 0..20_000 {
+        let seq = rng.next_u64() % 12;
+        if rng.next_u64().is_multiple_of(4) {
+            let want = model.remove(&seq).map_or(0, |t| t.div_ceil(block_size));
+            assert_eq!(a.free(seq), want);
+        } else {
+            let tokens = (rng.next_u64() % 80) as usize;
+            let have = model.get(&seq).copied().unwrap_or(0);
+            let needed = tokens
+                .div_ceil(block_size)
+                .saturating_sub(have.div_ceil(block_size));
+            let free_before = a.free_blocks();
+            let tables_before: Vec<Option<BlockTable>> =
+                (0..12).map(|s| a.table(s).cloned()).collect();
+            match a.allocate_for(seq, tokens) {
+                Ok(()) => {
+                    assert!(needed <= free_before);
+                    model.insert(seq, have.max(tokens));
+                    successes += 1;
+                }
+                Err(err) => {
+                    assert_eq!(
+                        err,
+                        KvBlocksError::OutOfBlocks {
+                            needed,
+                            free: free_before
+                        }
+                    );
+                    let tables_after: Vec<Option<BlockTable>> =
+                        (0..12).map(|s| a.table(s).cloned()).collect();
+                    assert_eq!(tables_after, tables_before);
+                    assert_eq!(a.free_blocks(), free_before);
+                    failures += 1;
+                }
+            }
+        }
+        check(&a, &model, block_size);
+    }
+    // The run exercised both outcomes.
+    assert!(
+        failures > 100 && successes > 1000,
+        "{failures} failures, {successes} successes"
+    );
+    for seq in 0..12 {
+        a.free(seq);
+    }
+    assert_eq!(a.free_blocks(), num_blocks);
+}
