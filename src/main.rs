@@ -22,6 +22,8 @@ enum Command {
     Probe(cli::probe::ProbeArgs),
     /// Budget every byte for a profile on this host; exit 3 if it does not fit.
     Plan(cli::plan::PlanArgs),
+    /// Print Kubernetes manifests for GB10 nodes, sized by the plan; exit 3 if it does not fit.
+    K8s(cli::k8s::K8sArgs),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
     let result = match &args.command {
         Command::Probe(a) => cli::probe::run(a),
         Command::Plan(a) => cli::plan::run(a),
+        Command::K8s(a) => cli::k8s::run(a),
     };
     match result {
         Ok(code) => code,

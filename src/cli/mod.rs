@@ -1,6 +1,7 @@
 //! One module per subcommand. Each `run` returns the process exit code; an
 //! error is bad input (exit 2) unless wrapped in [`RuntimeFailure`] (exit 1).
 
+pub mod k8s;
 pub mod plan;
 pub mod probe;
 
