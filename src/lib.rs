@@ -2,10 +2,14 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the module map and the contracts between
 //! modules.
+pub mod backend;
 pub mod checkpoint;
 pub mod cli;
 pub mod engine;
 pub mod host;
+pub mod model;
 pub mod plan;
+pub mod runtime;
+pub mod server;
 pub mod text;
 pub mod units;

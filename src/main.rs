@@ -24,6 +24,16 @@ enum Command {
     Plan(cli::plan::PlanArgs),
     /// Print Kubernetes manifests for GB10 nodes, sized by the plan; exit 3 if it does not fit.
     K8s(cli::k8s::K8sArgs),
+    /// Generate text from a prompt (streams to stdout).
+    Generate(cli::generate::GenerateArgs),
+    /// Measure prefill and decode speed against the memory-bandwidth roofline.
+    Bench(cli::bench::BenchArgs),
+    /// Serve the OpenAI-compatible HTTP API with continuous batching.
+    Serve(cli::serve::ServeArgs),
+    /// Live unified-memory monitor in the terminal.
+    Top(cli::top::TopArgs),
+    /// Write a random checkpoint with a real model's geometry (benchmarks).
+    MakeCheckpoint(cli::make_checkpoint::MakeCheckpointArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +43,11 @@ fn main() -> ExitCode {
         Command::Probe(a) => cli::probe::run(a),
         Command::Plan(a) => cli::plan::run(a),
         Command::K8s(a) => cli::k8s::run(a),
+        Command::Generate(a) => cli::generate::run(a),
+        Command::Bench(a) => cli::bench::run(a),
+        Command::Serve(a) => cli::serve::run(a),
+        Command::Top(a) => cli::top::run(a),
+        Command::MakeCheckpoint(a) => cli::make_checkpoint::run(a),
     };
     match result {
         Ok(code) => code,

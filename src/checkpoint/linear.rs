@@ -31,3 +31,33 @@ pub struct LinearWeight<'a> {
     pub cols: usize,
     pub data: WeightData<'a>,
 }
+
+/// Element type and bytes of a 1-D weight (a norm, a bias, attention sinks).
+#[derive(Clone, Copy, Debug)]
+pub enum VectorData<'a> {
+    /// Little-endian f32, `len × 4` bytes.
+    F32(&'a [u8]),
+    /// Little-endian bf16, `len × 2` bytes.
+    Bf16(&'a [u8]),
+}
+
+/// A 1-D weight borrowed from the checkpoint.
+#[derive(Clone, Copy, Debug)]
+pub struct VectorWeight<'a> {
+    pub len: usize,
+    pub data: VectorData<'a>,
+}
+
+impl VectorWeight<'_> {
+    /// Element `i` as f32 (`i < len`).
+    pub fn get(&self, i: usize) -> f32 {
+        match self.data {
+            VectorData::F32(b) => {
+                f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+            }
+            VectorData::Bf16(b) => {
+                f32::from_bits(u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16)
+            }
+        }
+    }
+}

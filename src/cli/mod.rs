@@ -2,8 +2,13 @@
 //! error is bad input (exit 2) unless wrapped in [`RuntimeFailure`] (exit 1).
 
 pub mod k8s;
+pub mod make_checkpoint;
+pub mod bench;
+pub mod generate;
 pub mod plan;
 pub mod probe;
+pub mod serve;
+pub mod top;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -111,4 +116,17 @@ pub fn model_dir(
     } else {
         Some(profile_path.parent().unwrap_or(Path::new(".")).join(path))
     }
+}
+
+/// A progress bar on stderr for long work (hidden when stderr is not a terminal).
+pub fn progress_bar(message: &'static str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(0).with_message(message);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar
 }

@@ -3,11 +3,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::{EXIT_DOES_NOT_FIT, HostArgs, load_profile, model_dir};
 use crate::host::gpu;
 use crate::plan::{self, Plan, PlanDevice, report};
+use crate::runtime::{HostSource, plan_checkpoint};
 
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
@@ -28,10 +29,22 @@ pub struct PlanArgs {
 /// Plans as `args` ask: profile, host, and the checkpoint's headers if any.
 pub fn make_plan(args: &PlanArgs) -> Result<Plan> {
     let (profile, profile_path) = load_profile(&args.profile)?;
-    let reading = args.host.read(profile.host.kubelet)?;
     let gpu_present = gpu::probe().first().is_some();
     let device = PlanDevice::resolve(profile.backend.device, gpu_present);
-    let _dir = model_dir(args.model.as_deref(), &profile, &profile_path);
+    if let Some(dir) = model_dir(args.model.as_deref(), &profile, &profile_path) {
+        // A profile's model.path that is not downloaded yet plans from the
+        // geometry; an explicit --model must exist.
+        if args.model.is_some() || dir.join("config.json").is_file() {
+            let host = HostSource {
+                root: &args.host.host_root,
+                kubelet_config: args.host.kubelet_config.as_deref(),
+            };
+            let (_, _, plan) = plan_checkpoint(&dir, Some(&profile), &host, device)
+                .with_context(|| format!("planning with the checkpoint in {}", dir.display()))?;
+            return Ok(plan);
+        }
+    }
+    let reading = args.host.read(profile.host.kubelet)?;
     Ok(plan::compute(
         &profile,
         &plan::host_figures(&reading),

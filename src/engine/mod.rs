@@ -1,4 +1,11 @@
-//! The generation engine: paged KV block bookkeeping, sampling, and (to come)
-//! the scheduler and the step loop.
+//! The generation engine: paged KV block bookkeeping, sampling, the step
+//! batch and the step loop (continuous batching).
+
+pub mod batch;
 pub mod kv_blocks;
 pub mod sampling;
+pub mod scheduler;
+pub mod sequence;
+
+pub use scheduler::{AdmissionError, Engine, EngineCounters, EngineError, EngineLimits, StepReport};
+pub use sequence::{Event, EventSink, FinishReason, Request, SeqId};

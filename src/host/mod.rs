@@ -5,6 +5,7 @@ pub mod cgroup;
 pub mod gpu;
 pub mod kubelet;
 pub mod meminfo;
+pub mod process;
 
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};

@@ -231,22 +231,26 @@ pub fn activations(
     let mut buffers = vec![
         buffer("hidden", t * h * ACTIVATION_BYTES),
         buffer("normed", t * h * ACTIVATION_BYTES),
-        buffer("qkv", t * (q_dim + 2 * kv_dim) * ACTIVATION_BYTES),
+        buffer("q", t * q_dim * ACTIVATION_BYTES),
+        buffer("k", t * kv_dim * ACTIVATION_BYTES),
+        buffer("v", t * kv_dim * ACTIVATION_BYTES),
         buffer("attention_output", t * q_dim * ACTIVATION_BYTES),
         buffer("block_output", t * h * ACTIVATION_BYTES),
         buffer("router_logits", t * g.num_experts as u64 * ACTIVATION_BYTES),
+        // cos and sin of each token's position, head_dim/2 of each
+        buffer("rope", t * g.head_dim as u64 * ACTIVATION_BYTES),
     ];
     if g.num_moe_layers() < g.num_layers {
         let i = g.intermediate_size as u64;
-        buffers.push(buffer("dense_gate_up", t * 2 * i * ACTIVATION_BYTES));
-        buffers.push(buffer("dense_activation", t * i * ACTIVATION_BYTES));
+        buffers.push(buffer("dense_gate", t * i * ACTIVATION_BYTES));
+        buffers.push(buffer("dense_up", t * i * ACTIVATION_BYTES));
     }
     buffers.push(buffer("logits", s * g.vocab_size as u64 * ACTIVATION_BYTES));
-    // token ids, positions and KV slots per token; a block table, a length
-    // and a start per sequence.
+    // A token id and a position per token; per sequence its start, length,
+    // cached length, ring slot, logit row and block table (engine::batch).
     buffers.push(buffer(
         "step_metadata",
-        (3 * t + s * (blocks_per_seq + 2)) * INDEX_BYTES,
+        (2 * t + s * (blocks_per_seq + 5)) * INDEX_BYTES,
     ));
     Activations {
         bytes: buffers.iter().map(|b| b.bytes).sum(),

@@ -65,6 +65,7 @@ pub struct ModelSummary {
     pub top_k: usize,
     pub hidden_size: usize,
     pub moe_intermediate_size: usize,
+    pub vocab_size: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -242,6 +243,7 @@ pub fn compute(
             top_k: g.top_k,
             hidden_size: g.hidden_size,
             moe_intermediate_size: g.moe_intermediate_size,
+            vocab_size: g.vocab_size,
         },
         weights: WeightsPlan {
             total: weights.total(),

@@ -1,0 +1,161 @@
+//! The KV cache on the host: a paged pool of blocks for full-attention
+//! layers, a ring of `window` slots per running sequence for sliding-window
+//! layers. Keys and values are stored in the profile's KV dtype.
+
+use std::sync::Arc;
+
+use super::BackendError;
+use crate::backend::KvLayout;
+use crate::engine::batch::StepBatch;
+use crate::plan::ledger::{Category, Charge, Ledger};
+use crate::plan::profile::KvCacheDtype;
+
+/// K or V storage of one layer: `[slots, kv_heads × head_dim]`.
+pub(crate) enum KvData {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+impl KvData {
+    fn zeroed(dtype: KvCacheDtype, elements: usize) -> KvData {
+        match dtype {
+            KvCacheDtype::F32 => KvData::F32(vec![0.0; elements]),
+            KvCacheDtype::Bf16 => KvData::Bf16(vec![0; elements]),
+        }
+    }
+
+    fn write(&mut self, start: usize, values: &[f32]) {
+        match self {
+            KvData::F32(d) => d[start..start + values.len()].copy_from_slice(values),
+            KvData::Bf16(d) => {
+                for (dst, &v) in d[start..start + values.len()].iter_mut().zip(values) {
+                    *dst = half::bf16::from_f32(v).to_bits();
+                }
+            }
+        }
+    }
+}
+
+/// Where a layer keeps its past.
+pub(crate) enum LayerStore {
+    /// Slot of position `p` = `table[p / block] × block + p % block`.
+    Paged { k: KvData, v: KvData },
+    /// Slot of position `p` = `ring_slot × window + p % window`.
+    Ring { k: KvData, v: KvData, window: usize },
+}
+
+pub struct CpuKvCache {
+    pub(crate) layers: Vec<LayerStore>,
+    pub(crate) block_size: usize,
+    pub(crate) width: usize,
+    pub(crate) dtype: KvCacheDtype,
+    _charge: Charge,
+}
+
+impl CpuKvCache {
+    pub(crate) fn allocate(
+        layout: &KvLayout,
+        layers: usize,
+        ledger: &Arc<Ledger>,
+    ) -> Result<CpuKvCache, BackendError> {
+        let width = layout.kv_heads * layout.head_dim;
+        let paged_slots = layout.blocks * layout.block_size;
+        let ring_slots = layout.ring_slots * layout.window;
+        let mut elements = 0usize;
+        let mut stores = Vec::with_capacity(layers);
+        for layer in 0..layers {
+            let sliding = layout.sliding_layers.get(layer).copied().unwrap_or(false);
+            let slots = if sliding { ring_slots } else { paged_slots };
+            elements += 2 * slots * width;
+            stores.push((sliding, slots));
+        }
+        // Charge first: nothing is allocated unless the plan has room.
+        let charge = ledger.charge(
+            Category::KvCache,
+            elements as u64 * layout.dtype.bytes(),
+            "kv_cache",
+        )?;
+        let layers = stores
+            .into_iter()
+            .map(|(sliding, slots)| {
+                let (k, v) = (
+                    KvData::zeroed(layout.dtype, slots * width),
+                    KvData::zeroed(layout.dtype, slots * width),
+                );
+                if sliding {
+                    LayerStore::Ring {
+                        k,
+                        v,
+                        window: layout.window,
+                    }
+                } else {
+                    LayerStore::Paged { k, v }
+                }
+            })
+            .collect();
+        Ok(CpuKvCache {
+            layers,
+            block_size: layout.block_size,
+            width,
+            dtype: layout.dtype,
+            _charge: charge,
+        })
+    }
+
+    /// Cache slot of `position` of sequence `seq` of `batch` in layer `layer`.
+    pub(crate) fn slot(&self, layer: usize, batch: &StepBatch, seq: usize, position: usize) -> usize {
+        match &self.layers[layer] {
+            LayerStore::Paged { .. } => {
+                let table = batch.table(seq);
+                table[position / self.block_size] as usize * self.block_size
+                    + position % self.block_size
+            }
+            LayerStore::Ring { window, .. } => {
+                batch.seqs[seq].ring_slot as usize * window + position % window
+            }
+        }
+    }
+
+    /// Writes the step's keys and values (rows of `width`) into the cache.
+    pub(crate) fn append(
+        &mut self,
+        layer: usize,
+        k: &[f32],
+        v: &[f32],
+        batch: &StepBatch,
+    ) -> Result<(), BackendError> {
+        let width = self.width;
+        if layer >= self.layers.len() {
+            return Err(BackendError::Shape(format!("no KV layer {layer}")));
+        }
+        for (s, chunk) in batch.seqs.iter().enumerate() {
+            let blocks = batch.table(s).len();
+            for (i, row) in chunk.rows().enumerate() {
+                let position = chunk.past as usize + i;
+                if matches!(self.layers[layer], LayerStore::Paged { .. })
+                    && position / self.block_size >= blocks
+                {
+                    return Err(BackendError::Shape(format!(
+                        "position {position} is beyond the sequence's {blocks} KV blocks"
+                    )));
+                }
+                let slot = self.slot(layer, batch, s, position);
+                let (kd, vd) = match &mut self.layers[layer] {
+                    LayerStore::Paged { k, v } | LayerStore::Ring { k, v, .. } => (k, v),
+                };
+                kd.write(slot * width, &k[row * width..(row + 1) * width]);
+                vd.write(slot * width, &v[row * width..(row + 1) * width]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Rounds values, in place, to what the cache would store.
+    pub(crate) fn round_in_place(&self, values: &mut [f32]) {
+        if self.dtype == KvCacheDtype::Bf16 {
+            for x in values {
+                *x = half::bf16::from_f32(*x).to_f32();
+            }
+        }
+    }
+}

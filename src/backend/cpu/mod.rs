@@ -1,0 +1,401 @@
+//! The CPU backend: f32 activations, weights read in place from the mapped
+//! checkpoint and decoded inside the SIMD matmul kernels, rayon threads.
+//! It is the reference the CUDA backend is checked against.
+
+mod attention;
+pub mod kernels;
+mod kv;
+mod moe;
+mod ops;
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::{
+    AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind,
+};
+use crate::checkpoint::linear::{LinearWeight, VectorWeight};
+use crate::engine::batch::StepBatch;
+use crate::plan::ledger::{Category, Charge, Ledger};
+use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+
+pub use kv::CpuKvCache;
+pub use moe::{CpuExperts, CpuWorkspace};
+
+/// An f32 buffer and the ledger charge that pays for it.
+pub struct CpuBuffer {
+    data: Vec<f32>,
+    _charge: Charge,
+}
+
+impl CpuBuffer {
+    pub fn as_slice(&self) -> &[f32] {
+        &self.data
+    }
+}
+
+/// The step's metadata, host-side (the CPU reads it where it is).
+pub struct CpuStep {
+    batch: StepBatch,
+    _charge: Charge,
+}
+
+pub struct CpuBackend {
+    ledger: Arc<Ledger>,
+}
+
+impl CpuBackend {
+    /// A backend charging its allocations to `ledger`. Threads are rayon's
+    /// global pool (sized by the CLI's `--threads`).
+    pub fn new(ledger: Arc<Ledger>) -> CpuBackend {
+        CpuBackend { ledger }
+    }
+
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    fn charge(&self, category: Category, bytes: u64, what: &str) -> Result<Charge, BackendError> {
+        Ok(self.ledger.charge(category, bytes, what)?)
+    }
+}
+
+fn shape_error(message: String) -> BackendError {
+    BackendError::Shape(message)
+}
+
+fn check_len(what: &'static str, needed: usize, capacity: usize) -> Result<(), BackendError> {
+    if needed > capacity {
+        return Err(BackendError::Capacity {
+            what,
+            needed,
+            capacity,
+        });
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    type Buffer = CpuBuffer;
+    type Linear<'w> = LinearWeight<'w>;
+    type Vector<'w> = VectorWeight<'w>;
+    type Experts<'w> = CpuExperts<'w>;
+    type Workspace = CpuWorkspace;
+    type KvCache = CpuKvCache;
+    type Step = CpuStep;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn alloc(
+        &self,
+        category: Category,
+        what: &'static str,
+        elements: usize,
+    ) -> Result<CpuBuffer, BackendError> {
+        let charge = self.charge(category, super::f32_bytes(elements), what)?;
+        Ok(CpuBuffer {
+            data: vec![0.0; elements],
+            _charge: charge,
+        })
+    }
+
+    fn linear<'w>(&self, w: LinearWeight<'w>) -> Result<LinearWeight<'w>, BackendError> {
+        kernels::formats::check_weight(&w).map_err(|e| BackendError::Kernel(e.to_string()))?;
+        Ok(w)
+    }
+
+    fn vector<'w>(&self, v: VectorWeight<'w>) -> Result<VectorWeight<'w>, BackendError> {
+        Ok(v)
+    }
+
+    fn experts<'w>(&self, spec: ExpertsSpec<'w>) -> Result<CpuExperts<'w>, BackendError> {
+        CpuExperts::new(spec)
+    }
+
+    fn workspace(&self, plan: &MoeWorkspacePlan) -> Result<CpuWorkspace, BackendError> {
+        CpuWorkspace::allocate(plan, &self.ledger)
+    }
+
+    fn kv_cache(&self, layout: &KvLayout, layers: usize) -> Result<CpuKvCache, BackendError> {
+        CpuKvCache::allocate(layout, layers, &self.ledger)
+    }
+
+    fn step_storage(
+        &self,
+        max_tokens: usize,
+        max_seqs: usize,
+        max_blocks_per_seq: usize,
+    ) -> Result<CpuStep, BackendError> {
+        // Token ids and positions per token; five fields, a logit row and a
+        // block table per sequence (plan::memory::activations).
+        let bytes = (2 * max_tokens + max_seqs * (max_blocks_per_seq + 5)) as u64 * 4;
+        Ok(CpuStep {
+            batch: StepBatch::with_capacity(max_tokens, max_seqs, max_blocks_per_seq),
+            _charge: self.charge(Category::Activations, bytes, "step_metadata")?,
+        })
+    }
+
+    fn load_step(&self, batch: &StepBatch, step: &mut CpuStep) -> Result<(), BackendError> {
+        step.batch.clone_from(batch);
+        Ok(())
+    }
+
+    fn embed(
+        &self,
+        table: &LinearWeight<'_>,
+        step: &CpuStep,
+        out: &mut CpuBuffer,
+    ) -> Result<(), BackendError> {
+        let (vocab, width) = (table.rows, table.cols);
+        let tokens = &step.batch.tokens;
+        check_len("embedding output", tokens.len() * width, out.data.len())?;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(shape_error(format!(
+                "token {bad} is outside the {vocab}-token embedding table"
+            )));
+        }
+        out.data[..tokens.len() * width]
+            .par_chunks_mut(width)
+            .zip(tokens.par_iter())
+            .try_for_each(|(row, &token)| table.decode_row(token as usize, row))
+            .map_err(|e| BackendError::Kernel(e.to_string()))
+    }
+
+    fn rmsnorm(
+        &self,
+        x: &CpuBuffer,
+        w: &VectorWeight<'_>,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<(), BackendError> {
+        check_len("rmsnorm", rows * width, x.data.len().min(out.data.len()))?;
+        out.data[..rows * width]
+            .par_chunks_mut(width)
+            .zip(x.data[..rows * width].par_chunks(width))
+            .for_each(|(o, x)| ops::rmsnorm(x, w, eps, o));
+        Ok(())
+    }
+
+    fn add_rmsnorm(
+        &self,
+        residual: &mut CpuBuffer,
+        delta: &CpuBuffer,
+        w: &VectorWeight<'_>,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<(), BackendError> {
+        let n = rows * width;
+        check_len(
+            "add_rmsnorm",
+            n,
+            residual.data.len().min(delta.data.len()).min(out.data.len()),
+        )?;
+        residual.data[..n]
+            .par_chunks_mut(width)
+            .zip(delta.data[..n].par_chunks(width))
+            .zip(out.data[..n].par_chunks_mut(width))
+            .for_each(|((r, d), o)| ops::add_rmsnorm(r, d, w, eps, o));
+        Ok(())
+    }
+
+    fn matmul(&self, jobs: &mut [Matmul<'_, '_, Self>]) -> Result<(), BackendError> {
+        let mut problems = Vec::with_capacity(jobs.len());
+        for job in jobs.iter_mut() {
+            let (k, n) = (job.w.cols, job.w.rows);
+            let start = job.x_row * k;
+            let end = start + job.rows * k;
+            check_len("matmul input", end, job.x.data.len())?;
+            check_len("matmul output", job.rows * n, job.out.data.len())?;
+            problems.push(kernels::GroupedProblem {
+                x: &job.x.data[start..end],
+                tokens: job.rows,
+                weight: *job.w,
+                out: &mut job.out.data[..job.rows * n],
+            });
+        }
+        kernels::matmul_grouped(&mut problems).map_err(|e| BackendError::Kernel(e.to_string()))?;
+        drop(problems);
+        for job in jobs.iter_mut() {
+            if let Some(bias) = job.bias {
+                let n = job.w.rows;
+                ops::add_bias(&mut job.out.data[..job.rows * n], bias);
+            }
+        }
+        Ok(())
+    }
+
+    fn rope_table(
+        &self,
+        step: &CpuStep,
+        inv_freq: &[f32],
+        attention_factor: f32,
+        rows: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<(), BackendError> {
+        let half = inv_freq.len();
+        let width = 2 * half;
+        check_len("rope table", rows * width, out.data.len())?;
+        let positions = &step.batch.positions[..rows];
+        out.data[..rows * width]
+            .par_chunks_mut(width)
+            .zip(positions.par_iter())
+            .for_each(|(row, &pos)| {
+                let (cos, sin) = row.split_at_mut(half);
+                for j in 0..half {
+                    // f32 angle, as transformers computes it.
+                    let angle = f64::from(pos as f32 * inv_freq[j]);
+                    cos[j] = angle.cos() as f32 * attention_factor;
+                    sin[j] = angle.sin() as f32 * attention_factor;
+                }
+            });
+        Ok(())
+    }
+
+    fn qk_norm_rope(
+        &self,
+        q: &mut CpuBuffer,
+        k: &mut CpuBuffer,
+        norms: Option<(&VectorWeight<'_>, &VectorWeight<'_>, f32)>,
+        rope: &CpuBuffer,
+        rows: usize,
+        shape: &AttentionShape,
+    ) -> Result<(), BackendError> {
+        let hd = shape.head_dim;
+        let qw = shape.heads * hd;
+        let kw = shape.kv_heads * hd;
+        check_len("q", rows * qw, q.data.len())?;
+        check_len("k", rows * kw, k.data.len())?;
+        check_len("rope table", rows * hd, rope.data.len())?;
+        let table = &rope.data[..rows * hd];
+        let apply = |data: &mut [f32], width: usize, norm: Option<(&VectorWeight<'_>, f32)>| {
+            data[..rows * width]
+                .par_chunks_mut(width)
+                .zip(table.par_chunks(hd))
+                .for_each(|(row, cos_sin)| {
+                    let (cos, sin) = cos_sin.split_at(hd / 2);
+                    for head in row.chunks_mut(hd) {
+                        if let Some((w, eps)) = norm {
+                            ops::rmsnorm_in_place(head, w, eps);
+                        }
+                        ops::rotate_half(head, cos, sin);
+                    }
+                });
+        };
+        apply(&mut q.data, qw, norms.map(|(qn, _, eps)| (qn, eps)));
+        apply(&mut k.data, kw, norms.map(|(_, kn, eps)| (kn, eps)));
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &CpuBuffer,
+        k: &mut CpuBuffer,
+        v: &mut CpuBuffer,
+        kv: &CpuKvCache,
+        layer: usize,
+        step: &CpuStep,
+        shape: &AttentionShape,
+        sinks: Option<&VectorWeight<'_>>,
+        out: &mut CpuBuffer,
+    ) -> Result<(), BackendError> {
+        attention::attention(
+            &q.data,
+            &mut k.data,
+            &mut v.data,
+            kv,
+            layer,
+            &step.batch,
+            shape,
+            sinks,
+            &mut out.data,
+        )
+    }
+
+    fn kv_append(
+        &self,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        kv: &mut CpuKvCache,
+        layer: usize,
+        step: &CpuStep,
+    ) -> Result<(), BackendError> {
+        kv.append(layer, &k.data, &v.data, &step.batch)
+    }
+
+    fn route(
+        &self,
+        logits: &CpuBuffer,
+        rows: usize,
+        num_experts: usize,
+        top_k: usize,
+        kind: RouterKind,
+        ws: &mut CpuWorkspace,
+    ) -> Result<(), BackendError> {
+        ws.route(&logits.data, rows, num_experts, top_k, kind)
+    }
+
+    fn moe(
+        &self,
+        x: &CpuBuffer,
+        rows: usize,
+        experts: &CpuExperts<'_>,
+        ws: &mut CpuWorkspace,
+        out: &mut CpuBuffer,
+    ) -> Result<(), BackendError> {
+        ws.run_experts(&x.data, rows, experts, &mut out.data)
+    }
+
+    fn silu_mul(&self, gate: &mut CpuBuffer, up: &CpuBuffer, n: usize) -> Result<(), BackendError> {
+        check_len("silu_mul", n, gate.data.len().min(up.data.len()))?;
+        gate.data[..n]
+            .par_chunks_mut(4096)
+            .zip(up.data[..n].par_chunks(4096))
+            .for_each(|(g, u)| ops::silu_mul(g, u));
+        Ok(())
+    }
+
+    fn add(&self, residual: &mut CpuBuffer, delta: &CpuBuffer, n: usize) -> Result<(), BackendError> {
+        check_len("add", n, residual.data.len().min(delta.data.len()))?;
+        for (r, d) in residual.data[..n].iter_mut().zip(&delta.data[..n]) {
+            *r += d;
+        }
+        Ok(())
+    }
+
+    fn compact_rows(
+        &self,
+        buf: &mut CpuBuffer,
+        step: &CpuStep,
+        width: usize,
+    ) -> Result<(), BackendError> {
+        for (i, &row) in step.batch.logit_rows.iter().enumerate() {
+            let row = row as usize;
+            if row < i {
+                return Err(shape_error("logit rows must ascend".to_string()));
+            }
+            check_len("logit row", (row + 1) * width, buf.data.len())?;
+            if row != i {
+                buf.data.copy_within(row * width..(row + 1) * width, i * width);
+            }
+        }
+        Ok(())
+    }
+
+    fn read(
+        &self,
+        buf: &CpuBuffer,
+        n: usize,
+        f: &mut dyn FnMut(&[f32]),
+    ) -> Result<(), BackendError> {
+        check_len("read", n, buf.data.len())?;
+        f(&buf.data[..n]);
+        Ok(())
+    }
+}

@@ -1,0 +1,321 @@
+//! The compute interface the model is written against, once, for every
+//! backend: the CPU (`cpu/`, SIMD + rayon) and CUDA (`cuda/`, NVRTC kernels).
+//!
+//! A backend owns its memory. Every buffer it allocates is charged to the
+//! ledger at allocation time, in the plan's categories, and all of them are
+//! allocated once at start-up: nothing in a forward step allocates.
+//!
+//! Ops take explicit sizes (`rows` = tokens of this step) and write into
+//! caller-provided buffers that were sized for `max_num_batched_tokens`.
+
+pub mod cpu;
+
+use thiserror::Error;
+
+use crate::checkpoint::linear::{LinearWeight, VectorWeight};
+use crate::engine::batch::StepBatch;
+use crate::plan::ledger::{Category, LedgerError};
+use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+
+#[derive(Debug, Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error("{0}")]
+    Shape(String),
+    #[error("kernel failed: {0}")]
+    Kernel(String),
+    #[error("{what} needs {needed} elements but its buffer holds {capacity}")]
+    Capacity {
+        what: &'static str,
+        needed: usize,
+        capacity: usize,
+    },
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// How a layer's router turns logits into expert weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RouterKind {
+    /// qwen3_moe: softmax over all experts, top-k, optionally renormalised.
+    SoftmaxTopK { renormalize: bool },
+    /// gpt_oss: top-k logits, softmax over those k.
+    TopKSoftmax,
+}
+
+/// The nonlinearity between an expert's gate/up and down projections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertActivation {
+    /// qwen3_moe: `silu(gate) · up`.
+    SiluMul,
+    /// gpt_oss: `gate = min(gate, limit)`, `up = clamp(up, −limit, limit)`,
+    /// `(up + 1) · gate · sigmoid(alpha · gate)`.
+    ClampedSwiglu { limit: f32, alpha: f32 },
+}
+
+/// Gate and up projections of a layer's experts.
+pub enum GateUp<'w> {
+    /// Separate `[I, H]` gate and up matrices per expert (qwen3_moe).
+    Split {
+        gate: Vec<LinearWeight<'w>>,
+        up: Vec<LinearWeight<'w>>,
+    },
+    /// One `[2I, H]` matrix per expert, gate rows even and up rows odd, with
+    /// a `[2I]` bias (gpt_oss).
+    Interleaved {
+        gate_up: Vec<LinearWeight<'w>>,
+        bias: Vec<VectorWeight<'w>>,
+    },
+}
+
+/// Everything one MoE layer's experts need, as read from the checkpoint.
+pub struct ExpertsSpec<'w> {
+    pub gate_up: GateUp<'w>,
+    /// `[H, I]` per expert.
+    pub down: Vec<LinearWeight<'w>>,
+    /// `[H]` per expert (gpt_oss), else empty.
+    pub down_bias: Vec<VectorWeight<'w>>,
+    pub activation: ExpertActivation,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+}
+
+impl ExpertsSpec<'_> {
+    pub fn num_experts(&self) -> usize {
+        self.down.len()
+    }
+}
+
+/// Attention of one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    /// Sliding-window span in tokens (`i − W < j ≤ i`), `None` for full attention.
+    pub window: Option<usize>,
+}
+
+/// Geometry of the KV cache the backend allocates.
+#[derive(Clone, Debug)]
+pub struct KvLayout {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    /// Blocks of the paged pool shared by full-attention layers.
+    pub blocks: usize,
+    /// Ring slots (one per running sequence) of sliding-window layers.
+    pub ring_slots: usize,
+    pub window: usize,
+    /// Per layer: `true` when the layer uses a sliding window (ring storage).
+    pub sliding_layers: Vec<bool>,
+    pub dtype: crate::plan::profile::KvCacheDtype,
+}
+
+/// Byte size of a buffer of `elements` f32 activations.
+pub fn f32_bytes(elements: usize) -> u64 {
+    elements as u64 * 4
+}
+
+/// The operations the model needs. Implementations must be exact up to
+/// floating-point summation order: the CPU backend is the reference.
+pub trait Backend: Sync + Sized {
+    /// An f32 buffer in the backend's memory.
+    type Buffer: Send;
+    /// A linear weight ready for [`Backend::matmul`].
+    type Linear<'w>: Sync
+    where
+        Self: 'w;
+    /// A vector weight (norm, bias, sinks) ready for the ops.
+    type Vector<'w>: Sync
+    where
+        Self: 'w;
+    /// The experts of one MoE layer.
+    type Experts<'w>: Sync
+    where
+        Self: 'w;
+    /// The one MoE workspace every MoE layer borrows in turn.
+    type Workspace: Send;
+    /// The KV cache of every layer.
+    type KvCache: Send;
+    /// One step's token ids, positions and sequence table, in backend memory.
+    type Step: Send;
+
+    fn name(&self) -> &'static str;
+
+    // ---- memory, all charged to the ledger, all allocated once ----
+
+    /// A zeroed f32 buffer of `elements`, charged to `category`.
+    fn alloc(
+        &self,
+        category: Category,
+        what: &'static str,
+        elements: usize,
+    ) -> Result<Self::Buffer, BackendError>;
+    fn linear<'w>(&self, w: LinearWeight<'w>) -> Result<Self::Linear<'w>, BackendError>;
+    fn vector<'w>(&self, v: VectorWeight<'w>) -> Result<Self::Vector<'w>, BackendError>;
+    fn experts<'w>(&self, spec: ExpertsSpec<'w>) -> Result<Self::Experts<'w>, BackendError>;
+    /// The MoE workspace exactly as the plan lists it.
+    fn workspace(&self, plan: &MoeWorkspacePlan) -> Result<Self::Workspace, BackendError>;
+    fn kv_cache(&self, layout: &KvLayout, layers: usize) -> Result<Self::KvCache, BackendError>;
+    /// Step metadata storage for up to `max_tokens` tokens and `max_seqs` sequences.
+    fn step_storage(
+        &self,
+        max_tokens: usize,
+        max_seqs: usize,
+        max_blocks_per_seq: usize,
+    ) -> Result<Self::Step, BackendError>;
+
+    // ---- a forward step ----
+
+    /// Copies the step's metadata into backend memory.
+    fn load_step(&self, batch: &StepBatch, step: &mut Self::Step) -> Result<(), BackendError>;
+
+    /// `out[t] = table[token[t]]`.
+    fn embed(
+        &self,
+        table: &Self::Linear<'_>,
+        step: &Self::Step,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// `out = rmsnorm(x) · w` over rows of `width`.
+    fn rmsnorm(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Vector<'_>,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// `residual += delta; out = rmsnorm(residual) · w`.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rmsnorm(
+        &self,
+        residual: &mut Self::Buffer,
+        delta: &Self::Buffer,
+        w: &Self::Vector<'_>,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// `out[r] = x[r] · Wᵀ (+ bias)` for each job, all in one launch / parallel region.
+    fn matmul(&self, jobs: &mut [Matmul<'_, '_, Self>]) -> Result<(), BackendError>;
+
+    /// Cosines and sines of the step's positions: `[rows, head_dim]`
+    /// (`head_dim/2` cos then `head_dim/2` sin per row), times `attention_factor`.
+    fn rope_table(
+        &self,
+        step: &Self::Step,
+        inv_freq: &[f32],
+        attention_factor: f32,
+        rows: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// Per-head RMSNorm of q and k (when given), then neox RoPE, in place.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope(
+        &self,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        norms: Option<(&Self::Vector<'_>, &Self::Vector<'_>, f32)>,
+        rope: &Self::Buffer,
+        rows: usize,
+        shape: &AttentionShape,
+    ) -> Result<(), BackendError>;
+
+    /// Causal attention of this step's queries over each sequence's cached
+    /// past (layer `layer` of `kv`) and the step's own keys/values `k`, `v`.
+    /// `k` and `v` are first rounded, in place, to the cache's precision, so
+    /// a key gives the same score whether it is read from the step or, later,
+    /// from the cache.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        kv: &Self::KvCache,
+        layer: usize,
+        step: &Self::Step,
+        shape: &AttentionShape,
+        sinks: Option<&Self::Vector<'_>>,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// Appends the step's keys and values to layer `layer` of the cache.
+    fn kv_append(
+        &self,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        kv: &mut Self::KvCache,
+        layer: usize,
+        step: &Self::Step,
+    ) -> Result<(), BackendError>;
+
+    /// Top-k routing of `rows` tokens from `[rows, E]` logits into the workspace.
+    fn route(
+        &self,
+        logits: &Self::Buffer,
+        rows: usize,
+        num_experts: usize,
+        top_k: usize,
+        kind: RouterKind,
+        ws: &mut Self::Workspace,
+    ) -> Result<(), BackendError>;
+
+    /// The routed experts of one layer: group rows by expert, gate/up,
+    /// activation, down, and the routing-weighted sum into `out` (`[rows, H]`,
+    /// overwritten).
+    fn moe(
+        &self,
+        x: &Self::Buffer,
+        rows: usize,
+        experts: &Self::Experts<'_>,
+        ws: &mut Self::Workspace,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// `gate[i] = silu(gate[i]) · up[i]` for `n` elements.
+    fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize)
+    -> Result<(), BackendError>;
+
+    /// `residual += delta` over `n` elements.
+    fn add(&self, residual: &mut Self::Buffer, delta: &Self::Buffer, n: usize)
+    -> Result<(), BackendError>;
+
+    /// Moves row `rows[i]` of `buf` (rows of `width`) to row `i`, in order
+    /// (`rows` ascending, so no row is overwritten before it is read).
+    fn compact_rows(
+        &self,
+        buf: &mut Self::Buffer,
+        step: &Self::Step,
+        width: usize,
+    ) -> Result<(), BackendError>;
+
+    /// Hands the first `n` values of `buf` to `f` on the host.
+    fn read(
+        &self,
+        buf: &Self::Buffer,
+        n: usize,
+        f: &mut dyn FnMut(&[f32]),
+    ) -> Result<(), BackendError>;
+}
+
+/// One `out = x · Wᵀ (+ bias)` of a [`Backend::matmul`] call, over rows
+/// `x_row..x_row + rows` of `x`, written to rows `0..rows` of `out`.
+pub struct Matmul<'a, 'w, B: Backend + 'w> {
+    pub x: &'a B::Buffer,
+    pub x_row: usize,
+    pub rows: usize,
+    pub w: &'a B::Linear<'w>,
+    pub bias: Option<&'a B::Vector<'w>>,
+    pub out: &'a mut B::Buffer,
+}

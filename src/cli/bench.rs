@@ -1,0 +1,174 @@
+//! `sparkrt bench`: prefill and decode speed against the machine's memory
+//! bandwidth roofline, measured in one run.
+
+use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use serde::Serialize;
+
+use super::generate::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use crate::backend::cpu::kernels::measure_read_bandwidth;
+use crate::checkpoint::PageCachePolicy;
+use crate::engine::sampling::{SamplingParams, SplitMix64};
+use crate::engine::{Event, Request};
+use crate::plan::Plan;
+use crate::plan::memory::WeightGroup;
+use crate::runtime::{HostSource, Loaded};
+use crate::units::format_size;
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens per request (random ids).
+    #[arg(long, default_value_t = 512)]
+    pub prompt_len: usize,
+    /// Tokens generated per request (end-of-sequence ignored).
+    #[arg(long = "gen", default_value_t = 64)]
+    pub generate: usize,
+    /// Requests timed; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct BenchReport {
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    peak_rss_bytes: u64,
+    bytes_per_token: u64,
+    bandwidth_bytes_s: f64,
+    roofline_tok_s: f64,
+    /// decode_tok_s ÷ roofline_tok_s.
+    roofline_fraction: f64,
+    threads: usize,
+    prompt_len: usize,
+    generate: usize,
+    repeats: usize,
+}
+
+/// Weight bytes read to decode one token at batch 1: every dense weight,
+/// `top_k` of each MoE layer's experts, one embedding row.
+pub fn decode_bytes_per_token(plan: &Plan) -> u64 {
+    let g = |group| plan.weights.groups.get(&group).copied().unwrap_or(0);
+    let m = &plan.model;
+    let experts = g(WeightGroup::Experts) * m.top_k as u64 / m.num_experts.max(1) as u64;
+    let embedding_row = g(WeightGroup::Embeddings) / m.vocab_size.max(1) as u64;
+    g(WeightGroup::Attention)
+        + g(WeightGroup::Router)
+        + g(WeightGroup::DenseMlp)
+        + g(WeightGroup::Norms)
+        + g(WeightGroup::LmHead)
+        + experts
+        + embedding_row
+}
+
+pub fn run(args: &BenchArgs) -> Result<ExitCode> {
+    set_threads(args.model.threads)?;
+    if args.prompt_len == 0 || args.generate == 0 || args.repeats == 0 {
+        bail!("--prompt-len, --gen and --repeats must be at least 1");
+    }
+    let (dir, profile) = resolve(&args.model)?;
+    let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
+    let host = HostSource {
+        root: &args.model.host_root,
+        kubelet_config: None,
+    };
+    let loaded = Loaded::open(&dir, profile.as_ref(), &host, PageCachePolicy::WillNeed)?;
+    if args.prompt_len + args.generate > loaded.plan.serving.max_model_len {
+        bail!(
+            "--prompt-len + --gen = {} exceeds max_model_len = {} of the profile",
+            args.prompt_len + args.generate,
+            loaded.plan.serving.max_model_len
+        );
+    }
+    let source = loaded.source();
+    let mut engine = loaded.engine(&source)?;
+    let vocab = engine.vocab_size() as u64;
+    let mut rng = SplitMix64::new(42);
+    let prompt: Vec<u32> = (0..args.prompt_len)
+        .map(|_| (rng.next_u64() % vocab) as u32)
+        .collect();
+
+    // One untimed warm-up request, then the timed ones.
+    let mut prefill = Vec::new();
+    let mut decode = Vec::new();
+    for round in 0..=args.repeats {
+        let (tx, rx) = mpsc::channel();
+        engine.add_request(
+            Request {
+                prompt: prompt.clone(),
+                params: SamplingParams::greedy(args.generate),
+                prompt_logits: false,
+                ignore_eos: true,
+            },
+            Box::new(tx),
+        )?;
+        let start = Instant::now();
+        let mut first = None;
+        let mut tokens = 0usize;
+        while engine.has_work() {
+            engine.step()?;
+            for event in rx.try_iter() {
+                match event {
+                    Event::Token { .. } => {
+                        tokens += 1;
+                        first.get_or_insert_with(Instant::now);
+                    }
+                    Event::Failed { message } => bail!("bench request failed: {message}"),
+                    _ => {}
+                }
+            }
+        }
+        let end = Instant::now();
+        let first = first.unwrap_or(end);
+        if round > 0 {
+            prefill.push(args.prompt_len as f64 / first.duration_since(start).as_secs_f64());
+            let decode_s = end.duration_since(first).as_secs_f64();
+            decode.push(tokens.saturating_sub(1) as f64 / decode_s.max(f64::MIN_POSITIVE));
+        }
+    }
+    let threads = rayon::current_num_threads();
+    let bandwidth = measure_read_bandwidth(threads, 1 << 30);
+    let bytes_per_token = decode_bytes_per_token(&loaded.plan);
+    let roofline = bandwidth / bytes_per_token.max(1) as f64;
+    let decode_tok_s = median(&mut decode);
+    let report = BenchReport {
+        prefill_tok_s: median(&mut prefill),
+        decode_tok_s,
+        peak_rss_bytes: crate::host::process::peak_rss_bytes(),
+        bytes_per_token,
+        bandwidth_bytes_s: bandwidth,
+        roofline_tok_s: roofline,
+        roofline_fraction: decode_tok_s / roofline,
+        threads,
+        prompt_len: args.prompt_len,
+        generate: args.generate,
+        repeats: args.repeats,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("sparkrt bench: {} (cpu, {} threads)", loaded.dir.display(), threads);
+        println!("  prompt {} tokens, generate {} tokens, {} repeats (medians)", args.prompt_len, args.generate, args.repeats);
+        println!("  prefill                 {:>10.1} tok/s", report.prefill_tok_s);
+        println!("  decode                  {:>10.1} tok/s", report.decode_tok_s);
+        println!("  weights read per token  {:>14}", format_size(bytes_per_token));
+        println!("  read bandwidth          {:>10.1} GB/s", bandwidth / 1e9);
+        println!("  decode roofline         {:>10.1} tok/s", roofline);
+        println!("  decode / roofline       {:>10.1} %", 100.0 * report.roofline_fraction);
+        println!("  peak RSS                {:>14}", format_size(report.peak_rss_bytes));
+        println!("  plan total              {:>14}", format_size(loaded.plan.total));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}

@@ -1,0 +1,300 @@
+//! `sparkrt generate`: one prompt through the engine, text streamed to stdout.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use super::{EXIT_DOES_NOT_FIT, load_profile, model_dir};
+use crate::checkpoint::PageCachePolicy;
+use crate::engine::sampling::SamplingParams;
+use crate::engine::{Event, FinishReason, Request};
+use crate::plan::profile::Profile;
+use crate::runtime::{HostSource, Loaded, RuntimeError};
+use crate::text::ChatMessage;
+
+/// The profile used when neither `--model` nor `--profile` is given: the
+/// tiny reference model in tests/fixtures.
+pub const DEFAULT_PROFILE: &str = "qwen3-moe-tiny";
+
+#[derive(Debug, clap::Args)]
+pub struct ModelArgs {
+    /// Checkpoint folder (config.json, safetensors, tokenizer)
+    /// [default: the profile's model.path; with neither, the tiny test model].
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// Profile: a path or a name from profiles/ [default: limits derived from
+    /// the checkpoint's config].
+    #[arg(long, value_name = "PROFILE")]
+    pub profile: Option<String>,
+    /// `auto` reads the checkpoint; `dummy` writes random weights with the
+    /// checkpoint's config into a temporary folder first (benchmarks).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub load_format: LoadFormat,
+    /// CPU threads [default: all cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Read the host below this directory (fake trees in tests).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub host_root: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadFormat {
+    Auto,
+    Dummy,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Raw prompt text.
+    #[arg(long, group = "input")]
+    pub prompt: Option<String>,
+    /// A user message, wrapped in the checkpoint's chat template.
+    #[arg(long, group = "input")]
+    pub chat: Option<String>,
+    /// Prompt token ids, comma-separated.
+    #[arg(long, group = "input", value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop before this string (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Write the logits of every prompt position (f32 [T, V], key `logits`)
+    /// to this safetensors file.
+    #[arg(long, value_name = "FILE")]
+    pub logits_out: Option<PathBuf>,
+    /// Print one JSON object at the end instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct GenerateReport {
+    prompt_ids: Vec<u32>,
+    token_ids: Vec<u32>,
+    text: String,
+    finish_reason: &'static str,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+}
+
+/// The checkpoint folder and profile `args` name.
+pub fn resolve(args: &ModelArgs) -> Result<(PathBuf, Option<Profile>)> {
+    let (profile, profile_path) = match (&args.profile, &args.model) {
+        (Some(name), _) => {
+            let (p, path) = load_profile(name)?;
+            (Some(p), Some(path))
+        }
+        (None, None) => {
+            let (p, path) = load_profile(DEFAULT_PROFILE)?;
+            (Some(p), Some(path))
+        }
+        (None, Some(_)) => (None, None),
+    };
+    let dir = match (&profile, &profile_path) {
+        (Some(p), Some(path)) => model_dir(args.model.as_deref(), p, path),
+        _ => args.model.clone(),
+    }
+    .context("no checkpoint: pass --model DIR or a profile with model.path")?;
+    Ok((dir, profile))
+}
+
+/// Sets rayon's global pool to `threads` (once per process).
+pub fn set_threads(threads: Option<usize>) -> Result<()> {
+    if let Some(n) = threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        // Only the first call in a process sets the pool; later ones are moot.
+        let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+    }
+    Ok(())
+}
+
+/// A temporary folder removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// With `--load-format dummy`, writes random weights like `dir`'s and
+/// returns their folder (removed when the guard drops).
+pub fn dummy_if_asked(args: &ModelArgs, dir: &Path) -> Result<(PathBuf, Option<TempDir>)> {
+    if args.load_format == LoadFormat::Auto {
+        return Ok((dir.to_path_buf(), None));
+    }
+    let config = crate::checkpoint::config::ModelConfig::load(dir)?;
+    let out = std::env::temp_dir().join(format!("sparkrt-dummy-{}", std::process::id()));
+    let guard = TempDir(out.clone());
+    let bar = super::progress_bar("writing random weights");
+    crate::model::dummy::write_checkpoint(dir, &config, &out, 1, 0x5eed, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    Ok((out, Some(guard)))
+}
+
+pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
+    set_threads(args.model.threads)?;
+    let (dir, profile) = resolve(&args.model)?;
+    let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
+    let host = HostSource {
+        root: &args.model.host_root,
+        kubelet_config: None,
+    };
+    let loaded = match Loaded::open(&dir, profile.as_ref(), &host, PageCachePolicy::Keep) {
+        Err(RuntimeError::DoesNotFit(why)) => {
+            eprintln!("error: the plan does not fit this host: {why}");
+            return Ok(ExitCode::from(EXIT_DOES_NOT_FIT));
+        }
+        other => other?,
+    };
+    let prompt = prompt_ids(args, &loaded)?;
+    let source = loaded.source();
+    let mut engine = loaded.engine(&source)?;
+
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+        max_tokens: args.max_tokens,
+        stop: args.stop.clone(),
+    };
+    let (tx, rx) = mpsc::channel();
+    engine.add_request(
+        Request {
+            prompt: prompt.clone(),
+            params,
+            prompt_logits: args.logits_out.is_some(),
+            ignore_eos: args.ignore_eos,
+        },
+        Box::new(tx),
+    )?;
+
+    let vocab = engine.vocab_size();
+    let mut prompt_logits = vec![0f32; if args.logits_out.is_some() { prompt.len() * vocab } else { 0 }];
+    let mut tokens = Vec::new();
+    let mut text = String::new();
+    let mut finish = FinishReason::Aborted;
+    let started = Instant::now();
+    let mut first_token_at = None;
+    let mut stdout = std::io::stdout();
+    'steps: while engine.has_work() {
+        engine.step()?;
+        while let Ok(event) = rx.try_recv() {
+            match event {
+                Event::Token { id, text: piece } => {
+                    first_token_at.get_or_insert_with(Instant::now);
+                    tokens.push(id);
+                    if !args.json {
+                        let _ = stdout.write_all(piece.as_bytes());
+                        let _ = stdout.flush();
+                    }
+                    text.push_str(&piece);
+                }
+                Event::PromptLogits { first, values } => {
+                    let at = first * vocab;
+                    if let Some(dst) = prompt_logits.get_mut(at..at + values.len()) {
+                        dst.copy_from_slice(&values);
+                    }
+                }
+                Event::Finished { reason, text: rest, .. } => {
+                    if !args.json {
+                        let _ = writeln!(stdout, "{rest}");
+                    }
+                    text.push_str(&rest);
+                    finish = reason;
+                    break 'steps;
+                }
+                Event::Failed { message } => bail!("generation failed: {message}"),
+            }
+        }
+    }
+    let ended = Instant::now();
+    let first = first_token_at.unwrap_or(ended);
+    let prefill_s = first.duration_since(started).as_secs_f64();
+    let decode_s = ended.duration_since(first).as_secs_f64();
+    if let Some(path) = &args.logits_out {
+        write_logits(path, &prompt_logits, prompt.len(), vocab)?;
+    }
+    if args.json {
+        let report = GenerateReport {
+            prompt_ids: prompt.clone(),
+            token_ids: tokens.clone(),
+            text,
+            finish_reason: finish.as_str(),
+            prefill_tok_s: rate(prompt.len(), prefill_s),
+            decode_tok_s: rate(tokens.len().saturating_sub(1), decode_s),
+        };
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        eprintln!(
+            "[{} prompt tokens, {} generated, {}; prefill {:.1} tok/s, decode {:.1} tok/s]",
+            prompt.len(),
+            tokens.len(),
+            finish.as_str(),
+            rate(prompt.len(), prefill_s),
+            rate(tokens.len().saturating_sub(1), decode_s)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn rate(tokens: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }
+}
+
+fn prompt_ids(args: &GenerateArgs, loaded: &Loaded) -> Result<Vec<u32>> {
+    if let Some(ids) = &args.prompt_ids {
+        return Ok(ids.clone());
+    }
+    let tokenizer = loaded.tokenizer.as_ref().with_context(|| {
+        format!(
+            "{} has no tokenizer.json: pass --prompt-ids",
+            loaded.dir.display()
+        )
+    })?;
+    if let Some(text) = &args.prompt {
+        return Ok(tokenizer.encode(text, false)?);
+    }
+    if let Some(message) = &args.chat {
+        let template = crate::text::ChatTemplate::from_dir(&loaded.dir)?;
+        let rendered = template.render(&[ChatMessage::new("user", message.as_str())], true)?;
+        return Ok(tokenizer.encode(&rendered, false)?);
+    }
+    bail!("give a prompt: --prompt TEXT, --chat TEXT or --prompt-ids 1,2,3")
+}
+
+fn write_logits(path: &Path, logits: &[f32], rows: usize, vocab: usize) -> Result<()> {
+    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![rows, vocab], &bytes)
+        .map_err(|e| anyhow::anyhow!("logits tensor: {e}"))?;
+    safetensors::tensor::serialize_to_file([("logits", view)], None, path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

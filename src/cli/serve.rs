@@ -1,0 +1,177 @@
+//! `sparkrt serve`: plan, refuse if it does not fit, load, allocate exactly
+//! the plan, serve the OpenAI-compatible API.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use super::EXIT_DOES_NOT_FIT;
+use super::generate::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use crate::checkpoint::PageCachePolicy;
+use crate::runtime::{HostSource, Loaded, RuntimeError};
+use crate::server::engine_loop::{self, EngineHandle, Gauges};
+use crate::server::guard::MemoryGuard;
+use crate::server::{ServerState, router};
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on; loopback unless told otherwise.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// File holding the API key every route but /health requires.
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// Kubelet configuration file [default: <host-root>/var/lib/kubelet/config.yaml].
+    #[arg(long, value_name = "FILE")]
+    pub kubelet_config: Option<PathBuf>,
+    /// Requests allowed to wait for a slot before new ones get 429
+    /// [default: 4 × max_num_seqs].
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// How often the memory guard reads MemAvailable, in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    pub guard_interval_ms: u64,
+    /// Name served in /v1/models [default: the profile's model name or the folder name].
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+}
+
+pub fn run(args: &ServeArgs) -> Result<ExitCode> {
+    set_threads(args.model.threads)?;
+    let api_key = match &args.api_key_file {
+        Some(path) => {
+            let key = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the API key file {}", path.display()))?
+                .trim()
+                .to_string();
+            if key.is_empty() {
+                bail!("the API key file {} is empty", path.display());
+            }
+            Some(key)
+        }
+        None => None,
+    };
+    let (dir, profile) = resolve(&args.model)?;
+    let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
+    let host = HostSource {
+        root: &args.model.host_root,
+        kubelet_config: args.kubelet_config.as_deref(),
+    };
+    let loaded = match Loaded::open(&dir, profile.as_ref(), &host, PageCachePolicy::WillNeed) {
+        Err(RuntimeError::DoesNotFit(why)) => {
+            eprintln!("error: the plan does not fit this host, not serving: {why}");
+            return Ok(ExitCode::from(EXIT_DOES_NOT_FIT));
+        }
+        other => other?,
+    };
+    let model_name = args
+        .served_model_name
+        .clone()
+        .or_else(|| loaded.profile.model.name.clone())
+        .unwrap_or_else(|| {
+            dir.file_name()
+                .map_or("model".to_string(), |n| n.to_string_lossy().into_owned())
+        });
+    let chat_template = crate::text::ChatTemplate::from_dir(&loaded.dir).ok();
+    let source = loaded.source();
+    let engine = loaded.engine(&source)?;
+    let limits = engine.limits().clone();
+    let max_queue = args.max_queue.unwrap_or(4 * limits.max_num_seqs);
+    let engine_counters = Arc::clone(&engine.counters);
+
+    let guard = MemoryGuard::new(
+        args.model.host_root.clone(),
+        loaded.plan.host.eviction_hard,
+        loaded.plan.host.safety_margin,
+    );
+    guard.check();
+    let stop_guard = Arc::new(AtomicBool::new(false));
+    let guard_thread = guard.spawn(
+        Duration::from_millis(args.guard_interval_ms.max(10)),
+        Arc::clone(&stop_guard),
+    );
+
+    let (commands, receiver) = std::sync::mpsc::channel();
+    let gauges = Arc::new(Gauges::default());
+    let state = Arc::new(ServerState::new(
+        model_name,
+        limits,
+        loaded.plan.clone(),
+        Arc::clone(&loaded.ledger),
+        Arc::clone(&guard),
+        EngineHandle {
+            commands,
+            gauges: Arc::clone(&gauges),
+        },
+        engine_counters,
+        loaded.tokenizer.clone(),
+        chat_template,
+        api_key,
+        args.model.host_root.clone(),
+    ));
+
+    let address: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("{}:{} is not an address to listen on", args.host, args.port))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+
+    let served = std::thread::scope(|scope| {
+        scope.spawn(|| engine_loop::run(engine, receiver, &gauges, max_queue));
+        let result = runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("binding {address}"))?;
+            let bound = listener.local_addr()?;
+            eprintln!("sparkrt: listening on http://{bound}");
+            axum::serve(listener, router(state))
+                .with_graceful_shutdown(shutdown_signal())
+                .await
+                .context("serving HTTP")
+        });
+        // The router (and its command sender) is gone: the engine thread
+        // finishes the work in flight and stops.
+        result
+    });
+    stop_guard.store(true, Ordering::Release);
+    let _ = guard_thread.join();
+    served.map_err(super::RuntimeFailure)?;
+    eprintln!("sparkrt: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+    eprintln!("sparkrt: shutting down (finishing requests in flight)");
+}

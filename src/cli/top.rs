@@ -1,0 +1,95 @@
+//! `sparkrt top`: the live memory monitor. The `tui/` crate draws; this
+//! module feeds it host readings through the same probe and headroom
+//! formula the plan uses.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+
+use super::{HostArgs, load_profile};
+use crate::plan::memory::{self, HostFigures};
+use crate::plan::profile::{HostSection, KubeletMode};
+use sparkrt_tui::{HostSnapshot, HostSource, TopOptions};
+
+#[derive(Debug, clap::Args)]
+pub struct TopArgs {
+    /// Base URL of a running `sparkrt serve` (host panels only without one).
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    pub url: String,
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Time between samples, e.g. 500ms or 2s.
+    #[arg(long, default_value = "500ms")]
+    pub interval: String,
+    /// Profile whose [host] reserves draw the usable line [default: built-in reserves].
+    #[arg(long)]
+    pub profile: Option<String>,
+}
+
+/// Host readings for the monitor, from `--host-root`.
+struct ProbeSource {
+    host: HostArgs,
+    reserves: HostSection,
+}
+
+impl HostSource for ProbeSource {
+    fn read(&mut self) -> Result<HostSnapshot, String> {
+        let reading = self
+            .host
+            .read(self.reserves.kubelet)
+            .map_err(|e| format!("{e:#}"))?;
+        let figures: HostFigures = crate::plan::host_figures(&reading);
+        let headroom = memory::headroom(
+            &figures,
+            self.reserves.os_reserve.0,
+            self.reserves.safety_margin.0,
+        );
+        let m = &reading.meminfo;
+        Ok(HostSnapshot {
+            mem_total: m.mem_total,
+            mem_available: m.mem_available,
+            mem_free: m.mem_free,
+            cached: m.cached,
+            buffers: m.buffers,
+            shmem: m.shmem,
+            swap_total: m.swap_total,
+            swap_free: m.swap_free,
+            kubepods_current: reading.kubepods.as_ref().map(|c| c.current),
+            kubepods_max: reading.kubepods.as_ref().and_then(|c| c.max),
+            system_reserved: figures.system_reserved,
+            kube_reserved: figures.kube_reserved,
+            eviction_hard: figures.eviction_hard,
+            usable: u64::try_from(headroom.usable).ok(),
+            gpu_processes: Vec::new(),
+        })
+    }
+}
+
+pub fn run(args: &TopArgs) -> Result<ExitCode> {
+    let reserves = match &args.profile {
+        Some(p) => load_profile(p)?.0.host,
+        None => HostSection {
+            kubelet: KubeletMode::Auto,
+            ..HostSection::default()
+        },
+    };
+    let interval = sparkrt_tui::parse_interval(&args.interval)
+        .with_context(|| format!("--interval {:?}", args.interval))?;
+    let options = TopOptions {
+        server_url: args.url.trim_end_matches('/').to_string(),
+        interval,
+        ..TopOptions::default()
+    };
+    let source = ProbeSource {
+        host: args.host.clone(),
+        reserves,
+    };
+    // Fail fast on a bad host tree rather than inside the full-screen UI.
+    let mut probe = ProbeSource {
+        host: source.host.clone(),
+        reserves: source.reserves.clone(),
+    };
+    probe.read().map_err(anyhow::Error::msg)?;
+    sparkrt_tui::run(options, Box::new(source)).map_err(|e| super::RuntimeFailure(anyhow::anyhow!("{e}")))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,118 @@
+//! One forward step's input: the tokens of every scheduled sequence, packed
+//! into rows, with each sequence's place in the KV cache.
+//!
+//! Sized once for `max_num_batched_tokens` tokens and `max_num_seqs`
+//! sequences (the plan's `step_metadata`); `clear` keeps the capacity, so a
+//! step allocates nothing.
+
+/// One sequence's share of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqChunk {
+    /// First row of this sequence's tokens in the step.
+    pub start: u32,
+    /// Number of its tokens in the step.
+    pub len: u32,
+    /// Tokens of the sequence already in the KV cache (the position of its first row).
+    pub past: u32,
+    /// Its slot in the sliding-window ring buffers.
+    pub ring_slot: u32,
+    /// Where its block table starts in [`StepBatch::block_tables`].
+    pub table_start: u32,
+    /// Number of blocks in its table (covering `past + len` tokens).
+    pub table_len: u32,
+}
+
+impl SeqChunk {
+    /// Rows `start..start+len` of the step.
+    pub fn rows(&self) -> std::ops::Range<usize> {
+        self.start as usize..(self.start + self.len) as usize
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct StepBatch {
+    /// Token id of each row.
+    pub tokens: Vec<u32>,
+    /// Position of each row in its sequence.
+    pub positions: Vec<u32>,
+    pub seqs: Vec<SeqChunk>,
+    /// Every sequence's block table, back to back.
+    pub block_tables: Vec<u32>,
+    /// Rows whose logits are wanted, ascending.
+    pub logit_rows: Vec<u32>,
+}
+
+impl StepBatch {
+    pub fn with_capacity(max_tokens: usize, max_seqs: usize, max_blocks_per_seq: usize) -> Self {
+        StepBatch {
+            tokens: Vec::with_capacity(max_tokens),
+            positions: Vec::with_capacity(max_tokens),
+            seqs: Vec::with_capacity(max_seqs),
+            block_tables: Vec::with_capacity(max_seqs * max_blocks_per_seq),
+            logit_rows: Vec::with_capacity(max_tokens.max(max_seqs)),
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.positions.clear();
+        self.seqs.clear();
+        self.block_tables.clear();
+        self.logit_rows.clear();
+    }
+
+    pub fn rows(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Adds `tokens` of a sequence that already has `past` tokens cached;
+    /// `blocks` must cover `past + tokens.len()` tokens. With `want_logits`
+    /// the last row's logits are computed (`all_logits`: every row's).
+    pub fn push_seq(
+        &mut self,
+        tokens: &[u32],
+        past: usize,
+        ring_slot: usize,
+        blocks: &[u32],
+        logits: Logits,
+    ) {
+        let start = self.tokens.len();
+        self.tokens.extend_from_slice(tokens);
+        self.positions
+            .extend((0..tokens.len()).map(|i| (past + i) as u32));
+        match logits {
+            Logits::None => {}
+            Logits::Last => {
+                if !tokens.is_empty() {
+                    self.logit_rows.push((start + tokens.len() - 1) as u32);
+                }
+            }
+            Logits::All => self
+                .logit_rows
+                .extend((start..start + tokens.len()).map(|r| r as u32)),
+        }
+        self.seqs.push(SeqChunk {
+            start: start as u32,
+            len: tokens.len() as u32,
+            past: past as u32,
+            ring_slot: ring_slot as u32,
+            table_start: self.block_tables.len() as u32,
+            table_len: blocks.len() as u32,
+        });
+        self.block_tables.extend_from_slice(blocks);
+    }
+
+    /// Block table of sequence `i`.
+    pub fn table(&self, i: usize) -> &[u32] {
+        let s = &self.seqs[i];
+        &self.block_tables[s.table_start as usize..(s.table_start + s.table_len) as usize]
+    }
+}
+
+/// Which logits of a sequence's rows a step computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    Last,
+    All,
+}

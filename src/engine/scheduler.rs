@@ -1,0 +1,474 @@
+//! The step loop: continuous batching over one model.
+//!
+//! Each step packs, oldest sequence first, one decode token per running
+//! sequence and chunks of waiting prompts, up to `max_num_batched_tokens`
+//! tokens and `max_num_seqs` sequences. KV blocks are taken as chunks are
+//! scheduled; when they run out, the newest sequence is preempted (its
+//! blocks freed, its tokens recomputed later). New requests join between
+//! steps; finished, aborted and abandoned ones leave at the next step.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use thiserror::Error;
+
+use super::batch::{Logits, StepBatch};
+use super::kv_blocks::BlockAllocator;
+use super::sampling::{Sampler, SamplingError, SamplingWorkspace};
+use super::sequence::{Event, EventSink, FinishReason, Request, SeqId, Sequence, TextState};
+use crate::backend::Backend;
+use crate::model::{Buffers, ModelError, Transformer};
+use crate::text::Tokenizer;
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Error, PartialEq)]
+pub enum AdmissionError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {prompt} tokens; this model serves at most {max_model_len} tokens per sequence, output included")]
+    PromptTooLong { prompt: usize, max_model_len: usize },
+    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+}
+
+/// Limits the engine schedules within (from the plan).
+#[derive(Clone, Debug)]
+pub struct EngineLimits {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_model_len: usize,
+    pub kv_blocks: usize,
+    pub kv_block_size: usize,
+}
+
+/// Counters the server exports.
+#[derive(Debug, Default)]
+pub struct EngineCounters {
+    pub prompt_tokens: AtomicU64,
+    pub generation_tokens: AtomicU64,
+    pub preemptions: AtomicU64,
+    pub steps: AtomicU64,
+}
+
+/// What one step did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// Tokens run through the model.
+    pub tokens: usize,
+    /// Sequences that sampled a token.
+    pub sampled: usize,
+}
+
+pub struct Engine<'w, B: Backend + 'w> {
+    backend: &'w B,
+    model: Transformer<'w, B>,
+    buffers: Buffers<B>,
+    limits: EngineLimits,
+    blocks: BlockAllocator,
+    free_ring_slots: Vec<usize>,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    batch: StepBatch,
+    /// For each logit row of the current step: the running index of its
+    /// sequence and whether the row is sampled.
+    logit_owners: Vec<(usize, bool)>,
+    /// Running index and token count of each sequence in the current step.
+    scheduled: Vec<(usize, usize)>,
+    sampling: SamplingWorkspace,
+    tokenizer: Option<Arc<Tokenizer>>,
+    eos: Vec<u32>,
+    next_id: SeqId,
+    pub counters: Arc<EngineCounters>,
+}
+
+impl<'w, B: Backend + 'w> Engine<'w, B> {
+    pub fn new(
+        backend: &'w B,
+        model: Transformer<'w, B>,
+        buffers: Buffers<B>,
+        limits: EngineLimits,
+        tokenizer: Option<Arc<Tokenizer>>,
+        eos: Vec<u32>,
+    ) -> Result<Self, EngineError> {
+        let blocks = BlockAllocator::new(limits.kv_blocks, limits.kv_block_size).map_err(|e| {
+            ModelError::Unsupported(format!("KV cache of {} blocks: {e}", limits.kv_blocks))
+        })?;
+        let blocks_per_seq = limits.max_model_len.div_ceil(limits.kv_block_size);
+        Ok(Engine {
+            backend,
+            batch: StepBatch::with_capacity(
+                limits.max_num_batched_tokens,
+                limits.max_num_seqs,
+                blocks_per_seq,
+            ),
+            logit_owners: Vec::with_capacity(limits.max_num_batched_tokens),
+            scheduled: Vec::with_capacity(limits.max_num_seqs),
+            sampling: SamplingWorkspace::new(model.settings.vocab_size),
+            free_ring_slots: (0..limits.max_num_seqs).rev().collect(),
+            model,
+            buffers,
+            blocks,
+            limits,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            tokenizer,
+            eos,
+            next_id: 0,
+            counters: Arc::new(EngineCounters::default()),
+        })
+    }
+
+    pub fn limits(&self) -> &EngineLimits {
+        &self.limits
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.model.settings.vocab_size
+    }
+
+    /// Sequences admitted and not yet finished.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn kv_blocks_used(&self) -> usize {
+        self.blocks.used_blocks()
+    }
+
+    pub fn kv_blocks_total(&self) -> usize {
+        self.blocks.num_blocks()
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Queues a request; its events go to `sink`.
+    pub fn add_request(
+        &mut self,
+        request: Request,
+        sink: Box<dyn EventSink>,
+    ) -> Result<SeqId, AdmissionError> {
+        if request.prompt.is_empty() {
+            return Err(AdmissionError::EmptyPrompt);
+        }
+        if request.prompt.len() >= self.limits.max_model_len {
+            return Err(AdmissionError::PromptTooLong {
+                prompt: request.prompt.len(),
+                max_model_len: self.limits.max_model_len,
+            });
+        }
+        let vocab = self.vocab_size();
+        if let Some(&id) = request.prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(AdmissionError::TokenOutOfRange { id, vocab });
+        }
+        let sampler = Sampler::new(&request.params)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let text = self
+            .tokenizer
+            .as_ref()
+            .map(|t| TextState::new(t, &request.params.stop));
+        self.waiting.push_back(Sequence {
+            id,
+            prompt_len: request.prompt.len(),
+            tokens: request.prompt,
+            computed: 0,
+            ring_slot: None,
+            sampler,
+            params: request.params,
+            prompt_logits: request.prompt_logits,
+            ignore_eos: request.ignore_eos,
+            sink,
+            text,
+            finished: None,
+        });
+        Ok(id)
+    }
+
+    /// Cancels a request; it leaves at the next step.
+    pub fn abort(&mut self, id: SeqId) {
+        for seq in self.running.iter_mut().chain(self.waiting.iter_mut()) {
+            if seq.id == id && seq.finished.is_none() {
+                seq.finished = Some(FinishReason::Aborted);
+            }
+        }
+    }
+
+    /// Ends every request with `message` (after a step failed); they leave
+    /// at the next step.
+    pub fn fail_all(&mut self, message: &str) {
+        for seq in self.running.iter_mut().chain(self.waiting.iter_mut()) {
+            if seq.finished.is_none() {
+                seq.sink.send(Event::Failed {
+                    message: message.to_string(),
+                });
+                seq.finished = Some(FinishReason::Aborted);
+            }
+        }
+    }
+
+    /// Runs one step of the model over the scheduled tokens.
+    pub fn step(&mut self) -> Result<StepReport, EngineError> {
+        self.retire_finished();
+        self.admit();
+        self.schedule();
+        let rows = self.batch.rows();
+        if rows == 0 {
+            return Ok(StepReport::default());
+        }
+        let sampled = self.run_model()?;
+        self.counters.steps.fetch_add(1, Ordering::Relaxed);
+        Ok(StepReport {
+            tokens: rows,
+            sampled,
+        })
+    }
+
+    /// Removes finished sequences (and those whose client left), freeing
+    /// their blocks and ring slots, and tells their clients.
+    fn retire_finished(&mut self) {
+        for seq in self.running.iter_mut().chain(self.waiting.iter_mut()) {
+            if seq.finished.is_none() && seq.sink.is_closed() {
+                seq.finished = Some(FinishReason::Aborted);
+            }
+        }
+        let mut index = 0;
+        while index < self.running.len() {
+            if self.running[index].finished.is_some() {
+                let seq = self.running.remove(index);
+                self.release(&seq);
+                self.finish(seq);
+            } else {
+                index += 1;
+            }
+        }
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|s| s.finished.is_some());
+        self.waiting = waiting.into();
+        for seq in done {
+            self.finish(seq);
+        }
+    }
+
+    fn release(&mut self, seq: &Sequence) {
+        self.blocks.free(seq.id);
+        if let Some(slot) = seq.ring_slot {
+            self.free_ring_slots.push(slot);
+        }
+    }
+
+    fn finish(&mut self, mut seq: Sequence) {
+        let reason = seq.finished.unwrap_or(FinishReason::Aborted);
+        let text = match (&mut seq.text, &self.tokenizer) {
+            (Some(text), Some(tokenizer)) if reason != FinishReason::Aborted => {
+                text.finish(tokenizer).unwrap_or_default()
+            }
+            _ => String::new(),
+        };
+        let completion_tokens = seq.generated();
+        seq.sink.send(Event::Finished {
+            reason,
+            text,
+            prompt_tokens: seq.prompt_len,
+            completion_tokens,
+        });
+    }
+
+    /// Moves waiting sequences into the running set while there is room.
+    fn admit(&mut self) {
+        while self.running.len() < self.limits.max_num_seqs {
+            let Some(slot) = self.free_ring_slots.pop() else {
+                break;
+            };
+            let Some(mut seq) = self.waiting.pop_front() else {
+                self.free_ring_slots.push(slot);
+                break;
+            };
+            seq.ring_slot = Some(slot);
+            self.running.push(seq);
+        }
+    }
+
+    /// Fills the step batch, oldest sequence first, preempting the newest
+    /// when KV blocks run out.
+    fn schedule(&mut self) {
+        self.batch.clear();
+        self.logit_owners.clear();
+        self.scheduled.clear();
+        let mut budget = self.limits.max_num_batched_tokens;
+        let mut index = 0;
+        while index < self.running.len() && budget > 0 {
+            let (id, computed, pending) = {
+                let s = &self.running[index];
+                (s.id, s.computed, s.pending())
+            };
+            let chunk = pending.min(budget);
+            if chunk == 0 {
+                index += 1;
+                continue;
+            }
+            if self.blocks.allocate_for(id, computed + chunk).is_err() {
+                // Free the newest sequence and try again; if this is the
+                // newest, it waits for blocks itself.
+                let victim = self.running.len() - 1;
+                self.preempt(victim);
+                if victim == index {
+                    break;
+                }
+                continue;
+            }
+            let seq = &self.running[index];
+            let reaches_end = computed + chunk == seq.tokens.len();
+            let logits = if seq.prompt_logits && computed < seq.prompt_len {
+                Logits::All
+            } else if reaches_end {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            let table = self.blocks.table(id).map(|t| t.blocks()).unwrap_or_default();
+            let before = self.batch.logit_rows.len();
+            self.batch.push_seq(
+                &seq.tokens[computed..computed + chunk],
+                computed,
+                seq.ring_slot.unwrap_or(0),
+                table,
+                logits,
+            );
+            let added = self.batch.logit_rows.len() - before;
+            for i in 0..added {
+                // Only the chunk's last row, when it ends the known tokens, samples.
+                let sampled = reaches_end && i + 1 == added;
+                self.logit_owners.push((index, sampled));
+            }
+            self.scheduled.push((index, chunk));
+            budget -= chunk;
+            index += 1;
+        }
+    }
+
+    /// Frees the blocks of running sequence `index` and sends it back to the
+    /// front of the queue to be recomputed from scratch.
+    fn preempt(&mut self, index: usize) {
+        let mut seq = self.running.remove(index);
+        self.release(&seq);
+        seq.computed = 0;
+        seq.ring_slot = None;
+        self.counters.preemptions.fetch_add(1, Ordering::Relaxed);
+        self.waiting.push_front(seq);
+    }
+
+    /// Forward pass, sampling, events. Returns how many sequences sampled.
+    fn run_model(&mut self) -> Result<usize, EngineError> {
+        let Engine {
+            backend,
+            model,
+            buffers,
+            batch,
+            running,
+            logit_owners,
+            scheduled,
+            sampling,
+            tokenizer,
+            eos,
+            limits,
+            counters,
+            ..
+        } = self;
+        let vocab = model.settings.vocab_size;
+        let mut sampled = 0;
+        let mut failure: Option<String> = None;
+        model.forward(*backend, batch, buffers, &mut |first, count, values| {
+            for row in 0..count {
+                let (index, samples) = logit_owners[first + row];
+                let logits = &values[row * vocab..(row + 1) * vocab];
+                let seq = &mut running[index];
+                let position = batch.positions[batch.logit_rows[first + row] as usize] as usize;
+                if seq.prompt_logits && position < seq.prompt_len {
+                    seq.sink.send(Event::PromptLogits {
+                        first: position,
+                        values: logits.to_vec(),
+                    });
+                }
+                if !samples {
+                    continue;
+                }
+                match seq.sampler.sample(logits, sampling) {
+                    Ok(token) => {
+                        sampled += 1;
+                        accept_token(seq, token, tokenizer.as_deref(), eos, limits.max_model_len);
+                    }
+                    Err(e) => failure = Some(format!("sampling failed: {e}")),
+                }
+            }
+        })?;
+        // The scheduled tokens are now in the cache.
+        let mut prompt_tokens = 0;
+        for &(index, chunk) in scheduled.iter() {
+            let seq = &mut running[index];
+            prompt_tokens += seq.prompt_len.saturating_sub(seq.computed).min(chunk);
+            seq.computed += chunk;
+            if seq.computed >= seq.prompt_len {
+                // Prompt logits are reported once, not again after a preemption.
+                seq.prompt_logits = false;
+            }
+        }
+        counters
+            .prompt_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        counters
+            .generation_tokens
+            .fetch_add(sampled as u64, Ordering::Relaxed);
+        if let Some(message) = failure {
+            for seq in running.iter_mut() {
+                seq.sink.send(Event::Failed {
+                    message: message.clone(),
+                });
+                seq.finished = Some(FinishReason::Aborted);
+            }
+        }
+        Ok(sampled)
+    }
+}
+
+/// Appends a sampled token, emits its text, and decides whether the
+/// sequence is done.
+fn accept_token(
+    seq: &mut Sequence,
+    token: u32,
+    tokenizer: Option<&Tokenizer>,
+    eos: &[u32],
+    max_model_len: usize,
+) {
+    seq.tokens.push(token);
+    if !seq.ignore_eos && eos.contains(&token) {
+        seq.finished = Some(FinishReason::Stop);
+        return;
+    }
+    let (text, stopped) = match (&mut seq.text, tokenizer) {
+        (Some(state), Some(t)) => state.push(t, token).unwrap_or_default(),
+        _ => (String::new(), false),
+    };
+    if !seq.sink.send(Event::Token { id: token, text }) {
+        seq.finished = Some(FinishReason::Aborted);
+    } else if stopped {
+        seq.finished = Some(FinishReason::Stop);
+    } else if seq.generated() >= seq.params.max_tokens || seq.tokens.len() >= max_model_len {
+        seq.finished = Some(FinishReason::Length);
+    }
+}

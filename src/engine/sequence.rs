@@ -1,0 +1,153 @@
+//! Requests, the events they produce, and a running sequence's state.
+
+use serde::Serialize;
+
+use super::sampling::{Sampler, SamplingParams};
+use crate::text::{StopMatcher, StopStep, StreamDecoder, TextError, Tokenizer};
+
+/// Engine-wide id of a request.
+pub type SeqId = u64;
+
+/// What a client asks for, in tokens.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// Also report the logits of every prompt position (`generate --logits-out`).
+    pub prompt_logits: bool,
+    /// Keep generating past end-of-sequence tokens (benchmarks).
+    pub ignore_eos: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// End-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens` or `max_model_len` reached.
+    Length,
+    /// The client went away or the request was cancelled.
+    Aborted,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Aborted => "abort",
+        }
+    }
+}
+
+/// What the engine reports about a request, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A sampled token and the text it completes; `text` may be empty while
+    /// a partial character or a possible stop string is held back.
+    Token { id: u32, text: String },
+    /// Logits of prompt positions `first..first + values.len() / vocab`.
+    PromptLogits { first: usize, values: Vec<f32> },
+    /// The request ended; held-back text, if any, is in `text`.
+    Finished {
+        reason: FinishReason,
+        text: String,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    /// The request failed inside the engine.
+    Failed { message: String },
+}
+
+/// Where a request's events go. `send` returns false once nobody listens,
+/// and the engine then frees the sequence at its next step.
+pub trait EventSink: Send {
+    fn send(&mut self, event: Event) -> bool;
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+impl EventSink for std::sync::mpsc::Sender<Event> {
+    fn send(&mut self, event: Event) -> bool {
+        std::sync::mpsc::Sender::send(self, event).is_ok()
+    }
+}
+
+impl EventSink for tokio::sync::mpsc::UnboundedSender<Event> {
+    fn send(&mut self, event: Event) -> bool {
+        tokio::sync::mpsc::UnboundedSender::send(self, event).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        tokio::sync::mpsc::UnboundedSender::is_closed(self)
+    }
+}
+
+/// Text side of a sequence: incremental detokenizing and stop strings.
+pub(crate) struct TextState {
+    decoder: StreamDecoder,
+    stops: StopMatcher,
+}
+
+impl TextState {
+    pub(crate) fn new(tokenizer: &Tokenizer, stop: &[String]) -> TextState {
+        TextState {
+            decoder: tokenizer.stream_decoder(true),
+            stops: StopMatcher::new(stop.iter().cloned()),
+        }
+    }
+
+    /// The text to emit for `id`, and whether a stop string completed.
+    pub(crate) fn push(
+        &mut self,
+        tokenizer: &Tokenizer,
+        id: u32,
+    ) -> Result<(String, bool), TextError> {
+        let piece = self.decoder.push(tokenizer, id)?;
+        Ok(match self.stops.push(&piece) {
+            StopStep::Continue { emit } => (emit, false),
+            StopStep::Stopped { emit, .. } => (emit, true),
+        })
+    }
+
+    /// Whatever is still held back, at the end of the sequence.
+    pub(crate) fn finish(&mut self, tokenizer: &Tokenizer) -> Result<String, TextError> {
+        let rest = self.decoder.finish(tokenizer)?;
+        let mut text = match self.stops.push(&rest) {
+            StopStep::Continue { emit } => emit,
+            StopStep::Stopped { emit, .. } => return Ok(emit),
+        };
+        text.push_str(&self.stops.finish());
+        Ok(text)
+    }
+}
+
+/// A request being served.
+pub(crate) struct Sequence {
+    pub id: SeqId,
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Tokens whose keys and values are in the cache.
+    pub computed: usize,
+    pub ring_slot: Option<usize>,
+    pub sampler: Sampler,
+    pub params: SamplingParams,
+    pub prompt_logits: bool,
+    pub ignore_eos: bool,
+    pub sink: Box<dyn EventSink>,
+    pub text: Option<TextState>,
+    /// Set when the sequence is done; it leaves the engine at the next step.
+    pub finished: Option<FinishReason>,
+}
+
+impl Sequence {
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Tokens still to run through the model before the next sample.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+}

@@ -1,0 +1,126 @@
+//! gpt_oss (gpt-oss-20b, gpt-oss-120b): attention biases and per-head sinks,
+//! sliding-window layers, YaRN RoPE, top-k-then-softmax routing with a bias,
+//! MXFP4 experts with interleaved gate/up rows and a clamped SwiGLU.
+
+use super::rope::{Rope, Yarn};
+use super::{Layer, Mlp, ModelError, ModelSettings, Transformer, WeightSource};
+use crate::backend::{
+    AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind,
+};
+use crate::checkpoint::config::ModelConfig;
+use crate::plan::geometry::{LayerAttention, Quantization};
+
+/// The sigmoid slope of gpt_oss's SwiGLU.
+const SWIGLU_ALPHA: f32 = 1.702;
+/// transformers' default `swiglu_limit`.
+const DEFAULT_SWIGLU_LIMIT: f64 = 7.0;
+
+pub fn load<'w, B: Backend + 'w>(
+    b: &B,
+    config: &ModelConfig,
+    src: &'w dyn WeightSource,
+) -> Result<Transformer<'w, B>, ModelError> {
+    let rope = match &config.rope_scaling {
+        Some(y) => Rope::yarn(
+            config.rope_theta,
+            config.head_dim,
+            &Yarn {
+                factor: y.factor,
+                beta_fast: y.beta_fast,
+                beta_slow: y.beta_slow,
+                truncate: y.truncate,
+                original_max_position_embeddings: y.original_max_position_embeddings as f64,
+                attention_factor: y.attention_factor,
+            },
+        ),
+        None => Rope::plain(config.rope_theta, config.head_dim),
+    };
+    let settings = ModelSettings {
+        architecture: config.architecture,
+        hidden_size: config.hidden_size,
+        vocab_size: config.vocab_size,
+        num_experts: config.num_experts,
+        top_k: config.num_experts_per_tok,
+        intermediate_size: config.moe_intermediate_size,
+        rms_norm_eps: config.rms_norm_eps as f32,
+        router: RouterKind::TopKSoftmax,
+        rope,
+    };
+    let limit = config.swiglu_limit.unwrap_or(DEFAULT_SWIGLU_LIMIT) as f32;
+    let mxfp4 = config.quantization_method() == Quantization::Mxfp4;
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for i in 0..config.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        let window = match config.layer_types.get(i) {
+            Some(LayerAttention::SlidingAttention) => config.sliding_window,
+            _ => None,
+        };
+        let experts = 0..config.num_experts;
+        let stacked = |name: &str, e: usize| {
+            if mxfp4 {
+                src.stacked_expert(&format!("{p}.mlp.experts.{name}"), e)
+            } else {
+                Err(ModelError::Unsupported(
+                    "gpt_oss experts are read in MXFP4 only".to_string(),
+                ))
+            }
+        };
+        let spec = ExpertsSpec {
+            gate_up: GateUp::Interleaved {
+                gate_up: experts.clone().map(|e| stacked("gate_up_proj", e)).collect::<Result<_, _>>()?,
+                bias: experts
+                    .clone()
+                    .map(|e| src.vector_row(&format!("{p}.mlp.experts.gate_up_proj_bias"), e))
+                    .collect::<Result<_, _>>()?,
+            },
+            down: experts.clone().map(|e| stacked("down_proj", e)).collect::<Result<_, _>>()?,
+            down_bias: experts
+                .map(|e| src.vector_row(&format!("{p}.mlp.experts.down_proj_bias"), e))
+                .collect::<Result<_, _>>()?,
+            activation: ExpertActivation::ClampedSwiglu {
+                limit,
+                alpha: SWIGLU_ALPHA,
+            },
+            hidden_size: config.hidden_size,
+            intermediate_size: config.moe_intermediate_size,
+        };
+        let attn = |name: &str| src.linear(&format!("{p}.self_attn.{name}"));
+        let bias = |name: &str| src.vector(&format!("{p}.self_attn.{name}.bias"));
+        layers.push(Layer {
+            input_norm: b.vector(src.vector(&format!("{p}.input_layernorm.weight"))?)?,
+            post_attention_norm: b
+                .vector(src.vector(&format!("{p}.post_attention_layernorm.weight"))?)?,
+            q: b.linear(attn("q_proj")?)?,
+            k: b.linear(attn("k_proj")?)?,
+            v: b.linear(attn("v_proj")?)?,
+            o: b.linear(attn("o_proj")?)?,
+            qkvo_bias: Some([
+                b.vector(bias("q_proj")?)?,
+                b.vector(bias("k_proj")?)?,
+                b.vector(bias("v_proj")?)?,
+                b.vector(bias("o_proj")?)?,
+            ]),
+            qk_norm: None,
+            sinks: Some(b.vector(src.vector(&format!("{p}.self_attn.sinks"))?)?),
+            attention: AttentionShape {
+                heads: config.num_attention_heads,
+                kv_heads: config.num_key_value_heads,
+                head_dim: config.head_dim,
+                scale: 1.0 / (config.head_dim as f32).sqrt(),
+                window,
+            },
+            mlp: Mlp::Moe {
+                router: b.linear(src.linear(&format!("{p}.mlp.router"))?)?,
+                router_bias: Some(b.vector(src.vector(&format!("{p}.mlp.router.bias"))?)?),
+                experts: b.experts(spec)?,
+            },
+        });
+    }
+    Ok(Transformer {
+        settings,
+        embed: b.linear(src.linear("model.embed_tokens")?)?,
+        layers,
+        norm: b.vector(src.vector("model.norm.weight")?)?,
+        lm_head: b.linear(src.linear("lm_head")?)?,
+    })
+}

@@ -1,0 +1,95 @@
+//! qwen3_moe (Qwen3-30B-A3B, Qwen3-235B-A22B): q/k RMSNorm before plain
+//! RoPE, softmax-then-top-k routing, SwiGLU experts, optional dense layers.
+
+use super::rope::Rope;
+use super::{Layer, Mlp, ModelError, ModelSettings, Transformer, WeightSource};
+use crate::backend::{
+    AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind,
+};
+use crate::checkpoint::config::ModelConfig;
+
+pub fn load<'w, B: Backend + 'w>(
+    b: &B,
+    config: &ModelConfig,
+    src: &'w dyn WeightSource,
+) -> Result<Transformer<'w, B>, ModelError> {
+    let settings = ModelSettings {
+        architecture: config.architecture,
+        hidden_size: config.hidden_size,
+        vocab_size: config.vocab_size,
+        num_experts: config.num_experts,
+        top_k: config.num_experts_per_tok,
+        intermediate_size: config.intermediate_size,
+        rms_norm_eps: config.rms_norm_eps as f32,
+        router: RouterKind::SoftmaxTopK {
+            renormalize: config.norm_topk_prob,
+        },
+        rope: Rope::plain(config.rope_theta, config.head_dim),
+    };
+    let shape = AttentionShape {
+        heads: config.num_attention_heads,
+        kv_heads: config.num_key_value_heads,
+        head_dim: config.head_dim,
+        scale: 1.0 / (config.head_dim as f32).sqrt(),
+        window: None,
+    };
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for i in 0..config.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        let mlp = if config.is_moe_layer(i) {
+            let expert = |e: usize, proj: &str| src.linear(&format!("{p}.mlp.experts.{e}.{proj}"));
+            let experts = 0..config.num_experts;
+            let spec = ExpertsSpec {
+                gate_up: GateUp::Split {
+                    gate: experts.clone().map(|e| expert(e, "gate_proj")).collect::<Result<_, _>>()?,
+                    up: experts.clone().map(|e| expert(e, "up_proj")).collect::<Result<_, _>>()?,
+                },
+                down: experts.map(|e| expert(e, "down_proj")).collect::<Result<_, _>>()?,
+                down_bias: Vec::new(),
+                activation: ExpertActivation::SiluMul,
+                hidden_size: config.hidden_size,
+                intermediate_size: config.moe_intermediate_size,
+            };
+            Mlp::Moe {
+                router: b.linear(src.linear(&format!("{p}.mlp.gate"))?)?,
+                router_bias: None,
+                experts: b.experts(spec)?,
+            }
+        } else {
+            Mlp::Dense {
+                gate: b.linear(src.linear(&format!("{p}.mlp.gate_proj"))?)?,
+                up: b.linear(src.linear(&format!("{p}.mlp.up_proj"))?)?,
+                down: b.linear(src.linear(&format!("{p}.mlp.down_proj"))?)?,
+            }
+        };
+        layers.push(Layer {
+            input_norm: b.vector(src.vector(&format!("{p}.input_layernorm.weight"))?)?,
+            post_attention_norm: b
+                .vector(src.vector(&format!("{p}.post_attention_layernorm.weight"))?)?,
+            q: b.linear(src.linear(&format!("{p}.self_attn.q_proj"))?)?,
+            k: b.linear(src.linear(&format!("{p}.self_attn.k_proj"))?)?,
+            v: b.linear(src.linear(&format!("{p}.self_attn.v_proj"))?)?,
+            o: b.linear(src.linear(&format!("{p}.self_attn.o_proj"))?)?,
+            qkvo_bias: None,
+            qk_norm: Some((
+                b.vector(src.vector(&format!("{p}.self_attn.q_norm.weight"))?)?,
+                b.vector(src.vector(&format!("{p}.self_attn.k_norm.weight"))?)?,
+            )),
+            sinks: None,
+            attention: shape,
+            mlp,
+        });
+    }
+    let lm_head = if config.tie_word_embeddings {
+        "model.embed_tokens"
+    } else {
+        "lm_head"
+    };
+    Ok(Transformer {
+        settings,
+        embed: b.linear(src.linear("model.embed_tokens")?)?,
+        layers,
+        norm: b.vector(src.vector("model.norm.weight")?)?,
+        lm_head: b.linear(src.linear(lm_head)?)?,
+    })
+}

@@ -1,0 +1,56 @@
+//! `Authorization: Bearer <key>` on every route but `/health`, compared in
+//! constant time.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::ServerState;
+use super::errors::ApiError;
+
+pub async fn require_key(
+    State(state): State<Arc<ServerState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(key) = &state.api_key else {
+        return next.run(request).await;
+    };
+    if request.uri().path() == "/health" {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(presented.as_bytes(), key.as_bytes()) {
+        next.run(request).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
+}
+
+/// Equal in time independent of where the inputs differ (only the length
+/// of the presented key can leak).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn constant_time_eq_compares_bytes() {
+        assert!(super::constant_time_eq(b"secret", b"secret"));
+        assert!(!super::constant_time_eq(b"secret", b"secreT"));
+        assert!(!super::constant_time_eq(b"secret", b"secrets"));
+        assert!(!super::constant_time_eq(b"", b"x"));
+    }
+}

@@ -1,0 +1,112 @@
+//! Errors in the OpenAI error-object shape, with the HTTP status to send.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answered as `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (503 from the memory guard, 429).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn with_status(mut self, status: StatusCode) -> ApiError {
+        self.status = status;
+        self
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> ApiError {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn model_not_found(model: &str) -> ApiError {
+        ApiError::invalid(format!("The model `{model}` does not exist."), Some("model"))
+            .with_status(StatusCode::NOT_FOUND)
+            .with_code("model_not_found")
+    }
+
+    pub fn unauthorized() -> ApiError {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "missing or invalid API key (send `Authorization: Bearer <key>`)".into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("invalid_api_key"),
+            retry_after: None,
+        }
+    }
+
+    pub fn queue_full(retry_after: u64) -> ApiError {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: "the request queue is full; retry later".into(),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("queue_full"),
+            retry_after: Some(retry_after),
+        }
+    }
+
+    pub fn memory_guard(retry_after: u64) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the host is low on memory (MemAvailable is below the eviction line plus the safety margin); not admitting new work until it recovers".into(),
+            kind: "server_error",
+            param: None,
+            code: Some("memory_guard"),
+            retry_after: Some(retry_after),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(self.body())).into_response();
+        if let Some(seconds) = self.retry_after
+            && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        response
+    }
+}

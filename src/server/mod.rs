@@ -1,0 +1,134 @@
+//! The OpenAI-compatible HTTP server: routes, the engine thread, the memory
+//! guard, and the observability endpoints the monitor reads.
+
+pub mod auth;
+pub mod engine_loop;
+pub mod errors;
+pub mod guard;
+pub mod observe;
+pub mod openai;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+
+use crate::engine::{EngineCounters, EngineLimits};
+use crate::plan::Plan;
+use crate::plan::ledger::Ledger;
+use crate::text::{ChatTemplate, Tokenizer};
+use engine_loop::EngineHandle;
+use guard::MemoryGuard;
+
+/// Largest request body accepted (a prompt of a few hundred thousand characters).
+pub const MAX_BODY_BYTES: usize = 8 << 20;
+
+/// Request outcomes for `/metrics`.
+#[derive(Debug, Default)]
+pub struct RequestCounters {
+    pub ok: AtomicU64,
+    pub error: AtomicU64,
+    pub rejected: AtomicU64,
+}
+
+impl RequestCounters {
+    pub fn finished(&self, ok: bool) {
+        let counter = if ok { &self.ok } else { &self.error };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn rejected(&self) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Everything the handlers share.
+pub struct ServerState {
+    pub model_name: String,
+    pub started_unix: u64,
+    pub limits: EngineLimits,
+    pub plan: Plan,
+    pub ledger: Arc<Ledger>,
+    pub guard: Arc<MemoryGuard>,
+    pub engine: EngineHandle,
+    pub engine_counters: Arc<EngineCounters>,
+    pub counters: RequestCounters,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub chat_template: Option<ChatTemplate>,
+    pub api_key: Option<String>,
+    pub host_root: PathBuf,
+    request_ids: AtomicU64,
+}
+
+impl ServerState {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        model_name: String,
+        limits: EngineLimits,
+        plan: Plan,
+        ledger: Arc<Ledger>,
+        guard: Arc<MemoryGuard>,
+        engine: EngineHandle,
+        engine_counters: Arc<EngineCounters>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        chat_template: Option<ChatTemplate>,
+        api_key: Option<String>,
+        host_root: PathBuf,
+    ) -> ServerState {
+        ServerState {
+            model_name,
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            limits,
+            plan,
+            ledger,
+            guard,
+            engine,
+            engine_counters,
+            counters: RequestCounters::default(),
+            tokenizer,
+            chat_template,
+            api_key,
+            host_root,
+            request_ids: AtomicU64::new(1),
+        }
+    }
+
+    pub fn next_request_id(&self) -> u64 {
+        self.request_ids.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn kubepods(&self) -> Option<crate::host::CgroupMemory> {
+        crate::host::cgroup::read_kubepods(&self.host_root).ok().flatten()
+    }
+
+    pub fn kubepods_current(&self) -> Option<u64> {
+        self.kubepods().map(|c| c.current)
+    }
+
+    pub fn kubepods_max(&self) -> Option<u64> {
+        self.kubepods().and_then(|c| c.max)
+    }
+}
+
+/// The routes, with the API key check in front of all but `/health`.
+pub fn router(state: Arc<ServerState>) -> Router {
+    Router::new()
+        .route("/health", get(observe::health))
+        .route("/ready", get(observe::ready))
+        .route("/metrics", get(observe::metrics))
+        .route("/v1/memory", get(observe::memory))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            auth::require_key,
+        ))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
