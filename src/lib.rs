@@ -3,5 +3,6 @@
 //! See `docs/ARCHITECTURE.md` for the module map and the contracts between
 //! modules.
 pub mod checkpoint;
+pub mod cli;
 pub mod plan;
 pub mod units;
