@@ -32,6 +32,12 @@ pub enum CheckpointError {
     },
     #[error("{}: shard is missing (the index puts tensor `{tensor}` there)", path.display())]
     MissingShard { path: PathBuf, tensor: String },
+    #[error("{}: file changed while opening ({validated} bytes validated, {mapped} mapped)", path.display())]
+    FileChanged {
+        path: PathBuf,
+        validated: u64,
+        mapped: u64,
+    },
     #[error("{}: index puts tensor `{tensor}` here, but the file does not hold it", path.display())]
     NotInShard { path: PathBuf, tensor: String },
     #[error("{}: holds tensor `{tensor}`, which the index {}", path.display(), listed_elsewhere(listed))]

@@ -7,7 +7,7 @@
 //! entries or a typed error out), so the same code serves the header-only
 //! reader, the memory-mapped reader and the fuzz target.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::Deserialize;
@@ -145,16 +145,19 @@ pub fn parse_header(file_start: &[u8], file_len: u64) -> Result<ParsedHeader, He
     let raw: RawHeader = serde_json::from_str(text)?;
 
     let data_len = file_len - data_start;
-    let mut seen = HashSet::with_capacity(raw.entries.len());
-    let mut entries = Vec::with_capacity(raw.entries.len());
-    for (name, raw_entry) in raw.entries {
-        if !seen.insert(name.clone()) {
-            return Err(HeaderError::DuplicateName { tensor: name });
-        }
-        entries.push(validate_entry(name, raw_entry, data_start, data_len)?);
+    let mut entries = raw
+        .entries
+        .into_iter()
+        .map(|(name, raw_entry)| validate_entry(name, raw_entry, data_start, data_len))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Sorted by name, equal names are neighbours: no hashing needed.
+    entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    if let Some(pair) = entries.windows(2).find(|pair| pair[0].name == pair[1].name) {
+        return Err(HeaderError::DuplicateName {
+            tensor: pair[0].name.clone(),
+        });
     }
     check_no_overlap(&entries)?;
-    entries.sort_by(|a, b| a.name.cmp(&b.name));
 
     Ok(ParsedHeader {
         json_len: header_len,

@@ -4,8 +4,8 @@
 //! across files):
 //! - [`read_headers`] reads only the length prefix and JSON header of each
 //!   file (the plan's exact byte counts, no tensor data touched);
-//! - [`Checkpoint::open`] maps each file once and hands out zero-copy views
-//!   that borrow the mapping.
+//! - [`Checkpoint::open`] validates the same way, then maps each file once
+//!   and hands out zero-copy views that borrow the mapping.
 //!
 //! The folder is assumed not to change while it is open: a file shrunk by
 //! another process after validation would still fault on access, as with any
@@ -24,7 +24,6 @@ pub mod quant;
 pub mod view;
 mod weights;
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -210,6 +209,15 @@ impl Checkpoint {
 
 /// Reads the length prefix and JSON header of one file with plain reads.
 fn read_file_header(path: &Path) -> Result<ParsedHeader, CheckpointError> {
+    let mut file = File::open(path).map_err(|source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    read_header_from(&mut file, path)
+}
+
+/// Reads and validates the header of the open file `file` (at `path`).
+fn read_header_from(file: &mut File, path: &Path) -> Result<ParsedHeader, CheckpointError> {
     let io_error = |source| CheckpointError::Io {
         path: path.to_path_buf(),
         source,
@@ -218,7 +226,6 @@ fn read_file_header(path: &Path) -> Result<ParsedHeader, CheckpointError> {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = File::open(path).map_err(io_error)?;
     let file_len = file.metadata().map_err(io_error)?.len();
     let mut prefix = [0u8; LENGTH_PREFIX_BYTES as usize];
     let prefix_read = if file_len >= LENGTH_PREFIX_BYTES {
@@ -236,31 +243,31 @@ fn read_file_header(path: &Path) -> Result<ParsedHeader, CheckpointError> {
     header::parse_header(&start, file_len).map_err(header_error)
 }
 
-/// Maps one file and validates its header from the mapping.
+/// Validates one file's header (plain reads, as `read_headers` does), then
+/// maps the file. Reading the header rather than faulting it in through the
+/// mapping is also faster on a cold page cache.
 fn map_file(path: &Path) -> Result<(MappedShard, ParsedHeader), CheckpointError> {
     let io_error = |source| CheckpointError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let header_error = |source| CheckpointError::Header {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = File::open(path).map_err(io_error)?;
-    let file_len = file.metadata().map_err(io_error)?.len();
-    if file_len < LENGTH_PREFIX_BYTES {
-        // Refused before mapping: nothing to map, and no header to trust.
-        return Err(header_error(HeaderError::TooShort { file_len }));
-    }
+    let mut file = File::open(path).map_err(io_error)?;
+    let header = read_header_from(&mut file, path)?;
     // SAFETY: the mapping is read-only and only ever read through `&[u8]`
-    // slices inside its length, which is the file size at the time of mapping;
-    // every tensor range is validated against that size before it is handed
-    // out. The checkpoint folder is required to stay unmodified while open
+    // slices inside its length; every tensor range was validated against the
+    // file size, and the mapping is refused below unless it has exactly that
+    // size. The checkpoint folder is required to stay unmodified while open
     // (documented on the module): another process truncating or rewriting a
     // file under us is outside what Rust can guard, as for any mmap reader.
     let map = unsafe { Mmap::map(&file) }.map_err(io_error)?;
-    let parsed = header::parse_header(&map, map.len() as u64).map_err(header_error)?;
-    Ok((MappedShard { file, map }, parsed))
+    if map.len() as u64 != header.file_len {
+        return Err(CheckpointError::FileChanged {
+            path: path.to_path_buf(),
+            validated: header.file_len,
+            mapped: map.len() as u64,
+        });
+    }
+    Ok((MappedShard { file, map }, header))
 }
 
 /// Joins per-file headers into one set: names unique across files and, with an
@@ -276,41 +283,48 @@ fn assemble(layout: &Layout, headers: Vec<ParsedHeader>) -> Result<HeaderSet, Ch
             header_bytes: header.data_start,
         })
         .collect();
-    let mut owner: HashMap<String, usize> = HashMap::new();
-    let mut tensors = Vec::new();
-    for (file, header) in headers.into_iter().enumerate() {
-        for entry in header.entries {
-            if let Some(&first) = owner.get(&entry.name) {
-                return Err(CheckpointError::DuplicateTensor {
-                    tensor: entry.name,
-                    first: files[first].path.clone(),
-                    second: files[file].path.clone(),
-                });
-            }
-            if let Some(index) = &layout.index {
-                let listed = index.tensor_file.get(&entry.name).copied();
-                if listed != Some(file) {
-                    return Err(CheckpointError::NotInIndex {
-                        path: files[file].path.clone(),
-                        tensor: entry.name,
-                        listed: listed.map(|f| files[f].path.clone()),
-                    });
-                }
-            }
-            owner.insert(entry.name.clone(), file);
-            tensors.push(TensorInfo {
+    let mut tensors: Vec<TensorInfo> = headers
+        .into_iter()
+        .enumerate()
+        .flat_map(|(file, header)| {
+            header.entries.into_iter().map(move |entry| TensorInfo {
                 name: entry.name,
                 dtype: entry.dtype,
                 shape: entry.shape,
                 byte_len: entry.byte_len,
                 file,
                 offset: entry.offset,
-            });
-        }
+            })
+        })
+        .collect();
+    tensors.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    if let Some(pair) = tensors.windows(2).find(|pair| pair[0].name == pair[1].name) {
+        return Err(CheckpointError::DuplicateTensor {
+            tensor: pair[0].name.clone(),
+            first: files[pair[0].file].path.clone(),
+            second: files[pair[1].file].path.clone(),
+        });
     }
     if let Some(index) = &layout.index {
-        for (tensor, &file) in &index.tensor_file {
-            if !owner.contains_key(tensor) {
+        for tensor in &tensors {
+            let listed = index.tensor_file.get(&tensor.name).copied();
+            if listed != Some(tensor.file) {
+                return Err(CheckpointError::NotInIndex {
+                    path: files[tensor.file].path.clone(),
+                    tensor: tensor.name.clone(),
+                    listed: listed.map(|f| files[f].path.clone()),
+                });
+            }
+        }
+        // Every tensor is listed under its own name, so any extra index
+        // entry names a tensor no file holds.
+        if index.tensor_file.len() != tensors.len() {
+            let absent = index.tensor_file.iter().find(|(name, _)| {
+                tensors
+                    .binary_search_by(|t| t.name.as_str().cmp(name.as_str()))
+                    .is_err()
+            });
+            if let Some((tensor, &file)) = absent {
                 return Err(CheckpointError::NotInShard {
                     path: files[file].path.clone(),
                     tensor: tensor.clone(),
@@ -318,6 +332,5 @@ fn assemble(layout: &Layout, headers: Vec<ParsedHeader>) -> Result<HeaderSet, Ch
             }
         }
     }
-    tensors.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(HeaderSet { files, tensors })
 }
