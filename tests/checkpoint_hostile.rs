@@ -449,6 +449,7 @@ fn malformed_index_is_refused() {
         r#"{"metadata":{}}"#,
         r#"{"weight_map":{}}"#,
         r#"{"weight_map":{"a":3}}"#,
+        r#"{"weight_map":{"a":"x.safetensors","a":"y.safetensors"}}"#,
     ] {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("model.safetensors.index.json"), index).unwrap();

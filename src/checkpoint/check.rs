@@ -1,7 +1,6 @@
 //! Does the checkpoint hold exactly the tensors the architecture needs, with
 //! the right dtypes and shapes? Every problem is collected, not just the first.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::config::ModelConfig;
@@ -78,27 +77,33 @@ pub fn check_tensors(
 /// sorted by tensor name.
 pub fn tensor_problems(config: &ModelConfig, headers: &HeaderSet) -> Vec<TensorProblem> {
     let expected = expected_tensors(config);
+    // Both lists are sorted by name: walk them side by side.
+    let mut expected = expected.iter().peekable();
     let mut problems = Vec::new();
     for tensor in &headers.tensors {
+        while let Some((name, want)) = expected.next_if(|(name, _)| *name < tensor.name) {
+            problems.extend(missing(name, want));
+        }
         let file = headers.path_of(tensor);
-        match expected.get(&tensor.name) {
+        match expected.next_if(|(name, _)| *name == tensor.name) {
+            Some((_, want)) => problems.extend(mismatch(tensor, file, want)),
             None => problems.push(TensorProblem::Unexpected {
                 tensor: tensor.name.clone(),
                 file: file.to_path_buf(),
             }),
-            Some(want) => problems.extend(mismatch(tensor, file, want)),
         }
     }
-    for (name, want) in &expected {
-        if want.required && headers.get(name).is_none() {
-            problems.push(TensorProblem::Missing {
-                tensor: name.clone(),
-                expected: format!("{} {}", want.dtype, want.shape.describe()),
-            });
-        }
+    for (name, want) in expected {
+        problems.extend(missing(name, want));
     }
-    problems.sort_by(|a, b| a.tensor().cmp(b.tensor()));
     problems
+}
+
+fn missing(name: &str, want: &Expected) -> Option<TensorProblem> {
+    want.required.then(|| TensorProblem::Missing {
+        tensor: name.to_string(),
+        expected: format!("{} {}", want.dtype, want.shape.describe()),
+    })
 }
 
 fn mismatch(tensor: &TensorInfo, file: &Path, want: &Expected) -> Option<TensorProblem> {
@@ -121,11 +126,11 @@ fn mismatch(tensor: &TensorInfo, file: &Path, want: &Expected) -> Option<TensorP
     None
 }
 
-/// Every tensor the architecture described by `config` has, by name.
-pub fn expected_tensors(config: &ModelConfig) -> BTreeMap<String, Expected> {
+/// Every tensor the architecture described by `config` has, sorted by name.
+pub fn expected_tensors(config: &ModelConfig) -> Vec<(String, Expected)> {
     let mut e = Expectations {
         config,
-        tensors: BTreeMap::new(),
+        tensors: Vec::new(),
     };
     let (h, v) = (config.hidden_size, config.vocab_size);
     e.bf16("model.embed_tokens.weight", &[v, h]);
@@ -146,24 +151,26 @@ pub fn expected_tensors(config: &ModelConfig) -> BTreeMap<String, Expected> {
             Architecture::GptOss => e.gpt_oss_experts(&prefix),
         }
     }
+    // Names are generated unique, so an unstable sort is deterministic.
+    e.tensors.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     e.tensors
 }
 
 struct Expectations<'a> {
     config: &'a ModelConfig,
-    tensors: BTreeMap<String, Expected>,
+    tensors: Vec<(String, Expected)>,
 }
 
 impl Expectations<'_> {
     fn add(&mut self, name: &str, dtype: Dtype, shape: ExpectedShape, required: bool) {
-        self.tensors.insert(
+        self.tensors.push((
             name.to_string(),
             Expected {
                 dtype,
                 shape,
                 required,
             },
-        );
+        ));
     }
 
     fn bf16(&mut self, name: &str, shape: &[usize]) {

@@ -7,6 +7,7 @@
 //! entries or a typed error out), so the same code serves the header-only
 //! reader, the memory-mapped reader and the fuzz target.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -171,14 +172,14 @@ pub fn parse_header(file_start: &[u8], file_len: u64) -> Result<ParsedHeader, He
 /// Checks one entry's dtype, offsets and length against the data section.
 fn validate_entry(
     name: String,
-    raw: RawEntry,
+    raw: RawEntry<'_>,
     data_start: u64,
     data_len: u64,
 ) -> Result<HeaderEntry, HeaderError> {
     let Some(dtype) = Dtype::from_name(&raw.dtype) else {
         return Err(HeaderError::UnknownDtype {
             tensor: name,
-            dtype: raw.dtype,
+            dtype: raw.dtype.into_owned(),
         });
     };
     let [begin, end] = raw.data_offsets;
@@ -245,20 +246,22 @@ fn check_no_overlap(entries: &[HeaderEntry]) -> Result<(), HeaderError> {
 /// One tensor entry exactly as the JSON spells it.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawEntry {
-    dtype: String,
+struct RawEntry<'a> {
+    /// Borrowed from the header text (no allocation per tensor).
+    #[serde(borrow)]
+    dtype: Cow<'a, str>,
     shape: Vec<usize>,
     data_offsets: [u64; 2],
 }
 
 /// The header's entries in file order, duplicates kept (a JSON map type
 /// would silently keep only the last of two equal names).
-struct RawHeader {
-    entries: Vec<(String, RawEntry)>,
+struct RawHeader<'a> {
+    entries: Vec<(String, RawEntry<'a>)>,
     metadata: BTreeMap<String, String>,
 }
 
-impl<'de> Deserialize<'de> for RawHeader {
+impl<'de> Deserialize<'de> for RawHeader<'de> {
     fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_map(RawHeaderVisitor)
     }
@@ -267,13 +270,13 @@ impl<'de> Deserialize<'de> for RawHeader {
 struct RawHeaderVisitor;
 
 impl<'de> Visitor<'de> for RawHeaderVisitor {
-    type Value = RawHeader;
+    type Value = RawHeader<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object of tensor entries")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader<'de>, A::Error> {
         let mut entries = Vec::new();
         let mut metadata = None;
         while let Some(key) = map.next_key::<String>()? {
@@ -286,7 +289,7 @@ impl<'de> Visitor<'de> for RawHeaderVisitor {
                     .map_err(|e| de::Error::custom(format!("`__metadata__`: {e}")))?;
                 metadata = Some(value);
             } else {
-                let entry: RawEntry = map
+                let entry: RawEntry<'de> = map
                     .next_value()
                     .map_err(|e| de::Error::custom(format!("tensor `{key}`: {e}")))?;
                 entries.push((key, entry));

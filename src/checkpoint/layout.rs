@@ -1,10 +1,14 @@
 //! Which safetensors files make up a model folder: `model.safetensors.index.json`
 //! and its shards when the index exists, else the single `model.safetensors`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::marker::PhantomData;
 use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
+use serde::de::{self, MapAccess, Visitor};
 
 use super::error::CheckpointError;
 
@@ -20,13 +24,49 @@ pub(crate) struct Layout {
 }
 
 pub(crate) struct IndexMap {
-    pub tensor_file: BTreeMap<String, usize>,
+    /// (tensor name, position in `files`), sorted by name, names unique.
+    pub tensor_file: Vec<(String, usize)>,
 }
 
 #[derive(Deserialize)]
-struct IndexJson {
-    weight_map: BTreeMap<String, String>,
+struct IndexJson<'a> {
+    #[serde(borrow)]
+    weight_map: WeightMap<'a>,
 }
+
+/// `weight_map` as written, duplicates kept (a map type would silently keep
+/// the last of two entries for one tensor). File names are borrowed from
+/// the text: thousands of entries repeat a handful of names.
+struct WeightMap<'a>(Vec<(String, Cow<'a, str>)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for WeightMap<'a> {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(WeightMapVisitor(PhantomData))
+    }
+}
+
+struct WeightMapVisitor<'a>(PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for WeightMapVisitor<'a> {
+    type Value = WeightMap<'a>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object mapping tensor names to file names")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WeightMap<'a>, A::Error> {
+        let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
+        while let Some(tensor) = map.next_key::<String>()? {
+            let file: BorrowedName<'a> = map.next_value()?;
+            entries.push((tensor, file.0));
+        }
+        Ok(WeightMap(entries))
+    }
+}
+
+/// A string borrowed from the JSON text when it has no escapes.
+#[derive(Deserialize)]
+struct BorrowedName<'a>(#[serde(borrow)] Cow<'a, str>);
 
 /// Finds the weights of the model folder `dir`.
 pub(crate) fn locate(dir: &Path) -> Result<Layout, CheckpointError> {
@@ -47,57 +87,60 @@ pub(crate) fn locate(dir: &Path) -> Result<Layout, CheckpointError> {
 }
 
 fn from_index(dir: &Path, index_path: PathBuf) -> Result<Layout, CheckpointError> {
+    let invalid = |reason: String| CheckpointError::Index {
+        path: index_path.clone(),
+        reason,
+    };
     let text = std::fs::read_to_string(&index_path).map_err(|source| CheckpointError::Io {
         path: index_path.clone(),
         source,
     })?;
-    let index: IndexJson = serde_json::from_str(&text).map_err(|e| CheckpointError::Index {
-        path: index_path.clone(),
-        reason: e.to_string(),
-    })?;
-    if index.weight_map.is_empty() {
-        return Err(CheckpointError::Index {
-            path: index_path,
-            reason: "weight_map is empty".to_string(),
+    let index: IndexJson = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+    let mut entries = index.weight_map.0;
+    if entries.is_empty() {
+        return Err(invalid("weight_map is empty".to_string()));
+    }
+    if let Some((tensor, file)) = entries.iter().find(|(_, file)| !is_plain_relative(file)) {
+        return Err(CheckpointError::IndexEscape {
+            index: index_path.clone(),
+            tensor: tensor.clone(),
+            file: file.to_string(),
         });
     }
-
-    for (tensor, file) in &index.weight_map {
-        if !is_plain_relative(file) {
-            return Err(CheckpointError::IndexEscape {
-                index: index_path,
-                tensor: tensor.clone(),
-                file: file.clone(),
-            });
-        }
+    // Sorted by name, the entries can be joined with the sorted tensors of
+    // the shards in one pass (see `assemble`).
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    if let Some(pair) = entries.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+        return Err(invalid(format!("tensor `{}` is listed twice", pair[0].0)));
     }
-    let names: BTreeSet<&str> = index.weight_map.values().map(String::as_str).collect();
-    let names: Vec<&str> = names.into_iter().collect();
-    for name in &names {
-        let path = dir.join(name);
+
+    let files: BTreeSet<&str> = entries.iter().map(|(_, file)| file.as_ref()).collect();
+    let files: Vec<String> = files.into_iter().map(str::to_string).collect();
+    for file in &files {
+        let path = dir.join(file);
         if !path.is_file() {
             // Name a tensor the missing shard should hold, to make the
             // message concrete ("which download failed?").
-            let tensor = index
-                .weight_map
+            let tensor = entries
                 .iter()
-                .find(|(_, file)| file == name)
+                .find(|(_, f)| f == file)
                 .map(|(tensor, _)| tensor.clone())
                 .unwrap_or_default();
             return Err(CheckpointError::MissingShard { path, tensor });
         }
     }
-
-    let tensor_file = index
-        .weight_map
-        .iter()
-        .filter_map(|(tensor, file)| {
-            let position = names.binary_search(&file.as_str()).ok()?;
-            Some((tensor.clone(), position))
+    let tensor_file = entries
+        .into_iter()
+        .map(|(tensor, file)| {
+            // Every file name is in `files`, which was built from them.
+            let position = files
+                .binary_search_by(|f| f.as_str().cmp(&file))
+                .unwrap_or_default();
+            (tensor, position)
         })
         .collect();
     Ok(Layout {
-        files: names.iter().map(|name| dir.join(name)).collect(),
+        files: files.iter().map(|file| dir.join(file)).collect(),
         index: Some(IndexMap { tensor_file }),
     })
 }

@@ -270,6 +270,43 @@ fn map_file(path: &Path) -> Result<(MappedShard, ParsedHeader), CheckpointError>
     Ok((MappedShard { file, map }, header))
 }
 
+/// Checks that the shards hold exactly the tensors the index lists, each in
+/// the file the index names. Both lists are sorted by name, so one pass
+/// joins them.
+fn check_against_index(
+    files: &[ShardInfo],
+    tensors: &[TensorInfo],
+    listed: &[(String, usize)],
+) -> Result<(), CheckpointError> {
+    let mut listed = listed.iter().peekable();
+    for tensor in tensors {
+        // Listed names that sort before this tensor are in no file.
+        if let Some((name, file)) = listed.next_if(|(name, _)| *name < tensor.name) {
+            return Err(CheckpointError::NotInShard {
+                path: files[*file].path.clone(),
+                tensor: name.clone(),
+            });
+        }
+        let listed_file = listed
+            .next_if(|(name, _)| *name == tensor.name)
+            .map(|&(_, file)| file);
+        if listed_file != Some(tensor.file) {
+            return Err(CheckpointError::NotInIndex {
+                path: files[tensor.file].path.clone(),
+                tensor: tensor.name.clone(),
+                listed: listed_file.map(|f| files[f].path.clone()),
+            });
+        }
+    }
+    match listed.next() {
+        Some((name, file)) => Err(CheckpointError::NotInShard {
+            path: files[*file].path.clone(),
+            tensor: name.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Joins per-file headers into one set: names unique across files and, with an
 /// index, each tensor exactly where the index puts it.
 fn assemble(layout: &Layout, headers: Vec<ParsedHeader>) -> Result<HeaderSet, CheckpointError> {
@@ -306,31 +343,7 @@ fn assemble(layout: &Layout, headers: Vec<ParsedHeader>) -> Result<HeaderSet, Ch
         });
     }
     if let Some(index) = &layout.index {
-        for tensor in &tensors {
-            let listed = index.tensor_file.get(&tensor.name).copied();
-            if listed != Some(tensor.file) {
-                return Err(CheckpointError::NotInIndex {
-                    path: files[tensor.file].path.clone(),
-                    tensor: tensor.name.clone(),
-                    listed: listed.map(|f| files[f].path.clone()),
-                });
-            }
-        }
-        // Every tensor is listed under its own name, so any extra index
-        // entry names a tensor no file holds.
-        if index.tensor_file.len() != tensors.len() {
-            let absent = index.tensor_file.iter().find(|(name, _)| {
-                tensors
-                    .binary_search_by(|t| t.name.as_str().cmp(name.as_str()))
-                    .is_err()
-            });
-            if let Some((tensor, &file)) = absent {
-                return Err(CheckpointError::NotInShard {
-                    path: files[file].path.clone(),
-                    tensor: tensor.clone(),
-                });
-            }
-        }
+        check_against_index(&files, &tensors, &index.tensor_file)?;
     }
     Ok(HeaderSet { files, tensors })
 }
