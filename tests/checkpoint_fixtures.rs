@@ -526,3 +526,33 @@ fn page_cache_policy_is_recorded_and_views_survive_release() {
         "\"willneed\""
     );
 }
+
+#[test]
+fn load_checks_the_checkpoint_against_its_config() {
+    for name in FIXTURES {
+        let (config, checkpoint) = sparkrt::checkpoint::load(&fixture(name)).unwrap();
+        assert_eq!(
+            checkpoint.tensor_names().count(),
+            checkpoint.headers().tensors.len()
+        );
+        assert_eq!(config, ModelConfig::load(&fixture(name)).unwrap());
+    }
+    // BF16 weights behind an NVFP4 config: refused, with the problems listed.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixture("qwen3-moe-tiny").join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    std::fs::copy(
+        fixture("qwen3-moe-tiny-nvfp4").join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
+    let err = sparkrt::checkpoint::load(dir.path()).unwrap_err();
+    assert!(matches!(err, CheckpointError::Tensors { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("model.layers.0.mlp.experts.0.down_proj.weight_scale")
+    );
+}

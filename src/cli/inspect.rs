@@ -13,6 +13,7 @@ use crate::checkpoint::groups::bytes_by_group;
 use crate::checkpoint::{CheckpointError, HeaderSet, ModelConfig, TensorInfo, TensorProblem};
 use crate::checkpoint::{Dtype, read_headers};
 use crate::plan::geometry::Quantization;
+use crate::plan::memory::WeightGroup;
 
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
@@ -179,7 +180,9 @@ fn write_table(out: &mut impl Write, dir: &Path, r: &InspectReport) -> std::io::
         HumanBytes(r.total_bytes)
     )?;
     writeln!(out, "\nby group")?;
-    for (group, &bytes) in &r.groups {
+    // In the plan's order rather than alphabetically.
+    for group in WeightGroup::ALL.map(WeightGroup::name) {
+        let bytes = r.groups.get(group).copied().unwrap_or(0);
         writeln!(out, "  {group:<12} {bytes:>16}  {}", HumanBytes(bytes))?;
     }
     writeln!(out, "\nby dtype")?;
