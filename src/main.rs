@@ -22,6 +22,8 @@ enum Command {
     Probe(cli::probe::ProbeArgs),
     /// Budget every byte for a profile on this host; exit 3 if it does not fit.
     Plan(cli::plan::PlanArgs),
+    /// Describe a checkpoint folder: architecture, bytes by group, problems.
+    Inspect(cli::inspect::InspectArgs),
     /// Print Kubernetes manifests for GB10 nodes, sized by the plan; exit 3 if it does not fit.
     K8s(cli::k8s::K8sArgs),
     /// Generate text from a prompt (streams to stdout).
@@ -42,6 +44,9 @@ fn main() -> ExitCode {
     let result = match &args.command {
         Command::Probe(a) => cli::probe::run(a),
         Command::Plan(a) => cli::plan::run(a),
+        Command::Inspect(a) => cli::inspect::run(a)
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(anyhow::Error::from),
         Command::K8s(a) => cli::k8s::run(a),
         Command::Generate(a) => cli::generate::run(a),
         Command::Bench(a) => cli::bench::run(a),

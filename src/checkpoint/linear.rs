@@ -4,6 +4,8 @@
 //! All byte slices borrow from the checkpoint's memory map: the mapping outlives
 //! every weight. Slices may be misaligned; readers use unaligned loads.
 
+use super::quant::{self, QuantError};
+
 /// Storage format and bytes of a `[rows, cols]` weight matrix (PyTorch layout:
 /// `y = x · Wᵀ`, one row per output feature, `cols` = input features).
 #[derive(Clone, Copy, Debug)]
@@ -30,6 +32,119 @@ pub struct LinearWeight<'a> {
     pub rows: usize,
     pub cols: usize,
     pub data: WeightData<'a>,
+}
+
+impl<'a> LinearWeight<'a> {
+    /// A weight whose byte slices have exactly the lengths `rows × cols`
+    /// implies for its format (and `cols` a multiple of the format's group).
+    pub fn new(rows: usize, cols: usize, data: WeightData<'a>) -> Result<Self, QuantError> {
+        let weight = LinearWeight { rows, cols, data };
+        // Checking the largest product (4 bytes per F32 element) once keeps
+        // every smaller one below from overflowing.
+        let elements = rows
+            .checked_mul(cols)
+            .filter(|e| e.checked_mul(4).is_some())
+            .ok_or(QuantError::Overflow { rows, cols })?;
+        match data {
+            WeightData::F32(bytes) => check("F32 weight", elements * 4, bytes.len())?,
+            WeightData::Bf16(bytes) => check("BF16 weight", elements * 2, bytes.len())?,
+            WeightData::Nvfp4 { packed, scales, .. } => {
+                ensure_grouped(cols, quant::NVFP4_GROUP)?;
+                check("NVFP4 packed codes", elements / 2, packed.len())?;
+                check("NVFP4 scales", elements / quant::NVFP4_GROUP, scales.len())?;
+            }
+            WeightData::Mxfp4 { blocks, scales } => {
+                ensure_grouped(cols, quant::MXFP4_GROUP)?;
+                check("MXFP4 blocks", elements / 2, blocks.len())?;
+                check("MXFP4 scales", elements / quant::MXFP4_GROUP, scales.len())?;
+            }
+        }
+        Ok(weight)
+    }
+
+    /// Decodes row `row` (one output feature, `cols` values) into `out` in
+    /// f32: the reference the matmul kernels are checked against.
+    pub fn decode_row(&self, row: usize, out: &mut [f32]) -> Result<(), QuantError> {
+        if row >= self.rows {
+            return Err(QuantError::RowOutOfRange {
+                row,
+                rows: self.rows,
+            });
+        }
+        check("output row", self.cols, out.len())?;
+        let cols = self.cols;
+        match self.data {
+            WeightData::F32(bytes) => {
+                let row_bytes = row_slice(bytes, row, cols * 4, "F32 weight")?;
+                for (value, b) in out.iter_mut().zip(row_bytes.chunks_exact(4)) {
+                    *value = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            WeightData::Bf16(bytes) => {
+                let row_bytes = row_slice(bytes, row, cols * 2, "BF16 weight")?;
+                for (value, b) in out.iter_mut().zip(row_bytes.chunks_exact(2)) {
+                    *value = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            WeightData::Nvfp4 {
+                packed,
+                scales,
+                global,
+            } => {
+                let groups = cols / quant::NVFP4_GROUP;
+                let packed = row_slice(packed, row, cols / 2, "NVFP4 packed codes")?;
+                let scales = row_slice(scales, row, groups, "NVFP4 scales")?;
+                quant::decode_nvfp4_row(packed, scales, global, out)?;
+            }
+            WeightData::Mxfp4 { blocks, scales } => {
+                let groups = cols / quant::MXFP4_GROUP;
+                let blocks = row_slice(blocks, row, cols / 2, "MXFP4 blocks")?;
+                let scales = row_slice(scales, row, groups, "MXFP4 scales")?;
+                quant::decode_mxfp4_row(blocks, scales, out)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check(what: &'static str, expected: usize, found: usize) -> Result<(), QuantError> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(QuantError::RowLength {
+            what,
+            expected,
+            found,
+        })
+    }
+}
+
+fn ensure_grouped(cols: usize, group: usize) -> Result<(), QuantError> {
+    if cols.is_multiple_of(group) {
+        Ok(())
+    } else {
+        Err(QuantError::Ungrouped { cols, group })
+    }
+}
+
+/// Row `row` of a matrix stored as rows of `row_len` bytes, or a length error
+/// naming `what`.
+fn row_slice<'a>(
+    bytes: &'a [u8],
+    row: usize,
+    row_len: usize,
+    what: &'static str,
+) -> Result<&'a [u8], QuantError> {
+    let range = row
+        .checked_mul(row_len)
+        .and_then(|start| Some(start..start.checked_add(row_len)?));
+    range
+        .and_then(|range| bytes.get(range))
+        .ok_or(QuantError::RowLength {
+            what,
+            expected: row.saturating_add(1).saturating_mul(row_len),
+            found: bytes.len(),
+        })
 }
 
 /// Element type and bytes of a 1-D weight (a norm, a bias, attention sinks).

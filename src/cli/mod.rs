@@ -1,10 +1,11 @@
 //! One module per subcommand. Each `run` returns the process exit code; an
 //! error is bad input (exit 2) unless wrapped in [`RuntimeFailure`] (exit 1).
 
-pub mod k8s;
-pub mod make_checkpoint;
 pub mod bench;
 pub mod generate;
+pub mod inspect;
+pub mod k8s;
+pub mod make_checkpoint;
 pub mod plan;
 pub mod probe;
 pub mod serve;

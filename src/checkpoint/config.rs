@@ -1,0 +1,753 @@
+//! `config.json` of a model folder (qwen3_moe or gpt_oss) and its quantization
+//! (ModelOpt NVFP4, also read from `hf_quant_config.json`; MXFP4).
+//!
+//! Hugging Face configs spell some keys two ways (`num_experts` /
+//! `num_local_experts`, `rope_theta` / `rope_parameters.rope_theta`, …). Both
+//! are accepted; when a file gives both and they disagree, it is an error
+//! rather than a guess.
+
+use std::fmt::Debug;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::error::CheckpointError;
+use crate::plan::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
+
+pub const CONFIG_FILE: &str = "config.json";
+pub const HF_QUANT_CONFIG_FILE: &str = "hf_quant_config.json";
+
+/// What sparkrt needs from `config.json`, defaults applied as transformers
+/// applies them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub num_experts: usize,
+    /// Experts per token (`num_experts_per_tok` / `experts_per_token`).
+    pub num_experts_per_tok: usize,
+    /// Intermediate size of one expert (gpt_oss: its `intermediate_size`).
+    pub moe_intermediate_size: usize,
+    /// Intermediate size of a dense MLP layer (qwen3_moe); 0 for gpt_oss.
+    pub intermediate_size: usize,
+    /// Layers with a dense MLP (qwen3_moe).
+    pub mlp_only_layers: Vec<usize>,
+    pub decoder_sparse_step: usize,
+    /// Renormalise the top-k routing weights (qwen3_moe).
+    pub norm_topk_prob: bool,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    /// YaRN RoPE scaling (gpt_oss); `None` for plain RoPE.
+    pub rope_scaling: Option<YarnScaling>,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// q/k/v/o projections carry biases.
+    pub attention_bias: bool,
+    /// Per-layer attention span (gpt_oss); empty means all full attention.
+    pub layer_types: Vec<LayerAttention>,
+    pub sliding_window: Option<usize>,
+    /// Clamp of the gpt_oss SwiGLU.
+    pub swiglu_limit: Option<f64>,
+    /// `None` when every weight is stored unquantized.
+    pub quantization: Option<QuantizationConfig>,
+}
+
+/// YaRN RoPE parameters (see FORMATS.md, gpt_oss).
+#[derive(Clone, Debug, PartialEq)]
+pub struct YarnScaling {
+    pub factor: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub truncate: bool,
+    pub original_max_position_embeddings: usize,
+    /// Overrides `0.1 · ln(factor) + 1` when set.
+    pub attention_factor: Option<f64>,
+}
+
+/// How the quantized weights are stored and which modules stay unquantized.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizationConfig {
+    /// `Nvfp4` or `Mxfp4`.
+    pub method: Quantization,
+    /// Elements per scale: 16 for NVFP4, 32 for MXFP4.
+    pub group_size: usize,
+    /// Module patterns left unquantized (`exclude_modules` / `ignore` /
+    /// `modules_to_not_convert`), fnmatch-style globs.
+    pub excluded_modules: Vec<String>,
+}
+
+impl ModelConfig {
+    /// Reads `dir/config.json` (and `dir/hf_quant_config.json` when the config
+    /// itself has no `quantization_config`).
+    pub fn load(dir: &Path) -> Result<ModelConfig, CheckpointError> {
+        let path = dir.join(CONFIG_FILE);
+        let text = read(&path)?;
+        let quant_path = dir.join(HF_QUANT_CONFIG_FILE);
+        let hf_quant = if quant_path.is_file() {
+            Some((read(&quant_path)?, quant_path))
+        } else {
+            None
+        };
+        let hf_quant = hf_quant.as_ref().map(|(t, p)| (t.as_str(), p.as_path()));
+        ModelConfig::parse(&text, &path, hf_quant)
+    }
+
+    /// Parses the text of a `config.json` found at `path` (used in messages),
+    /// with the text and path of an `hf_quant_config.json` if there is one.
+    pub fn parse(
+        text: &str,
+        path: &Path,
+        hf_quant: Option<(&str, &Path)>,
+    ) -> Result<ModelConfig, CheckpointError> {
+        let raw: RawConfig =
+            serde_json::from_str(text).map_err(|source| CheckpointError::ConfigJson {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let keys = Keys { path };
+        let model_type = keys.required("model_type", raw.model_type.clone())?;
+        let architecture = match model_type.as_str() {
+            "qwen3_moe" => Architecture::Qwen3Moe,
+            "gpt_oss" => Architecture::GptOss,
+            _ => {
+                return Err(CheckpointError::UnsupportedArchitecture {
+                    path: path.to_path_buf(),
+                    model_type,
+                });
+            }
+        };
+        let quantization = match (&raw.quantization_config, hf_quant) {
+            (Some(q), _) => Some(quantization(q, path)?),
+            (None, Some((text, quant_path))) => {
+                let raw: RawHfQuant =
+                    serde_json::from_str(text).map_err(|source| CheckpointError::ConfigJson {
+                        path: quant_path.to_path_buf(),
+                        source,
+                    })?;
+                let mut q = raw.quantization;
+                q.quant_method.get_or_insert_with(|| "modelopt".to_string());
+                Some(quantization(&q, quant_path)?)
+            }
+            (None, None) => None,
+        };
+        let config = match architecture {
+            Architecture::Qwen3Moe => keys.qwen3_moe(raw, quantization)?,
+            Architecture::GptOss => keys.gpt_oss(raw, quantization)?,
+        };
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    /// The geometry the memory plan needs.
+    pub fn geometry(&self) -> ModelGeometry {
+        ModelGeometry {
+            architecture: self.architecture,
+            quantization: self
+                .quantization
+                .as_ref()
+                .map_or(Quantization::Bf16, |q| q.method),
+            num_layers: self.num_hidden_layers,
+            hidden_size: self.hidden_size,
+            num_attention_heads: self.num_attention_heads,
+            num_kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            vocab_size: self.vocab_size,
+            num_experts: self.num_experts,
+            top_k: self.num_experts_per_tok,
+            moe_intermediate_size: self.moe_intermediate_size,
+            intermediate_size: self.intermediate_size,
+            mlp_only_layers: self.mlp_only_layers.clone(),
+            decoder_sparse_step: self.decoder_sparse_step,
+            tie_word_embeddings: self.tie_word_embeddings,
+            attention_bias: self.attention_bias,
+            layer_types: self.layer_types.clone(),
+            sliding_window: self.sliding_window,
+        }
+    }
+
+    /// Whether layer `i` has experts rather than a dense MLP.
+    pub fn is_moe_layer(&self, i: usize) -> bool {
+        match self.architecture {
+            Architecture::GptOss => true,
+            Architecture::Qwen3Moe => {
+                !self.mlp_only_layers.contains(&i)
+                    && (i + 1).is_multiple_of(self.decoder_sparse_step)
+            }
+        }
+    }
+
+    /// The storage format of the quantized weights, `Bf16` if none.
+    pub fn quantization_method(&self) -> Quantization {
+        self.quantization
+            .as_ref()
+            .map_or(Quantization::Bf16, |q| q.method)
+    }
+
+    /// Whether the linear module `module` (a module path such as
+    /// `model.layers.0.mlp.experts.3.gate_proj`, no `.weight`) is stored
+    /// quantized: the checkpoint is quantized and no exclude pattern matches
+    /// the module or one of its parents (`model.layers.*.self_attn` excludes
+    /// `model.layers.0.self_attn.q_proj`).
+    pub fn is_quantized(&self, module: &str) -> bool {
+        match &self.quantization {
+            None => false,
+            Some(q) => !q
+                .excluded_modules
+                .iter()
+                .any(|pattern| module_matches(pattern, module)),
+        }
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), CheckpointError> {
+        let fail = |reason: String| {
+            Err(CheckpointError::Config {
+                path: path.to_path_buf(),
+                reason,
+            })
+        };
+        let positive = [
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+            ("num_experts", self.num_experts),
+            ("num_experts_per_tok", self.num_experts_per_tok),
+            ("moe_intermediate_size", self.moe_intermediate_size),
+            ("decoder_sparse_step", self.decoder_sparse_step),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return fail(format!("`{key}` must be positive"));
+            }
+        }
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
+            return fail(format!(
+                "`num_attention_heads` ({}) is not a multiple of `num_key_value_heads` ({})",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if self.num_experts_per_tok > self.num_experts {
+            return fail(format!(
+                "{} experts per token, but only {} experts",
+                self.num_experts_per_tok, self.num_experts
+            ));
+        }
+        if let Some(&layer) = self
+            .mlp_only_layers
+            .iter()
+            .find(|&&l| l >= self.num_hidden_layers)
+        {
+            return fail(format!(
+                "`mlp_only_layers` names layer {layer}, but there are {} layers",
+                self.num_hidden_layers
+            ));
+        }
+        let has_dense = (0..self.num_hidden_layers).any(|i| !self.is_moe_layer(i));
+        if has_dense && self.intermediate_size == 0 {
+            return fail("dense MLP layers need a positive `intermediate_size`".to_string());
+        }
+        if !self.layer_types.is_empty() && self.layer_types.len() != self.num_hidden_layers {
+            return fail(format!(
+                "`layer_types` has {} entries for {} layers",
+                self.layer_types.len(),
+                self.num_hidden_layers
+            ));
+        }
+        let sliding = self.layer_types.contains(&LayerAttention::SlidingAttention);
+        if sliding && self.sliding_window.is_none_or(|w| w == 0) {
+            return fail("sliding-attention layers need a positive `sliding_window`".to_string());
+        }
+        if self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 {
+            return fail("`rms_norm_eps` must be non-negative".to_string());
+        }
+        // Written so that NaN fails too.
+        if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
+            return fail("`rope_theta` must be positive".to_string());
+        }
+        Ok(())
+    }
+}
+
+fn read(path: &Path) -> Result<String, CheckpointError> {
+    std::fs::read_to_string(path).map_err(|source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Interprets a `quantization_config` object (or `hf_quant_config.json`'s
+/// `quantization`, with the method filled in).
+fn quantization(raw: &RawQuant, path: &Path) -> Result<QuantizationConfig, CheckpointError> {
+    let unsupported = |method: String| CheckpointError::UnsupportedQuantization {
+        path: path.to_path_buf(),
+        method,
+    };
+    let method = raw.quant_method.clone().unwrap_or_default();
+    let excluded: Vec<String> = [
+        &raw.exclude_modules,
+        &raw.ignore,
+        &raw.modules_to_not_convert,
+    ]
+    .into_iter()
+    .flatten()
+    .flatten()
+    .cloned()
+    .collect();
+    match method.to_ascii_lowercase().as_str() {
+        "modelopt" => {
+            let algo = raw.quant_algo.clone().unwrap_or_default();
+            if !algo.eq_ignore_ascii_case("NVFP4") {
+                return Err(unsupported(format!("modelopt {algo}")));
+            }
+            let group_size = raw.group_size.unwrap_or(16);
+            if group_size != 16 {
+                return Err(unsupported(format!("NVFP4 with group_size {group_size}")));
+            }
+            Ok(QuantizationConfig {
+                method: Quantization::Nvfp4,
+                group_size,
+                excluded_modules: excluded,
+            })
+        }
+        "mxfp4" => Ok(QuantizationConfig {
+            method: Quantization::Mxfp4,
+            group_size: 32,
+            excluded_modules: excluded,
+        }),
+        _ => Err(unsupported(method)),
+    }
+}
+
+/// Whether the exclude pattern covers `module` itself or one of its parent
+/// modules (matching at `.` boundaries).
+fn module_matches(pattern: &str, module: &str) -> bool {
+    if glob_match(pattern, module) {
+        return true;
+    }
+    module
+        .match_indices('.')
+        .any(|(dot, _)| glob_match(pattern, &module[..dot]))
+}
+
+/// fnmatch-style matching of the whole `text`: `*` matches any run of
+/// characters (dots included), `?` one character, `[abc]` / `[a-z]` / `[!x]`
+/// one character of a class; everything else matches itself.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let pattern: Vec<char> = pattern.chars().collect();
+    let text: Vec<char> = text.chars().collect();
+    let (mut p, mut t) = (0, 0);
+    // Where the last `*` was, and the text position it currently absorbs up to.
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if pattern.get(p) == Some(&'*') {
+            star = Some((p, t));
+            p += 1;
+            continue;
+        }
+        if let Some(next) = match_one(&pattern, p, text[t]) {
+            p = next;
+            t += 1;
+            continue;
+        }
+        // Mismatch: let the last `*` absorb one more character and retry.
+        match star {
+            Some((star_p, star_t)) => {
+                star = Some((star_p, star_t + 1));
+                p = star_p + 1;
+                t = star_t + 1;
+            }
+            None => return false,
+        }
+    }
+    pattern[p..].iter().all(|&c| c == '*')
+}
+
+/// Matches one text character against the pattern item at `p`; returns the
+/// position after the item when it matches.
+fn match_one(pattern: &[char], p: usize, c: char) -> Option<usize> {
+    match pattern.get(p)? {
+        '?' => Some(p + 1),
+        '[' => match class_end(pattern, p) {
+            Some(end) => class_contains(&pattern[p + 1..end], c).then_some(end + 1),
+            // An unclosed `[` is an ordinary character, as in fnmatch.
+            None => (c == '[').then_some(p + 1),
+        },
+        &literal => (literal == c).then_some(p + 1),
+    }
+}
+
+/// Index of the `]` closing the class opened at `open` (a `]` right after
+/// `[` or `[!` belongs to the class).
+fn class_end(pattern: &[char], open: usize) -> Option<usize> {
+    let mut i = open + 1;
+    if pattern.get(i) == Some(&'!') {
+        i += 1;
+    }
+    if pattern.get(i) == Some(&']') {
+        i += 1;
+    }
+    (i..pattern.len()).find(|&j| pattern[j] == ']')
+}
+
+fn class_contains(class: &[char], c: char) -> bool {
+    let (negate, items) = match class.split_first() {
+        Some(('!', rest)) => (true, rest),
+        _ => (false, class),
+    };
+    let mut found = false;
+    let mut i = 0;
+    while i < items.len() {
+        if i + 2 < items.len() && items[i + 1] == '-' {
+            found |= items[i] <= c && c <= items[i + 2];
+            i += 3;
+        } else {
+            found |= items[i] == c;
+            i += 1;
+        }
+    }
+    found != negate
+}
+
+/// config.json as written; every key optional so that a missing one gets a
+/// message naming it, and unknown keys ignored (HF configs carry many).
+#[derive(Deserialize)]
+struct RawConfig {
+    model_type: Option<String>,
+    hidden_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: Option<usize>,
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    experts_per_token: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+    decoder_sparse_step: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<RawRope>,
+    rope_parameters: Option<RawRope>,
+    max_position_embeddings: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    layer_types: Option<Vec<String>>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    swiglu_limit: Option<f64>,
+    quantization_config: Option<RawQuant>,
+}
+
+/// `rope_scaling`, or transformers v5's `rope_parameters` (which also holds
+/// `rope_theta`). Old files say `type`, newer ones `rope_type`, some both.
+#[derive(Clone, Deserialize)]
+struct RawRope {
+    rope_type: Option<String>,
+    #[serde(rename = "type")]
+    legacy_type: Option<String>,
+    rope_theta: Option<f64>,
+    factor: Option<f64>,
+    beta_fast: Option<f64>,
+    beta_slow: Option<f64>,
+    truncate: Option<bool>,
+    original_max_position_embeddings: Option<usize>,
+    attention_factor: Option<f64>,
+}
+
+#[derive(Clone, Deserialize)]
+struct RawQuant {
+    quant_method: Option<String>,
+    quant_algo: Option<String>,
+    group_size: Option<usize>,
+    exclude_modules: Option<Vec<String>>,
+    ignore: Option<Vec<String>>,
+    modules_to_not_convert: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+struct RawHfQuant {
+    quantization: RawQuant,
+}
+
+/// Key resolution with messages naming the file.
+struct Keys<'a> {
+    path: &'a Path,
+}
+
+impl Keys<'_> {
+    fn error(&self, reason: String) -> CheckpointError {
+        CheckpointError::Config {
+            path: self.path.to_path_buf(),
+            reason,
+        }
+    }
+
+    fn required<T>(&self, key: &str, value: Option<T>) -> Result<T, CheckpointError> {
+        value.ok_or_else(|| self.error(format!("missing `{key}`")))
+    }
+
+    /// The value of whichever of two spellings is present; both present and
+    /// different is an error.
+    fn either<T: PartialEq + Debug>(
+        &self,
+        (key_a, a): (&str, Option<T>),
+        (key_b, b): (&str, Option<T>),
+    ) -> Result<Option<T>, CheckpointError> {
+        match (a, b) {
+            (Some(a), Some(b)) if a != b => {
+                Err(self.error(format!("`{key_a}` ({a:?}) and `{key_b}` ({b:?}) disagree")))
+            }
+            (Some(a), _) => Ok(Some(a)),
+            (None, b) => Ok(b),
+        }
+    }
+
+    /// `rope_theta` and the scaling from either `rope_scaling` or
+    /// `rope_parameters`.
+    fn rope(
+        &self,
+        raw: &RawConfig,
+        default_theta: f64,
+        max_position_embeddings: usize,
+    ) -> Result<(f64, Option<YarnScaling>), CheckpointError> {
+        let params_theta = raw.rope_parameters.as_ref().and_then(|p| p.rope_theta);
+        let theta = self
+            .either(
+                ("rope_theta", raw.rope_theta),
+                ("rope_parameters.rope_theta", params_theta),
+            )?
+            .unwrap_or(default_theta);
+        let scaling = match (&raw.rope_scaling, &raw.rope_parameters) {
+            (Some(scaling), _) => Some(("rope_scaling", scaling)),
+            (None, Some(params)) => Some(("rope_parameters", params)),
+            (None, None) => None,
+        };
+        let Some((key, scaling)) = scaling else {
+            return Ok((theta, None));
+        };
+        let kind = self
+            .either(
+                (&format!("{key}.rope_type"), scaling.rope_type.clone()),
+                (&format!("{key}.type"), scaling.legacy_type.clone()),
+            )?
+            .unwrap_or_else(|| "default".to_string());
+        match kind.as_str() {
+            "default" => Ok((theta, None)),
+            "yarn" => {
+                let factor = self.required(&format!("{key}.factor"), scaling.factor)?;
+                if factor.is_nan() || factor < 1.0 {
+                    return Err(self.error(format!("`{key}.factor` must be at least 1")));
+                }
+                Ok((
+                    theta,
+                    Some(YarnScaling {
+                        factor,
+                        beta_fast: scaling.beta_fast.unwrap_or(32.0),
+                        beta_slow: scaling.beta_slow.unwrap_or(1.0),
+                        truncate: scaling.truncate.unwrap_or(true),
+                        original_max_position_embeddings: scaling
+                            .original_max_position_embeddings
+                            .unwrap_or(max_position_embeddings),
+                        attention_factor: scaling.attention_factor,
+                    }),
+                ))
+            }
+            other => Err(self.error(format!(
+                "RoPE type `{other}` is not supported (default, yarn)"
+            ))),
+        }
+    }
+
+    fn num_experts(&self, raw: &RawConfig) -> Result<usize, CheckpointError> {
+        let n = self.either(
+            ("num_experts", raw.num_experts),
+            ("num_local_experts", raw.num_local_experts),
+        )?;
+        self.required("num_experts", n)
+    }
+
+    fn top_k(&self, raw: &RawConfig) -> Result<usize, CheckpointError> {
+        let k = self.either(
+            ("num_experts_per_tok", raw.num_experts_per_tok),
+            ("experts_per_token", raw.experts_per_token),
+        )?;
+        self.required("num_experts_per_tok", k)
+    }
+
+    /// The keys both architectures share.
+    fn common(&self, raw: &RawConfig) -> Result<Common, CheckpointError> {
+        let hidden_size = self.required("hidden_size", raw.hidden_size)?;
+        let num_attention_heads = self.required("num_attention_heads", raw.num_attention_heads)?;
+        let head_dim = match raw.head_dim {
+            Some(d) => d,
+            None if num_attention_heads > 0 => hidden_size / num_attention_heads,
+            None => 0,
+        };
+        Ok(Common {
+            hidden_size,
+            num_hidden_layers: self.required("num_hidden_layers", raw.num_hidden_layers)?,
+            num_attention_heads,
+            num_key_value_heads: raw.num_key_value_heads.unwrap_or(num_attention_heads),
+            head_dim,
+            vocab_size: self.required("vocab_size", raw.vocab_size)?,
+            num_experts: self.num_experts(raw)?,
+            num_experts_per_tok: self.top_k(raw)?,
+        })
+    }
+
+    fn qwen3_moe(
+        &self,
+        raw: RawConfig,
+        quantization: Option<QuantizationConfig>,
+    ) -> Result<ModelConfig, CheckpointError> {
+        let c = self.common(&raw)?;
+        if raw.use_sliding_window == Some(true) {
+            return Err(
+                self.error("`use_sliding_window` is not supported for qwen3_moe".to_string())
+            );
+        }
+        let max_position_embeddings = raw.max_position_embeddings.unwrap_or(32768);
+        let (rope_theta, rope_scaling) = self.rope(&raw, 10_000.0, max_position_embeddings)?;
+        Ok(ModelConfig {
+            architecture: Architecture::Qwen3Moe,
+            hidden_size: c.hidden_size,
+            num_hidden_layers: c.num_hidden_layers,
+            num_attention_heads: c.num_attention_heads,
+            num_key_value_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            vocab_size: c.vocab_size,
+            num_experts: c.num_experts,
+            num_experts_per_tok: c.num_experts_per_tok,
+            moe_intermediate_size: self
+                .required("moe_intermediate_size", raw.moe_intermediate_size)?,
+            intermediate_size: raw.intermediate_size.unwrap_or(0),
+            mlp_only_layers: raw.mlp_only_layers.unwrap_or_default(),
+            decoder_sparse_step: raw.decoder_sparse_step.unwrap_or(1),
+            norm_topk_prob: raw.norm_topk_prob.unwrap_or(false),
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings,
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            attention_bias: raw.attention_bias.unwrap_or(false),
+            layer_types: Vec::new(),
+            sliding_window: None,
+            swiglu_limit: None,
+            quantization,
+        })
+    }
+
+    fn gpt_oss(
+        &self,
+        raw: RawConfig,
+        quantization: Option<QuantizationConfig>,
+    ) -> Result<ModelConfig, CheckpointError> {
+        let c = self.common(&raw)?;
+        let moe_intermediate_size = self.required("intermediate_size", raw.intermediate_size)?;
+        let max_position_embeddings = raw.max_position_embeddings.unwrap_or(131_072);
+        let (rope_theta, rope_scaling) = self.rope(&raw, 150_000.0, max_position_embeddings)?;
+        let layer_types = match &raw.layer_types {
+            Some(names) => names
+                .iter()
+                .map(|name| match name.as_str() {
+                    "full_attention" => Ok(LayerAttention::FullAttention),
+                    "sliding_attention" => Ok(LayerAttention::SlidingAttention),
+                    other => Err(self.error(format!("unknown layer type `{other}`"))),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            // transformers' default: even layers slide, odd layers see everything.
+            None => (0..c.num_hidden_layers)
+                .map(|i| {
+                    if i % 2 == 0 {
+                        LayerAttention::SlidingAttention
+                    } else {
+                        LayerAttention::FullAttention
+                    }
+                })
+                .collect(),
+        };
+        Ok(ModelConfig {
+            architecture: Architecture::GptOss,
+            hidden_size: c.hidden_size,
+            num_hidden_layers: c.num_hidden_layers,
+            num_attention_heads: c.num_attention_heads,
+            num_key_value_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            vocab_size: c.vocab_size,
+            num_experts: c.num_experts,
+            num_experts_per_tok: c.num_experts_per_tok,
+            moe_intermediate_size,
+            intermediate_size: 0,
+            mlp_only_layers: Vec::new(),
+            decoder_sparse_step: 1,
+            norm_topk_prob: false,
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-5),
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings,
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            attention_bias: raw.attention_bias.unwrap_or(true),
+            layer_types,
+            sliding_window: Some(raw.sliding_window.unwrap_or(128)),
+            swiglu_limit: Some(raw.swiglu_limit.unwrap_or(7.0)),
+            quantization,
+        })
+    }
+}
+
+struct Common {
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: usize,
+    head_dim: usize,
+    vocab_size: usize,
+    num_experts: usize,
+    num_experts_per_tok: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn glob_star_crosses_dots_and_classes_work() {
+        assert!(glob_match(
+            "model.layers.*.self_attn*",
+            "model.layers.12.self_attn.q_proj"
+        ));
+        assert!(glob_match(
+            "model.layers.*.mlp.gate",
+            "model.layers.3.mlp.gate"
+        ));
+        assert!(!glob_match(
+            "model.layers.*.mlp.gate",
+            "model.layers.3.mlp.gate_proj"
+        ));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("a*b*c", "a.x.b.y.c"));
+        assert!(!glob_match("a*b*c", "a.x.b.y.d"));
+        assert!(glob_match("layer?", "layer7"));
+        assert!(!glob_match("layer?", "layer"));
+        assert!(glob_match("layers.[0-3].x", "layers.2.x"));
+        assert!(!glob_match("layers.[0-3].x", "layers.5.x"));
+        assert!(glob_match("layers.[!0-3].x", "layers.5.x"));
+        assert!(glob_match("a[b", "a[b"));
+        assert!(glob_match("lm_head", "lm_head"));
+        assert!(!glob_match("lm_head", "lm_head2"));
+    }
+}

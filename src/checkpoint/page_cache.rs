@@ -1,0 +1,127 @@
+//! What the kernel's page cache should do with the checkpoint's pages:
+//! prefetch them before the first forward pass, or drop them once the weights
+//! live elsewhere (a device copy), so the same bytes are not held twice.
+
+use std::io::IsTerminal;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use memmap2::{Advice, UncheckedAdvice};
+use serde::{Deserialize, Serialize};
+
+use super::Checkpoint;
+use super::error::CheckpointError;
+
+/// The page-cache policy applied to the checkpoint, as the ledger records it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[repr(u8)]
+pub enum PageCachePolicy {
+    /// Left to the kernel (pages come in on first touch).
+    #[default]
+    Keep = 0,
+    /// Read ahead with `madvise(MADV_WILLNEED)`.
+    WillNeed = 1,
+    /// Dropped with `posix_fadvise(POSIX_FADV_DONTNEED)`.
+    DontNeed = 2,
+}
+
+impl PageCachePolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            PageCachePolicy::Keep => "keep",
+            PageCachePolicy::WillNeed => "willneed",
+            PageCachePolicy::DontNeed => "dontneed",
+        }
+    }
+
+    fn from_u8(value: u8) -> PageCachePolicy {
+        match value {
+            1 => PageCachePolicy::WillNeed,
+            2 => PageCachePolicy::DontNeed,
+            _ => PageCachePolicy::Keep,
+        }
+    }
+}
+
+/// Prefetching advises this many bytes at a time, so the progress bar moves.
+const PREFETCH_CHUNK: usize = 64 << 20;
+/// Loads smaller than this finish too fast for a progress bar to help.
+const PROGRESS_MIN_BYTES: u64 = 1 << 30;
+
+impl Checkpoint {
+    /// The policy last applied (`Keep` until `prefetch` or `release`).
+    pub fn page_cache_policy(&self) -> PageCachePolicy {
+        PageCachePolicy::from_u8(self.policy.load(Ordering::Relaxed))
+    }
+
+    /// Asks the kernel to read every mapped file ahead (`MADV_WILLNEED`),
+    /// showing a progress bar on a terminal for multi-GiB checkpoints.
+    pub fn prefetch(&self) -> Result<(), CheckpointError> {
+        let total: u64 = self.shards.iter().map(|s| s.map.len() as u64).sum();
+        let bar = if std::io::stderr().is_terminal() && total >= PROGRESS_MIN_BYTES {
+            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            if let Ok(style) = ProgressStyle::with_template(
+                "prefetching weights {bar:40} {binary_bytes}/{binary_total_bytes} {eta}",
+            ) {
+                bar.set_style(style);
+            }
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+        for (shard, info) in self.shards.iter().zip(self.files()) {
+            let mut offset = 0;
+            while offset < shard.map.len() {
+                let len = PREFETCH_CHUNK.min(shard.map.len() - offset);
+                shard
+                    .map
+                    .advise_range(Advice::WillNeed, offset, len)
+                    .map_err(|source| CheckpointError::Io {
+                        path: info.path.clone(),
+                        source,
+                    })?;
+                offset += len;
+                bar.inc(len as u64);
+            }
+        }
+        bar.finish_and_clear();
+        self.policy
+            .store(PageCachePolicy::WillNeed as u8, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Drops the checkpoint's pages from this process and from the page cache
+    /// (`MADV_DONTNEED` on the mapping, then `POSIX_FADV_DONTNEED` on the
+    /// file). Views stay valid: a later access reads the file again.
+    pub fn release(&self) -> Result<(), CheckpointError> {
+        for (shard, info) in self.shards.iter().zip(self.files()) {
+            let io_error = |source| CheckpointError::Io {
+                path: info.path.clone(),
+                source,
+            };
+            if !shard.map.is_empty() {
+                // SAFETY: the mapping is a read-only, shared file mapping.
+                // MADV_DONTNEED only drops this process's page-table entries;
+                // the next access faults the same file contents back in, so
+                // no borrowed slice ever sees different bytes.
+                unsafe { shard.map.unchecked_advise(UncheckedAdvice::DontNeed) }
+                    .map_err(io_error)?;
+            }
+            // Pages still mapped elsewhere stay cached; ours are unmapped
+            // above, so the kernel can drop them now.
+            // SAFETY: plain FFI call on a file descriptor this struct owns and
+            // keeps open; it reads no memory of ours.
+            let rc = unsafe {
+                libc::posix_fadvise(shard.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+            };
+            if rc != 0 {
+                return Err(io_error(std::io::Error::from_raw_os_error(rc)));
+            }
+        }
+        self.policy
+            .store(PageCachePolicy::DontNeed as u8, Ordering::Relaxed);
+        Ok(())
+    }
+}

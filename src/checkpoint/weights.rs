@@ -1,0 +1,142 @@
+//! Linear weights for the engines, borrowed from the mapping in the format
+//! they are stored in (BF16, NVFP4 triplets, MXFP4 stacked experts).
+
+use super::Checkpoint;
+use super::config::ModelConfig;
+use super::dtype::Dtype;
+use super::error::CheckpointError;
+use super::linear::{LinearWeight, WeightData};
+use super::quant::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
+use super::view::TensorView;
+use crate::plan::geometry::Quantization;
+
+impl Checkpoint {
+    /// The weight of linear module `module` (e.g.
+    /// `model.layers.0.mlp.experts.3.gate_proj`): NVFP4 when the config
+    /// quantizes the module (`X.weight`, `X.weight_scale`, `X.weight_scale_2`),
+    /// else BF16 or F32 `X.weight`.
+    pub fn linear(
+        &self,
+        config: &ModelConfig,
+        module: &str,
+    ) -> Result<LinearWeight<'_>, CheckpointError> {
+        let weight = self.tensor(&format!("{module}.weight"))?;
+        // Only linear layers are quantized: an embedding matched by the
+        // config's globs still holds bf16.
+        if config.quantization_method() == Quantization::Nvfp4
+            && config.is_quantized(module)
+            && weight.dtype() == Dtype::U8
+        {
+            return self.nvfp4(module, weight);
+        }
+        let [rows, cols] = matrix(&weight, "[out, in]")?;
+        let data = match weight.dtype() {
+            Dtype::Bf16 => WeightData::Bf16(weight.bytes()),
+            Dtype::F32 => WeightData::F32(weight.bytes()),
+            found => {
+                return Err(CheckpointError::WrongDtype {
+                    path: weight.path().to_path_buf(),
+                    tensor: weight.name().to_string(),
+                    found,
+                    expected: "BF16 or F32 (the config does not quantize this module)".to_string(),
+                });
+            }
+        };
+        checked(&weight, rows, cols, data)
+    }
+
+    fn nvfp4<'a>(
+        &'a self,
+        module: &str,
+        weight: TensorView<'a>,
+    ) -> Result<LinearWeight<'a>, CheckpointError> {
+        let packed = weight.u8()?;
+        let [rows, packed_cols] = matrix(&weight, "[out, in/2]")?;
+        let cols = packed_cols * 2;
+        let scales = self.tensor(&format!("{module}.weight_scale"))?;
+        scales.expect_dtype(Dtype::F8E4M3)?;
+        scales.expect_shape(&[rows, cols / NVFP4_GROUP])?;
+        if !cols.is_multiple_of(NVFP4_GROUP) {
+            return Err(weight.wrong_shape("[out, in/2] with `in` a multiple of 16"));
+        }
+        let global = self
+            .tensor(&format!("{module}.weight_scale_2"))?
+            .scalar_f32()?;
+        let data = WeightData::Nvfp4 {
+            packed,
+            scales: scales.bytes(),
+            global,
+        };
+        checked(&weight, rows, cols, data)
+    }
+
+    /// Expert `expert` of gpt-oss's stacked MXFP4 experts: `tensor_prefix` is
+    /// e.g. `model.layers.0.mlp.experts.gate_up_proj`, whose `_blocks`
+    /// [E, rows, cols/32, 16] and `_scales` [E, rows, cols/32] are sliced to
+    /// the expert's rows without copying.
+    pub fn mxfp4_expert(
+        &self,
+        tensor_prefix: &str,
+        expert: usize,
+    ) -> Result<LinearWeight<'_>, CheckpointError> {
+        let blocks = self.tensor(&format!("{tensor_prefix}_blocks"))?;
+        let scales = self.tensor(&format!("{tensor_prefix}_scales"))?;
+        let block_bytes = blocks.u8()?;
+        let scale_bytes = scales.u8()?;
+        let &[experts, rows, groups, width] = blocks.shape() else {
+            return Err(blocks.wrong_shape("[experts, rows, cols/32, 16]"));
+        };
+        if width != MXFP4_BLOCK_BYTES {
+            return Err(blocks.wrong_shape("[experts, rows, cols/32, 16]"));
+        }
+        scales.expect_shape(&[experts, rows, groups])?;
+        if expert >= experts {
+            return Err(CheckpointError::ExpertOutOfRange {
+                prefix: tensor_prefix.to_string(),
+                expert,
+                num_experts: experts,
+            });
+        }
+        // Shapes are validated against the byte lengths, so these products
+        // fit and the ranges lie inside the tensors.
+        let per_expert_scales = rows * groups;
+        let per_expert_blocks = per_expert_scales * MXFP4_BLOCK_BYTES;
+        let data = WeightData::Mxfp4 {
+            blocks: expert_slice(block_bytes, expert, per_expert_blocks),
+            scales: expert_slice(scale_bytes, expert, per_expert_scales),
+        };
+        checked(&blocks, rows, groups * MXFP4_GROUP, data)
+    }
+}
+
+/// Expert `expert`'s `len` bytes of a stacked tensor (empty if out of range,
+/// which the length check in `checked` then reports).
+fn expert_slice(bytes: &[u8], expert: usize, len: usize) -> &[u8] {
+    let range = expert
+        .checked_mul(len)
+        .and_then(|start| Some(start..start.checked_add(len)?));
+    range.and_then(|r| bytes.get(r)).unwrap_or_default()
+}
+
+/// The `[rows, cols]` of a 2-D tensor.
+fn matrix(view: &TensorView<'_>, expected: &str) -> Result<[usize; 2], CheckpointError> {
+    match *view.shape() {
+        [rows, cols] => Ok([rows, cols]),
+        _ => Err(view.wrong_shape(expected)),
+    }
+}
+
+/// Builds the weight, turning any length disagreement into an error naming
+/// the tensor.
+fn checked<'a>(
+    view: &TensorView<'a>,
+    rows: usize,
+    cols: usize,
+    data: WeightData<'a>,
+) -> Result<LinearWeight<'a>, CheckpointError> {
+    LinearWeight::new(rows, cols, data).map_err(|source| CheckpointError::Quant {
+        path: view.path().to_path_buf(),
+        tensor: view.name().to_string(),
+        source,
+    })
+}
