@@ -2,6 +2,7 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the module map and the contracts between
 //! modules.
+pub mod backend;
 pub mod checkpoint;
 pub mod plan;
 pub mod units;

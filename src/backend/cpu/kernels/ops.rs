@@ -1,0 +1,2 @@
+//! Small vector ops of the forward pass.
+pub use super::portable::dot;

@@ -1,0 +1,2 @@
+//! The CPU backend: SIMD kernels with runtime dispatch, threads via rayon.
+pub mod kernels;
