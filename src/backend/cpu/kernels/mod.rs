@@ -20,6 +20,8 @@ pub mod reference;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_ops;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
