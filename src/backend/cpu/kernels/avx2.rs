@@ -188,6 +188,14 @@ trait Decoder {
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]);
     /// `W[row, col]` for the columns after the last whole chunk.
     fn scalar(&self, row: usize, col: usize) -> f32;
+    /// Block-scaled formats: decodes the chunk unscaled and returns the scales
+    /// of vectors 0-3 and 4-7, so a single token can apply them to partial
+    /// sums instead of to every weight. `None`: not a block-scaled format.
+    /// Safety: as `decode`.
+    unsafe fn decode_unscaled(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) -> Option<[__m256; 2]> {
+        let _ = (row, chunk, out);
+        None
+    }
 }
 
 struct F32Dec<'a> {
@@ -288,18 +296,34 @@ impl Decoder for Nvfp4Dec<'_> {
         let first = row * self.cols + chunk * 64;
         // SAFETY: in bounds per the contract.
         unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
-        let s = &self.scales[first / 16..first / 16 + 4];
-        let t = |i: usize| self.table[s[i] as usize];
-        // Vectors 0-3 hold 16-blocks 0 | 2 of the chunk, vectors 4-7 blocks 1 | 3.
-        let (even, odd) = (halves(t(0), t(2)), halves(t(1), t(3)));
+        let [even, odd] = self.chunk_scales(first);
         for v in 0..4 {
             out[v] = _mm256_mul_ps(out[v], even);
             out[v + 4] = _mm256_mul_ps(out[v + 4], odd);
         }
     }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn decode_unscaled(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) -> Option<[__m256; 2]> {
+        let first = row * self.cols + chunk * 64;
+        // SAFETY: in bounds per the contract.
+        unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
+        Some(self.chunk_scales(first))
+    }
     fn scalar(&self, row: usize, col: usize) -> f32 {
         let scale = self.table[self.scales[(row * self.cols + col) / 16] as usize];
         E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
+    }
+}
+
+impl Nvfp4Dec<'_> {
+    /// Vectors 0-3 hold 16-blocks 0 | 2 of the chunk, vectors 4-7 blocks 1 | 3.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn chunk_scales(&self, first: usize) -> [__m256; 2] {
+        let s = &self.scales[first / 16..first / 16 + 4];
+        let t = |i: usize| self.table[s[i] as usize];
+        [halves(t(0), t(2)), halves(t(1), t(3))]
     }
 }
 
@@ -317,16 +341,33 @@ impl Decoder for Mxfp4Dec<'_> {
         let first = row * self.cols + chunk * 64;
         // SAFETY: in bounds per the contract.
         unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
-        let s = &self.scales[first / 32..first / 32 + 2];
-        // Lanes 0-3 come from the first 32-block, lanes 4-7 from the second.
-        let scale = halves(E8M0[s[0] as usize], E8M0[s[1] as usize]);
+        let scale = self.chunk_scale(first);
         for o in out.iter_mut() {
             *o = _mm256_mul_ps(*o, scale);
         }
     }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn decode_unscaled(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) -> Option<[__m256; 2]> {
+        let first = row * self.cols + chunk * 64;
+        // SAFETY: in bounds per the contract.
+        unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
+        let scale = self.chunk_scale(first);
+        Some([scale, scale])
+    }
     fn scalar(&self, row: usize, col: usize) -> f32 {
         let scale = E8M0[self.scales[(row * self.cols + col) / 32] as usize];
         E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
+    }
+}
+
+impl Mxfp4Dec<'_> {
+    /// Lanes 0-3 come from the first 32-block, lanes 4-7 from the second.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn chunk_scale(&self, first: usize) -> __m256 {
+        let s = &self.scales[first / 32..first / 32 + 2];
+        halves(E8M0[s[0] as usize], E8M0[s[1] as usize])
     }
 }
 
@@ -408,6 +449,24 @@ unsafe fn gemv<D: Decoder, const R: usize, const T: usize, const A: usize>(
     for ch in 0..chunks {
         let xo = ch * D::CHUNK;
         for (r, acc_r) in acc.iter_mut().enumerate() {
+            if T == 1 && A == 2 {
+                // One token of a block-scaled format: scale the two partial
+                // sums of 4 vectors instead of all 8 weight vectors.
+                // SAFETY: chunk ch of row row0+r is inside the matrix.
+                if let Some(scales) = unsafe { dec.decode_unscaled(row0 + r, ch, &mut w) } {
+                    for (half, scale) in scales.into_iter().enumerate() {
+                        // SAFETY: x holds cols values (T == 1).
+                        let xv = |v: usize| unsafe { _mm256_loadu_ps(x.add(xo + 8 * v)) };
+                        let v0 = 4 * half;
+                        let mut p = _mm256_mul_ps(w[v0], xv(v0));
+                        for v in v0 + 1..v0 + 4 {
+                            p = _mm256_fmadd_ps(w[v], xv(v), p);
+                        }
+                        acc_r[0][half] = _mm256_fmadd_ps(p, scale, acc_r[0][half]);
+                    }
+                    continue;
+                }
+            }
             // SAFETY: chunk ch of row row0+r is inside the matrix.
             unsafe { dec.decode(row0 + r, ch, &mut w) };
             for (t, acc_rt) in acc_r.iter_mut().enumerate() {

@@ -8,17 +8,18 @@
 //! Every function panics on mismatched lengths (a caller bug, not data).
 
 #[cfg(target_arch = "x86_64")]
-use super::avx2_ops;
-use super::Isa;
+use super::{Isa, avx2_ops};
 use super::formats::{bf16_to_f32, f32_to_bf16, read_bf16};
 use super::portable::fmadd;
 
 pub use super::portable::dot as dot_portable;
 
+#[cfg(target_arch = "x86_64")]
 #[inline]
 fn avx2() -> bool {
     Isa::best() == Isa::Avx2
 }
+
 
 /// Runs `$simd` (an `unsafe` AVX2 call) when AVX2 is the best ISA, else `$portable`.
 macro_rules! dispatch {
