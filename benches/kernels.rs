@@ -67,7 +67,9 @@ impl Owned {
             }
             Format::Nvfp4 => (
                 (0..n / 2).map(|_| rng.next() as u8).collect(),
-                (0..n / 16).map(|_| 0x30 + (rng.next() % 16) as u8).collect(),
+                (0..n / 16)
+                    .map(|_| 0x30 + (rng.next() % 16) as u8)
+                    .collect(),
             ),
             Format::Mxfp4 => (
                 (0..n / 2).map(|_| rng.next() as u8).collect(),
@@ -115,8 +117,21 @@ struct Case {
 
 struct Timing {
     seconds: f64,
+    /// Process CPU time per thread: what the pass would take on idle cores
+    /// (this machine's cores are shared with other builds).
+    cpu_seconds: f64,
     bytes: usize,
     flops: f64,
+}
+
+fn process_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -173,18 +188,24 @@ fn run_case(rng: &mut Rng, case: &Case) -> Timing {
             })
             .collect();
         let start = Instant::now();
+        let cpu_start = process_cpu_seconds();
         matmul_grouped(&mut problems).expect("benchmark shapes are valid");
-        start.elapsed().as_secs_f64()
+        (
+            start.elapsed().as_secs_f64(),
+            process_cpu_seconds() - cpu_start,
+        )
     };
     // Warm-up, then enough passes for about half a second (at least 5).
     for set in &sets {
         run(set);
     }
-    let once = run(&sets[0]).max(1e-6);
+    let once = run(&sets[0]).0.max(1e-6);
     let passes = ((0.5 / once) as usize).clamp(5, 400);
-    let times: Vec<f64> = (0..passes).map(|i| run(&sets[i % copies])).collect();
+    let times: Vec<(f64, f64)> = (0..passes).map(|i| run(&sets[i % copies])).collect();
+    let threads = rayon::current_num_threads() as f64;
     Timing {
-        seconds: median(times),
+        seconds: median(times.iter().map(|t| t.0).collect()),
+        cpu_seconds: median(times.iter().map(|t| t.1 / threads).collect()),
         bytes: set_bytes,
         flops,
     }
@@ -193,7 +214,10 @@ fn run_case(rng: &mut Rng, case: &Case) -> Timing {
 fn main() {
     let threads = rayon::current_num_threads();
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
-    println!("sparkrt kernel benchmark — ISA {:?}, {threads} threads", Isa::best());
+    println!(
+        "sparkrt kernel benchmark — ISA {:?}, {threads} threads",
+        Isa::best()
+    );
     let bandwidth = measure_read_bandwidth(threads, 512 << 20);
     let bandwidth_one = measure_read_bandwidth(1, 512 << 20);
     println!(
@@ -208,131 +232,147 @@ fn main() {
     let expert_gate_up = |n: usize| vec![(inter, hidden); 2 * n];
     let expert_down = |n: usize| vec![(hidden, inter); n];
 
-    println!("GEMV, tokens = 1 (batch-1 decode)");
-    println!(
-        "{:<40} {:>6} {:>10} {:>10} {:>8} {:>8}",
-        "case", "format", "MB", "µs", "GB/s", "% bw"
-    );
-    let mut gemv_cases = Vec::new();
-    for format in [Format::Bf16, Format::Nvfp4] {
-        for (name, shapes) in [
-            (format!("q_proj {q}x{hidden}"), vec![(q, hidden)]),
-            (format!("o_proj {hidden}x{q}"), vec![(hidden, q)]),
-            (
-                format!("8 experts gate+up 2x{inter}x{hidden}"),
-                expert_gate_up(experts_per_tok),
-            ),
-            (format!("8 experts down {hidden}x{inter}"), expert_down(experts_per_tok)),
-            (format!("lm_head {vocab}x{hidden}"), vec![(vocab, hidden)]),
-        ] {
-            gemv_cases.push(Case {
-                name,
-                format,
-                shapes,
-                tokens: 1,
-            });
-        }
-    }
-    gemv_cases.push(Case {
-        name: "gpt-oss 2880x2880".into(),
-        format: Format::Mxfp4,
-        shapes: vec![(2880, 2880)],
-        tokens: 1,
-    });
-    gemv_cases.push(Case {
-        name: "gpt-oss 4 experts gate_up 5760x2880".into(),
-        format: Format::Mxfp4,
-        shapes: vec![(5760, 2880); 4],
-        tokens: 1,
-    });
-    for case in &gemv_cases {
-        let r = run_case(&mut rng, case);
-        let gbs = r.bytes as f64 / r.seconds / 1e9;
+    // SPARKRT_BENCH=gemv,batch,prefill picks sections (default: all).
+    let sections = std::env::var("SPARKRT_BENCH").unwrap_or_else(|_| "gemv,batch,prefill".into());
+    let want = |s: &str| sections.split(',').any(|x| x == s);
+
+    if want("gemv") {
+        println!("GEMV, tokens = 1 (batch-1 decode)");
         println!(
-            "{:<40} {:>6} {:>10.1} {:>10.1} {:>8.1} {:>7.0}%",
-            case.name,
-            case.format.name(),
-            r.bytes as f64 / 1e6,
-            r.seconds * 1e6,
-            gbs,
-            100.0 * gbs * 1e9 / bandwidth
+            "{:<40} {:>6} {:>8} {:>9} {:>7} {:>6} {:>9}",
+            "case", "format", "MB", "µs", "GB/s", "% bw", "GB/s cpu"
         );
-    }
-
-    println!("\nSmall batches (q_proj {q}x{hidden})");
-    println!(
-        "{:<40} {:>6} {:>10} {:>10} {:>8} {:>8}",
-        "case", "format", "tokens", "µs", "GB/s", "GFLOP/s"
-    );
-    for format in [Format::Bf16, Format::Nvfp4] {
-        for tokens in [1, 2, 3, 4, 5, 8, 12, 16] {
-            let case = Case {
-                name: format!("q_proj tokens={tokens}"),
-                format,
-                shapes: vec![(q, hidden)],
-                tokens,
-            };
-            let r = run_case(&mut rng, &case);
+        let mut gemv_cases = Vec::new();
+        for format in [Format::Bf16, Format::Nvfp4] {
+            for (name, shapes) in [
+                (format!("q_proj {q}x{hidden}"), vec![(q, hidden)]),
+                (format!("o_proj {hidden}x{q}"), vec![(hidden, q)]),
+                (
+                    format!("8 experts gate+up 2x{inter}x{hidden}"),
+                    expert_gate_up(experts_per_tok),
+                ),
+                (
+                    format!("8 experts down {hidden}x{inter}"),
+                    expert_down(experts_per_tok),
+                ),
+                (format!("lm_head {vocab}x{hidden}"), vec![(vocab, hidden)]),
+            ] {
+                gemv_cases.push(Case {
+                    name,
+                    format,
+                    shapes,
+                    tokens: 1,
+                });
+            }
+        }
+        gemv_cases.push(Case {
+            name: "gpt-oss 2880x2880".into(),
+            format: Format::Mxfp4,
+            shapes: vec![(2880, 2880)],
+            tokens: 1,
+        });
+        gemv_cases.push(Case {
+            name: "gpt-oss 4 experts gate_up 5760x2880".into(),
+            format: Format::Mxfp4,
+            shapes: vec![(5760, 2880); 4],
+            tokens: 1,
+        });
+        for case in &gemv_cases {
+            let r = run_case(&mut rng, case);
+            let gbs = r.bytes as f64 / r.seconds / 1e9;
             println!(
-                "{:<40} {:>6} {:>10} {:>10.1} {:>8.1} {:>8.1}",
+                "{:<40} {:>6} {:>8.1} {:>9.1} {:>7.1} {:>5.0}% {:>9.1}",
                 case.name,
-                format.name(),
-                tokens,
+                case.format.name(),
+                r.bytes as f64 / 1e6,
                 r.seconds * 1e6,
-                r.bytes as f64 / r.seconds / 1e9,
-                r.flops / r.seconds / 1e9
+                gbs,
+                100.0 * gbs * 1e9 / bandwidth,
+                r.bytes as f64 / r.cpu_seconds / 1e9
             );
         }
     }
 
-    println!("\nPrefill");
-    println!(
-        "{:<40} {:>6} {:>10} {:>10} {:>8}",
-        "case", "format", "tokens", "ms", "GFLOP/s"
-    );
-    for format in [Format::Bf16, Format::Nvfp4] {
-        let cases = [
-            Case {
-                name: format!("q_proj {q}x{hidden}"),
-                format,
-                shapes: vec![(q, hidden)],
-                tokens: 512,
-            },
-            Case {
-                name: format!("k+v_proj 2x{kv}x{hidden}"),
-                format,
-                shapes: vec![(kv, hidden); 2],
-                tokens: 512,
-            },
-            Case {
-                name: format!("o_proj {hidden}x{q}"),
-                format,
-                shapes: vec![(hidden, q)],
-                tokens: 512,
-            },
-            Case {
-                name: "8 experts gate+up, 32 rows each".into(),
-                format,
-                shapes: expert_gate_up(experts_per_tok),
-                tokens: 32,
-            },
-            Case {
-                name: "8 experts down, 32 rows each".into(),
-                format,
-                shapes: expert_down(experts_per_tok),
-                tokens: 32,
-            },
-        ];
-        for case in &cases {
-            let r = run_case(&mut rng, case);
-            println!(
-                "{:<40} {:>6} {:>10} {:>10.2} {:>8.1}",
-                case.name,
-                format.name(),
-                case.tokens,
-                r.seconds * 1e3,
-                r.flops / r.seconds / 1e9
-            );
+    if want("batch") {
+        println!("\nSmall batches (q_proj {q}x{hidden})");
+        println!(
+            "{:<40} {:>6} {:>8} {:>9} {:>7} {:>8} {:>12}",
+            "case", "format", "tokens", "µs", "GB/s", "GFLOP/s", "GFLOP/s cpu"
+        );
+        for format in [Format::Bf16, Format::Nvfp4] {
+            for tokens in [1, 2, 3, 4, 5, 8, 12, 16] {
+                let case = Case {
+                    name: format!("q_proj tokens={tokens}"),
+                    format,
+                    shapes: vec![(q, hidden)],
+                    tokens,
+                };
+                let r = run_case(&mut rng, &case);
+                println!(
+                    "{:<40} {:>6} {:>8} {:>9.1} {:>7.1} {:>8.1} {:>12.1}",
+                    case.name,
+                    format.name(),
+                    tokens,
+                    r.seconds * 1e6,
+                    r.bytes as f64 / r.seconds / 1e9,
+                    r.flops / r.seconds / 1e9,
+                    r.flops / r.cpu_seconds / 1e9
+                );
+            }
+        }
+    }
+
+    if want("prefill") {
+        println!("\nPrefill");
+        println!(
+            "{:<40} {:>6} {:>8} {:>9} {:>8} {:>12}",
+            "case", "format", "tokens", "ms", "GFLOP/s", "GFLOP/s cpu"
+        );
+        for format in [Format::Bf16, Format::Nvfp4] {
+            let cases = [
+                Case {
+                    name: format!("q_proj {q}x{hidden}"),
+                    format,
+                    shapes: vec![(q, hidden)],
+                    tokens: 512,
+                },
+                Case {
+                    name: format!("k+v_proj 2x{kv}x{hidden}"),
+                    format,
+                    shapes: vec![(kv, hidden); 2],
+                    tokens: 512,
+                },
+                Case {
+                    name: format!("o_proj {hidden}x{q}"),
+                    format,
+                    shapes: vec![(hidden, q)],
+                    tokens: 512,
+                },
+                Case {
+                    name: "8 experts gate+up, 32 rows each".into(),
+                    format,
+                    shapes: expert_gate_up(experts_per_tok),
+                    tokens: 32,
+                },
+                Case {
+                    name: "8 experts down, 32 rows each".into(),
+                    format,
+                    shapes: expert_down(experts_per_tok),
+                    tokens: 32,
+                },
+            ];
+            for case in &cases {
+                let r = run_case(&mut rng, case);
+                println!(
+                    "{:<40} {:>6} {:>8} {:>9.2} {:>8.1} {:>12.1}",
+                    case.name,
+                    format.name(),
+                    case.tokens,
+                    r.seconds * 1e3,
+                    r.flops / r.seconds / 1e9,
+                    r.flops / r.cpu_seconds / 1e9
+                );
+            }
         }
     }
 }

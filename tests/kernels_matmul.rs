@@ -167,7 +167,9 @@ fn matmul_uses_the_best_isa() {
 #[test]
 fn fp4_codes_decode_to_the_e2m1_table() {
     // Codes 0..15 in order: byte j holds codes 2j (low) and 2j+1 (high).
-    let codes: Vec<u8> = (0..32u8).map(|j| ((2 * j + 1) % 16) << 4 | (2 * j) % 16).collect();
+    let codes: Vec<u8> = (0..32u8)
+        .map(|j| ((2 * j + 1) % 16) << 4 | (2 * j) % 16)
+        .collect();
     for isa in Isa::available() {
         // NVFP4: scale 0x38 = 1.0, global 1: W[0, c] = E2M1[c % 16].
         let scales = vec![0x38u8; 4];
@@ -183,7 +185,11 @@ fn fp4_codes_decode_to_the_e2m1_table() {
         for c in 0..64 {
             let mut x = vec![0.0f32; 64];
             x[c] = 1.0;
-            assert_eq!(run_on(isa, &x, 1, &w), vec![E2M1[c % 16]], "{isa:?} NVFP4 col {c}");
+            assert_eq!(
+                run_on(isa, &x, 1, &w),
+                vec![E2M1[c % 16]],
+                "{isa:?} NVFP4 col {c}"
+            );
         }
         // MXFP4: scale 127 = 1.0.
         let scales = vec![127u8; 2];
@@ -198,7 +204,11 @@ fn fp4_codes_decode_to_the_e2m1_table() {
         for c in 0..64 {
             let mut x = vec![0.0f32; 64];
             x[c] = 1.0;
-            assert_eq!(run_on(isa, &x, 1, &w), vec![E2M1[c % 16]], "{isa:?} MXFP4 col {c}");
+            assert_eq!(
+                run_on(isa, &x, 1, &w),
+                vec![E2M1[c % 16]],
+                "{isa:?} MXFP4 col {c}"
+            );
         }
     }
 }
@@ -280,7 +290,11 @@ fn shape_errors_are_reported_not_panicked() {
     };
     assert!(matches!(
         matmul(&x[..9], 1, &w, &mut out),
-        Err(KernelError::WeightBytes { expected: 72, got: 64, .. })
+        Err(KernelError::WeightBytes {
+            expected: 72,
+            got: 64,
+            ..
+        })
     ));
     // NVFP4 with cols not a multiple of 16.
     let w = LinearWeight {

@@ -14,11 +14,17 @@ const LENGTHS: [usize; 9] = [1, 7, 8, 9, 31, 33, 100, 128, 2051];
 const EPS: f32 = f32::EPSILON;
 
 fn bf16_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|&v| f32_to_bf16(v).to_le_bytes()).collect()
+    values
+        .iter()
+        .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
+        .collect()
 }
 
 fn close(got: f32, want: f32, tol: f32, what: &str) {
-    assert!((got - want).abs() <= tol, "{what}: {got} vs {want} (tol {tol})");
+    assert!(
+        (got - want).abs() <= tol,
+        "{what}: {got} vs {want} (tol {tol})"
+    );
 }
 
 #[test]
@@ -29,10 +35,28 @@ fn dot_and_dot_bf16_match_reference() {
         let b = rng.floats(n, -2.0, 2.0);
         let b16: Vec<u16> = b.iter().map(|&v| f32_to_bf16(v)).collect();
         let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
-        let mag: f64 = a.iter().zip(&b).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
-        close(dot(&a, &b), want as f32, tolerance(n, mag as f32), &format!("dot {n}"));
-        let want16: f64 = a.iter().zip(&b16).map(|(&x, &y)| x as f64 * bf16_to_f32(y) as f64).sum();
-        close(dot_bf16(&a, &b16), want16 as f32, tolerance(n, mag as f32 * 1.01), &format!("dot_bf16 {n}"));
+        let mag: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(&x, &y)| (x as f64 * y as f64).abs())
+            .sum();
+        close(
+            dot(&a, &b),
+            want as f32,
+            tolerance(n, mag as f32),
+            &format!("dot {n}"),
+        );
+        let want16: f64 = a
+            .iter()
+            .zip(&b16)
+            .map(|(&x, &y)| x as f64 * bf16_to_f32(y) as f64)
+            .sum();
+        close(
+            dot_bf16(&a, &b16),
+            want16 as f32,
+            tolerance(n, mag as f32 * 1.01),
+            &format!("dot_bf16 {n}"),
+        );
     }
     assert_eq!(dot(&[], &[]), 0.0);
 }
@@ -61,7 +85,17 @@ fn axpy_adds_scaled_rows() {
 
 #[test]
 fn bf16_rows_round_trip() {
-    let values = [0.0f32, -0.0, 1.0, -1.5, 3.0e38, -1.0e-30, 0.1, 65504.0, 1.0 / 3.0];
+    let values = [
+        0.0f32,
+        -0.0,
+        1.0,
+        -1.5,
+        3.0e38,
+        -1.0e-30,
+        0.1,
+        65504.0,
+        1.0 / 3.0,
+    ];
     let mut bits = vec![0u16; values.len()];
     f32_to_bf16_row(&values, &mut bits);
     for (&v, &b) in values.iter().zip(&bits) {
@@ -88,7 +122,9 @@ fn argmax_takes_first_maximum_and_skips_nan() {
     let want = v
         .iter()
         .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &x)| if x > bv { (i, x) } else { (bi, bv) })
+        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &x)| {
+            if x > bv { (i, x) } else { (bi, bv) }
+        })
         .0;
     assert_eq!(argmax(&v), want);
 }
@@ -120,7 +156,12 @@ fn rmsnorm_and_add_rmsnorm_match_reference() {
             assert_eq!(residual, summed);
             let want = reference::rmsnorm(&summed, &w, eps);
             for i in 0..out2.len() {
-                close(out2[i], want[i], tol(want[i]), &format!("add_rmsnorm dim {dim}"));
+                close(
+                    out2[i],
+                    want[i],
+                    tol(want[i]),
+                    &format!("add_rmsnorm dim {dim}"),
+                );
             }
         }
     }
@@ -137,7 +178,10 @@ fn exp_is_accurate_over_its_range() {
     while x <= 88.0 {
         let want = (x as f64).exp();
         let got = exp(x) as f64;
-        assert!(((got - want) / want).abs() <= 4.0 * EPS as f64, "exp({x}) = {got}, want {want}");
+        assert!(
+            ((got - want) / want).abs() <= 4.0 * EPS as f64,
+            "exp({x}) = {got}, want {want}"
+        );
         x += 0.0371;
     }
     assert_eq!(exp(0.0), 1.0);
@@ -157,7 +201,12 @@ fn silu_mul_matches_reference() {
         let mut out = vec![0.0f32; n];
         silu_mul(&gate, &up, &mut out);
         for i in 0..n {
-            close(out[i], want[i], 8.0 * EPS * want[i].abs() + 1e-37, &format!("silu {}", gate[i]));
+            close(
+                out[i],
+                want[i],
+                8.0 * EPS * want[i].abs() + 1e-37,
+                &format!("silu {}", gate[i]),
+            );
         }
     }
 }

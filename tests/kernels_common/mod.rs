@@ -110,7 +110,11 @@ pub fn random_weight(
                     }
                 })
                 .collect();
-            (values.iter().flat_map(|v| v.to_le_bytes()).collect(), vec![], 1.0)
+            (
+                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                vec![],
+                1.0,
+            )
         }
         Format::Bf16 => {
             let values: Vec<u16> = (0..n)
@@ -123,7 +127,11 @@ pub fn random_weight(
                     f32_to_bf16(v)
                 })
                 .collect();
-            (values.iter().flat_map(|v| v.to_le_bytes()).collect(), vec![], 1.0)
+            (
+                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                vec![],
+                1.0,
+            )
         }
         Format::Nvfp4 => {
             let codes: Vec<u8> = (0..n / 2).map(|_| rng.byte()).collect();
@@ -144,7 +152,13 @@ pub fn random_weight(
         Format::Mxfp4 => {
             let codes: Vec<u8> = (0..n / 2).map(|_| rng.byte()).collect();
             let scales: Vec<u8> = (0..n / 32)
-                .map(|_| if exact { rng.int(125, 129) as u8 } else { rng.int(110, 135) as u8 })
+                .map(|_| {
+                    if exact {
+                        rng.int(125, 129) as u8
+                    } else {
+                        rng.int(110, 135) as u8
+                    }
+                })
                 .collect();
             (codes, scales, 1.0)
         }

@@ -49,7 +49,8 @@ const fn fp4_order() -> [u8; 64] {
     while v < 8 {
         let mut l = 0;
         while l < 8 {
-            order[v * 8 + l] = (32 * (l / 4) + 16 * (v / 4) + 4 * (l % 4) + 2 * (v % 2) + (v % 4) / 2) as u8;
+            order[v * 8 + l] =
+                (32 * (l / 4) + 16 * (v / 4) + 4 * (l % 4) + 2 * (v % 2) + (v % 4) / 2) as u8;
             l += 1;
         }
         v += 1;
@@ -192,7 +193,12 @@ trait Decoder {
     /// of vectors 0-3 and 4-7, so a single token can apply them to partial
     /// sums instead of to every weight. `None`: not a block-scaled format.
     /// Safety: as `decode`.
-    unsafe fn decode_unscaled(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) -> Option<[__m256; 2]> {
+    unsafe fn decode_unscaled(
+        &self,
+        row: usize,
+        chunk: usize,
+        out: &mut [__m256; 8],
+    ) -> Option<[__m256; 2]> {
         let _ = (row, chunk, out);
         None
     }
@@ -232,7 +238,10 @@ impl Decoder for Bf16Dec<'_> {
         let v = unsafe { _mm256_loadu_si256(self.bytes.as_ptr().add(offset) as *const __m256i) };
         // A bf16 is the top half of an f32: shift the even ones up, mask the odd.
         out[0] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-        out[1] = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF_0000u32 as i32)));
+        out[1] = _mm256_castsi256_ps(_mm256_and_si256(
+            v,
+            _mm256_set1_epi32(0xFFFF_0000u32 as i32),
+        ));
     }
     fn scalar(&self, row: usize, col: usize) -> f32 {
         read_bf16(self.bytes, row * self.cols + col)
@@ -246,19 +255,47 @@ impl Decoder for Bf16Dec<'_> {
 #[inline]
 unsafe fn fp4_codes(p: *const u8, out: &mut [__m256; 8]) {
     let low_bytes = _mm256_broadcastsi128_si256(_mm_setr_epi8(
-        0, 0, 0x80u8 as i8, 0xC0u8 as i8, 0, 0x40, 0x80u8 as i8, 0xC0u8 as i8, 0, 0, 0x80u8 as i8,
-        0xC0u8 as i8, 0, 0x40, 0x80u8 as i8, 0xC0u8 as i8,
+        0,
+        0,
+        0x80u8 as i8,
+        0xC0u8 as i8,
+        0,
+        0x40,
+        0x80u8 as i8,
+        0xC0u8 as i8,
+        0,
+        0,
+        0x80u8 as i8,
+        0xC0u8 as i8,
+        0,
+        0x40,
+        0x80u8 as i8,
+        0xC0u8 as i8,
     ));
     let high_bytes = _mm256_broadcastsi128_si256(_mm_setr_epi8(
-        0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x80u8 as i8, 0xBFu8 as i8, 0xBFu8 as i8,
-        0xBFu8 as i8, 0xC0u8 as i8, 0xC0u8 as i8, 0xC0u8 as i8, 0xC0u8 as i8,
+        0,
+        0x3F,
+        0x3F,
+        0x3F,
+        0x40,
+        0x40,
+        0x40,
+        0x40,
+        0x80u8 as i8,
+        0xBFu8 as i8,
+        0xBFu8 as i8,
+        0xBFu8 as i8,
+        0xC0u8 as i8,
+        0xC0u8 as i8,
+        0xC0u8 as i8,
+        0xC0u8 as i8,
     ));
     let nibble = _mm256_set1_epi8(0x0F);
     let odd_words = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
     // SAFETY: the caller guarantees 32 readable bytes at p.
     let bytes = unsafe { _mm256_loadu_si256(p as *const __m256i) };
     let codes = [
-        _mm256_and_si256(bytes, nibble),                         // even elements
+        _mm256_and_si256(bytes, nibble), // even elements
         _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble), // odd elements
     ];
     for (n, idx) in codes.into_iter().enumerate() {
@@ -304,7 +341,12 @@ impl Decoder for Nvfp4Dec<'_> {
     }
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn decode_unscaled(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) -> Option<[__m256; 2]> {
+    unsafe fn decode_unscaled(
+        &self,
+        row: usize,
+        chunk: usize,
+        out: &mut [__m256; 8],
+    ) -> Option<[__m256; 2]> {
         let first = row * self.cols + chunk * 64;
         // SAFETY: in bounds per the contract.
         unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
@@ -348,7 +390,12 @@ impl Decoder for Mxfp4Dec<'_> {
     }
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn decode_unscaled(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) -> Option<[__m256; 2]> {
+    unsafe fn decode_unscaled(
+        &self,
+        row: usize,
+        chunk: usize,
+        out: &mut [__m256; 8],
+    ) -> Option<[__m256; 2]> {
         let first = row * self.cols + chunk * 64;
         // SAFETY: in bounds per the contract.
         unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
@@ -581,11 +628,21 @@ unsafe fn pack_panel<D: Decoder>(
 
 /// MR rows × 2 token groups over kc columns.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn kernel_6x16(panel: *const f32, kc: usize, xa: *const f32, xb: *const f32) -> [[__m256; 2]; MR] {
+unsafe fn kernel_6x16(
+    panel: *const f32,
+    kc: usize,
+    xa: *const f32,
+    xb: *const f32,
+) -> [[__m256; 2]; MR] {
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     for k in 0..kc {
         // SAFETY: k < kc; the caller sized panel and both groups.
-        let (a, b) = unsafe { (_mm256_loadu_ps(xa.add(k * TG)), _mm256_loadu_ps(xb.add(k * TG))) };
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_ps(xa.add(k * TG)),
+                _mm256_loadu_ps(xb.add(k * TG)),
+            )
+        };
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let w = unsafe { _mm256_broadcast_ss(&*panel.add(r * kc + k)) };
             acc_r[0] = _mm256_fmadd_ps(w, a, acc_r[0]);

@@ -35,7 +35,10 @@ unsafe fn load_bf16(p: *const u16) -> __m256 {
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn exp8(x: __m256) -> __m256 {
-    let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_MIN)), _mm256_set1_ps(EXP_MAX));
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN)),
+        _mm256_set1_ps(EXP_MAX),
+    );
     let n = _mm256_round_ps(
         _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
@@ -66,7 +69,12 @@ pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
     // SAFETY (loads): i + 32 <= n, resp. i + 8 <= n, inside both slices.
     while i + 32 <= n {
         for (j, acc_j) in acc.iter_mut().enumerate() {
-            let (x, y) = unsafe { (_mm256_loadu_ps(pa.add(i + 8 * j)), _mm256_loadu_ps(pb.add(i + 8 * j))) };
+            let (x, y) = unsafe {
+                (
+                    _mm256_loadu_ps(pa.add(i + 8 * j)),
+                    _mm256_loadu_ps(pb.add(i + 8 * j)),
+                )
+            };
             *acc_j = _mm256_fmadd_ps(x, y, *acc_j);
         }
         i += 32;
@@ -92,13 +100,23 @@ pub(super) unsafe fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
     // SAFETY (loads): i + 16 <= n, resp. i + 8 <= n.
     while i + 16 <= n {
         for (j, acc_j) in acc.iter_mut().enumerate() {
-            let (x, y) = unsafe { (_mm256_loadu_ps(a.as_ptr().add(i + 8 * j)), load_bf16(b.as_ptr().add(i + 8 * j))) };
+            let (x, y) = unsafe {
+                (
+                    _mm256_loadu_ps(a.as_ptr().add(i + 8 * j)),
+                    load_bf16(b.as_ptr().add(i + 8 * j)),
+                )
+            };
             *acc_j = _mm256_fmadd_ps(x, y, *acc_j);
         }
         i += 16;
     }
     while i + 8 <= n {
-        let (x, y) = unsafe { (_mm256_loadu_ps(a.as_ptr().add(i)), load_bf16(b.as_ptr().add(i))) };
+        let (x, y) = unsafe {
+            (
+                _mm256_loadu_ps(a.as_ptr().add(i)),
+                load_bf16(b.as_ptr().add(i)),
+            )
+        };
         acc[0] = _mm256_fmadd_ps(x, y, acc[0]);
         i += 8;
     }

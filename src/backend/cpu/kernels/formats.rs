@@ -85,7 +85,11 @@ pub fn read_f32(bytes: &[u8], index: usize) -> f32 {
 #[inline]
 pub fn read_nibble(bytes: &[u8], index: usize) -> usize {
     let byte = bytes[index / 2];
-    (if index % 2 == 0 { byte & 0x0F } else { byte >> 4 }) as usize
+    (if index % 2 == 0 {
+        byte & 0x0F
+    } else {
+        byte >> 4
+    }) as usize
 }
 
 /// Weight element `W[row, col]` as f32, straight from the format's definition.
@@ -170,8 +174,16 @@ pub fn check_weight(w: &LinearWeight) -> Result<(), KernelError> {
         cols: w.cols,
     };
     match w.data {
-        WeightData::F32(bytes) => expect("data", elements.checked_mul(4).ok_or(overflow)?, bytes.len()),
-        WeightData::Bf16(bytes) => expect("data", elements.checked_mul(2).ok_or(overflow)?, bytes.len()),
+        WeightData::F32(bytes) => expect(
+            "data",
+            elements.checked_mul(4).ok_or(overflow)?,
+            bytes.len(),
+        ),
+        WeightData::Bf16(bytes) => expect(
+            "data",
+            elements.checked_mul(2).ok_or(overflow)?,
+            bytes.len(),
+        ),
         WeightData::Nvfp4 { packed, scales, .. } => {
             block(16)?;
             expect("packed codes", elements / 2, packed.len())?;

@@ -71,7 +71,10 @@ pub fn matmul_grouped_on(isa: Isa, problems: &mut [GroupedProblem]) -> Result<()
 /// If `bias` is not `2 × rows` bytes or `out.len()` is not a multiple of `rows`.
 pub fn add_bias_bf16(out: &mut [f32], rows: usize, bias: &[u8]) {
     assert_eq!(bias.len(), 2 * rows, "bias must hold `rows` bf16 values");
-    assert!(rows > 0 && out.len() % rows == 0, "out is not [tokens, rows]");
+    assert!(
+        rows > 0 && out.len() % rows == 0,
+        "out is not [tokens, rows]"
+    );
     for row in out.chunks_exact_mut(rows) {
         for (r, o) in row.iter_mut().enumerate() {
             *o += read_bf16(bias, r);
@@ -197,7 +200,11 @@ fn run(isa: Isa, problems: &mut [GroupedProblem], scratch: &mut Scratch) {
             rows.div_ceil(((target / per_row).ceil() as usize).max(1))
         };
         let unit_rows = rows.div_ceil(n_units.max(1)).div_ceil(ROW_ALIGN).max(1) * ROW_ALIGN;
-        let n_units = if n_units == 0 { 0 } else { rows.div_ceil(unit_rows) };
+        let n_units = if n_units == 0 {
+            0
+        } else {
+            rows.div_ceil(unit_rows)
+        };
         jobs.push(Job {
             weight: p.weight,
             tokens: p.tokens,

@@ -14,8 +14,8 @@
 mod bandwidth;
 pub mod formats;
 mod matmul;
-mod portable;
 pub mod ops;
+mod portable;
 pub mod reference;
 
 #[cfg(target_arch = "x86_64")]
@@ -77,12 +77,7 @@ impl Isa {
     /// The fastest instruction set this CPU supports (detected once).
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
-        *BEST.get_or_init(|| {
-            Isa::available()
-                .into_iter()
-                .last()
-                .unwrap_or(Isa::Scalar)
-        })
+        *BEST.get_or_init(|| Isa::available().into_iter().last().unwrap_or(Isa::Scalar))
     }
 
     /// Every instruction set usable here, slowest first (always has `Scalar`).

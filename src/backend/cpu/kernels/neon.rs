@@ -18,7 +18,9 @@ const TOKEN_GROUP: usize = 4;
 const ROW_BLOCK: usize = 12;
 
 /// bf16 low / high byte of each E2M1 code (see avx2.rs for the derivation).
-static LOW_BYTES: [u8; 16] = [0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0, 0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0];
+static LOW_BYTES: [u8; 16] = [
+    0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0, 0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0,
+];
 static HIGH_BYTES: [u8; 16] = [
     0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0,
 ];
@@ -141,7 +143,10 @@ impl Decoder for Fp4Dec<'_> {
         let lo = vandq_u8(bytes, vdupq_n_u8(0x0F));
         let hi = vshrq_n_u8::<4>(bytes);
         // Zip low/high nibbles back into element order: 0-15, then 16-31.
-        for (half, codes) in [vzip1q_u8(lo, hi), vzip2q_u8(lo, hi)].into_iter().enumerate() {
+        for (half, codes) in [vzip1q_u8(lo, hi), vzip2q_u8(lo, hi)]
+            .into_iter()
+            .enumerate()
+        {
             let l = vqtbl1q_u8(low_bytes, codes);
             let h = vqtbl1q_u8(high_bytes, codes);
             let first8 = vreinterpretq_u16_u8(vzip1q_u8(l, h));

@@ -7,10 +7,10 @@
 //!
 //! Every function panics on mismatched lengths (a caller bug, not data).
 
-#[cfg(target_arch = "x86_64")]
-use super::{Isa, avx2_ops};
 use super::formats::{bf16_to_f32, f32_to_bf16, read_bf16};
 use super::portable::fmadd;
+#[cfg(target_arch = "x86_64")]
+use super::{Isa, avx2_ops};
 
 pub use super::portable::dot as dot_portable;
 
@@ -19,7 +19,6 @@ pub use super::portable::dot as dot_portable;
 fn avx2() -> bool {
     Isa::best() == Isa::Avx2
 }
-
 
 /// Runs `$simd` (an `unsafe` AVX2 call) when AVX2 is the best ISA, else `$portable`.
 macro_rules! dispatch {
@@ -118,7 +117,10 @@ pub fn argmax(x: &[f32]) -> usize {
 pub fn rmsnorm(x: &[f32], weight_bf16: &[u8], eps: f32, out: &mut [f32]) {
     let dim = weight_bf16.len() / 2;
     assert!(dim > 0 && weight_bf16.len() % 2 == 0, "rmsnorm: bad weight");
-    assert!(x.len() % dim == 0 && x.len() == out.len(), "rmsnorm: bad lengths");
+    assert!(
+        x.len() % dim == 0 && x.len() == out.len(),
+        "rmsnorm: bad lengths"
+    );
     for (xs, os) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
         let inv = inv_rms(sum_squares(xs), dim, eps);
         scale_by_weight(xs, inv, weight_bf16, os);
@@ -129,7 +131,10 @@ pub fn rmsnorm(x: &[f32], weight_bf16: &[u8], eps: f32, out: &mut [f32]) {
 pub fn add_rmsnorm(residual: &mut [f32], x: &[f32], weight_bf16: &[u8], eps: f32, out: &mut [f32]) {
     assert_eq!(residual.len(), x.len(), "add_rmsnorm: lengths differ");
     let dim = weight_bf16.len() / 2;
-    assert!(dim > 0 && residual.len() % dim == 0, "add_rmsnorm: bad lengths");
+    assert!(
+        dim > 0 && residual.len() % dim == 0,
+        "add_rmsnorm: bad lengths"
+    );
     assert_eq!(out.len(), residual.len(), "add_rmsnorm: lengths differ");
     for ((rs, xs), os) in residual
         .chunks_exact_mut(dim)
@@ -170,7 +175,10 @@ fn scale_by_weight(x: &[f32], inv: f32, weight_bf16: &[u8], out: &mut [f32]) {
 
 /// out = silu(gate) · up, silu(g) = g / (1 + e^-g).
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    assert!(gate.len() == up.len() && up.len() == out.len(), "silu_mul: lengths differ");
+    assert!(
+        gate.len() == up.len() && up.len() == out.len(),
+        "silu_mul: lengths differ"
+    );
     dispatch!(avx2_ops::silu_mul(gate, up, out), {
         for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
             *o = g / (1.0 + exp(-g)) * u;
