@@ -146,7 +146,10 @@ fn run_case(rng: &mut Rng, case: &Case) -> Timing {
         .map(|&(r, c)| weight_bytes(&Owned::new(&mut Rng(1), case.format, 1, c).view()) * r)
         .sum();
     // Enough copies that a round trip over them does not fit in cache.
-    let copies = if case.tokens >= 32 {
+    // SPARKRT_BENCH_HOT=1: one copy, so weights stay cache-resident (to see
+    // the kernels' own speed apart from memory).
+    let hot = std::env::var_os("SPARKRT_BENCH_HOT").is_some();
+    let copies = if case.tokens >= 32 || hot {
         1
     } else {
         COLD_BYTES.div_ceil(set_bytes).clamp(1, 16)

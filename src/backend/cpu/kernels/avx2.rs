@@ -20,6 +20,8 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use rayon::prelude::*;
+
 use super::formats::{E2M1, E4M3, E8M0, read_bf16, read_f32, read_nibble};
 use super::matmul::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
@@ -32,7 +34,9 @@ const MR: usize = 6;
 const TG: usize = 8;
 /// Longest k range a panel holds (a multiple of every chunk length); longer
 /// rows are done in several passes that add into `out`.
-const KC: usize = 2048;
+const KC: usize = 1024;
+/// Panels decoded together (PANELS × MR × KC floats: 96 KiB, L2-resident).
+const PANELS: usize = 4;
 
 /// BF16: a 32-byte load holds 16 values; even ones come out first.
 const BF16_ORDER: [u8; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15];
@@ -89,14 +93,6 @@ pub(super) fn prepare(path: Path, w: &LinearWeight, x: &[f32], tokens: usize, ds
     let order = chunk_order(w);
     let chunk = order.len();
     let whole = cols / chunk * chunk;
-    // Natural column that lands at position k.
-    let source = |k: usize| {
-        if k < whole {
-            k / chunk * chunk + order[k % chunk] as usize
-        } else {
-            k
-        }
-    };
     match path {
         Path::Gemv => {
             for (xs, ds) in x.chunks_exact(cols).zip(dst.chunks_exact_mut(cols)) {
@@ -110,20 +106,36 @@ pub(super) fn prepare(path: Path, w: &LinearWeight, x: &[f32], tokens: usize, ds
             }
         }
         Path::Panel => {
-            for (g, block) in dst.chunks_exact_mut(cols * TG).enumerate() {
+            let transpose_group = |(g, block): (usize, &mut [f32])| {
                 for i in 0..TG {
                     let t = g * TG + i;
-                    if t < tokens {
-                        let xs = &x[t * cols..(t + 1) * cols];
-                        for k in 0..cols {
-                            block[k * TG + i] = xs[source(k)];
-                        }
-                    } else {
+                    if t >= tokens {
                         for k in 0..cols {
                             block[k * TG + i] = 0.0;
                         }
+                        continue;
+                    }
+                    let xs = &x[t * cols..(t + 1) * cols];
+                    for c in 0..whole / chunk {
+                        let base = c * chunk;
+                        for (p, &o) in order.iter().enumerate() {
+                            block[(base + p) * TG + i] = xs[base + o as usize];
+                        }
+                    }
+                    for k in whole..cols {
+                        block[k * TG + i] = xs[k];
                     }
                 }
+            };
+            // Big inputs (long prefills) are transposed by all threads.
+            if dst.len() >= 1 << 18 {
+                dst.par_chunks_exact_mut(cols * TG)
+                    .enumerate()
+                    .for_each(transpose_group);
+            } else {
+                dst.chunks_exact_mut(cols * TG)
+                    .enumerate()
+                    .for_each(transpose_group);
             }
         }
     }
@@ -542,49 +554,58 @@ unsafe fn gemv<D: Decoder, const R: usize, const T: usize, const A: usize>(
     }
 }
 
-/// Panel path: for each MR rows and each k range of at most KC, decode a
-/// panel, then run the microkernel over token groups (two at a time).
+/// Panel path. For each block of PANELS × MR rows and each k range of at
+/// most KC: decode the block's panels, then for each pair of token groups run
+/// the microkernel against every panel, so the pair (2 × KC × 8 floats) is
+/// reused from L2 by all panels instead of streamed again per panel.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     let (cols, n_rows, tokens) = (job.weight.cols, job.weight.rows, job.tokens);
     let groups = tokens.div_ceil(TG);
-    let mut panel = [0.0f32; MR * KC];
-    let mut r0 = rows.start;
-    while r0 < rows.end {
-        let nr = MR.min(rows.end - r0);
+    let mut panels = [[0.0f32; MR * KC]; PANELS];
+    let mut block = rows.start;
+    while block < rows.end {
+        let block_rows = (PANELS * MR).min(rows.end - block);
+        let n_panels = block_rows.div_ceil(MR);
         let mut k0 = 0;
         while k0 < cols {
             let kc = KC.min(cols - k0);
-            // SAFETY: rows r0..r0+nr and columns k0..k0+kc are inside the matrix.
-            unsafe { pack_panel(dec, r0, nr, k0, kc, cols, &mut panel) };
-            let xt = |g: usize| job.x[(g * cols + k0) * TG..].as_ptr();
-            let store = Store {
+            let stores: [Store; PANELS] = std::array::from_fn(|p| Store {
                 out: job.out.0,
                 n_rows,
                 tokens,
-                row0: r0,
-                nr,
+                row0: block + p * MR,
+                nr: MR.min(block_rows.saturating_sub(p * MR)),
                 add: k0 > 0,
-            };
+            });
+            for (panel, store) in panels.iter_mut().zip(&stores).take(n_panels) {
+                // SAFETY: the panel's rows and columns k0..k0+kc are inside the matrix.
+                unsafe { pack_panel(dec, store.row0, store.nr, k0, kc, cols, panel) };
+            }
+            let xt = |g: usize| job.x[(g * cols + k0) * TG..].as_ptr();
             let mut g = 0;
             while g + 1 < groups {
-                // SAFETY: groups g, g+1 hold kc·TG values from k0; panel holds MR·kc.
-                let acc = unsafe { kernel_6x16(panel.as_ptr(), kc, xt(g), xt(g + 1)) };
-                for (h, half) in [0, 1].into_iter().enumerate() {
-                    let acc_h: [__m256; MR] = std::array::from_fn(|r| acc[r][half]);
-                    // SAFETY: the unit owns rows r0..r0+nr of every token.
-                    unsafe { store.write(g + h, &acc_h) };
+                for (panel, store) in panels.iter().zip(&stores).take(n_panels) {
+                    // SAFETY: groups g, g+1 hold kc·TG values from k0; panel holds MR·kc.
+                    let acc = unsafe { kernel_6x16(panel.as_ptr(), kc, xt(g), xt(g + 1)) };
+                    for half in 0..2 {
+                        let acc_h: [__m256; MR] = std::array::from_fn(|r| acc[r][half]);
+                        // SAFETY: the unit owns these rows of every token.
+                        unsafe { store.write(g + half, &acc_h) };
+                    }
                 }
                 g += 2;
             }
             if g < groups {
-                // SAFETY: as above, one group.
-                let acc = unsafe { kernel_6x8(panel.as_ptr(), kc, xt(g)) };
-                unsafe { store.write(g, &acc) };
+                for (panel, store) in panels.iter().zip(&stores).take(n_panels) {
+                    // SAFETY: as above, one group.
+                    let acc = unsafe { kernel_6x8(panel.as_ptr(), kc, xt(g)) };
+                    unsafe { store.write(g, &acc) };
+                }
             }
             k0 += kc;
         }
-        r0 += nr;
+        block += block_rows;
     }
 }
 

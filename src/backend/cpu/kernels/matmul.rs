@@ -153,7 +153,7 @@ thread_local! {
 
 /// Units are whole multiples of this many rows, a multiple of every kernel's
 /// row block, so only a problem's last unit has a ragged edge.
-const ROW_ALIGN: usize = 12;
+const ROW_ALIGN: usize = 24;
 /// Work units per thread a call aims for (finer: better balance, more overhead).
 const UNITS_PER_THREAD: usize = 8;
 /// Smallest unit worth scheduling, in cost units (≈ bytes of weights).
