@@ -342,3 +342,15 @@ fn bias_is_added_to_every_token() {
     add_bias_bf16(&mut out, 3, &shifted[1..]);
     assert_eq!(out, vec![1.0, -2.5, 0.25]);
 }
+
+/// The SIMD path this CPU should get is the one picked.
+#[test]
+fn best_isa_is_the_simd_one_this_cpu_has() {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        assert_eq!(Isa::best(), Isa::Avx2);
+    }
+    #[cfg(target_arch = "aarch64")]
+    assert_eq!(Isa::best(), Isa::Neon);
+    assert!(Isa::available().contains(&Isa::Scalar));
+}
