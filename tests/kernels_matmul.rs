@@ -168,7 +168,7 @@ fn matmul_uses_the_best_isa() {
 fn fp4_codes_decode_to_the_e2m1_table() {
     // Codes 0..15 in order: byte j holds codes 2j (low) and 2j+1 (high).
     let codes: Vec<u8> = (0..32u8)
-        .map(|j| ((2 * j + 1) % 16) << 4 | (2 * j) % 16)
+        .map(|j| (((2 * j + 1) % 16) << 4) | ((2 * j) % 16))
         .collect();
     for isa in Isa::available() {
         // NVFP4: scale 0x38 = 1.0, global 1: W[0, c] = E2M1[c % 16].
@@ -280,7 +280,7 @@ fn decode_tables_match_hand_values() {
 #[test]
 fn shape_errors_are_reported_not_panicked() {
     let bytes = vec![0u8; 64];
-    let x = vec![0.0f32; 32];
+    let x = [0.0f32; 32];
     let mut out = vec![0.0f32; 4];
     // BF16 [4, 8] needs 64 bytes: fine; [4, 9] does not fit.
     let w = LinearWeight {

@@ -518,8 +518,8 @@ unsafe fn gemv<D: Decoder, const R: usize, const T: usize, const A: usize>(
                         let xv = |v: usize| unsafe { _mm256_loadu_ps(x.add(xo + 8 * v)) };
                         let v0 = 4 * half;
                         let mut p = _mm256_mul_ps(w[v0], xv(v0));
-                        for v in v0 + 1..v0 + 4 {
-                            p = _mm256_fmadd_ps(w[v], xv(v), p);
+                        for (v, wv) in w.iter().enumerate().take(v0 + 4).skip(v0 + 1) {
+                            p = _mm256_fmadd_ps(*wv, xv(v), p);
                         }
                         acc_r[0][half] = _mm256_fmadd_ps(p, scale, acc_r[0][half]);
                     }
@@ -588,10 +588,13 @@ unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
                 for (panel, store) in panels.iter().zip(&stores).take(n_panels) {
                     // SAFETY: groups g, g+1 hold kc·TG values from k0; panel holds MR·kc.
                     let acc = unsafe { kernel_6x16(panel.as_ptr(), kc, xt(g), xt(g + 1)) };
-                    for half in 0..2 {
-                        let acc_h: [__m256; MR] = std::array::from_fn(|r| acc[r][half]);
+                    let halves: [[__m256; MR]; 2] = [
+                        std::array::from_fn(|r| acc[r][0]),
+                        std::array::from_fn(|r| acc[r][1]),
+                    ];
+                    for (half, acc_h) in halves.iter().enumerate() {
                         // SAFETY: the unit owns these rows of every token.
-                        unsafe { store.write(g + half, &acc_h) };
+                        unsafe { store.write(g + half, acc_h) };
                     }
                 }
                 g += 2;

@@ -85,7 +85,7 @@ pub fn read_f32(bytes: &[u8], index: usize) -> f32 {
 #[inline]
 pub fn read_nibble(bytes: &[u8], index: usize) -> usize {
     let byte = bytes[index / 2];
-    (if index % 2 == 0 {
+    (if index.is_multiple_of(2) {
         byte & 0x0F
     } else {
         byte >> 4
@@ -159,7 +159,7 @@ pub fn check_weight(w: &LinearWeight) -> Result<(), KernelError> {
         }
     };
     let block = |multiple: usize| {
-        if w.cols % multiple == 0 {
+        if w.cols.is_multiple_of(multiple) {
             Ok(())
         } else {
             Err(KernelError::ColsNotBlockMultiple {

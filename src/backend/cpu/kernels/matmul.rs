@@ -72,7 +72,7 @@ pub fn matmul_grouped_on(isa: Isa, problems: &mut [GroupedProblem]) -> Result<()
 pub fn add_bias_bf16(out: &mut [f32], rows: usize, bias: &[u8]) {
     assert_eq!(bias.len(), 2 * rows, "bias must hold `rows` bf16 values");
     assert!(
-        rows > 0 && out.len() % rows == 0,
+        rows > 0 && out.len().is_multiple_of(rows),
         "out is not [tokens, rows]"
     );
     for row in out.chunks_exact_mut(rows) {
@@ -123,6 +123,13 @@ pub(super) struct OutPtr(pub *mut f32);
 // the pointee outlives the parallel region (it is borrowed by the caller).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the Sync wrapper, not the field).
+    pub fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// A problem as scheduled: its prepared input and its share of work units.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -313,11 +320,10 @@ fn prepare_inputs(isa: Isa, jobs: &[Job], scratch: &mut [f32]) {
     } else {
         let base = OutPtr(scratch.as_mut_ptr());
         jobs.par_iter().for_each(|job| {
-            let base = base;
             // SAFETY: the jobs' ranges are disjoint and inside `scratch`, which
             // is exclusively borrowed for the whole parallel region.
             let dst = unsafe {
-                std::slice::from_raw_parts_mut(base.0.add(job.prep.start), job.prep.len())
+                std::slice::from_raw_parts_mut(base.get().add(job.prep.start), job.prep.len())
             };
             prepare(job, dst);
         });

@@ -116,9 +116,12 @@ pub fn argmax(x: &[f32]) -> usize {
 /// `out = x · 1/sqrt(mean(x²) + eps) · w`, `w` as little-endian bf16 bytes.
 pub fn rmsnorm(x: &[f32], weight_bf16: &[u8], eps: f32, out: &mut [f32]) {
     let dim = weight_bf16.len() / 2;
-    assert!(dim > 0 && weight_bf16.len() % 2 == 0, "rmsnorm: bad weight");
     assert!(
-        x.len() % dim == 0 && x.len() == out.len(),
+        dim > 0 && weight_bf16.len().is_multiple_of(2),
+        "rmsnorm: bad weight"
+    );
+    assert!(
+        x.len().is_multiple_of(dim) && x.len() == out.len(),
         "rmsnorm: bad lengths"
     );
     for (xs, os) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
@@ -132,7 +135,7 @@ pub fn add_rmsnorm(residual: &mut [f32], x: &[f32], weight_bf16: &[u8], eps: f32
     assert_eq!(residual.len(), x.len(), "add_rmsnorm: lengths differ");
     let dim = weight_bf16.len() / 2;
     assert!(
-        dim > 0 && residual.len() % dim == 0,
+        dim > 0 && residual.len().is_multiple_of(dim),
         "add_rmsnorm: bad lengths"
     );
     assert_eq!(out.len(), residual.len(), "add_rmsnorm: lengths differ");

@@ -77,7 +77,11 @@ fn decode_fp4(codes: &[u8], base: usize, out: &mut [f32], scale: impl Fn(usize) 
     for (i, o) in out.iter_mut().enumerate() {
         let e = base + i;
         let byte = codes[e / 2];
-        let code = if e % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+        let code = if e.is_multiple_of(2) {
+            byte & 0x0F
+        } else {
+            byte >> 4
+        };
         *o = E2M1[code as usize] * scale(i);
     }
 }
