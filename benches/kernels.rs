@@ -140,6 +140,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn run_case(rng: &mut Rng, case: &Case) -> Timing {
+    run_case_with(rng, case, 0)
+}
+
+/// `copies`: how many replicas of the weights to cycle through (0: enough
+/// to defeat the last-level cache).
+fn run_case_with(rng: &mut Rng, case: &Case, copies: usize) -> Timing {
     let set_bytes: usize = case
         .shapes
         .iter()
@@ -149,7 +155,9 @@ fn run_case(rng: &mut Rng, case: &Case) -> Timing {
     // SPARKRT_BENCH_HOT=1: one copy, so weights stay cache-resident (to see
     // the kernels' own speed apart from memory).
     let hot = std::env::var_os("SPARKRT_BENCH_HOT").is_some();
-    let copies = if case.tokens >= 32 || hot {
+    let copies = if copies > 0 {
+        copies
+    } else if case.tokens >= 32 || hot {
         1
     } else {
         COLD_BYTES.div_ceil(set_bytes).clamp(1, 16)
@@ -235,8 +243,8 @@ fn main() {
     let expert_gate_up = |n: usize| vec![(inter, hidden); 2 * n];
     let expert_down = |n: usize| vec![(hidden, inter); n];
 
-    // SPARKRT_BENCH=gemv,batch,prefill picks sections (default: all).
-    let sections = std::env::var("SPARKRT_BENCH").unwrap_or_else(|_| "gemv,batch,prefill".into());
+    // SPARKRT_BENCH=gemv,cache,batch,prefill picks sections (default: all).
+    let sections = std::env::var("SPARKRT_BENCH").unwrap_or_else(|_| "gemv,cache,batch,prefill".into());
     let want = |s: &str| sections.split(',').any(|x| x == s);
 
     if want("gemv") {
@@ -292,6 +300,32 @@ fn main() {
                 gbs,
                 100.0 * gbs * 1e9 / bandwidth,
                 r.bytes as f64 / r.cpu_seconds / 1e9
+            );
+        }
+    }
+
+    if want("cache") {
+        println!("\nGEMV from cache (weights L2-resident: the kernels' own ceiling)");
+        println!(
+            "{:<40} {:>6} {:>8} {:>9} {:>7} {:>9}",
+            "case", "format", "KB", "µs", "GB/s", "Gw/s cpu"
+        );
+        for (format, rows) in [(Format::Bf16, 96), (Format::Nvfp4, 384), (Format::Mxfp4, 384)] {
+            let case = Case {
+                name: format!("{rows}x{hidden}, tokens=1"),
+                format,
+                shapes: vec![(rows, hidden)],
+                tokens: 1,
+            };
+            let r = run_case_with(&mut rng, &case, 1);
+            println!(
+                "{:<40} {:>6} {:>8.0} {:>9.1} {:>7.1} {:>9.1}",
+                case.name,
+                format.name(),
+                r.bytes as f64 / 1e3,
+                r.seconds * 1e6,
+                r.bytes as f64 / r.seconds / 1e9,
+                (rows * hidden) as f64 / r.cpu_seconds / 1e9
             );
         }
     }
