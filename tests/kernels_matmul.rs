@@ -354,3 +354,18 @@ fn best_isa_is_the_simd_one_this_cpu_has() {
     assert_eq!(Isa::best(), Isa::Neon);
     assert!(Isa::available().contains(&Isa::Scalar));
 }
+
+/// Zero input columns: every output is an empty sum, 0, on every path.
+#[test]
+fn zero_columns_give_zeros() {
+    for isa in Isa::available() {
+        for tokens in [1, 5, 17] {
+            let w = LinearWeight {
+                rows: 7,
+                cols: 0,
+                data: WeightData::Bf16(&[]),
+            };
+            assert_eq!(run_on(isa, &[], tokens, &w), vec![0.0; 7 * tokens], "{isa:?}");
+        }
+    }
+}

@@ -565,6 +565,16 @@ unsafe fn gemv<D: Decoder, const R: usize, const T: usize, const A: usize>(
 unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     let (cols, n_rows, tokens) = (job.weight.cols, job.weight.rows, job.tokens);
     let groups = tokens.div_ceil(TG);
+    if cols == 0 {
+        // An empty sum: no k pass would write the outputs.
+        for t in 0..tokens {
+            for r in rows.clone() {
+                // SAFETY: t < tokens, r < n_rows, and the unit owns row r.
+                unsafe { *job.out.0.add(t * n_rows + r) = 0.0 };
+            }
+        }
+        return;
+    }
     let mut panels = [[0.0f32; MR * KC]; PANELS];
     let mut block = rows.start;
     while block < rows.end {
