@@ -76,26 +76,32 @@ pub enum Isa {
 impl Isa {
     /// The fastest instruction set this CPU supports (detected once).
     pub fn best() -> Isa {
-        static BEST: OnceLock<Isa> = OnceLock::new();
-        *BEST.get_or_init(|| Isa::available().into_iter().last().unwrap_or(Isa::Scalar))
+        *Isa::detected().last().unwrap_or(&Isa::Scalar)
     }
 
     /// Every instruction set usable here, slowest first (always has `Scalar`).
     pub fn available() -> Vec<Isa> {
-        let mut isas = vec![Isa::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            isas.push(Isa::Avx2);
-        }
-        #[cfg(target_arch = "aarch64")]
-        if std::arch::is_aarch64_feature_detected!("neon") {
-            isas.push(Isa::Neon);
-        }
-        isas
+        Isa::detected().to_vec()
     }
 
     /// Whether this CPU can run it.
     pub fn is_available(self) -> bool {
-        Isa::available().contains(&self)
+        Isa::detected().contains(&self)
+    }
+
+    fn detected() -> &'static [Isa] {
+        static DETECTED: OnceLock<Vec<Isa>> = OnceLock::new();
+        DETECTED.get_or_init(|| {
+            let mut isas = vec![Isa::Scalar];
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                isas.push(Isa::Avx2);
+            }
+            #[cfg(target_arch = "aarch64")]
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                isas.push(Isa::Neon);
+            }
+            isas
+        })
     }
 }
