@@ -202,6 +202,9 @@ trait Decoder {
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]);
     /// `W[row, col]` for the columns after the last whole chunk.
     fn scalar(&self, row: usize, col: usize) -> f32;
+    /// Where chunk `chunk` of row `row` starts (may lie past the matrix: it
+    /// is only prefetched, never read).
+    fn chunk_address(&self, row: usize, chunk: usize) -> *const u8;
     /// Block-scaled formats: decodes the chunk unscaled and returns the scales
     /// of vectors 0-3 and 4-7, so a single token can apply them to partial
     /// sums instead of to every weight. `None`: not a block-scaled format.
@@ -234,6 +237,9 @@ impl Decoder for F32Dec<'_> {
     fn scalar(&self, row: usize, col: usize) -> f32 {
         read_f32(self.bytes, row * self.cols + col)
     }
+    fn chunk_address(&self, row: usize, chunk: usize) -> *const u8 {
+        self.bytes.as_ptr().wrapping_add((row * self.cols + chunk * 8) * 4)
+    }
 }
 
 struct Bf16Dec<'a> {
@@ -258,6 +264,9 @@ impl Decoder for Bf16Dec<'_> {
     }
     fn scalar(&self, row: usize, col: usize) -> f32 {
         read_bf16(self.bytes, row * self.cols + col)
+    }
+    fn chunk_address(&self, row: usize, chunk: usize) -> *const u8 {
+        self.bytes.as_ptr().wrapping_add((row * self.cols + chunk * 16) * 2)
     }
 }
 
@@ -369,6 +378,9 @@ impl Decoder for Nvfp4Dec<'_> {
         let scale = self.table[self.scales[(row * self.cols + col) / 16] as usize];
         E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
     }
+    fn chunk_address(&self, row: usize, chunk: usize) -> *const u8 {
+        self.codes.as_ptr().wrapping_add((row * self.cols + chunk * 64) / 2)
+    }
 }
 
 impl Nvfp4Dec<'_> {
@@ -418,6 +430,9 @@ impl Decoder for Mxfp4Dec<'_> {
     fn scalar(&self, row: usize, col: usize) -> f32 {
         let scale = E8M0[self.scales[(row * self.cols + col) / 32] as usize];
         E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
+    }
+    fn chunk_address(&self, row: usize, chunk: usize) -> *const u8 {
+        self.codes.as_ptr().wrapping_add((row * self.cols + chunk * 64) / 2)
     }
 }
 
@@ -511,6 +526,9 @@ unsafe fn gemv<D: Decoder, const R: usize, const T: usize, const A: usize>(
     for ch in 0..chunks {
         let xo = ch * D::CHUNK;
         for (r, acc_r) in acc.iter_mut().enumerate() {
+            // Rows are short streams (1.5-8 KiB) that hardware prefetchers
+            // pick up late: fetch the same chunk of the next block's row.
+            _mm_prefetch::<_MM_HINT_T0>(dec.chunk_address(row0 + r + R, ch) as *const i8);
             if T == 1 && A == 2 {
                 // One token of a block-scaled format: scale the two partial
                 // sums of 4 vectors instead of all 8 weight vectors.
