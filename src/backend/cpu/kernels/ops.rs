@@ -12,7 +12,7 @@ use super::portable::fmadd;
 #[cfg(target_arch = "x86_64")]
 use super::{Isa, avx2_ops};
 
-pub use super::portable::dot as dot_portable;
+use super::portable::dot as dot_portable;
 
 #[cfg(target_arch = "x86_64")]
 #[inline]
