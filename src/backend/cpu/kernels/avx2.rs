@@ -238,7 +238,9 @@ impl Decoder for F32Dec<'_> {
         read_f32(self.bytes, row * self.cols + col)
     }
     fn chunk_address(&self, row: usize, chunk: usize) -> *const u8 {
-        self.bytes.as_ptr().wrapping_add((row * self.cols + chunk * 8) * 4)
+        self.bytes
+            .as_ptr()
+            .wrapping_add((row * self.cols + chunk * 8) * 4)
     }
 }
 
@@ -266,7 +268,9 @@ impl Decoder for Bf16Dec<'_> {
         read_bf16(self.bytes, row * self.cols + col)
     }
     fn chunk_address(&self, row: usize, chunk: usize) -> *const u8 {
-        self.bytes.as_ptr().wrapping_add((row * self.cols + chunk * 16) * 2)
+        self.bytes
+            .as_ptr()
+            .wrapping_add((row * self.cols + chunk * 16) * 2)
     }
 }
 
@@ -379,7 +383,9 @@ impl Decoder for Nvfp4Dec<'_> {
         E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
     }
     fn chunk_address(&self, row: usize, chunk: usize) -> *const u8 {
-        self.codes.as_ptr().wrapping_add((row * self.cols + chunk * 64) / 2)
+        self.codes
+            .as_ptr()
+            .wrapping_add((row * self.cols + chunk * 64) / 2)
     }
 }
 
@@ -432,7 +438,9 @@ impl Decoder for Mxfp4Dec<'_> {
         E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
     }
     fn chunk_address(&self, row: usize, chunk: usize) -> *const u8 {
-        self.codes.as_ptr().wrapping_add((row * self.cols + chunk * 64) / 2)
+        self.codes
+            .as_ptr()
+            .wrapping_add((row * self.cols + chunk * 64) / 2)
     }
 }
 
@@ -593,7 +601,7 @@ unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
         }
         return;
     }
-    let mut panels = [[0.0f32; MR * KC]; PANELS];
+    let mut panels: [Panel; PANELS] = [[0.0f32; MR * KC + 8]; PANELS];
     let mut block = rows.start;
     while block < rows.end {
         let block_rows = (PANELS * MR).min(rows.end - block);
@@ -643,8 +651,15 @@ unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     }
 }
 
-/// Decodes rows `r0..r0+nr`, columns `k0..k0+kc` into `panel[r·kc + k]`
-/// (chunk order; rows nr..MR zero).
+/// A panel: `MR` rows × up to `KC` columns, k-major (`panel[k·MR + r]`, so
+/// the microkernel's broadcasts walk one stream), plus slack for the
+/// overlapping stores of `pack_panel`.
+type Panel = [f32; MR * KC + 8];
+
+/// Decodes rows `r0..r0+nr`, columns `k0..k0+kc` into `panel[(k − k0)·MR + r]`
+/// (chunk order; rows nr..MR zero). Each decoded vector of the MR rows is
+/// transposed in registers (8×8, two zero rows) and stored as 8 overlapping
+/// groups of MR.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn pack_panel<D: Decoder>(
     dec: &D,
@@ -653,32 +668,71 @@ unsafe fn pack_panel<D: Decoder>(
     k0: usize,
     kc: usize,
     cols: usize,
-    panel: &mut [f32; MR * KC],
+    panel: &mut Panel,
 ) {
     let whole = cols / D::CHUNK * D::CHUNK;
     let chunk_end = whole.min(k0 + kc);
-    let mut w = [_mm256_setzero_ps(); 8];
-    for r in 0..MR {
-        let dst = &mut panel[r * kc..(r + 1) * kc];
-        if r >= nr {
-            dst.fill(0.0);
-            continue;
-        }
-        let mut k = k0;
-        while k < chunk_end {
+    let mut rows = [[_mm256_setzero_ps(); 8]; MR];
+    let mut k = k0;
+    while k < chunk_end {
+        for (r, w) in rows.iter_mut().enumerate().take(nr) {
             // SAFETY: the chunk starting at k (k0 is a multiple of CHUNK) is whole.
-            unsafe { dec.decode(r0 + r, k / D::CHUNK, &mut w) };
-            for (v, wv) in w.iter().enumerate().take(D::VECS) {
-                let at = k - k0 + 8 * v;
-                // SAFETY: at + 8 <= kc, inside dst.
-                unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(at), *wv) };
-            }
-            k += D::CHUNK;
+            unsafe { dec.decode(r0 + r, k / D::CHUNK, w) };
         }
-        for c in chunk_end..k0 + kc {
-            dst[c - k0] = dec.scalar(r0 + r, c);
+        for v in 0..D::VECS {
+            let columns = transpose_8x8(std::array::from_fn(|r| {
+                if r < MR {
+                    rows[r][v]
+                } else {
+                    _mm256_setzero_ps()
+                }
+            }));
+            let at = (k - k0 + 8 * v) * MR;
+            for (i, column) in columns.iter().enumerate() {
+                // SAFETY: at + i·MR + 8 <= MR·kc + 8, inside the panel's slack;
+                // later stores overwrite the 2 spare lanes of earlier ones.
+                unsafe { _mm256_storeu_ps(panel.as_mut_ptr().add(at + i * MR), *column) };
+            }
+        }
+        k += D::CHUNK;
+    }
+    for c in chunk_end..k0 + kc {
+        for r in 0..MR {
+            panel[(c - k0) * MR + r] = if r < nr { dec.scalar(r0 + r, c) } else { 0.0 };
         }
     }
+}
+
+/// Rows → columns of an 8×8 block: `out[i][j] = rows[j][i]`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn transpose_8x8(r: [__m256; 8]) -> [__m256; 8] {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(u0, u4),
+        _mm256_permute2f128_ps::<0x20>(u1, u5),
+        _mm256_permute2f128_ps::<0x20>(u2, u6),
+        _mm256_permute2f128_ps::<0x20>(u3, u7),
+        _mm256_permute2f128_ps::<0x31>(u0, u4),
+        _mm256_permute2f128_ps::<0x31>(u1, u5),
+        _mm256_permute2f128_ps::<0x31>(u2, u6),
+        _mm256_permute2f128_ps::<0x31>(u3, u7),
+    ]
 }
 
 /// MR rows × 2 token groups over kc columns.
@@ -699,7 +753,7 @@ unsafe fn kernel_6x16(
             )
         };
         for (r, acc_r) in acc.iter_mut().enumerate() {
-            let w = unsafe { _mm256_broadcast_ss(&*panel.add(r * kc + k)) };
+            let w = unsafe { _mm256_broadcast_ss(&*panel.add(k * MR + r)) };
             acc_r[0] = _mm256_fmadd_ps(w, a, acc_r[0]);
             acc_r[1] = _mm256_fmadd_ps(w, b, acc_r[1]);
         }
@@ -715,7 +769,7 @@ unsafe fn kernel_6x8(panel: *const f32, kc: usize, xa: *const f32) -> [__m256; M
         // SAFETY: k < kc; the caller sized panel and the group.
         let a = unsafe { _mm256_loadu_ps(xa.add(k * TG)) };
         for (r, acc_r) in acc.iter_mut().enumerate() {
-            let w = unsafe { _mm256_broadcast_ss(&*panel.add(r * kc + k)) };
+            let w = unsafe { _mm256_broadcast_ss(&*panel.add(k * MR + r)) };
             *acc_r = _mm256_fmadd_ps(w, a, *acc_r);
         }
     }
