@@ -679,6 +679,8 @@ unsafe fn pack_panel<D: Decoder>(
             // SAFETY: the chunk starting at k (k0 is a multiple of CHUNK) is whole.
             unsafe { dec.decode(r0 + r, k / D::CHUNK, w) };
         }
+        // v picks the same vector of every row: a transpose, clearer indexed.
+        #[allow(clippy::needless_range_loop)]
         for v in 0..D::VECS {
             let columns = transpose_8x8(std::array::from_fn(|r| {
                 if r < MR {
