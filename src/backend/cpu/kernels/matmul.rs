@@ -50,19 +50,67 @@ pub fn matmul_grouped(problems: &mut [GroupedProblem]) -> Result<(), KernelError
 
 /// [`matmul_grouped`] on a chosen instruction set (tests compare them all).
 pub fn matmul_grouped_on(isa: Isa, problems: &mut [GroupedProblem]) -> Result<(), KernelError> {
+    check_call(isa, problems)?;
+    let needed = prep_total(isa, problems);
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => {
+            let Scratch { x, jobs } = &mut *scratch;
+            if x.len() < needed {
+                x.resize(needed, 0.0);
+            }
+            run(isa, problems, jobs, &mut x[..needed]);
+        }
+        // Re-entered on this thread (a rayon worker that stole another matmul
+        // while waiting): use a private scratch for this call.
+        Err(_) => run(isa, problems, &mut Vec::new(), &mut vec![0.0; needed]),
+    });
+    Ok(())
+}
+
+/// [`matmul_grouped`] with the caller's scratch for the activations' kernel
+/// layout instead of a per-thread buffer the kernels keep, so that a planned
+/// workspace can hold it. `scratch` needs at least the sum of
+/// [`input_scratch_len`] over the problems.
+pub fn matmul_grouped_with_scratch(
+    problems: &mut [GroupedProblem],
+    scratch: &mut [f32],
+) -> Result<(), KernelError> {
+    let isa = Isa::best();
+    check_call(isa, problems)?;
+    let needed = prep_total(isa, problems);
+    if scratch.len() < needed {
+        return Err(KernelError::ScratchTooSmall {
+            needed,
+            got: scratch.len(),
+        });
+    }
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut cached) => run(isa, problems, &mut cached.jobs, &mut scratch[..needed]),
+        Err(_) => run(isa, problems, &mut Vec::new(), &mut scratch[..needed]),
+    });
+    Ok(())
+}
+
+/// f32 values of scratch one problem of `tokens` rows and `cols` input
+/// columns may need, on any instruction set (an upper bound: tokens padded
+/// to the kernels' group of 8).
+pub fn input_scratch_len(tokens: usize, cols: usize) -> usize {
+    tokens.div_ceil(8) * 8 * cols
+}
+
+fn check_call(isa: Isa, problems: &[GroupedProblem]) -> Result<(), KernelError> {
     if !isa.is_available() {
         return Err(KernelError::IsaUnavailable(isa));
     }
-    for p in problems.iter() {
-        check_problem(p)?;
-    }
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut scratch) => run(isa, problems, &mut scratch),
-        // Re-entered on this thread (a rayon worker that stole another matmul
-        // while waiting): use a private scratch for this call.
-        Err(_) => run(isa, problems, &mut Scratch::default()),
-    });
-    Ok(())
+    problems.iter().try_for_each(check_problem)
+}
+
+/// f32 values of prepared input all problems need on `isa`.
+fn prep_total(isa: Isa, problems: &[GroupedProblem]) -> usize {
+    problems
+        .iter()
+        .map(|p| prep_len(isa, choose_path(isa, p.tokens), &p.weight, p.tokens))
+        .sum()
 }
 
 /// Adds a bf16 bias (`rows` little-endian bf16 values) to every token row of `out`.
@@ -168,28 +216,26 @@ const MIN_UNIT_COST: f64 = 96.0 * 1024.0;
 /// Prepared inputs larger than this (f32 values) are prepared in parallel.
 const PARALLEL_PREP: usize = 1 << 18;
 
-fn run(isa: Isa, problems: &mut [GroupedProblem], scratch: &mut Scratch) {
+fn run(
+    isa: Isa,
+    problems: &mut [GroupedProblem],
+    job_cache: &mut Vec<Job<'static>>,
+    scratch_x: &mut [f32],
+) {
     let threads = rayon::current_num_threads().max(1);
     // Reuse the job list's allocation for this call's lifetime (the in-place
     // collect keeps the buffer because `Job` has one layout for every lifetime).
-    let mut jobs: Vec<Job> = std::mem::take(&mut scratch.jobs)
+    let mut jobs: Vec<Job> = std::mem::take(job_cache)
         .into_iter()
         .map(|_| unreachable!("the job list is empty between calls"))
         .collect();
-
-    // Paths and scratch ranges first; the input copies need `scratch.x` sized.
-    let mut prep_total = 0;
-    let mut total_cost = 0.0;
-    for p in problems.iter() {
-        let path = choose_path(isa, p.tokens);
-        let len = prep_len(isa, path, &p.weight, p.tokens);
-        prep_total += len;
-        total_cost += row_cost(path, &p.weight, p.tokens) * p.weight.rows as f64;
-    }
-    if scratch.x.len() < prep_total {
-        scratch.x.resize(prep_total, 0.0);
-    }
-    let scratch_x = &mut scratch.x[..prep_total];
+    let total_cost: f64 = problems
+        .iter()
+        .map(|p| {
+            let path = choose_path(isa, p.tokens);
+            row_cost(path, &p.weight, p.tokens) * p.weight.rows as f64
+        })
+        .sum();
 
     let target = (total_cost / (threads * UNITS_PER_THREAD) as f64).max(MIN_UNIT_COST);
     let mut prep_start = 0;
@@ -258,7 +304,7 @@ fn run(isa: Isa, problems: &mut [GroupedProblem], scratch: &mut Scratch) {
     }
 
     jobs.clear();
-    scratch.jobs = jobs
+    *job_cache = jobs
         .into_iter()
         .map(|_| unreachable!("cleared above"))
         .collect();

@@ -26,7 +26,10 @@ mod avx2_ops;
 mod neon;
 
 pub use bandwidth::measure_read_bandwidth;
-pub use matmul::{GroupedProblem, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_on};
+pub use matmul::{
+    GroupedProblem, add_bias_bf16, input_scratch_len, matmul, matmul_grouped, matmul_grouped_on,
+    matmul_grouped_with_scratch,
+};
 
 use std::sync::OnceLock;
 
@@ -58,6 +61,8 @@ pub enum KernelError {
         expected: usize,
         got: usize,
     },
+    #[error("scratch holds {got} values, the call needs {needed}")]
+    ScratchTooSmall { needed: usize, got: usize },
     #[error("instruction set {0:?} is not available on this CPU")]
     IsaUnavailable(Isa),
 }
