@@ -10,6 +10,14 @@
 //! Instruction sets are picked at run time ([`Isa::best`]): AVX2+FMA on
 //! x86-64, NEON on aarch64, portable scalar code elsewhere. [`reference`]
 //! holds the scalar definitions the tests compare every kernel with.
+//!
+//! Threads: every call runs on the current rayon pool (`pool.install` to pick
+//! one). Memory: nothing proportional to the weights is ever allocated. The
+//! AVX2 path copies the activations once per call into its own layout; plain
+//! [`matmul`] / [`matmul_grouped`] keep that copy in a per-thread buffer that
+//! grows to the largest call and is reused, while
+//! [`matmul_grouped_with_scratch`] takes it from the caller (size it with
+//! [`input_scratch_len`]) so that a planned workspace can hold it.
 
 mod bandwidth;
 pub mod formats;
