@@ -9,10 +9,12 @@
 //!
 //! - GEMV path (few tokens): each weight row is streamed once from memory and
 //!   dotted with every token; memory bandwidth is the limit.
-//! - Panel path (many tokens): `MR` rows are decoded into an f32 panel on the
-//!   stack (L1/L2-resident) and a 6-row × 16-token microkernel of FMAs runs
-//!   over the tokens, which are transposed into groups of 8 (`[group][k][8]`)
-//!   so that one vector load feeds 6 FMAs; arithmetic is the limit.
+//! - Panel path (many tokens): blocks of `PANELS` × `MR` rows are decoded
+//!   into k-major f32 panels on the stack (L2-resident), and a 6-row ×
+//!   16-token microkernel (12 accumulators, 2 loads + 6 broadcasts per 12
+//!   FMAs) runs over the tokens, which are transposed into groups of 8
+//!   (`[group][k][8]`); each pair of groups is reused by all panels of the
+//!   block. Arithmetic is the limit.
 //!
 //! Every `unsafe fn` here requires AVX2 and FMA; the module is only entered
 //! through `Isa::Avx2`, which exists only after runtime detection.
