@@ -1,0 +1,64 @@
+//! Memory read bandwidth, the roofline of bandwidth-bound decoding.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+/// Bytes read per timed pass: large enough that thread start-up is noise,
+/// small enough that a busy machine still leaves some passes undisturbed.
+const SLICE_BYTES: usize = 64 << 20;
+/// Sweeps over the whole buffer (the first one is a warm-up).
+const SWEEPS: usize = 4;
+
+/// Bytes per second that `threads` threads read from memory: a buffer of
+/// `bytes` (make it several times the last-level cache) is swept in
+/// 64 MiB slices, each slice summed by all threads in parallel and timed on
+/// its own, and the median slice rate is returned. Slicing keeps every pass
+/// cold (the rest of the buffer evicts it) while the median ignores passes
+/// that another process interrupted.
+pub fn measure_read_bandwidth(threads: usize, bytes: usize) -> f64 {
+    let threads = threads.max(1);
+    let slice_words = SLICE_BYTES / 8;
+    let words = (bytes / 8).max(2 * slice_words);
+    // Non-zero fill so every page is really backed before timing.
+    let buffer = vec![1u64; words];
+    let timed = || {
+        let mut rates = Vec::new();
+        for sweep in 0..SWEEPS {
+            for slice in buffer.chunks(slice_words) {
+                let share = slice.len().div_ceil(threads);
+                let start = Instant::now();
+                let total: u64 = slice.par_chunks(share).map(sum_words).sum();
+                black_box(total);
+                let seconds = start.elapsed().as_secs_f64();
+                if sweep > 0 && slice.len() == slice_words {
+                    rates.push(SLICE_BYTES as f64 / seconds);
+                }
+            }
+        }
+        rates.sort_by(f64::total_cmp);
+        rates[rates.len() / 2]
+    };
+    match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
+        Ok(pool) => pool.install(timed),
+        // No new pool (out of threads?): measure on the current one.
+        Err(_) => timed(),
+    }
+}
+
+/// Wrapping sum with independent lanes, so the loop is load-bound.
+fn sum_words(words: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    let mut chunks = words.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (a, &w) in acc.iter_mut().zip(chunk) {
+            *a = a.wrapping_add(w);
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0u64, |a, &w| a.wrapping_add(w));
+    acc.iter().fold(tail, |a, &w| a.wrapping_add(w))
+}

@@ -1,0 +1,387 @@
+//! `out = x · Wᵀ` for one or many problems in one parallel region.
+//!
+//! A call is cut into work units of whole output rows of one problem; the
+//! threads of the current rayon pool pull units from a shared counter until
+//! none are left, so 2 threads stay busy even when 8 experts have 1 token
+//! each, and a slow thread never holds the others back by more than a unit.
+//! Some instruction sets want the activations in a kernel-friendly order
+//! (chunk-permuted, or transposed in token groups); that copy is made once
+//! per call into a per-thread scratch buffer that is reused across calls.
+
+use std::cell::RefCell;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rayon::prelude::*;
+
+use super::formats::{check_weight, read_bf16, weight_bytes};
+use super::{Isa, KernelError, portable};
+use crate::checkpoint::linear::LinearWeight;
+
+/// One independent `out = x · Wᵀ` of a grouped call: `x` is `[tokens, cols]`,
+/// `out` is `[tokens, rows]`, both row-major. `tokens` may be 0.
+pub struct GroupedProblem<'a> {
+    pub x: &'a [f32],
+    pub tokens: usize,
+    pub weight: LinearWeight<'a>,
+    pub out: &'a mut [f32],
+}
+
+/// `out[t·rows + r] = Σ_c x[t·cols + c] · W[r, c]` on the best instruction set.
+pub fn matmul(
+    x: &[f32],
+    tokens: usize,
+    weight: &LinearWeight,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    matmul_grouped(&mut [GroupedProblem {
+        x,
+        tokens,
+        weight: *weight,
+        out,
+    }])
+}
+
+/// Runs every problem (e.g. the active experts of one MoE layer, each with its
+/// own gathered rows) in one parallel region on the best instruction set.
+pub fn matmul_grouped(problems: &mut [GroupedProblem]) -> Result<(), KernelError> {
+    matmul_grouped_on(Isa::best(), problems)
+}
+
+/// [`matmul_grouped`] on a chosen instruction set (tests compare them all).
+pub fn matmul_grouped_on(isa: Isa, problems: &mut [GroupedProblem]) -> Result<(), KernelError> {
+    check_call(isa, problems)?;
+    let needed = prep_total(isa, problems);
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => {
+            let Scratch { x, jobs } = &mut *scratch;
+            if x.len() < needed {
+                x.resize(needed, 0.0);
+            }
+            run(isa, problems, jobs, &mut x[..needed]);
+        }
+        // Re-entered on this thread (a rayon worker that stole another matmul
+        // while waiting): use a private scratch for this call.
+        Err(_) => run(isa, problems, &mut Vec::new(), &mut vec![0.0; needed]),
+    });
+    Ok(())
+}
+
+/// [`matmul_grouped`] with the caller's scratch for the activations' kernel
+/// layout instead of a per-thread buffer the kernels keep, so that a planned
+/// workspace can hold it. `scratch` needs at least the sum of
+/// [`input_scratch_len`] over the problems.
+pub fn matmul_grouped_with_scratch(
+    problems: &mut [GroupedProblem],
+    scratch: &mut [f32],
+) -> Result<(), KernelError> {
+    let isa = Isa::best();
+    check_call(isa, problems)?;
+    let needed = prep_total(isa, problems);
+    if scratch.len() < needed {
+        return Err(KernelError::ScratchTooSmall {
+            needed,
+            got: scratch.len(),
+        });
+    }
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut cached) => run(isa, problems, &mut cached.jobs, &mut scratch[..needed]),
+        Err(_) => run(isa, problems, &mut Vec::new(), &mut scratch[..needed]),
+    });
+    Ok(())
+}
+
+/// f32 values of scratch one problem of `tokens` rows and `cols` input
+/// columns may need, on any instruction set (an upper bound: tokens padded
+/// to the kernels' group of 8).
+pub fn input_scratch_len(tokens: usize, cols: usize) -> usize {
+    tokens.div_ceil(8) * 8 * cols
+}
+
+fn check_call(isa: Isa, problems: &[GroupedProblem]) -> Result<(), KernelError> {
+    if !isa.is_available() {
+        return Err(KernelError::IsaUnavailable(isa));
+    }
+    problems.iter().try_for_each(check_problem)
+}
+
+/// f32 values of prepared input all problems need on `isa`.
+fn prep_total(isa: Isa, problems: &[GroupedProblem]) -> usize {
+    problems
+        .iter()
+        .map(|p| prep_len(isa, choose_path(isa, p.tokens), &p.weight, p.tokens))
+        .sum()
+}
+
+/// Adds a bf16 bias (`rows` little-endian bf16 values) to every token row of `out`.
+///
+/// # Panics
+/// If `bias` is not `2 × rows` bytes or `out.len()` is not a multiple of `rows`.
+pub fn add_bias_bf16(out: &mut [f32], rows: usize, bias: &[u8]) {
+    assert_eq!(bias.len(), 2 * rows, "bias must hold `rows` bf16 values");
+    assert!(
+        rows > 0 && out.len().is_multiple_of(rows),
+        "out is not [tokens, rows]"
+    );
+    for row in out.chunks_exact_mut(rows) {
+        for (r, o) in row.iter_mut().enumerate() {
+            *o += read_bf16(bias, r);
+        }
+    }
+}
+
+fn check_problem(p: &GroupedProblem) -> Result<(), KernelError> {
+    let w = &p.weight;
+    check_weight(w)?;
+    let length = |what, width: usize, got| {
+        let expected = p.tokens.checked_mul(width);
+        if expected == Some(got) {
+            Ok(())
+        } else {
+            Err(KernelError::Length {
+                what,
+                tokens: p.tokens,
+                width,
+                expected: expected.unwrap_or(usize::MAX),
+                got,
+            })
+        }
+    };
+    length("x", w.cols, p.x.len())?;
+    length("out", w.rows, p.out.len())
+}
+
+/// How a problem is computed on a SIMD instruction set (only AVX2 has a
+/// panel path so far; the others always run as GEMV).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) enum Path {
+    /// Few tokens: stream each weight row once, dot it with every token.
+    Gemv,
+    /// Many tokens: decode a few rows into a cache-resident f32 panel and run a
+    /// register-blocked microkernel over token groups.
+    Panel,
+}
+
+/// Raw output pointer shared by the workers of one call.
+#[derive(Clone, Copy)]
+pub(super) struct OutPtr(pub *mut f32);
+// SAFETY: each work unit writes only the outputs of its own rows of its own
+// problem (`out[t·rows + r]` for r in its range), so writes never overlap, and
+// the pointee outlives the parallel region (it is borrowed by the caller).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the Sync wrapper, not the field).
+    pub fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// A problem as scheduled: its prepared input and its share of work units.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) struct Job<'a> {
+    pub weight: LinearWeight<'a>,
+    pub tokens: usize,
+    pub path: Path,
+    /// The activations the kernel reads: the caller's `x` or a prepared copy.
+    pub x: &'a [f32],
+    pub out: OutPtr,
+    unit_rows: usize,
+    /// Work units of this job are `unit_start..unit_end` of the whole call.
+    unit_start: usize,
+    unit_end: usize,
+    prep: Range<usize>,
+}
+
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    /// Always empty between calls; kept only for its allocation.
+    jobs: Vec<Job<'static>>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Units are whole multiples of this many rows, a multiple of every kernel's
+/// row block, so only a problem's last unit has a ragged edge.
+const ROW_ALIGN: usize = 24;
+/// Work units per thread a call aims for (finer: better balance, more overhead).
+const UNITS_PER_THREAD: usize = 8;
+/// Smallest unit worth scheduling, in cost units (≈ bytes of weights).
+const MIN_UNIT_COST: f64 = 96.0 * 1024.0;
+/// Prepared inputs larger than this (f32 values) are prepared in parallel.
+const PARALLEL_PREP: usize = 1 << 18;
+
+fn run(
+    isa: Isa,
+    problems: &mut [GroupedProblem],
+    job_cache: &mut Vec<Job<'static>>,
+    scratch_x: &mut [f32],
+) {
+    let threads = rayon::current_num_threads().max(1);
+    // Reuse the job list's allocation for this call's lifetime (the in-place
+    // collect keeps the buffer because `Job` has one layout for every lifetime).
+    let mut jobs: Vec<Job> = std::mem::take(job_cache)
+        .into_iter()
+        .map(|_| unreachable!("the job list is empty between calls"))
+        .collect();
+    let total_cost: f64 = problems
+        .iter()
+        .map(|p| {
+            let path = choose_path(isa, p.tokens);
+            row_cost(path, &p.weight, p.tokens) * p.weight.rows as f64
+        })
+        .sum();
+
+    let target = (total_cost / (threads * UNITS_PER_THREAD) as f64).max(MIN_UNIT_COST);
+    let mut prep_start = 0;
+    let mut units = 0;
+    for p in problems.iter_mut() {
+        let path = choose_path(isa, p.tokens);
+        let len = prep_len(isa, path, &p.weight, p.tokens);
+        let rows = p.weight.rows;
+        // As many units as the cost asks for, then rows spread evenly over
+        // them in whole blocks of ROW_ALIGN.
+        let n_units = if p.tokens == 0 || rows == 0 {
+            0
+        } else {
+            let per_row = row_cost(path, &p.weight, p.tokens);
+            rows.div_ceil(((target / per_row).ceil() as usize).max(1))
+        };
+        let unit_rows = rows.div_ceil(n_units.max(1)).div_ceil(ROW_ALIGN).max(1) * ROW_ALIGN;
+        let n_units = if n_units == 0 {
+            0
+        } else {
+            rows.div_ceil(unit_rows)
+        };
+        jobs.push(Job {
+            weight: p.weight,
+            tokens: p.tokens,
+            path,
+            x: p.x,
+            out: OutPtr(p.out.as_mut_ptr()),
+            unit_rows,
+            unit_start: units,
+            unit_end: units + n_units,
+            prep: prep_start..prep_start + len,
+        });
+        units += n_units;
+        prep_start += len;
+    }
+
+    prepare_inputs(isa, &jobs, scratch_x);
+    // From here on the jobs only read their inputs: point them at the copies.
+    let scratch_x: &[f32] = scratch_x;
+    for job in jobs.iter_mut() {
+        if !job.prep.is_empty() {
+            job.x = &scratch_x[job.prep.clone()];
+        }
+    }
+
+    let next = AtomicUsize::new(0);
+    let work = || {
+        loop {
+            let unit = next.fetch_add(1, Ordering::Relaxed);
+            if unit >= units {
+                break;
+            }
+            let j = jobs.partition_point(|job| job.unit_end <= unit);
+            let job = &jobs[j];
+            let first = (unit - job.unit_start) * job.unit_rows;
+            let rows = first..(first + job.unit_rows).min(job.weight.rows);
+            run_rows(isa, job, rows);
+        }
+    };
+    let workers = threads.min(units);
+    if workers <= 1 {
+        work();
+    } else {
+        (0..workers).into_par_iter().for_each(|_| work());
+    }
+
+    jobs.clear();
+    *job_cache = jobs
+        .into_iter()
+        .map(|_| unreachable!("cleared above"))
+        .collect();
+}
+
+/// Rough cost of one output row, in the unit of "bytes of weights streamed":
+/// the weight bytes plus the arithmetic, which dominates with many tokens.
+fn row_cost(path: Path, w: &LinearWeight, tokens: usize) -> f64 {
+    let bytes = weight_bytes(w) as f64 / w.rows.max(1) as f64;
+    let flops = (w.cols * tokens) as f64;
+    match path {
+        Path::Gemv => bytes + 0.25 * flops,
+        Path::Panel => bytes + 0.1 * flops,
+    }
+}
+
+fn choose_path(isa: Isa, tokens: usize) -> Path {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => super::avx2::choose_path(tokens),
+        _ => {
+            let _ = tokens;
+            Path::Gemv
+        }
+    }
+}
+
+/// f32 values of prepared input a problem needs (0: it reads `x` as it is).
+fn prep_len(isa: Isa, path: Path, w: &LinearWeight, tokens: usize) -> usize {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => super::avx2::prep_len(path, w, tokens),
+        _ => {
+            let _ = (path, w, tokens);
+            0
+        }
+    }
+}
+
+fn prepare_inputs(isa: Isa, jobs: &[Job], scratch: &mut [f32]) {
+    if scratch.is_empty() {
+        return;
+    }
+    let prepare = |job: &Job, dst: &mut [f32]| match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => super::avx2::prepare(job.path, &job.weight, job.x, job.tokens, dst),
+        _ => {
+            let _ = (job, dst);
+        }
+    };
+    // Each job owns its consecutive range of the scratch.
+    if scratch.len() < PARALLEL_PREP {
+        let mut rest = &mut *scratch;
+        for job in jobs {
+            let (mine, tail) = rest.split_at_mut(job.prep.len());
+            prepare(job, mine);
+            rest = tail;
+        }
+    } else {
+        let base = OutPtr(scratch.as_mut_ptr());
+        jobs.par_iter().for_each(|job| {
+            // SAFETY: the jobs' ranges are disjoint and inside `scratch`, which
+            // is exclusively borrowed for the whole parallel region.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(base.get().add(job.prep.start), job.prep.len())
+            };
+            prepare(job, dst);
+        });
+    }
+}
+
+fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => super::avx2::run_rows(job, rows),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => super::neon::run_rows(job, rows),
+        _ => portable::run_rows(job, rows),
+    }
+}

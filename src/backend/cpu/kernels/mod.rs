@@ -1,0 +1,120 @@
+//! Compute kernels of the CPU backend.
+//!
+//! - [`matmul`] / [`matmul_grouped`]: `out = x · Wᵀ` over weights in F32, BF16,
+//!   NVFP4 or MXFP4, decoded inside the kernel straight from the (possibly
+//!   misaligned) mapped bytes. A grouped call runs many independent problems
+//!   (the experts of one MoE layer) in one parallel region.
+//! - [`ops`]: RMSNorm, SiLU·mul, softmax, dot, axpy, bf16 rows, argmax.
+//! - [`measure_read_bandwidth`]: the machine's memory read bandwidth.
+//!
+//! Instruction sets are picked at run time ([`Isa::best`]): AVX2+FMA on
+//! x86-64, NEON on aarch64, portable scalar code elsewhere. [`reference`]
+//! holds the scalar definitions the tests compare every kernel with.
+//!
+//! Threads: every call runs on the current rayon pool (`pool.install` to pick
+//! one). Memory: nothing proportional to the weights is ever allocated. The
+//! AVX2 path copies the activations once per call into its own layout; plain
+//! [`matmul`] / [`matmul_grouped`] keep that copy in a per-thread buffer that
+//! grows to the largest call and is reused, while
+//! [`matmul_grouped_with_scratch`] takes it from the caller (size it with
+//! [`input_scratch_len`]) so that a planned workspace can hold it.
+
+mod bandwidth;
+pub mod formats;
+mod matmul;
+pub mod ops;
+mod portable;
+pub mod reference;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_ops;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+
+pub use bandwidth::measure_read_bandwidth;
+pub use matmul::{
+    GroupedProblem, add_bias_bf16, input_scratch_len, matmul, matmul_grouped, matmul_grouped_on,
+    matmul_grouped_with_scratch,
+};
+
+use std::sync::OnceLock;
+
+/// Errors of the matmul entry points: shapes that do not fit together.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum KernelError {
+    #[error("{format} weight [{rows}, {cols}]: {part} has {got} bytes, expected {expected}")]
+    WeightBytes {
+        format: &'static str,
+        part: &'static str,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("{format} weight needs cols to be a multiple of {multiple}, got {cols}")]
+    ColsNotBlockMultiple {
+        format: &'static str,
+        multiple: usize,
+        cols: usize,
+    },
+    #[error("weight shape [{rows}, {cols}] overflows usize")]
+    ShapeOverflow { rows: usize, cols: usize },
+    #[error("{what} has {got} values, expected {tokens} tokens × {width} = {expected}")]
+    Length {
+        what: &'static str,
+        tokens: usize,
+        width: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("scratch holds {got} values, the call needs {needed}")]
+    ScratchTooSmall { needed: usize, got: usize },
+    #[error("instruction set {0:?} is not available on this CPU")]
+    IsaUnavailable(Isa),
+}
+
+/// An instruction set the kernels can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// Portable Rust, no explicit SIMD.
+    Scalar,
+    /// x86-64 with AVX2 and FMA.
+    Avx2,
+    /// aarch64 Advanced SIMD.
+    Neon,
+}
+
+impl Isa {
+    /// The fastest instruction set this CPU supports (detected once).
+    pub fn best() -> Isa {
+        *Isa::detected().last().unwrap_or(&Isa::Scalar)
+    }
+
+    /// Every instruction set usable here, slowest first (always has `Scalar`).
+    pub fn available() -> Vec<Isa> {
+        Isa::detected().to_vec()
+    }
+
+    /// Whether this CPU can run it.
+    pub fn is_available(self) -> bool {
+        Isa::detected().contains(&self)
+    }
+
+    fn detected() -> &'static [Isa] {
+        static DETECTED: OnceLock<Vec<Isa>> = OnceLock::new();
+        DETECTED.get_or_init(|| {
+            let mut isas = vec![Isa::Scalar];
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                isas.push(Isa::Avx2);
+            }
+            #[cfg(target_arch = "aarch64")]
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                isas.push(Isa::Neon);
+            }
+            isas
+        })
+    }
+}

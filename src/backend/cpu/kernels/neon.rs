@@ -1,0 +1,260 @@
+//! aarch64 NEON matmul kernels (the Spark's Grace CPU).
+//!
+//! Deliberately simple: every problem runs as a GEMV over token groups of at
+//! most 4, weights decoded in natural column order (NEON's zips and table
+//! lookups make that cheap), so x is read as it is. Columns past the last
+//! whole chunk are computed one by one.
+
+use std::arch::aarch64::*;
+use std::ops::Range;
+
+use super::formats::{E2M1, E4M3, E8M0, read_bf16, read_f32, read_nibble};
+use super::matmul::Job;
+use crate::checkpoint::linear::WeightData;
+
+/// Tokens per pass over a block of rows.
+const TOKEN_GROUP: usize = 4;
+/// Rows that share a pass over the token groups (they stay in cache).
+const ROW_BLOCK: usize = 12;
+
+/// bf16 low / high byte of each E2M1 code (see avx2.rs for the derivation).
+static LOW_BYTES: [u8; 16] = [
+    0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0, 0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0,
+];
+static HIGH_BYTES: [u8; 16] = [
+    0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0,
+];
+
+pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
+    let w = &job.weight;
+    let cols = w.cols;
+    // SAFETY (all arms): shapes were checked by `check_problem`; NEON is part
+    // of the aarch64 baseline.
+    unsafe {
+        match w.data {
+            WeightData::F32(bytes) => gemv_rows(&F32Dec { bytes, cols }, job, rows),
+            WeightData::Bf16(bytes) => gemv_rows(&Bf16Dec { bytes, cols }, job, rows),
+            WeightData::Nvfp4 {
+                packed,
+                scales,
+                global,
+            } => {
+                let mut table = [0.0f32; 256];
+                for (t, &s) in table.iter_mut().zip(E4M3.iter()) {
+                    *t = s * global;
+                }
+                let dec = Fp4Dec {
+                    codes: packed,
+                    scales,
+                    cols,
+                    block: 16,
+                    table: &table,
+                };
+                gemv_rows(&dec, job, rows)
+            }
+            WeightData::Mxfp4 { blocks, scales } => {
+                let dec = Fp4Dec {
+                    codes: blocks,
+                    scales,
+                    cols,
+                    block: 32,
+                    table: &E8M0,
+                };
+                gemv_rows(&dec, job, rows)
+            }
+        }
+    }
+}
+
+/// Turns weight chunks into f32x4 vectors in natural order.
+trait Decoder {
+    /// Values per chunk (a multiple of 4).
+    const CHUNK: usize;
+    const VECS: usize = Self::CHUNK / 4;
+    /// Safety: the chunk lies inside the matrix.
+    unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [float32x4_t; 8]);
+    fn scalar(&self, row: usize, col: usize) -> f32;
+}
+
+struct F32Dec<'a> {
+    bytes: &'a [u8],
+    cols: usize,
+}
+
+impl Decoder for F32Dec<'_> {
+    const CHUNK: usize = 4;
+    #[target_feature(enable = "neon")]
+    #[inline]
+    unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [float32x4_t; 8]) {
+        let offset = (row * self.cols + chunk * 4) * 4;
+        // SAFETY: in bounds per the contract; byte loads need no alignment.
+        out[0] = vreinterpretq_f32_u8(unsafe { vld1q_u8(self.bytes.as_ptr().add(offset)) });
+    }
+    fn scalar(&self, row: usize, col: usize) -> f32 {
+        read_f32(self.bytes, row * self.cols + col)
+    }
+}
+
+struct Bf16Dec<'a> {
+    bytes: &'a [u8],
+    cols: usize,
+}
+
+impl Decoder for Bf16Dec<'_> {
+    const CHUNK: usize = 8;
+    #[target_feature(enable = "neon")]
+    #[inline]
+    unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [float32x4_t; 8]) {
+        let offset = (row * self.cols + chunk * 8) * 2;
+        // SAFETY: in bounds per the contract; byte loads need no alignment.
+        let v = vreinterpretq_u16_u8(unsafe { vld1q_u8(self.bytes.as_ptr().add(offset)) });
+        out[0] = vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(v)));
+        out[1] = vreinterpretq_f32_u32(vshll_high_n_u16::<16>(v));
+    }
+    fn scalar(&self, row: usize, col: usize) -> f32 {
+        read_bf16(self.bytes, row * self.cols + col)
+    }
+}
+
+/// NVFP4 (16-element blocks, e4m3 scale × global) or MXFP4 (32-element
+/// blocks, e8m0 scale): `table` maps a scale byte to its f32 factor.
+struct Fp4Dec<'a> {
+    codes: &'a [u8],
+    scales: &'a [u8],
+    cols: usize,
+    block: usize,
+    table: &'a [f32; 256],
+}
+
+impl Decoder for Fp4Dec<'_> {
+    const CHUNK: usize = 32;
+    #[target_feature(enable = "neon")]
+    #[inline]
+    unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [float32x4_t; 8]) {
+        let first = row * self.cols + chunk * 32;
+        // SAFETY: 16 bytes of codes in bounds per the contract; static tables.
+        let (bytes, low_bytes, high_bytes) = unsafe {
+            (
+                vld1q_u8(self.codes.as_ptr().add(first / 2)),
+                vld1q_u8(LOW_BYTES.as_ptr()),
+                vld1q_u8(HIGH_BYTES.as_ptr()),
+            )
+        };
+        let lo = vandq_u8(bytes, vdupq_n_u8(0x0F));
+        let hi = vshrq_n_u8::<4>(bytes);
+        // Zip low/high nibbles back into element order: 0-15, then 16-31.
+        for (half, codes) in [vzip1q_u8(lo, hi), vzip2q_u8(lo, hi)]
+            .into_iter()
+            .enumerate()
+        {
+            let l = vqtbl1q_u8(low_bytes, codes);
+            let h = vqtbl1q_u8(high_bytes, codes);
+            let first8 = vreinterpretq_u16_u8(vzip1q_u8(l, h));
+            let last8 = vreinterpretq_u16_u8(vzip2q_u8(l, h));
+            out[4 * half] = vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(first8)));
+            out[4 * half + 1] = vreinterpretq_f32_u32(vshll_high_n_u16::<16>(first8));
+            out[4 * half + 2] = vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(last8)));
+            out[4 * half + 3] = vreinterpretq_f32_u32(vshll_high_n_u16::<16>(last8));
+        }
+        for (v, o) in out.iter_mut().enumerate() {
+            let scale = self.table[self.scales[(first + 4 * v) / self.block] as usize];
+            *o = vmulq_n_f32(*o, scale);
+        }
+    }
+    fn scalar(&self, row: usize, col: usize) -> f32 {
+        let index = row * self.cols + col;
+        E2M1[read_nibble(self.codes, index)] * self.table[self.scales[index / self.block] as usize]
+    }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
+    let (cols, n_rows) = (job.weight.cols, job.weight.rows);
+    let mut block = rows.start;
+    while block < rows.end {
+        let block_end = (block + ROW_BLOCK).min(rows.end);
+        let mut t0 = 0;
+        while t0 < job.tokens {
+            let tn = (job.tokens - t0).min(TOKEN_GROUP);
+            let rows = block..block_end;
+            // SAFETY: token group t0..t0+tn is inside x and out; rows inside W.
+            unsafe {
+                let (x, out) = (job.x.as_ptr().add(t0 * cols), job.out.0.add(t0 * n_rows));
+                match tn {
+                    1 => gemv_block_rows::<D, 4, 1, 2>(dec, rows, cols, x, out, n_rows),
+                    2 => gemv_block_rows::<D, 2, 2, 2>(dec, rows, cols, x, out, n_rows),
+                    3 => gemv_block_rows::<D, 2, 3, 1>(dec, rows, cols, x, out, n_rows),
+                    _ => gemv_block_rows::<D, 2, 4, 1>(dec, rows, cols, x, out, n_rows),
+                }
+            }
+            t0 += tn;
+        }
+        block = block_end;
+    }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn gemv_block_rows<D: Decoder, const R: usize, const T: usize, const A: usize>(
+    dec: &D,
+    rows: Range<usize>,
+    cols: usize,
+    x: *const f32,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let mut r = rows.start;
+    // SAFETY (both loops): rows inside the matrix, x/out cover T tokens.
+    while r + R <= rows.end {
+        unsafe { gemv::<D, R, T, A>(dec, r, cols, x, out, out_stride) };
+        r += R;
+    }
+    while r < rows.end {
+        unsafe { gemv::<D, 1, T, A>(dec, r, cols, x, out, out_stride) };
+        r += 1;
+    }
+}
+
+/// R rows × T tokens with A accumulators per pair; x is `[T][cols]`.
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn gemv<D: Decoder, const R: usize, const T: usize, const A: usize>(
+    dec: &D,
+    row0: usize,
+    cols: usize,
+    x: *const f32,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let chunks = cols / D::CHUNK;
+    let mut acc = [[[vdupq_n_f32(0.0); A]; T]; R];
+    let mut w = [vdupq_n_f32(0.0); 8];
+    for ch in 0..chunks {
+        let xo = ch * D::CHUNK;
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            // SAFETY: chunk ch of row row0 + r is inside the matrix.
+            unsafe { dec.decode(row0 + r, ch, &mut w) };
+            for (t, acc_rt) in acc_r.iter_mut().enumerate() {
+                for (v, wv) in w.iter().enumerate().take(D::VECS) {
+                    // SAFETY: x holds T rows of cols values.
+                    let xv = unsafe { vld1q_f32(x.add(t * cols + xo + 4 * v)) };
+                    acc_rt[v % A] = vfmaq_f32(acc_rt[v % A], *wv, xv);
+                }
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (t, acc_rt) in acc_r.iter().enumerate() {
+            let mut v = acc_rt[0];
+            for a in acc_rt.iter().skip(1) {
+                v = vaddq_f32(v, *a);
+            }
+            let mut sum = vaddvq_f32(v);
+            for c in chunks * D::CHUNK..cols {
+                // SAFETY: c < cols, t < T.
+                sum += dec.scalar(row0 + r, c) * unsafe { *x.add(t * cols + c) };
+            }
+            // SAFETY: the caller owns this output.
+            unsafe { *out.add(t * out_stride + row0 + r) = sum };
+        }
+    }
+}

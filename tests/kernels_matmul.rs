@@ -1,0 +1,431 @@
+//! matmul / matmul_grouped on every instruction set of this CPU against the
+//! scalar reference: awkward shapes, misaligned weight bytes, all FP4 codes.
+
+mod kernels_common;
+
+use kernels_common::{FORMATS, Format, OwnedWeight, Rng, random_weight, random_x, tolerance};
+use sparkrt::backend::cpu::kernels::formats::{E2M1, E4M3, E8M0, bf16_to_f32, f32_to_bf16};
+use sparkrt::backend::cpu::kernels::{
+    GroupedProblem, Isa, KernelError, add_bias_bf16, input_scratch_len, matmul, matmul_grouped,
+    matmul_grouped_on, matmul_grouped_with_scratch, reference,
+};
+use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
+
+/// Column counts that are legal for a format and not multiples of the SIMD
+/// chunk (8 / 16 / 64), plus one above the kernels' 2048-column panel.
+fn awkward_cols(format: Format) -> &'static [usize] {
+    match format {
+        Format::F32 => &[1, 7, 100, 2100],
+        Format::Bf16 => &[3, 24, 100, 2085],
+        Format::Nvfp4 => &[16, 48, 80, 2128],
+        Format::Mxfp4 => &[32, 96, 160, 2112],
+    }
+}
+
+const TOKENS: [usize; 8] = [1, 2, 3, 4, 5, 17, 64, 0];
+const ROWS: [usize; 3] = [1, 13, 30];
+
+fn run_on(isa: Isa, x: &[f32], tokens: usize, w: &LinearWeight) -> Vec<f32> {
+    let mut out = vec![f32::NAN; tokens * w.rows];
+    let mut problems = [GroupedProblem {
+        x,
+        tokens,
+        weight: *w,
+        out: &mut out,
+    }];
+    matmul_grouped_on(isa, &mut problems).unwrap();
+    out
+}
+
+/// Integer-like data: every order of summation gives the exact result, so
+/// any decoding or layout slip shows up as an inequality.
+#[test]
+fn exact_on_every_isa_shape_and_offset() {
+    let mut rng = Rng::new(1);
+    for isa in Isa::available() {
+        for format in FORMATS {
+            for &cols in awkward_cols(format) {
+                for rows in ROWS {
+                    for offset in [0, 1, 2] {
+                        let w = random_weight(&mut rng, format, rows, cols, offset, true);
+                        for tokens in TOKENS {
+                            if cols > 1000 && tokens > 17 {
+                                continue; // keep the scalar reference quick
+                            }
+                            let x = random_x(&mut rng, tokens * cols, true);
+                            let (want, _) = reference::matmul(&x, tokens, &w.view());
+                            let got = run_on(isa, &x, tokens, &w.view());
+                            assert_eq!(
+                                got, want,
+                                "{isa:?} {format:?} rows {rows} cols {cols} tokens {tokens} offset {offset}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Random data: within a summation-order bound of the f64 reference.
+#[test]
+fn random_within_summation_tolerance() {
+    let mut rng = Rng::new(2);
+    for isa in Isa::available() {
+        for format in FORMATS {
+            for &cols in awkward_cols(format) {
+                let rows = 13;
+                let w = random_weight(&mut rng, format, rows, cols, 1, false);
+                for tokens in [1, 3, 4, 9, 17, 64] {
+                    let x = random_x(&mut rng, tokens * cols, false);
+                    let (want, magnitude) = reference::matmul(&x, tokens, &w.view());
+                    let got = run_on(isa, &x, tokens, &w.view());
+                    for i in 0..got.len() {
+                        let tol = tolerance(cols, magnitude[i]);
+                        assert!(
+                            (got[i] - want[i]).abs() <= tol,
+                            "{isa:?} {format:?} cols {cols} tokens {tokens} [{i}]: {} vs {} (tol {tol})",
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Many problems in one call (MoE-like: most experts empty, a few with 1-40
+/// rows, different formats) give what each gives alone.
+#[test]
+fn grouped_matches_each_problem_alone() {
+    let mut rng = Rng::new(3);
+    for isa in Isa::available() {
+        let tokens_per_problem = [0, 1, 0, 3, 40, 1, 0, 0, 17, 2, 1, 8];
+        let weights: Vec<OwnedWeight> = tokens_per_problem
+            .iter()
+            .enumerate()
+            .map(|(i, _)| {
+                let format = FORMATS[i % 4];
+                let cols = awkward_cols(format)[1 + i % 3];
+                random_weight(&mut rng, format, 20 + i, cols, i % 3, true)
+            })
+            .collect();
+        let xs: Vec<Vec<f32>> = weights
+            .iter()
+            .zip(tokens_per_problem)
+            .map(|(w, t)| random_x(&mut rng, t * w.cols, true))
+            .collect();
+        let mut outs: Vec<Vec<f32>> = weights
+            .iter()
+            .zip(tokens_per_problem)
+            .map(|(w, t)| vec![f32::NAN; t * w.rows])
+            .collect();
+        let views: Vec<LinearWeight> = weights.iter().map(|w| w.view()).collect();
+        let mut problems: Vec<GroupedProblem> = views
+            .iter()
+            .zip(&xs)
+            .zip(outs.iter_mut())
+            .zip(tokens_per_problem)
+            .map(|(((w, x), out), tokens)| GroupedProblem {
+                x,
+                tokens,
+                weight: *w,
+                out,
+            })
+            .collect();
+        matmul_grouped_on(isa, &mut problems).unwrap();
+        drop(problems);
+        for (i, ((w, x), out)) in views.iter().zip(&xs).zip(&outs).enumerate() {
+            let (want, _) = reference::matmul(x, tokens_per_problem[i], w);
+            assert_eq!(out, &want, "{isa:?} problem {i}");
+        }
+    }
+}
+
+/// The best-ISA entry points agree with the explicit ones.
+#[test]
+fn matmul_uses_the_best_isa() {
+    let mut rng = Rng::new(4);
+    let w = random_weight(&mut rng, Format::Bf16, 30, 100, 0, true);
+    let x = random_x(&mut rng, 5 * 100, true);
+    let mut out = vec![0.0; 5 * 30];
+    matmul(&x, 5, &w.view(), &mut out).unwrap();
+    assert_eq!(out, run_on(Isa::best(), &x, 5, &w.view()));
+    let mut out2 = vec![0.0; 5 * 30];
+    matmul_grouped(&mut [GroupedProblem {
+        x: &x,
+        tokens: 5,
+        weight: w.view(),
+        out: &mut out2,
+    }])
+    .unwrap();
+    assert_eq!(out, out2);
+}
+
+/// One row of 16 FP4 codes 0..15 each, against the E2M1 table by hand.
+#[test]
+fn fp4_codes_decode_to_the_e2m1_table() {
+    // Codes 0..15 in order: byte j holds codes 2j (low) and 2j+1 (high).
+    let codes: Vec<u8> = (0..32u8)
+        .map(|j| (((2 * j + 1) % 16) << 4) | ((2 * j) % 16))
+        .collect();
+    for isa in Isa::available() {
+        // NVFP4: scale 0x38 = 1.0, global 1: W[0, c] = E2M1[c % 16].
+        let scales = vec![0x38u8; 4];
+        let w = LinearWeight {
+            rows: 1,
+            cols: 64,
+            data: WeightData::Nvfp4 {
+                packed: &codes,
+                scales: &scales,
+                global: 1.0,
+            },
+        };
+        for c in 0..64 {
+            let mut x = vec![0.0f32; 64];
+            x[c] = 1.0;
+            assert_eq!(
+                run_on(isa, &x, 1, &w),
+                vec![E2M1[c % 16]],
+                "{isa:?} NVFP4 col {c}"
+            );
+        }
+        // MXFP4: scale 127 = 1.0.
+        let scales = vec![127u8; 2];
+        let w = LinearWeight {
+            rows: 1,
+            cols: 64,
+            data: WeightData::Mxfp4 {
+                blocks: &codes,
+                scales: &scales,
+            },
+        };
+        for c in 0..64 {
+            let mut x = vec![0.0f32; 64];
+            x[c] = 1.0;
+            assert_eq!(
+                run_on(isa, &x, 1, &w),
+                vec![E2M1[c % 16]],
+                "{isa:?} MXFP4 col {c}"
+            );
+        }
+    }
+}
+
+/// Each 16-block of an NVFP4 row (and each 32-block of MXFP4) uses its own scale.
+#[test]
+fn fp4_block_scales_apply_to_their_own_columns() {
+    let codes = vec![0x22u8; 64]; // every element code 2 = 1.0
+    let nv_scales = [0x30u8, 0x38, 0x40, 0x48, 0x50, 0x58, 0x60, 0x68]; // 0.5, 1, 2, ... 64
+    let mx_scales = [126u8, 127, 128, 129];
+    for isa in Isa::available() {
+        let w = LinearWeight {
+            rows: 1,
+            cols: 128,
+            data: WeightData::Nvfp4 {
+                packed: &codes,
+                scales: &nv_scales,
+                global: 0.25,
+            },
+        };
+        for c in 0..128 {
+            let mut x = vec![0.0f32; 128];
+            x[c] = 1.0;
+            let want = E4M3[nv_scales[c / 16] as usize] * 0.25;
+            assert_eq!(run_on(isa, &x, 1, &w), vec![want], "{isa:?} NVFP4 col {c}");
+        }
+        let w = LinearWeight {
+            rows: 1,
+            cols: 128,
+            data: WeightData::Mxfp4 {
+                blocks: &codes,
+                scales: &mx_scales,
+            },
+        };
+        for c in 0..128 {
+            let mut x = vec![0.0f32; 128];
+            x[c] = 1.0;
+            let want = E8M0[mx_scales[c / 32] as usize];
+            assert_eq!(run_on(isa, &x, 1, &w), vec![want], "{isa:?} MXFP4 col {c}");
+        }
+    }
+}
+
+#[test]
+fn decode_tables_match_hand_values() {
+    assert_eq!(E4M3[0x38], 1.0);
+    assert_eq!(E4M3[0x7E], 448.0);
+    assert_eq!(E4M3[0xFE], -448.0);
+    assert_eq!(E4M3[0x01], 2f32.powi(-9));
+    assert_eq!(E4M3[0x07], 7.0 * 2f32.powi(-9));
+    assert_eq!(E4M3[0x08], 2f32.powi(-6));
+    assert_eq!(E4M3[0x3C], 1.5);
+    assert!(E4M3[0x7F].is_nan() && E4M3[0xFF].is_nan());
+    assert_eq!(E4M3[0x80], 0.0);
+    assert_eq!(E8M0[127], 1.0);
+    assert_eq!(E8M0[130], 8.0);
+    assert_eq!(E8M0[0], 2f32.powi(-127));
+    assert_eq!(E2M1[7], 6.0);
+    assert_eq!(E2M1[9], -0.5);
+    assert_eq!(bf16_to_f32(0x3F80), 1.0);
+    assert_eq!(f32_to_bf16(1.0), 0x3F80);
+    // Halfway cases round to even; just above rounds up.
+    assert_eq!(f32_to_bf16(f32::from_bits(0x3F80_8000)), 0x3F80);
+    assert_eq!(f32_to_bf16(f32::from_bits(0x3F81_8000)), 0x3F82);
+    assert_eq!(f32_to_bf16(f32::from_bits(0x3F80_8001)), 0x3F81);
+    assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
+}
+
+#[test]
+fn shape_errors_are_reported_not_panicked() {
+    let bytes = vec![0u8; 64];
+    let x = [0.0f32; 32];
+    let mut out = vec![0.0f32; 4];
+    // BF16 [4, 8] needs 64 bytes: fine; [4, 9] does not fit.
+    let w = LinearWeight {
+        rows: 4,
+        cols: 9,
+        data: WeightData::Bf16(&bytes),
+    };
+    assert!(matches!(
+        matmul(&x[..9], 1, &w, &mut out),
+        Err(KernelError::WeightBytes {
+            expected: 72,
+            got: 64,
+            ..
+        })
+    ));
+    // NVFP4 with cols not a multiple of 16.
+    let w = LinearWeight {
+        rows: 1,
+        cols: 24,
+        data: WeightData::Nvfp4 {
+            packed: &bytes[..12],
+            scales: &bytes[..1],
+            global: 1.0,
+        },
+    };
+    assert!(matches!(
+        matmul(&x[..24], 1, &w, &mut out[..1]),
+        Err(KernelError::ColsNotBlockMultiple { multiple: 16, .. })
+    ));
+    // x and out lengths.
+    let w = LinearWeight {
+        rows: 4,
+        cols: 8,
+        data: WeightData::Bf16(&bytes),
+    };
+    assert!(matches!(
+        matmul(&x[..7], 1, &w, &mut out),
+        Err(KernelError::Length { what: "x", .. })
+    ));
+    assert!(matches!(
+        matmul(&x[..8], 1, &w, &mut out[..3]),
+        Err(KernelError::Length { what: "out", .. })
+    ));
+}
+
+#[test]
+fn bias_is_added_to_every_token() {
+    let bias: Vec<u8> = [1.0f32, -2.5, 0.25]
+        .iter()
+        .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
+        .collect();
+    let mut out = vec![1.0f32, 1.0, 1.0, 0.0, 0.0, 0.0];
+    add_bias_bf16(&mut out, 3, &bias[..]);
+    assert_eq!(out, vec![2.0, -1.5, 1.25, 1.0, -2.5, 0.25]);
+    // Misaligned bias bytes.
+    let mut shifted = vec![0u8];
+    shifted.extend(&bias);
+    let mut out = vec![0.0f32; 3];
+    add_bias_bf16(&mut out, 3, &shifted[1..]);
+    assert_eq!(out, vec![1.0, -2.5, 0.25]);
+}
+
+/// The SIMD path this CPU should get is the one picked.
+#[test]
+fn best_isa_is_the_simd_one_this_cpu_has() {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        assert_eq!(Isa::best(), Isa::Avx2);
+    }
+    #[cfg(target_arch = "aarch64")]
+    assert_eq!(Isa::best(), Isa::Neon);
+    assert!(Isa::available().contains(&Isa::Scalar));
+}
+
+/// Zero input columns: every output is an empty sum, 0, on every path.
+#[test]
+fn zero_columns_give_zeros() {
+    for isa in Isa::available() {
+        for tokens in [1, 5, 17] {
+            let w = LinearWeight {
+                rows: 7,
+                cols: 0,
+                data: WeightData::Bf16(&[]),
+            };
+            assert_eq!(
+                run_on(isa, &[], tokens, &w),
+                vec![0.0; 7 * tokens],
+                "{isa:?}"
+            );
+        }
+    }
+}
+
+/// A caller-owned scratch of Σ input_scratch_len is enough for any mix of
+/// problems and gives the same results; a smaller one is refused.
+#[test]
+fn caller_scratch_is_sized_by_input_scratch_len() {
+    let mut rng = Rng::new(5);
+    let shapes = [
+        (Format::Bf16, 100, 3),
+        (Format::Nvfp4, 80, 17),
+        (Format::Mxfp4, 96, 1),
+    ];
+    let weights: Vec<OwnedWeight> = shapes
+        .iter()
+        .map(|&(f, cols, _)| random_weight(&mut rng, f, 25, cols, 1, true))
+        .collect();
+    let xs: Vec<Vec<f32>> = shapes
+        .iter()
+        .map(|&(_, cols, t)| random_x(&mut rng, t * cols, true))
+        .collect();
+    let needed: usize = shapes
+        .iter()
+        .map(|&(_, c, t)| input_scratch_len(t, c))
+        .sum();
+    let mut outs: Vec<Vec<f32>> = shapes
+        .iter()
+        .map(|&(_, _, t)| vec![f32::NAN; t * 25])
+        .collect();
+    let views: Vec<LinearWeight> = weights.iter().map(|w| w.view()).collect();
+    let mut problems: Vec<GroupedProblem> = views
+        .iter()
+        .zip(&xs)
+        .zip(outs.iter_mut())
+        .zip(shapes)
+        .map(|(((w, x), out), (_, _, tokens))| GroupedProblem {
+            x,
+            tokens,
+            weight: *w,
+            out,
+        })
+        .collect();
+    let mut scratch = vec![0.0f32; needed];
+    matmul_grouped_with_scratch(&mut problems, &mut scratch).unwrap();
+    // AVX2 lays the activations out anew (the portable and NEON paths read
+    // them as they are and need no scratch).
+    if Isa::best() == Isa::Avx2 {
+        assert!(matches!(
+            matmul_grouped_with_scratch(&mut problems, &mut scratch[..0]),
+            Err(KernelError::ScratchTooSmall { got: 0, .. })
+        ));
+    }
+    drop(problems);
+    for (i, ((w, x), out)) in views.iter().zip(&xs).zip(&outs).enumerate() {
+        let (want, _) = reference::matmul(x, shapes[i].2, w);
+        assert_eq!(out, &want, "problem {i}");
+    }
+}
