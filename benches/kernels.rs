@@ -244,7 +244,8 @@ fn main() {
     let expert_down = |n: usize| vec![(hidden, inter); n];
 
     // SPARKRT_BENCH=gemv,cache,batch,prefill picks sections (default: all).
-    let sections = std::env::var("SPARKRT_BENCH").unwrap_or_else(|_| "gemv,cache,batch,prefill".into());
+    let sections =
+        std::env::var("SPARKRT_BENCH").unwrap_or_else(|_| "gemv,cache,batch,prefill".into());
     let want = |s: &str| sections.split(',').any(|x| x == s);
 
     if want("gemv") {
@@ -310,7 +311,11 @@ fn main() {
             "{:<40} {:>6} {:>8} {:>9} {:>7} {:>9}",
             "case", "format", "KB", "µs", "GB/s", "Gw/s cpu"
         );
-        for (format, rows) in [(Format::Bf16, 96), (Format::Nvfp4, 384), (Format::Mxfp4, 384)] {
+        for (format, rows) in [
+            (Format::Bf16, 96),
+            (Format::Nvfp4, 384),
+            (Format::Mxfp4, 384),
+        ] {
             let case = Case {
                 name: format!("{rows}x{hidden}, tokens=1"),
                 format,

@@ -85,10 +85,7 @@ impl HostSource<'_> {
 }
 
 /// Exact weight bytes by group from a checkpoint's headers.
-pub fn header_weight_bytes(
-    config: &ModelConfig,
-    headers: &checkpoint::HeaderSet,
-) -> WeightBytes {
+pub fn header_weight_bytes(config: &ModelConfig, headers: &checkpoint::HeaderSet) -> WeightBytes {
     let mut bytes = WeightBytes::zero();
     for t in &headers.tensors {
         let group = checkpoint::groups::group_of(config.architecture, &t.name)

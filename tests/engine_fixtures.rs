@@ -127,7 +127,12 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 fn fixtures_match_the_transformers_reference() {
     for name in FIXTURES {
         let r = reference(name);
-        let out = run(name, &profile(name), std::slice::from_ref(&r.input_ids), r.greedy_ids.len());
+        let out = run(
+            name,
+            &profile(name),
+            std::slice::from_ref(&r.input_ids),
+            r.greedy_ids.len(),
+        );
         assert_eq!(out[0].prompt_logits.len(), r.input_ids.len() * r.vocab);
         let diff = max_abs_diff(&out[0].prompt_logits, &r.logits);
         assert!(diff < 2e-3, "{name}: prompt logits differ by {diff}");
@@ -150,7 +155,10 @@ fn chunked_prefill_and_single_token_steps_equal_one_full_pass() {
         let out = run(name, &chunked, prompt, 8);
         let diff = max_abs_diff(&out[0].prompt_logits, &full[0].prompt_logits);
         assert!(diff < 1e-4, "{name}: chunked prefill differs by {diff}");
-        assert_eq!(out[0].tokens, full[0].tokens, "{name}: chunked continuation");
+        assert_eq!(
+            out[0].tokens, full[0].tokens,
+            "{name}: chunked continuation"
+        );
 
         // One token per step, prompt included.
         let mut single = profile(name);
@@ -159,7 +167,10 @@ fn chunked_prefill_and_single_token_steps_equal_one_full_pass() {
         let out = run(name, &single, prompt, 8);
         let diff = max_abs_diff(&out[0].prompt_logits, &full[0].prompt_logits);
         assert!(diff < 1e-4, "{name}: token-at-a-time differs by {diff}");
-        assert_eq!(out[0].tokens, full[0].tokens, "{name}: token-at-a-time continuation");
+        assert_eq!(
+            out[0].tokens, full[0].tokens,
+            "{name}: token-at-a-time continuation"
+        );
     }
 }
 
@@ -177,7 +188,10 @@ fn a_batch_of_different_prompts_gives_each_its_own_logits() {
         for (i, prompt) in prompts.iter().enumerate() {
             let alone = run(name, &profile(name), std::slice::from_ref(prompt), 10);
             let diff = max_abs_diff(&together[i].prompt_logits, &alone[0].prompt_logits);
-            assert!(diff < 1e-4, "{name} prompt {i}: batched logits differ by {diff}");
+            assert!(
+                diff < 1e-4,
+                "{name} prompt {i}: batched logits differ by {diff}"
+            );
             assert_eq!(together[i].tokens, alone[0].tokens, "{name} prompt {i}");
         }
         // The first prompt is the reference one.
@@ -201,5 +215,8 @@ fn bf16_kv_cache_gives_the_same_logits_however_the_prompt_is_cut() {
     assert_eq!(out[0].tokens, full[0].tokens);
     // Rounding keys and values to bf16 stays close to the f32 reference.
     let diff = max_abs_diff(&full[0].prompt_logits, &r.logits);
-    assert!(diff < 2e-2, "bf16 KV differs from the f32 reference by {diff}");
+    assert!(
+        diff < 2e-2,
+        "bf16 KV differs from the f32 reference by {diff}"
+    );
 }

@@ -284,12 +284,20 @@ pub trait Backend: Sync + Sized {
     ) -> Result<(), BackendError>;
 
     /// `gate[i] = silu(gate[i]) · up[i]` for `n` elements.
-    fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize)
-    -> Result<(), BackendError>;
+    fn silu_mul(
+        &self,
+        gate: &mut Self::Buffer,
+        up: &Self::Buffer,
+        n: usize,
+    ) -> Result<(), BackendError>;
 
     /// `residual += delta` over `n` elements.
-    fn add(&self, residual: &mut Self::Buffer, delta: &Self::Buffer, n: usize)
-    -> Result<(), BackendError>;
+    fn add(
+        &self,
+        residual: &mut Self::Buffer,
+        delta: &Self::Buffer,
+        n: usize,
+    ) -> Result<(), BackendError>;
 
     /// Moves row `rows[i]` of `buf` (rows of `width`) to row `i`, in order
     /// (`rows` ascending, so no row is overwritten before it is read).

@@ -154,16 +154,41 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("sparkrt bench: {} (cpu, {} threads)", loaded.dir.display(), threads);
-        println!("  prompt {} tokens, generate {} tokens, {} repeats (medians)", args.prompt_len, args.generate, args.repeats);
-        println!("  prefill                 {:>10.1} tok/s", report.prefill_tok_s);
-        println!("  decode                  {:>10.1} tok/s", report.decode_tok_s);
-        println!("  weights read per token  {:>14}", format_size(bytes_per_token));
+        println!(
+            "sparkrt bench: {} (cpu, {} threads)",
+            loaded.dir.display(),
+            threads
+        );
+        println!(
+            "  prompt {} tokens, generate {} tokens, {} repeats (medians)",
+            args.prompt_len, args.generate, args.repeats
+        );
+        println!(
+            "  prefill                 {:>10.1} tok/s",
+            report.prefill_tok_s
+        );
+        println!(
+            "  decode                  {:>10.1} tok/s",
+            report.decode_tok_s
+        );
+        println!(
+            "  weights read per token  {:>14}",
+            format_size(bytes_per_token)
+        );
         println!("  read bandwidth          {:>10.1} GB/s", bandwidth / 1e9);
         println!("  decode roofline         {:>10.1} tok/s", roofline);
-        println!("  decode / roofline       {:>10.1} %", 100.0 * report.roofline_fraction);
-        println!("  peak RSS                {:>14}", format_size(report.peak_rss_bytes));
-        println!("  plan total              {:>14}", format_size(loaded.plan.total));
+        println!(
+            "  decode / roofline       {:>10.1} %",
+            100.0 * report.roofline_fraction
+        );
+        println!(
+            "  peak RSS                {:>14}",
+            format_size(report.peak_rss_bytes)
+        );
+        println!(
+            "  plan total              {:>14}",
+            format_size(loaded.plan.total)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -126,7 +126,9 @@ pub fn set_threads(threads: Option<usize>) -> Result<()> {
             bail!("--threads must be at least 1");
         }
         // Only the first call in a process sets the pool; later ones are moot.
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global();
     }
     Ok(())
 }
@@ -197,7 +199,14 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     )?;
 
     let vocab = engine.vocab_size();
-    let mut prompt_logits = vec![0f32; if args.logits_out.is_some() { prompt.len() * vocab } else { 0 }];
+    let mut prompt_logits = vec![
+        0f32;
+        if args.logits_out.is_some() {
+            prompt.len() * vocab
+        } else {
+            0
+        }
+    ];
     let mut tokens = Vec::new();
     let mut text = String::new();
     let mut finish = FinishReason::Aborted;
@@ -223,7 +232,9 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
                         dst.copy_from_slice(&values);
                     }
                 }
-                Event::Finished { reason, text: rest, .. } => {
+                Event::Finished {
+                    reason, text: rest, ..
+                } => {
                     if !args.json {
                         let _ = writeln!(stdout, "{rest}");
                     }
@@ -266,7 +277,11 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
 }
 
 fn rate(tokens: usize, seconds: f64) -> f64 {
-    if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }
+    if seconds > 0.0 {
+        tokens as f64 / seconds
+    } else {
+        0.0
+    }
 }
 
 fn prompt_ids(args: &GenerateArgs, loaded: &Loaded) -> Result<Vec<u32>> {
@@ -292,8 +307,9 @@ fn prompt_ids(args: &GenerateArgs, loaded: &Loaded) -> Result<Vec<u32>> {
 
 fn write_logits(path: &Path, logits: &[f32], rows: usize, vocab: usize) -> Result<()> {
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![rows, vocab], &bytes)
-        .map_err(|e| anyhow::anyhow!("logits tensor: {e}"))?;
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![rows, vocab], &bytes)
+            .map_err(|e| anyhow::anyhow!("logits tensor: {e}"))?;
     safetensors::tensor::serialize_to_file([("logits", view)], None, path)
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())

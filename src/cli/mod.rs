@@ -123,11 +123,9 @@ pub fn model_dir(
 pub fn progress_bar(message: &'static str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(0).with_message(message);
     bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
     );
     bar
 }

@@ -90,6 +90,7 @@ pub fn run(args: &TopArgs) -> Result<ExitCode> {
         reserves: source.reserves.clone(),
     };
     probe.read().map_err(anyhow::Error::msg)?;
-    sparkrt_tui::run(options, Box::new(source)).map_err(|e| super::RuntimeFailure(anyhow::anyhow!("{e}")))?;
+    sparkrt_tui::run(options, Box::new(source))
+        .map_err(|e| super::RuntimeFailure(anyhow::anyhow!("{e}")))?;
     Ok(ExitCode::SUCCESS)
 }

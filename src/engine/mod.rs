@@ -7,5 +7,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
 
-pub use scheduler::{AdmissionError, Engine, EngineCounters, EngineError, EngineLimits, StepReport};
+pub use scheduler::{
+    AdmissionError, Engine, EngineCounters, EngineError, EngineLimits, StepReport,
+};
 pub use sequence::{Event, EventSink, FinishReason, Request, SeqId};

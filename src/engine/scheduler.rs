@@ -32,7 +32,9 @@ pub enum EngineError {
 pub enum AdmissionError {
     #[error("the prompt is empty")]
     EmptyPrompt,
-    #[error("the prompt has {prompt} tokens; this model serves at most {max_model_len} tokens per sequence, output included")]
+    #[error(
+        "the prompt has {prompt} tokens; this model serves at most {max_model_len} tokens per sequence, output included"
+    )]
     PromptTooLong { prompt: usize, max_model_len: usize },
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
     TokenOutOfRange { id: u32, vocab: usize },
@@ -341,7 +343,11 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             } else {
                 Logits::None
             };
-            let table = self.blocks.table(id).map(|t| t.blocks()).unwrap_or_default();
+            let table = self
+                .blocks
+                .table(id)
+                .map(|t| t.blocks())
+                .unwrap_or_default();
             let before = self.batch.logit_rows.len();
             self.batch.push_seq(
                 &seq.tokens[computed..computed + chunk],

@@ -11,9 +11,9 @@ use std::path::Path;
 use serde_json::json;
 
 use crate::checkpoint::CheckpointError;
+use crate::checkpoint::Dtype;
 use crate::checkpoint::check::{Expected, ExpectedShape, expected_tensors};
 use crate::checkpoint::config::ModelConfig;
-use crate::checkpoint::Dtype;
 use crate::engine::sampling::SplitMix64;
 
 /// Files copied next to the weights when present (config, tokenizer).
@@ -99,7 +99,7 @@ pub fn write_checkpoint(
         }
         let mut header_text = serde_json::Value::Object(header).to_string();
         // Pad so the data starts 8-byte aligned, as the reference writer does.
-        while (8 + header_text.len()) % 8 != 0 {
+        while !(8 + header_text.len()).is_multiple_of(8) {
             header_text.push(' ');
         }
         let file = File::create(&path).map_err(|e| io(&path, e))?;

@@ -4,9 +4,7 @@
 
 use super::rope::{Rope, Yarn};
 use super::{Layer, Mlp, ModelError, ModelSettings, Transformer, WeightSource};
-use crate::backend::{
-    AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind,
-};
+use crate::backend::{AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::config::ModelConfig;
 use crate::plan::geometry::{LayerAttention, Quantization};
 
@@ -67,13 +65,19 @@ pub fn load<'w, B: Backend + 'w>(
         };
         let spec = ExpertsSpec {
             gate_up: GateUp::Interleaved {
-                gate_up: experts.clone().map(|e| stacked("gate_up_proj", e)).collect::<Result<_, _>>()?,
+                gate_up: experts
+                    .clone()
+                    .map(|e| stacked("gate_up_proj", e))
+                    .collect::<Result<_, _>>()?,
                 bias: experts
                     .clone()
                     .map(|e| src.vector_row(&format!("{p}.mlp.experts.gate_up_proj_bias"), e))
                     .collect::<Result<_, _>>()?,
             },
-            down: experts.clone().map(|e| stacked("down_proj", e)).collect::<Result<_, _>>()?,
+            down: experts
+                .clone()
+                .map(|e| stacked("down_proj", e))
+                .collect::<Result<_, _>>()?,
             down_bias: experts
                 .map(|e| src.vector_row(&format!("{p}.mlp.experts.down_proj_bias"), e))
                 .collect::<Result<_, _>>()?,

@@ -10,9 +10,7 @@ pub mod source;
 
 use thiserror::Error;
 
-use crate::backend::{
-    AttentionShape, Backend, BackendError, KvLayout, Matmul, RouterKind,
-};
+use crate::backend::{AttentionShape, Backend, BackendError, KvLayout, Matmul, RouterKind};
 use crate::checkpoint::CheckpointError;
 use crate::checkpoint::config::ModelConfig;
 use crate::engine::batch::StepBatch;
@@ -30,7 +28,9 @@ pub enum ModelError {
     Backend(#[from] BackendError),
     #[error("{0}")]
     Unsupported(String),
-    #[error("step of {rows} tokens and {seqs} sequences exceeds the planned {max_rows} tokens / {max_seqs} sequences")]
+    #[error(
+        "step of {rows} tokens and {seqs} sequences exceeds the planned {max_rows} tokens / {max_seqs} sequences"
+    )]
     StepTooLarge {
         rows: usize,
         seqs: usize,
@@ -237,7 +237,14 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
             .qk_norm
             .as_ref()
             .map(|(qn, kn)| (qn, kn, self.settings.rms_norm_eps));
-        b.qk_norm_rope(&mut st.q, &mut st.k, norms, &st.rope, rows, &layer.attention)?;
+        b.qk_norm_rope(
+            &mut st.q,
+            &mut st.k,
+            norms,
+            &st.rope,
+            rows,
+            &layer.attention,
+        )?;
         b.attention(
             &st.q,
             &mut st.k,
@@ -291,7 +298,13 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
                     s.router,
                     &mut st.workspace,
                 )?;
-                b.moe(&st.normed, rows, experts, &mut st.workspace, &mut st.block_out)?;
+                b.moe(
+                    &st.normed,
+                    rows,
+                    experts,
+                    &mut st.workspace,
+                    &mut st.block_out,
+                )?;
             }
             Mlp::Dense { gate, up, down } => {
                 let (Some(gate_out), Some(up_out)) = (st.dense_gate.as_mut(), st.dense_up.as_mut())
@@ -377,7 +390,10 @@ impl<B: Backend> Buffers<B> {
             Ok(b.alloc(Category::Activations, name, elements)?)
         };
         let dense = find("dense_gate").is_some();
-        let blocks_per_seq = plan.serving.max_model_len.div_ceil(plan.serving.kv_block_size);
+        let blocks_per_seq = plan
+            .serving
+            .max_model_len
+            .div_ceil(plan.serving.kv_block_size);
         let _ = geometry;
         Ok(Buffers {
             max_rows: t,
@@ -391,8 +407,16 @@ impl<B: Backend> Buffers<B> {
             block_out: alloc("block_output")?,
             router_logits: alloc("router_logits")?,
             rope: alloc("rope")?,
-            dense_gate: if dense { Some(alloc("dense_gate")?) } else { None },
-            dense_up: if dense { Some(alloc("dense_up")?) } else { None },
+            dense_gate: if dense {
+                Some(alloc("dense_gate")?)
+            } else {
+                None
+            },
+            dense_up: if dense {
+                Some(alloc("dense_up")?)
+            } else {
+                None
+            },
             logits: alloc("logits")?,
             step: b.step_storage(t, s, blocks_per_seq)?,
             workspace: b.workspace(&plan.moe_workspace)?,

@@ -3,9 +3,7 @@
 
 use super::rope::Rope;
 use super::{Layer, Mlp, ModelError, ModelSettings, Transformer, WeightSource};
-use crate::backend::{
-    AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind,
-};
+use crate::backend::{AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::config::ModelConfig;
 
 pub fn load<'w, B: Backend + 'w>(
@@ -41,10 +39,18 @@ pub fn load<'w, B: Backend + 'w>(
             let experts = 0..config.num_experts;
             let spec = ExpertsSpec {
                 gate_up: GateUp::Split {
-                    gate: experts.clone().map(|e| expert(e, "gate_proj")).collect::<Result<_, _>>()?,
-                    up: experts.clone().map(|e| expert(e, "up_proj")).collect::<Result<_, _>>()?,
+                    gate: experts
+                        .clone()
+                        .map(|e| expert(e, "gate_proj"))
+                        .collect::<Result<_, _>>()?,
+                    up: experts
+                        .clone()
+                        .map(|e| expert(e, "up_proj"))
+                        .collect::<Result<_, _>>()?,
                 },
-                down: experts.map(|e| expert(e, "down_proj")).collect::<Result<_, _>>()?,
+                down: experts
+                    .map(|e| expert(e, "down_proj"))
+                    .collect::<Result<_, _>>()?,
                 down_bias: Vec::new(),
                 activation: ExpertActivation::SiluMul,
                 hidden_size: config.hidden_size,

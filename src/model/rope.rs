@@ -61,9 +61,7 @@ impl Rope {
             .collect();
         Rope {
             inv_freq,
-            attention_factor: y
-                .attention_factor
-                .unwrap_or(0.1 * y.factor.ln() + 1.0) as f32,
+            attention_factor: y.attention_factor.unwrap_or(0.1 * y.factor.ln() + 1.0) as f32,
         }
     }
 }

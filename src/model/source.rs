@@ -15,8 +15,7 @@ pub trait WeightSource: Sync {
     /// Row `row` of a 2-D tensor (stacked per-expert biases).
     fn vector_row(&self, tensor: &str, row: usize) -> Result<VectorWeight<'_>, ModelError>;
     /// Expert `expert` of stacked MXFP4 experts (`X_blocks`, `X_scales`).
-    fn stacked_expert(&self, prefix: &str, expert: usize)
-    -> Result<LinearWeight<'_>, ModelError>;
+    fn stacked_expert(&self, prefix: &str, expert: usize) -> Result<LinearWeight<'_>, ModelError>;
 }
 
 /// An open checkpoint and its config.
@@ -44,7 +43,9 @@ impl WeightSource for CheckpointSource<'_> {
             return Err(view.wrong_shape("[rows, n]").into());
         };
         if row >= rows {
-            return Err(view.wrong_shape(&format!("at least {} rows", row + 1)).into());
+            return Err(view
+                .wrong_shape(&format!("at least {} rows", row + 1))
+                .into());
         }
         let row_bytes = view.bytes().len() / rows;
         let bytes = view
@@ -54,11 +55,7 @@ impl WeightSource for CheckpointSource<'_> {
         vector_of(&view, bytes)
     }
 
-    fn stacked_expert(
-        &self,
-        prefix: &str,
-        expert: usize,
-    ) -> Result<LinearWeight<'_>, ModelError> {
+    fn stacked_expert(&self, prefix: &str, expert: usize) -> Result<LinearWeight<'_>, ModelError> {
         Ok(self.checkpoint.mxfp4_expert(prefix, expert)?)
     }
 }

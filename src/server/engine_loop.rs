@@ -77,8 +77,12 @@ pub fn run<B: Backend>(
             tracing::error!("engine step failed: {e}");
             engine.fail_all(&e.to_string());
         }
-        gauges.running.store(engine.num_running(), Ordering::Relaxed);
-        gauges.waiting.store(engine.num_waiting(), Ordering::Relaxed);
+        gauges
+            .running
+            .store(engine.num_running(), Ordering::Relaxed);
+        gauges
+            .waiting
+            .store(engine.num_waiting(), Ordering::Relaxed);
         gauges
             .kv_blocks_used
             .store(engine.kv_blocks_used(), Ordering::Relaxed);

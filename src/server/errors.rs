@@ -40,9 +40,12 @@ impl ApiError {
     }
 
     pub fn model_not_found(model: &str) -> ApiError {
-        ApiError::invalid(format!("The model `{model}` does not exist."), Some("model"))
-            .with_status(StatusCode::NOT_FOUND)
-            .with_code("model_not_found")
+        ApiError::invalid(
+            format!("The model `{model}` does not exist."),
+            Some("model"),
+        )
+        .with_status(StatusCode::NOT_FOUND)
+        .with_code("model_not_found")
     }
 
     pub fn unauthorized() -> ApiError {

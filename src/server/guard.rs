@@ -105,7 +105,11 @@ impl MemoryGuard {
     }
 
     /// Checks every `interval` until `stop` is set.
-    pub fn spawn(self: &Arc<Self>, interval: Duration, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    pub fn spawn(
+        self: &Arc<Self>,
+        interval: Duration,
+        stop: Arc<AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
         let guard = Arc::clone(self);
         std::thread::spawn(move || {
             while !stop.load(Ordering::Acquire) {

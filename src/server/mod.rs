@@ -103,7 +103,9 @@ impl ServerState {
     }
 
     fn kubepods(&self) -> Option<crate::host::CgroupMemory> {
-        crate::host::cgroup::read_kubepods(&self.host_root).ok().flatten()
+        crate::host::cgroup::read_kubepods(&self.host_root)
+            .ok()
+            .flatten()
     }
 
     pub fn kubepods_current(&self) -> Option<u64> {

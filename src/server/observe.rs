@@ -51,32 +51,94 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
         "Requests by outcome.",
         &[
             ("{outcome=\"ok\"}".into(), c.ok.load(Ordering::Relaxed)),
-            ("{outcome=\"error\"}".into(), c.error.load(Ordering::Relaxed)),
-            ("{outcome=\"rejected\"}".into(), c.rejected.load(Ordering::Relaxed)),
+            (
+                "{outcome=\"error\"}".into(),
+                c.error.load(Ordering::Relaxed),
+            ),
+            (
+                "{outcome=\"rejected\"}".into(),
+                c.rejected.load(Ordering::Relaxed),
+            ),
         ],
     );
-    metric("sparkrt_requests_running", "gauge", "Sequences being served.", &plain(g.running.load(Ordering::Relaxed) as u64));
-    metric("sparkrt_requests_waiting", "gauge", "Sequences queued.", &plain(g.waiting.load(Ordering::Relaxed) as u64));
-    metric("sparkrt_prompt_tokens_total", "counter", "Prompt tokens processed.", &plain(e.prompt_tokens.load(Ordering::Relaxed)));
-    metric("sparkrt_generation_tokens_total", "counter", "Tokens generated.", &plain(e.generation_tokens.load(Ordering::Relaxed)));
-    metric("sparkrt_preemptions_total", "counter", "Sequences preempted for KV blocks.", &plain(e.preemptions.load(Ordering::Relaxed)));
+    metric(
+        "sparkrt_requests_running",
+        "gauge",
+        "Sequences being served.",
+        &plain(g.running.load(Ordering::Relaxed) as u64),
+    );
+    metric(
+        "sparkrt_requests_waiting",
+        "gauge",
+        "Sequences queued.",
+        &plain(g.waiting.load(Ordering::Relaxed) as u64),
+    );
+    metric(
+        "sparkrt_prompt_tokens_total",
+        "counter",
+        "Prompt tokens processed.",
+        &plain(e.prompt_tokens.load(Ordering::Relaxed)),
+    );
+    metric(
+        "sparkrt_generation_tokens_total",
+        "counter",
+        "Tokens generated.",
+        &plain(e.generation_tokens.load(Ordering::Relaxed)),
+    );
+    metric(
+        "sparkrt_preemptions_total",
+        "counter",
+        "Sequences preempted for KV blocks.",
+        &plain(e.preemptions.load(Ordering::Relaxed)),
+    );
     let (used, total) = (
         g.kv_blocks_used.load(Ordering::Relaxed) as u64,
         g.kv_blocks_total.load(Ordering::Relaxed) as u64,
     );
-    metric("sparkrt_kv_blocks_used", "gauge", "KV cache blocks in use.", &plain(used));
-    metric("sparkrt_kv_blocks_free", "gauge", "KV cache blocks free.", &plain(total.saturating_sub(used)));
+    metric(
+        "sparkrt_kv_blocks_used",
+        "gauge",
+        "KV cache blocks in use.",
+        &plain(used),
+    );
+    metric(
+        "sparkrt_kv_blocks_free",
+        "gauge",
+        "KV cache blocks free.",
+        &plain(total.saturating_sub(used)),
+    );
     let ledger = state.ledger.snapshot();
     let mut lines = Vec::new();
     for row in &ledger.categories {
-        lines.push((format!("{{category=\"{}\",kind=\"planned\"}}", row.name), row.planned));
-        lines.push((format!("{{category=\"{}\",kind=\"allocated\"}}", row.name), row.allocated));
+        lines.push((
+            format!("{{category=\"{}\",kind=\"planned\"}}", row.name),
+            row.planned,
+        ));
+        lines.push((
+            format!("{{category=\"{}\",kind=\"allocated\"}}", row.name),
+            row.allocated,
+        ));
     }
-    metric("sparkrt_ledger_bytes", "gauge", "Memory by plan category, planned and allocated.", &lines);
+    metric(
+        "sparkrt_ledger_bytes",
+        "gauge",
+        "Memory by plan category, planned and allocated.",
+        &lines,
+    );
     if let Some(info) = state.guard.latest() {
-        metric("sparkrt_host_mem_available_bytes", "gauge", "MemAvailable of the host.", &plain(info.mem_available));
+        metric(
+            "sparkrt_host_mem_available_bytes",
+            "gauge",
+            "MemAvailable of the host.",
+            &plain(info.mem_available),
+        );
     }
-    metric("sparkrt_guard_tripped", "gauge", "1 while the memory guard refuses new work.", &plain(u64::from(state.guard.tripped())));
+    metric(
+        "sparkrt_guard_tripped",
+        "gauge",
+        "1 while the memory guard refuses new work.",
+        &plain(u64::from(state.guard.tripped())),
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 

@@ -145,7 +145,10 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let body: ChatBody = parse_body(body)?;
     if body.messages.is_empty() {
-        return Err(ApiError::invalid("`messages` must not be empty", Some("messages")));
+        return Err(ApiError::invalid(
+            "`messages` must not be empty",
+            Some("messages"),
+        ));
     }
     let template = state.chat_template.as_ref().ok_or_else(|| {
         ApiError::invalid("this model has no chat template; use /v1/completions", None)
@@ -190,28 +193,40 @@ fn parse_body<T: serde::de::DeserializeOwned>(
 }
 
 fn encode(state: &ServerState, text: &str) -> Result<Vec<u32>, ApiError> {
-    let tokenizer = state
-        .tokenizer
-        .as_ref()
-        .ok_or_else(|| ApiError::invalid("this model has no tokenizer; send token ids", Some("prompt")))?;
+    let tokenizer = state.tokenizer.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            "this model has no tokenizer; send token ids",
+            Some("prompt"),
+        )
+    })?;
     tokenizer
         .encode(text, false)
         .map_err(|e| ApiError::invalid(format!("cannot tokenize the prompt: {e}"), Some("prompt")))
 }
 
 /// Validates the sampling fields against the prompt and the model's limits.
-fn sampling(common: &Common, prompt_len: usize, max_model_len: usize, route: Route) -> Result<SamplingParams, ApiError> {
+fn sampling(
+    common: &Common,
+    prompt_len: usize,
+    max_model_len: usize,
+    route: Route,
+) -> Result<SamplingParams, ApiError> {
     if let Some(model) = &common.model
         && model.is_empty()
     {
-        return Err(ApiError::invalid("`model` must not be empty", Some("model")));
+        return Err(ApiError::invalid(
+            "`model` must not be empty",
+            Some("model"),
+        ));
     }
     if common.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
     }
     if prompt_len >= max_model_len {
         return Err(ApiError::invalid(
-            format!("the prompt has {prompt_len} tokens; this model's maximum context length is {max_model_len} tokens"),
+            format!(
+                "the prompt has {prompt_len} tokens; this model's maximum context length is {max_model_len} tokens"
+            ),
             Some("prompt"),
         ));
     }
@@ -220,11 +235,16 @@ fn sampling(common: &Common, prompt_len: usize, max_model_len: usize, route: Rou
         None if route == Route::Completion => 16.min(room),
         None => room,
         Some(n) if n < 1 => {
-            return Err(ApiError::invalid("`max_tokens` must be at least 1", Some("max_tokens")));
+            return Err(ApiError::invalid(
+                "`max_tokens` must be at least 1",
+                Some("max_tokens"),
+            ));
         }
         Some(n) if n as u64 > room as u64 => {
             return Err(ApiError::invalid(
-                format!("max_tokens = {n} plus the prompt's {prompt_len} tokens exceeds this model's maximum context length of {max_model_len} tokens"),
+                format!(
+                    "max_tokens = {n} plus the prompt's {prompt_len} tokens exceeds this model's maximum context length of {max_model_len} tokens"
+                ),
                 Some("max_tokens"),
             ));
         }
@@ -306,7 +326,11 @@ async fn serve(
     let meta = ResponseMeta {
         id: format!(
             "{}-{}",
-            if route == Route::Chat { "chatcmpl" } else { "cmpl" },
+            if route == Route::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
             state.next_request_id()
         ),
         created: unix_now(),

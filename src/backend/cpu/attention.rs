@@ -41,7 +41,9 @@ pub(crate) fn attention(
         || k.len() < rows * kv_width
         || v.len() < rows * kv_width
     {
-        return Err(BackendError::Shape("attention buffers too small".to_string()));
+        return Err(BackendError::Shape(
+            "attention buffers too small".to_string(),
+        ));
     }
     let store = kv
         .layers
@@ -64,9 +66,7 @@ pub(crate) fn attention(
             let chunk = &batch.seqs[s];
             let past = chunk.past as usize;
             let position = past + (row - chunk.start as usize);
-            let first = shape
-                .window
-                .map_or(0, |w| (position + 1).saturating_sub(w));
+            let first = shape.window.map_or(0, |w| (position + 1).saturating_sub(w));
             let offset = (head / group) * hd;
             let qv = &q[row * q_width + head * hd..][..hd];
 

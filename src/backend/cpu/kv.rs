@@ -103,7 +103,13 @@ impl CpuKvCache {
     }
 
     /// Cache slot of `position` of sequence `seq` of `batch` in layer `layer`.
-    pub(crate) fn slot(&self, layer: usize, batch: &StepBatch, seq: usize, position: usize) -> usize {
+    pub(crate) fn slot(
+        &self,
+        layer: usize,
+        batch: &StepBatch,
+        seq: usize,
+        position: usize,
+    ) -> usize {
         match &self.layers[layer] {
             LayerStore::Paged { .. } => {
                 let table = batch.table(seq);

@@ -12,9 +12,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::{
-    AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind,
-};
+use super::{AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind};
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::engine::batch::StepBatch;
 use crate::plan::ledger::{Category, Charge, Ledger};
@@ -195,7 +193,11 @@ impl Backend for CpuBackend {
         check_len(
             "add_rmsnorm",
             n,
-            residual.data.len().min(delta.data.len()).min(out.data.len()),
+            residual
+                .data
+                .len()
+                .min(delta.data.len())
+                .min(out.data.len()),
         )?;
         residual.data[..n]
             .par_chunks_mut(width)
@@ -361,7 +363,12 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn add(&self, residual: &mut CpuBuffer, delta: &CpuBuffer, n: usize) -> Result<(), BackendError> {
+    fn add(
+        &self,
+        residual: &mut CpuBuffer,
+        delta: &CpuBuffer,
+        n: usize,
+    ) -> Result<(), BackendError> {
         check_len("add", n, residual.data.len().min(delta.data.len()))?;
         for (r, d) in residual.data[..n].iter_mut().zip(&delta.data[..n]) {
             *r += d;
@@ -382,7 +389,8 @@ impl Backend for CpuBackend {
             }
             check_len("logit row", (row + 1) * width, buf.data.len())?;
             if row != i {
-                buf.data.copy_within(row * width..(row + 1) * width, i * width);
+                buf.data
+                    .copy_within(row * width..(row + 1) * width, i * width);
             }
         }
         Ok(())

@@ -15,6 +15,9 @@ use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::plan::ledger::{Category, Charge, Ledger};
 use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
 
+/// Most experts a router may choose from (the selection's stack buffer).
+const MAX_EXPERTS: usize = 1024;
+
 /// One layer's experts, borrowed from the checkpoint.
 pub struct CpuExperts<'w> {
     gate_up: GateUp<'w>,
@@ -41,7 +44,11 @@ impl<'w> CpuExperts<'w> {
         match &spec.gate_up {
             GateUp::Split { gate, up } => {
                 if gate.len() != e || up.len() != e {
-                    return bad(format!("{e} experts but {} gate / {} up", gate.len(), up.len()));
+                    return bad(format!(
+                        "{e} experts but {} gate / {} up",
+                        gate.len(),
+                        up.len()
+                    ));
                 }
                 for w in gate.iter().chain(up) {
                     check(w, i, h, "expert gate/up")?;
@@ -62,7 +69,9 @@ impl<'w> CpuExperts<'w> {
         for w in &spec.down {
             check(w, h, i, "expert down")?;
         }
-        if !spec.down_bias.is_empty() && (spec.down_bias.len() != e || spec.down_bias.iter().any(|b| b.len != h)) {
+        if !spec.down_bias.is_empty()
+            && (spec.down_bias.len() != e || spec.down_bias.iter().any(|b| b.len != h))
+        {
             return bad(format!("expert down bias must be {e} × {h}"));
         }
         Ok(CpuExperts {
@@ -102,9 +111,13 @@ impl CpuWorkspace {
     ) -> Result<CpuWorkspace, BackendError> {
         let mut charges = Vec::new();
         let mut elements = |name: &str| -> Result<usize, BackendError> {
-            let buffer = plan.buffers.iter().find(|b| b.name == name).ok_or_else(|| {
-                BackendError::Shape(format!("the plan's MoE workspace has no buffer {name}"))
-            })?;
+            let buffer = plan
+                .buffers
+                .iter()
+                .find(|b| b.name == name)
+                .ok_or_else(|| {
+                    BackendError::Shape(format!("the plan's MoE workspace has no buffer {name}"))
+                })?;
             charges.push(ledger.charge(Category::MoeWorkspace, buffer.bytes, "moe_workspace")?);
             Ok((buffer.bytes / 4) as usize)
         };
@@ -138,7 +151,11 @@ impl CpuWorkspace {
     ) -> Result<(), BackendError> {
         check_len("router logits", rows * num_experts, logits.len())?;
         check_len("routed rows", rows * top_k, self.topk_ids.len())?;
-        if self.expert_offsets.len() < num_experts + 1 || top_k == 0 || top_k > num_experts {
+        if self.expert_offsets.len() < num_experts + 1
+            || top_k == 0
+            || top_k > num_experts
+            || num_experts > MAX_EXPERTS
+        {
             return Err(BackendError::Shape(format!(
                 "top-{top_k} of {num_experts} experts does not fit the workspace"
             )));
@@ -226,7 +243,9 @@ impl CpuWorkspace {
         offsets.iter_mut().for_each(|o| *o = 0);
         for &e in &self.topk_ids[..n] {
             if e as usize >= num_experts {
-                return Err(BackendError::Shape(format!("routed to expert {e} of {num_experts}")));
+                return Err(BackendError::Shape(format!(
+                    "routed to expert {e} of {num_experts}"
+                )));
             }
             offsets[e as usize + 1] += 1;
         }
@@ -275,8 +294,18 @@ impl CpuWorkspace {
                     up_rest = ur;
                     done = b;
                     let input = &x[a * h..b * h];
-                    problems.push(GroupedProblem { x: input, tokens: b - a, weight: gate[e], out: g });
-                    problems.push(GroupedProblem { x: input, tokens: b - a, weight: up[e], out: u });
+                    problems.push(GroupedProblem {
+                        x: input,
+                        tokens: b - a,
+                        weight: gate[e],
+                        out: g,
+                    });
+                    problems.push(GroupedProblem {
+                        x: input,
+                        tokens: b - a,
+                        weight: up[e],
+                        out: u,
+                    });
                 }
             }
             GateUp::Interleaved { gate_up, .. } => {
@@ -328,7 +357,8 @@ impl CpuWorkspace {
                         .for_each(|(out, row)| {
                             for (j, o) in out.iter_mut().enumerate() {
                                 let gate = (row[2 * j] + bias.get(2 * j)).min(limit);
-                                let up = (row[2 * j + 1] + bias.get(2 * j + 1)).clamp(-limit, limit);
+                                let up =
+                                    (row[2 * j + 1] + bias.get(2 * j + 1)).clamp(-limit, limit);
                                 *o = (up + 1.0) * gate * sigmoid(alpha * gate);
                             }
                         });
@@ -337,7 +367,11 @@ impl CpuWorkspace {
         }
     }
 
-    fn down(&mut self, experts: &CpuExperts<'_>, ranges: &[(usize, usize, usize)]) -> Result<(), BackendError> {
+    fn down(
+        &mut self,
+        experts: &CpuExperts<'_>,
+        ranges: &[(usize, usize, usize)],
+    ) -> Result<(), BackendError> {
         let (h, i) = (experts.hidden, experts.intermediate);
         let act = &self.activation;
         let mut rest = &mut self.down_output[..];
@@ -349,7 +383,12 @@ impl CpuWorkspace {
             let (o, r) = std::mem::take(&mut rest)[skip..].split_at_mut((b - a) * h);
             rest = r;
             done = b;
-            problems.push(GroupedProblem { x: &act[a * i..b * i], tokens: b - a, weight: experts.down[e], out: o });
+            problems.push(GroupedProblem {
+                x: &act[a * i..b * i],
+                tokens: b - a,
+                weight: experts.down[e],
+                out: o,
+            });
             outs.push((e, a, b));
         }
         kernels::matmul_grouped(&mut problems).map_err(|e| BackendError::Kernel(e.to_string()))?;
@@ -371,11 +410,10 @@ fn sigmoid(x: f32) -> f32 {
 /// The top-k experts of one token and their routing weights, best first
 /// (ties go to the lower expert id).
 fn top_k_of_row(logits: &[f32], kind: RouterKind, ids: &mut [u32], weights: &mut [f32]) {
-    let k = ids.len();
     // Selection by repeated maximum: k is small (≤ 8) and E ≤ a few hundred.
-    let mut taken = [false; 1024];
-    let e = logits.len().min(taken.len());
-    for slot in 0..k {
+    let mut taken = [false; MAX_EXPERTS];
+    let e = logits.len().min(MAX_EXPERTS);
+    for id in ids.iter_mut() {
         let mut best = usize::MAX;
         for j in 0..e {
             if !taken[j] && (best == usize::MAX || logits[j] > logits[best]) {
@@ -383,7 +421,7 @@ fn top_k_of_row(logits: &[f32], kind: RouterKind, ids: &mut [u32], weights: &mut
             }
         }
         taken[best] = true;
-        ids[slot] = best as u32;
+        *id = best as u32;
     }
     match kind {
         RouterKind::SoftmaxTopK { renormalize } => {

@@ -17,7 +17,13 @@ pub fn rmsnorm(x: &[f32], w: &VectorWeight<'_>, eps: f32, out: &mut [f32]) {
 }
 
 /// `residual += delta; out = rmsnorm(residual) · w`.
-pub fn add_rmsnorm(residual: &mut [f32], delta: &[f32], w: &VectorWeight<'_>, eps: f32, out: &mut [f32]) {
+pub fn add_rmsnorm(
+    residual: &mut [f32],
+    delta: &[f32],
+    w: &VectorWeight<'_>,
+    eps: f32,
+    out: &mut [f32],
+) {
     if let VectorData::Bf16(bytes) = w.data {
         return kernels::ops::add_rmsnorm(residual, delta, bytes, eps, out);
     }
