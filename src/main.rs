@@ -36,6 +36,8 @@ enum Command {
     Top(cli::top::TopArgs),
     /// Write a random checkpoint with a real model's geometry (benchmarks).
     MakeCheckpoint(cli::make_checkpoint::MakeCheckpointArgs),
+    /// Compile every CUDA kernel with NVRTC (no GPU needed) and list them.
+    Kernels(cli::kernels::KernelsArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => cli::serve::run(a),
         Command::Top(a) => cli::top::run(a),
         Command::MakeCheckpoint(a) => cli::make_checkpoint::run(a),
+        Command::Kernels(a) => cli::kernels::run(a),
     };
     match result {
         Ok(code) => code,

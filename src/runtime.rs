@@ -9,8 +9,10 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::backend::KvLayout;
 use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::{self, CudaBackend, CudaOptions, WeightsPolicy};
+use crate::backend::device::DeviceBackend;
+use crate::backend::{BackendError, KvLayout};
 use crate::checkpoint::config::ModelConfig;
 use crate::checkpoint::{self, Checkpoint, CheckpointError, PageCachePolicy};
 use crate::engine::{Engine, EngineError, EngineLimits};
@@ -20,7 +22,7 @@ use crate::model::{Buffers, ModelError, Transformer};
 use crate::plan::geometry::LayerAttention;
 use crate::plan::ledger::{Category, Ledger, WeightsResidency};
 use crate::plan::memory::{WeightBytes, WeightGroup};
-use crate::plan::profile::{KubeletMode, Profile};
+use crate::plan::profile::{DeviceKind, KubeletMode, Profile};
 use crate::plan::{self, Plan, PlanDevice, PlanError};
 use crate::text::{TextError, Tokenizer};
 
@@ -38,6 +40,8 @@ pub enum RuntimeError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Text(#[from] TextError),
+    #[error("the CUDA backend cannot start")]
+    Backend(#[from] BackendError),
     #[error("the plan does not fit this host: {0}")]
     DoesNotFit(String),
     #[error("{0}")]
@@ -51,11 +55,29 @@ pub struct Loaded {
     pub profile: Profile,
     pub plan: Plan,
     pub ledger: Arc<Ledger>,
-    pub backend: CpuBackend,
+    pub backend: DeviceBackend,
     pub checkpoint: Checkpoint,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub eos: Vec<u32>,
     _charges: Vec<crate::plan::ledger::Charge>,
+}
+
+/// Where the model runs: `--backend` over the profile's `[backend] device`,
+/// and where the CUDA backend caches its compiled kernels.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceOptions {
+    /// Overrides the profile's `[backend] device`.
+    pub device: Option<DeviceKind>,
+    /// CUBIN cache directory (`--cache-dir`; see `backend::cuda::cache`).
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Whether a CUDA device is there to try, or why not.
+fn cuda_present() -> Result<(), String> {
+    match crate::host::gpu::probe() {
+        crate::host::gpu::GpuProbe::Present { .. } => Ok(()),
+        crate::host::gpu::GpuProbe::Absent { reason } => Err(reason),
+    }
 }
 
 /// Where the host figures of the plan come from.
@@ -126,15 +148,69 @@ pub fn plan_checkpoint(
 
 impl Loaded {
     /// Plans, refuses if the plan does not fit, then maps the checkpoint and
-    /// loads the tokenizer. Nothing else is allocated yet.
+    /// loads the tokenizer, on the device the profile names.
     pub fn open(
         dir: &Path,
         profile: Option<&Profile>,
         host: &HostSource<'_>,
         page_cache: PageCachePolicy,
     ) -> Result<Loaded, RuntimeError> {
-        // Only the CPU backend is built into the runtime so far.
-        let (config, profile, plan) = plan_checkpoint(dir, profile, host, PlanDevice::Cpu)?;
+        Loaded::open_with(dir, profile, host, page_cache, &DeviceOptions::default())
+    }
+
+    /// [`Loaded::open`] with the device chosen by `options`. `auto` takes
+    /// CUDA when a GPU is present and its backend starts, else the CPU,
+    /// saying why in one log line; `cuda` fails with the reason instead.
+    pub fn open_with(
+        dir: &Path,
+        profile: Option<&Profile>,
+        host: &HostSource<'_>,
+        page_cache: PageCachePolicy,
+        options: &DeviceOptions,
+    ) -> Result<Loaded, RuntimeError> {
+        let kind = options
+            .device
+            .or(profile.map(|p| p.backend.device))
+            .unwrap_or(DeviceKind::Auto);
+        match kind {
+            DeviceKind::Cpu => Loaded::open_on(dir, profile, host, page_cache, None),
+            DeviceKind::Cuda => {
+                cuda_present()
+                    .map_err(|why| RuntimeError::Backend(BackendError::Unavailable(why)))?;
+                Loaded::open_on(dir, profile, host, page_cache, Some(options))
+            }
+            DeviceKind::Auto => {
+                if let Err(why) = cuda_present() {
+                    tracing::info!("backend auto: running on the CPU ({why})");
+                    return Loaded::open_on(dir, profile, host, page_cache, None);
+                }
+                match Loaded::open_on(dir, profile, host, page_cache, Some(options)) {
+                    Err(RuntimeError::Backend(why)) => {
+                        tracing::info!(
+                            "backend auto: running on the CPU (CUDA did not start: {why})"
+                        );
+                        Loaded::open_on(dir, profile, host, page_cache, None)
+                    }
+                    other => other,
+                }
+            }
+        }
+    }
+
+    /// Opens on the CPU (`cuda` = None) or CUDA.
+    fn open_on(
+        dir: &Path,
+        profile: Option<&Profile>,
+        host: &HostSource<'_>,
+        page_cache: PageCachePolicy,
+        cuda: Option<&DeviceOptions>,
+    ) -> Result<Loaded, RuntimeError> {
+        let device = if cuda.is_some() {
+            PlanDevice::Cuda
+        } else {
+            PlanDevice::Cpu
+        };
+        let (config, profile, plan) = plan_checkpoint(dir, profile, host, device)?;
         if !plan.fits {
             let advice = plan
                 .shortfall
@@ -151,18 +227,10 @@ impl Loaded {
             PageCachePolicy::DontNeed => checkpoint.release()?,
         }
         ledger.set_page_cache_policy(page_cache.name());
-        ledger.set_weights_residency(WeightsResidency::Mapped);
-        // The mapped weights are the plan's weights: charge exactly them.
-        let weights = ledger
-            .charge(Category::Weights, plan.weights.total, "mapped checkpoint")
-            .map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
-        let overhead = ledger
-            .charge(
-                Category::RuntimeOverhead,
-                plan.runtime_overhead.bytes,
-                "process, tokenizer, allocator slack",
-            )
-            .map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
+        let (backend, charges) = match cuda {
+            None => cpu_backend(&ledger, &plan)?,
+            Some(options) => cuda_backend(&ledger, &plan, &config, &checkpoint, options)?,
+        };
         let (tokenizer, eos) = if dir.join("tokenizer.json").is_file() {
             let t = Tokenizer::from_dir(dir)?;
             let eos = t.eos_token_ids().to_vec();
@@ -172,7 +240,7 @@ impl Loaded {
         };
         Ok(Loaded {
             dir: dir.to_path_buf(),
-            backend: CpuBackend::new(Arc::clone(&ledger)),
+            backend,
             config,
             profile,
             plan,
@@ -180,7 +248,7 @@ impl Loaded {
             checkpoint,
             tokenizer,
             eos,
-            _charges: vec![weights, overhead],
+            _charges: charges,
         })
     }
 
@@ -214,7 +282,7 @@ impl Loaded {
     pub fn engine<'w>(
         &'w self,
         source: &'w CheckpointSource<'w>,
-    ) -> Result<Engine<'w, CpuBackend>, RuntimeError> {
+    ) -> Result<Engine<'w, DeviceBackend>, RuntimeError> {
         let model = Transformer::load(&self.backend, &self.config, source)?;
         let buffers = Buffers::allocate(&self.backend, &self.plan, &self.kv_layout())?;
         let s = &self.plan.serving;
@@ -234,4 +302,124 @@ impl Loaded {
             self.eos.clone(),
         )?)
     }
+}
+
+fn over_plan(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Unsupported(e.to_string())
+}
+
+/// The CPU backend: the weights are read in place from the mapping.
+fn cpu_backend(
+    ledger: &Arc<Ledger>,
+    plan: &Plan,
+) -> Result<(DeviceBackend, Vec<crate::plan::ledger::Charge>), RuntimeError> {
+    ledger.set_weights_residency(WeightsResidency::Mapped);
+    // The mapped weights are the plan's weights: charge exactly them.
+    let weights = ledger
+        .charge(Category::Weights, plan.weights.total, "mapped checkpoint")
+        .map_err(over_plan)?;
+    let overhead = ledger
+        .charge(
+            Category::RuntimeOverhead,
+            plan.runtime_overhead.bytes,
+            "process, tokenizer, allocator slack",
+        )
+        .map_err(over_plan)?;
+    Ok((
+        DeviceBackend::Cpu(CpuBackend::new(Arc::clone(ledger))),
+        vec![weights, overhead],
+    ))
+}
+
+/// The CUDA backend: kernels loaded, weights made device-readable (in place
+/// on unified memory, else copied once and the page cache released).
+fn cuda_backend(
+    ledger: &Arc<Ledger>,
+    plan: &Plan,
+    config: &ModelConfig,
+    checkpoint: &Checkpoint,
+    options: &DeviceOptions,
+) -> Result<(DeviceBackend, Vec<crate::plan::ledger::Charge>), RuntimeError> {
+    let max_seqs = plan.serving.max_num_seqs;
+    let mut backend = CudaBackend::new(
+        Arc::clone(ledger),
+        &CudaOptions {
+            ordinal: 0,
+            cache_dir: options.cache_dir.clone(),
+            max_sample_rows: max_seqs,
+        },
+    )
+    .map_err(BackendError::from)?;
+    let regions = weight_regions(checkpoint)?;
+    let bar = weights_progress_bar(regions.iter().map(|r| r.len() as u64).sum());
+    let residency = backend.attach_weights(&regions, WeightsPolicy::Auto, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    if residency == WeightsResidency::DeviceCopy {
+        // The device has its copy: the page cache would hold it twice.
+        checkpoint.release()?;
+        ledger.set_page_cache_policy(PageCachePolicy::DontNeed.name());
+    }
+    tracing::info!(
+        "backend: cuda on {} ({}), weights {:?}",
+        backend.info().name,
+        backend.info().arch(),
+        residency
+    );
+    // The backend charges its own tables to the runtime overhead; the
+    // runtime charges the rest (context, modules, allocator slack).
+    let metadata = cuda::metadata_bytes(plan.model.num_moe_layers, config.num_experts, max_seqs);
+    let overhead = ledger
+        .charge(
+            Category::RuntimeOverhead,
+            plan.runtime_overhead.bytes.saturating_sub(metadata),
+            "CUDA context, modules, tokenizer, allocator slack",
+        )
+        .map_err(over_plan)?;
+    Ok((DeviceBackend::Cuda(Box::new(backend)), vec![overhead]))
+}
+
+/// The host byte ranges the checkpoint's tensors lie in: each tensor's
+/// bytes, adjacent ones of the same file merged (one range per file when
+/// the file has no gaps), so their total is exactly the plan's weight bytes.
+fn weight_regions(checkpoint: &Checkpoint) -> Result<Vec<&[u8]>, RuntimeError> {
+    let mut ranges: Vec<(usize, &[u8])> = Vec::new();
+    for info in &checkpoint.headers().tensors {
+        let bytes = checkpoint.tensor(&info.name)?.bytes();
+        if !bytes.is_empty() {
+            ranges.push((info.file, bytes));
+        }
+    }
+    ranges.sort_by_key(|(file, r)| (*file, r.as_ptr() as usize));
+    let mut merged: Vec<(usize, &[u8])> = Vec::new();
+    for (file, range) in ranges {
+        if let Some((last_file, last)) = merged.last_mut()
+            && *last_file == file
+            && last.as_ptr() as usize + last.len() == range.as_ptr() as usize
+        {
+            // SAFETY: both slices lie in the same file's one read-only
+            // mapping and are adjacent, so the joined range is inside that
+            // mapping, initialised, and lives as long as `checkpoint`.
+            *last = unsafe { std::slice::from_raw_parts(last.as_ptr(), last.len() + range.len()) };
+            continue;
+        }
+        merged.push((file, range));
+    }
+    Ok(merged.into_iter().map(|(_, r)| r).collect())
+}
+
+fn weights_progress_bar(total: u64) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() || total < 1 << 30 {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "copying weights to the device {bar:40} {binary_bytes}/{binary_total_bytes} {eta}",
+    ) {
+        bar.set_style(style);
+    }
+    bar
 }

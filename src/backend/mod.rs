@@ -9,6 +9,8 @@
 //! caller-provided buffers that were sized for `max_num_batched_tokens`.
 
 pub mod cpu;
+pub mod cuda;
+pub mod device;
 
 use thiserror::Error;
 
@@ -233,9 +235,12 @@ pub trait Backend: Sync + Sized {
 
     /// Causal attention of this step's queries over each sequence's cached
     /// past (layer `layer` of `kv`) and the step's own keys/values `k`, `v`.
-    /// `k` and `v` are first rounded, in place, to the cache's precision, so
-    /// a key gives the same score whether it is read from the step or, later,
-    /// from the cache.
+    /// `k` and `v` are rounded to the cache's precision first (the CPU
+    /// rounds them in place; CUDA as it reads them), so a key gives the
+    /// same score whether it is read from the step or, later, from the
+    /// cache. `ws` is scratch the backend may use (CUDA: the partial
+    /// results of a decode split along the sequence); the MoE does not
+    /// need it during attention.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -247,6 +252,7 @@ pub trait Backend: Sync + Sized {
         step: &Self::Step,
         shape: &AttentionShape,
         sinks: Option<&Self::Vector<'_>>,
+        ws: &mut Self::Workspace,
         out: &mut Self::Buffer,
     ) -> Result<(), BackendError>;
 
@@ -315,6 +321,22 @@ pub trait Backend: Sync + Sized {
         n: usize,
         f: &mut dyn FnMut(&[f32]),
     ) -> Result<(), BackendError>;
+
+    /// Greedy sampling where the logits are: `ids[r]` = index of the
+    /// largest of row `r` of the first `rows` rows of `logits` (rows of
+    /// `vocab`), ties to the lowest index. Only the ids reach the host.
+    fn argmax(
+        &self,
+        logits: &Self::Buffer,
+        rows: usize,
+        vocab: usize,
+        ids: &mut [u32],
+    ) -> Result<(), BackendError>;
+
+    /// Kernel launches so far, on backends that launch kernels.
+    fn launches(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// One `out = x · Wᵀ (+ bias)` of a [`Backend::matmul`] call, over rows

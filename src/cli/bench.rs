@@ -9,6 +9,7 @@ use anyhow::{Result, bail};
 use serde::Serialize;
 
 use super::generate::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use crate::backend::Backend;
 use crate::backend::cpu::kernels::measure_read_bandwidth;
 use crate::checkpoint::PageCachePolicy;
 use crate::engine::sampling::{SamplingParams, SplitMix64};
@@ -31,6 +32,10 @@ pub struct BenchArgs {
     /// Requests timed; medians are reported.
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// Requests run together (decode batch size); at most the profile's
+    /// max_num_seqs.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -50,6 +55,22 @@ struct BenchReport {
     prompt_len: usize,
     generate: usize,
     repeats: usize,
+    batch: usize,
+    backend: &'static str,
+    /// Kernel launches per decode step (CUDA), and that ÷ layers.
+    launches_per_decode_step: Option<f64>,
+    launches_per_layer: Option<f64>,
+    /// Launches per decode step by kernel (CUDA).
+    launches_by_kernel: Vec<(&'static str, f64)>,
+}
+
+/// Launch counts by kernel (empty off CUDA).
+fn launch_counts(loaded: &Loaded) -> Vec<(&'static str, u64)> {
+    loaded
+        .backend
+        .cuda()
+        .map(|c| c.launch_counts())
+        .unwrap_or_default()
 }
 
 /// Weight bytes read to decode one token at batch 1: every dense weight,
@@ -79,7 +100,13 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         root: &args.model.host_root,
         kubelet_config: None,
     };
-    let loaded = Loaded::open(&dir, profile.as_ref(), &host, PageCachePolicy::WillNeed)?;
+    let loaded = Loaded::open_with(
+        &dir,
+        profile.as_ref(),
+        &host,
+        PageCachePolicy::WillNeed,
+        &args.model.device_options(),
+    )?;
     if args.prompt_len + args.generate > loaded.plan.serving.max_model_len {
         bail!(
             "--prompt-len + --gen = {} exceeds max_model_len = {} of the profile",
@@ -87,56 +114,107 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             loaded.plan.serving.max_model_len
         );
     }
+    if args.batch == 0 || args.batch > loaded.plan.serving.max_num_seqs {
+        bail!(
+            "--batch must be between 1 and max_num_seqs = {}",
+            loaded.plan.serving.max_num_seqs
+        );
+    }
     let source = loaded.source();
     let mut engine = loaded.engine(&source)?;
     let vocab = engine.vocab_size() as u64;
     let mut rng = SplitMix64::new(42);
-    let prompt: Vec<u32> = (0..args.prompt_len)
-        .map(|_| (rng.next_u64() % vocab) as u32)
+    let prompts: Vec<Vec<u32>> = (0..args.batch)
+        .map(|_| {
+            (0..args.prompt_len)
+                .map(|_| (rng.next_u64() % vocab) as u32)
+                .collect()
+        })
         .collect();
 
-    // One untimed warm-up request, then the timed ones.
+    // One untimed warm-up round, then the timed ones. Prefill ends when
+    // every request has its first token; decode is timed from there.
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
+    let mut decode_steps = 0u64;
+    let mut decode_launches: Vec<(&'static str, u64)> = Vec::new();
     for round in 0..=args.repeats {
-        let (tx, rx) = mpsc::channel();
-        engine.add_request(
-            Request {
-                prompt: prompt.clone(),
-                params: SamplingParams::greedy(args.generate),
-                prompt_logits: false,
-                ignore_eos: true,
-            },
-            Box::new(tx),
-        )?;
+        let mut receivers = Vec::with_capacity(args.batch);
+        for prompt in &prompts {
+            let (tx, rx) = mpsc::channel();
+            engine.add_request(
+                Request {
+                    prompt: prompt.clone(),
+                    params: SamplingParams::greedy(args.generate),
+                    prompt_logits: false,
+                    ignore_eos: true,
+                },
+                Box::new(tx),
+            )?;
+            receivers.push(rx);
+        }
         let start = Instant::now();
-        let mut first = None;
-        let mut tokens = 0usize;
+        let mut first: Vec<Option<Instant>> = vec![None; args.batch];
+        let mut prefilled: Option<Instant> = None;
+        let mut decoded = 0usize;
+        let mut at_decode_start = Vec::new();
+        let mut steps = 0u64;
         while engine.has_work() {
             engine.step()?;
-            for event in rx.try_iter() {
-                match event {
-                    Event::Token { .. } => {
-                        tokens += 1;
-                        first.get_or_insert_with(Instant::now);
+            if prefilled.is_some() {
+                steps += 1;
+            }
+            for (i, rx) in receivers.iter().enumerate() {
+                for event in rx.try_iter() {
+                    match event {
+                        Event::Token { .. } => {
+                            if prefilled.is_some() {
+                                decoded += 1;
+                            }
+                            first[i].get_or_insert_with(Instant::now);
+                        }
+                        Event::Failed { message } => bail!("bench request failed: {message}"),
+                        _ => {}
                     }
-                    Event::Failed { message } => bail!("bench request failed: {message}"),
-                    _ => {}
                 }
+            }
+            if prefilled.is_none() && first.iter().all(Option::is_some) {
+                prefilled = Some(Instant::now());
+                at_decode_start = launch_counts(&loaded);
             }
         }
         let end = Instant::now();
-        let first = first.unwrap_or(end);
+        let prefilled = prefilled.unwrap_or(end);
         if round > 0 {
-            prefill.push(args.prompt_len as f64 / first.duration_since(start).as_secs_f64());
-            let decode_s = end.duration_since(first).as_secs_f64();
-            decode.push(tokens.saturating_sub(1) as f64 / decode_s.max(f64::MIN_POSITIVE));
+            let prompt_tokens = (args.batch * args.prompt_len) as f64;
+            prefill.push(prompt_tokens / prefilled.duration_since(start).as_secs_f64());
+            let decode_s = end.duration_since(prefilled).as_secs_f64();
+            decode.push(decoded as f64 / decode_s.max(f64::MIN_POSITIVE));
+        }
+        if round == args.repeats {
+            decode_steps = steps;
+            decode_launches = launch_counts(&loaded)
+                .into_iter()
+                .zip(at_decode_start)
+                .map(|((name, after), (_, before))| (name, after - before))
+                .collect();
         }
     }
     let threads = rayon::current_num_threads();
-    let bandwidth = measure_read_bandwidth(threads, 1 << 30);
+    let cuda = loaded.backend.cuda();
+    let (bandwidth, bandwidth_source) = match cuda.and_then(|c| c.peak_bandwidth()) {
+        Some(peak) => (peak, "device peak, from its memory clock and bus width"),
+        None => (
+            measure_read_bandwidth(threads, 1 << 30),
+            "measured, CPU reads",
+        ),
+    };
     let bytes_per_token = decode_bytes_per_token(&loaded.plan);
     let roofline = bandwidth / bytes_per_token.max(1) as f64;
+    let per_step = |n: u64| n as f64 / decode_steps.max(1) as f64;
+    let launches_per_decode_step = (cuda.is_some() && decode_steps > 0)
+        .then(|| per_step(decode_launches.iter().map(|(_, n)| n).sum()));
+    let layers = loaded.plan.model.num_layers.max(1) as f64;
     let decode_tok_s = median(&mut decode);
     let report = BenchReport {
         prefill_tok_s: median(&mut prefill),
@@ -150,18 +228,35 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         prompt_len: args.prompt_len,
         generate: args.generate,
         repeats: args.repeats,
+        batch: args.batch,
+        backend: loaded.backend.name(),
+        launches_per_decode_step,
+        launches_per_layer: launches_per_decode_step.map(|n| n / layers),
+        launches_by_kernel: decode_launches
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|&(name, n)| (name, per_step(n)))
+            .collect(),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
+        match cuda {
+            Some(c) => println!(
+                "sparkrt bench: {} (cuda, {} {})",
+                loaded.dir.display(),
+                c.info().name,
+                c.info().arch()
+            ),
+            None => println!(
+                "sparkrt bench: {} (cpu, {} threads)",
+                loaded.dir.display(),
+                threads
+            ),
+        }
         println!(
-            "sparkrt bench: {} (cpu, {} threads)",
-            loaded.dir.display(),
-            threads
-        );
-        println!(
-            "  prompt {} tokens, generate {} tokens, {} repeats (medians)",
-            args.prompt_len, args.generate, args.repeats
+            "  prompt {} tokens, generate {} tokens, batch {}, {} repeats (medians)",
+            args.prompt_len, args.generate, args.batch, args.repeats
         );
         println!(
             "  prefill                 {:>10.1} tok/s",
@@ -175,7 +270,10 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             "  weights read per token  {:>14}",
             format_size(bytes_per_token)
         );
-        println!("  read bandwidth          {:>10.1} GB/s", bandwidth / 1e9);
+        println!(
+            "  read bandwidth          {:>10.1} GB/s ({bandwidth_source})",
+            bandwidth / 1e9
+        );
         println!("  decode roofline         {:>10.1} tok/s", roofline);
         println!(
             "  decode / roofline       {:>10.1} %",
@@ -189,6 +287,15 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             "  plan total              {:>14}",
             format_size(loaded.plan.total)
         );
+        if let (Some(step), Some(layer)) =
+            (report.launches_per_decode_step, report.launches_per_layer)
+        {
+            println!("  launches / decode step  {step:>10.1}");
+            println!("  launches / layer        {layer:>10.1} (step ÷ {layers} layers)");
+            for (name, n) in &report.launches_by_kernel {
+                println!("    {name:<22}{n:>8.1} per step");
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -13,8 +13,8 @@ use super::{EXIT_DOES_NOT_FIT, load_profile, model_dir};
 use crate::checkpoint::PageCachePolicy;
 use crate::engine::sampling::SamplingParams;
 use crate::engine::{Event, FinishReason, Request};
-use crate::plan::profile::Profile;
-use crate::runtime::{HostSource, Loaded, RuntimeError};
+use crate::plan::profile::{DeviceKind, Profile};
+use crate::runtime::{DeviceOptions, HostSource, Loaded, RuntimeError};
 use crate::text::ChatMessage;
 
 /// The profile used when neither `--model` nor `--profile` is given: the
@@ -41,6 +41,36 @@ pub struct ModelArgs {
     /// Read the host below this directory (fake trees in tests).
     #[arg(long, value_name = "DIR", default_value = "/")]
     pub host_root: PathBuf,
+    /// Where the model runs [default: the profile's `[backend] device`,
+    /// else auto: CUDA when a GPU is usable, else the CPU].
+    #[arg(long, value_enum, value_name = "DEVICE")]
+    pub backend: Option<BackendChoice>,
+    /// Cache of compiled CUDA kernels [default: $SPARKRT_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/sparkrt, else ~/.cache/sparkrt].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// `--backend`: the profile's `[backend] device` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl ModelArgs {
+    /// The device choice these flags make.
+    pub fn device_options(&self) -> DeviceOptions {
+        DeviceOptions {
+            device: self.backend.map(|b| match b {
+                BackendChoice::Auto => DeviceKind::Auto,
+                BackendChoice::Cpu => DeviceKind::Cpu,
+                BackendChoice::Cuda => DeviceKind::Cuda,
+            }),
+            cache_dir: self.cache_dir.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -168,7 +198,13 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         root: &args.model.host_root,
         kubelet_config: None,
     };
-    let loaded = match Loaded::open(&dir, profile.as_ref(), &host, PageCachePolicy::Keep) {
+    let loaded = match Loaded::open_with(
+        &dir,
+        profile.as_ref(),
+        &host,
+        PageCachePolicy::Keep,
+        &args.model.device_options(),
+    ) {
         Err(RuntimeError::DoesNotFit(why)) => {
             eprintln!("error: the plan does not fit this host: {why}");
             return Ok(ExitCode::from(EXIT_DOES_NOT_FIT));

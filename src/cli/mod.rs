@@ -5,6 +5,7 @@ pub mod bench;
 pub mod generate;
 pub mod inspect;
 pub mod k8s;
+pub mod kernels;
 pub mod make_checkpoint;
 pub mod plan;
 pub mod probe;

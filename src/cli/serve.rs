@@ -67,7 +67,13 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         root: &args.model.host_root,
         kubelet_config: args.kubelet_config.as_deref(),
     };
-    let loaded = match Loaded::open(&dir, profile.as_ref(), &host, PageCachePolicy::WillNeed) {
+    let loaded = match Loaded::open_with(
+        &dir,
+        profile.as_ref(),
+        &host,
+        PageCachePolicy::WillNeed,
+        &args.model.device_options(),
+    ) {
         Err(RuntimeError::DoesNotFit(why)) => {
             eprintln!("error: the plan does not fit this host, not serving: {why}");
             return Ok(ExitCode::from(EXIT_DOES_NOT_FIT));

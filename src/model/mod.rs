@@ -254,6 +254,7 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
             &st.step,
             &layer.attention,
             layer.sinks.as_ref(),
+            &mut st.workspace,
             &mut st.attn_out,
         )?;
         b.kv_append(&st.k, &st.v, &mut st.kv, index, &st.step)?;

@@ -1,0 +1,239 @@
+// Shared by every kernel file: fixed-width types, bf16 / FP4 / FP8 / E8M0
+// decoding by bit operations (NVRTC has no CUDA headers), loads that accept
+// any alignment (weights are read in place from safetensors files, where a
+// tensor may start at any byte), warp reductions, and the step metadata
+// layout. Every struct passed to a kernel is mirrored field by field in
+// src/backend/cuda/params.rs; its size is checked on both sides.
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define FULL_MASK 0xffffffffu
+#define WARP 32
+
+__device__ __forceinline__ float f32_inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float f32_neg_inf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float f32_nan() { return __int_as_float(0x7fc00000); }
+
+// ---- bf16 -----------------------------------------------------------------
+
+__device__ __forceinline__ float bf16_to_f32(u32 bits) {
+    return __uint_as_float((bits & 0xffffu) << 16);
+}
+
+// Round to nearest even, NaN kept quiet: what half::bf16::from_f32 does.
+__device__ __forceinline__ u16 f32_to_bf16(float x) {
+    u32 u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (u16)((u >> 16) | 0x40u);
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+// ---- FP4 E2M1, FP8 E4M3, E8M0 ------------------------------------------------
+
+// Codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign.
+__device__ __forceinline__ float e2m1_to_f32(u32 code) {
+    u32 e = (code >> 1) & 3u;
+    u32 m = code & 1u;
+    u32 bits = e ? (((e + 126u) << 23) | (m << 22)) : (m ? 0x3f000000u : 0u);
+    return __uint_as_float(bits | ((code & 8u) << 28));
+}
+
+// float8_e4m3fn: bias 7, no infinities, S.1111.111 is NaN.
+__device__ __forceinline__ float e4m3_to_f32(u32 byte) {
+    u32 e = (byte >> 3) & 0xfu;
+    u32 m = byte & 7u;
+    if (e == 0xfu && m == 7u) {
+        return f32_nan();
+    }
+    float magnitude = e == 0u ? (float)m * (1.0f / 512.0f)
+                              : __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return (byte & 0x80u) ? -magnitude : magnitude;
+}
+
+// 2^(s - 127); 0xff is NaN; s = 0 is the subnormal 2^-127.
+__device__ __forceinline__ float e8m0_to_f32(u32 byte) {
+    if (byte == 0xffu) {
+        return f32_nan();
+    }
+    return __uint_as_float(byte == 0u ? 0x00400000u : (byte << 23));
+}
+
+// ---- loads at any alignment ---------------------------------------------------
+// The alignment test is uniform across a warp whenever the lanes' addresses
+// differ by multiples of the load width, which is how the kernels use them.
+
+__device__ __forceinline__ u32 load_u32_any(const u8* p) {
+    u64 a = (u64)p;
+    if ((a & 3u) == 0u) {
+        return *(const u32*)p;
+    }
+    if ((a & 1u) == 0u) {
+        const u16* h = (const u16*)p;
+        return (u32)h[0] | ((u32)h[1] << 16);
+    }
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+__device__ __forceinline__ uint2 load8_any(const u8* p) {
+    if (((u64)p & 7u) == 0u) {
+        return *(const uint2*)p;
+    }
+    return make_uint2(load_u32_any(p), load_u32_any(p + 4));
+}
+
+__device__ __forceinline__ uint4 load16_any(const u8* p) {
+    u64 a = (u64)p;
+    if ((a & 15u) == 0u) {
+        return *(const uint4*)p;
+    }
+    if ((a & 7u) == 0u) {
+        uint2 lo = *(const uint2*)p;
+        uint2 hi = *(const uint2*)(p + 8);
+        return make_uint4(lo.x, lo.y, hi.x, hi.y);
+    }
+    return make_uint4(load_u32_any(p), load_u32_any(p + 4), load_u32_any(p + 8),
+                      load_u32_any(p + 12));
+}
+
+__device__ __forceinline__ u32 load_u16_any(const u8* p) {
+    if (((u64)p & 1u) == 0u) {
+        return *(const u16*)p;
+    }
+    return (u32)p[0] | ((u32)p[1] << 8);
+}
+
+__device__ __forceinline__ float load_f32_any(const u8* p) {
+    return __uint_as_float(load_u32_any(p));
+}
+
+// ---- warp reductions ------------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v += __shfl_xor_sync(FULL_MASK, v, offset);
+    }
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
+    }
+    return v;
+}
+
+// ---- vectors (norm weights, biases, sinks): bf16 or f32 -----------------------
+
+__device__ __forceinline__ float vector_get(u64 data, u32 is_bf16, u32 i) {
+    const u8* p = (const u8*)data;
+    return is_bf16 ? bf16_to_f32(load_u16_any(p + 2ull * i)) : load_f32_any(p + 4ull * i);
+}
+
+// ---- weights ------------------------------------------------------------------------
+
+#define FMT_F32 0u
+#define FMT_BF16 1u
+#define FMT_NVFP4 2u
+#define FMT_MXFP4 3u
+
+// A [rows, cols] weight in device-readable memory, in its checkpoint format.
+struct Weight {
+    u64 data;    // values (F32 / BF16) or packed E2M1 codes, low nibble first
+    u64 scales;  // NVFP4: E4M3 [rows, cols/16]; MXFP4: E8M0 [rows, cols/32]
+    u32 format;  // FMT_*
+    float global;  // NVFP4 weight_scale_2
+    u32 rows;
+    u32 cols;
+};
+static_assert(sizeof(Weight) == 32, "Weight layout");
+
+// Element (row, col) as f32: the embedding gather and the reference of the
+// matmul's decoding.
+__device__ __forceinline__ float weight_element(const Weight& w, u32 row, u32 col) {
+    u64 index = (u64)row * w.cols + col;
+    const u8* data = (const u8*)w.data;
+    const u8* scales = (const u8*)w.scales;
+    switch (w.format) {
+    case FMT_F32:
+        return load_f32_any(data + 4ull * index);
+    case FMT_BF16:
+        return bf16_to_f32(load_u16_any(data + 2ull * index));
+    case FMT_NVFP4: {
+        u32 byte = data[index >> 1];
+        u32 code = (index & 1ull) ? (byte >> 4) : (byte & 15u);
+        float scale = e4m3_to_f32(scales[(u64)row * (w.cols / 16u) + col / 16u]) * w.global;
+        return e2m1_to_f32(code) * scale;
+    }
+    default: {
+        u32 byte = data[index >> 1];
+        u32 code = (index & 1ull) ? (byte >> 4) : (byte & 15u);
+        return e2m1_to_f32(code) * e8m0_to_f32(scales[(u64)row * (w.cols / 32u) + col / 32u]);
+    }
+    }
+}
+
+// ---- step metadata ------------------------------------------------------------------
+// One u32 buffer per step (src/backend/cuda/step.rs):
+//   [tokens: max_tokens][logit rows: max_tokens][seqs: 5 × max_seqs][block tables]
+// Each sequence: start row, length, cached tokens (past), ring slot, table start.
+
+#define SEQ_FIELDS 5u
+#define SEQ_START 0u
+#define SEQ_LEN 1u
+#define SEQ_PAST 2u
+#define SEQ_RING 3u
+#define SEQ_TABLE 4u
+
+struct StepView {
+    const u32* tokens;
+    const u32* logit_rows;
+    const u32* seqs;
+    const u32* tables;
+    u32 num_seqs;
+};
+
+__device__ __forceinline__ StepView step_view(u64 meta, u32 max_tokens, u32 max_seqs,
+                                              u32 num_seqs) {
+    const u32* base = (const u32*)meta;
+    StepView v;
+    v.tokens = base;
+    v.logit_rows = base + max_tokens;
+    v.seqs = base + 2u * max_tokens;
+    v.tables = base + 2u * max_tokens + SEQ_FIELDS * max_seqs;
+    v.num_seqs = num_seqs;
+    return v;
+}
+
+__device__ __forceinline__ u32 seq_field(const StepView& v, u32 seq, u32 field) {
+    return v.seqs[seq * SEQ_FIELDS + field];
+}
+
+// The sequence holding step row `row`: the last whose start is <= row
+// (sequences are packed in row order).
+__device__ __forceinline__ u32 seq_of_row(const StepView& v, u32 row) {
+    u32 lo = 0u;
+    u32 hi = v.num_seqs;
+    while (hi - lo > 1u) {
+        u32 mid = (lo + hi) >> 1;
+        if (seq_field(v, mid, SEQ_START) <= row) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// Position of step row `row` in its sequence.
+__device__ __forceinline__ u32 position_of_row(const StepView& v, u32 row) {
+    u32 s = seq_of_row(v, row);
+    return seq_field(v, s, SEQ_PAST) + (row - seq_field(v, s, SEQ_START));
+}

@@ -1,0 +1,487 @@
+//! The CUDA backend's allocations, each made once and charged to the
+//! ledger: activation buffers (the logits in host-mapped memory, which the
+//! host reads after one sync without a copy), the step metadata, the KV
+//! cache (one allocation, every layer inside) and the MoE workspace.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use super::driver::{Device, DeviceMemory, HostMapped};
+use crate::backend::{BackendError, KvLayout};
+use crate::engine::batch::StepBatch;
+use crate::plan::ledger::{Category, Charge, Ledger};
+use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+use crate::plan::profile::KvCacheDtype;
+
+#[derive(Debug)]
+enum Memory {
+    Device(DeviceMemory),
+    Host(HostMapped),
+}
+
+/// An f32 buffer in device memory (or host-mapped for the logits).
+#[derive(Debug)]
+pub struct CudaBuffer {
+    memory: Memory,
+    elements: usize,
+    _charge: Charge,
+}
+
+impl CudaBuffer {
+    /// The activation buffer the host reads every step is host-mapped.
+    pub(crate) fn allocate(
+        device: &Arc<Device>,
+        charge: Charge,
+        elements: usize,
+        host_mapped: bool,
+    ) -> Result<CudaBuffer, BackendError> {
+        let bytes = elements * 4;
+        let memory = if host_mapped {
+            Memory::Host(HostMapped::zeroed(device, bytes)?)
+        } else {
+            Memory::Device(DeviceMemory::zeroed(device, bytes)?)
+        };
+        Ok(CudaBuffer {
+            memory,
+            elements,
+            _charge: charge,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.elements
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.elements == 0
+    }
+
+    pub(crate) fn ptr(&self) -> u64 {
+        match &self.memory {
+            Memory::Device(m) => m.ptr(),
+            Memory::Host(m) => m.device_ptr(),
+        }
+    }
+
+    /// Address of element `index`.
+    pub(crate) fn at(&self, index: usize) -> u64 {
+        self.ptr() + 4 * index as u64
+    }
+
+    /// Copies `values` into the buffer (tests and set-up; not in a step).
+    pub fn upload(&self, values: &[f32]) -> Result<(), BackendError> {
+        check("upload", values.len(), self.elements)?;
+        match &self.memory {
+            Memory::Device(m) => Ok(m.upload(values)?),
+            Memory::Host(_) => Err(BackendError::Shape(
+                "host-mapped buffers are written by the device only".to_string(),
+            )),
+        }
+    }
+
+    /// Hands the first `n` values to `f` after the stream has finished.
+    pub(crate) fn read(&self, n: usize, f: &mut dyn FnMut(&[f32])) -> Result<(), BackendError> {
+        check("read", n, self.elements)?;
+        match &self.memory {
+            Memory::Host(m) => f(m.read_f32(n)?),
+            Memory::Device(m) => {
+                // Only tests read device buffers: a temporary copy.
+                let mut values = vec![0f32; n];
+                m.download(&mut values)?;
+                f(&values);
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn check(
+    what: &'static str,
+    needed: usize,
+    capacity: usize,
+) -> Result<(), BackendError> {
+    if needed > capacity {
+        return Err(BackendError::Capacity {
+            what,
+            needed,
+            capacity,
+        });
+    }
+    Ok(())
+}
+
+/// The step's metadata in device memory (`kernels/common.cuh`, StepView):
+/// `[tokens][logit rows][5 fields per sequence][block tables]`, and what
+/// the host needs to size launches and check bounds.
+#[derive(Debug)]
+pub struct CudaStep {
+    pub(crate) memory: DeviceMemory,
+    staging: Vec<u32>,
+    pub(crate) max_tokens: usize,
+    pub(crate) max_seqs: usize,
+    max_table_entries: usize,
+    pub(crate) rows: usize,
+    pub(crate) num_seqs: usize,
+    pub(crate) logit_rows: Vec<u32>,
+    pub(crate) tokens: Vec<u32>,
+    /// Query tiles of the attention kernel: Σ ⌈len / Q_TILE⌉.
+    pub(crate) tiles: u32,
+    /// Largest `past + len` of a sequence.
+    pub(crate) max_context: usize,
+    /// Every sequence has one row (a decode step).
+    pub(crate) decode_only: bool,
+    /// Largest block id and ring slot any sequence uses.
+    pub(crate) max_block: Option<u32>,
+    pub(crate) max_ring_slot: u32,
+    /// Smallest block size the tables are valid for: ⌈(past+len) / table_len⌉.
+    pub(crate) needed_block_size: usize,
+    /// Incremented by each `load_step`.
+    pub(crate) serial: u64,
+    _charge: Charge,
+}
+
+/// Fields per sequence in the metadata (start, len, past, ring slot, table start).
+const SEQ_FIELDS: usize = 5;
+
+impl CudaStep {
+    pub(crate) fn allocate(
+        device: &Arc<Device>,
+        ledger: &Arc<Ledger>,
+        max_tokens: usize,
+        max_seqs: usize,
+        max_blocks_per_seq: usize,
+    ) -> Result<CudaStep, BackendError> {
+        // The plan's step_metadata: 2 per token, 5 + a block table per sequence.
+        let words = 2 * max_tokens + max_seqs * (max_blocks_per_seq + SEQ_FIELDS);
+        let charge = ledger.charge(Category::Activations, words as u64 * 4, "step_metadata")?;
+        Ok(CudaStep {
+            memory: DeviceMemory::zeroed(device, words * 4)?,
+            staging: vec![0; words],
+            max_tokens,
+            max_seqs,
+            max_table_entries: max_seqs * max_blocks_per_seq,
+            rows: 0,
+            num_seqs: 0,
+            logit_rows: Vec::with_capacity(max_tokens),
+            tokens: Vec::with_capacity(max_tokens),
+            tiles: 0,
+            max_context: 0,
+            decode_only: true,
+            max_block: None,
+            max_ring_slot: 0,
+            needed_block_size: 0,
+            serial: 0,
+            _charge: charge,
+        })
+    }
+
+    pub(crate) fn meta(&self) -> u64 {
+        self.memory.ptr()
+    }
+
+    /// Copies `batch` to the device (four small asynchronous copies).
+    pub(crate) fn load(&mut self, batch: &StepBatch, q_tile: usize) -> Result<(), BackendError> {
+        let (t, s) = (self.max_tokens, self.max_seqs);
+        check("step tokens", batch.tokens.len(), t)?;
+        check("step sequences", batch.seqs.len(), s)?;
+        check("logit rows", batch.logit_rows.len(), t)?;
+        check(
+            "block tables",
+            batch.block_tables.len(),
+            self.max_table_entries,
+        )?;
+        if batch.positions.len() != batch.tokens.len() {
+            return Err(BackendError::Shape("a position per token".to_string()));
+        }
+        let rows = batch.tokens.len();
+        let mut expected_start = 0u32;
+        self.tiles = 0;
+        self.max_context = 0;
+        self.decode_only = true;
+        self.max_block = batch.block_tables.iter().copied().max();
+        self.max_ring_slot = 0;
+        self.needed_block_size = 0;
+        let seq_base = 2 * t;
+        for (i, c) in batch.seqs.iter().enumerate() {
+            // The kernels find a row's sequence by its start: packed in order.
+            if c.start != expected_start || c.len == 0 {
+                return Err(BackendError::Shape(
+                    "sequences must be packed in row order, none empty".to_string(),
+                ));
+            }
+            expected_start += c.len;
+            let positions = batch
+                .positions
+                .get(c.start as usize..expected_start as usize)
+                .ok_or_else(|| BackendError::Shape("sequences past the step's rows".to_string()))?;
+            if positions
+                .iter()
+                .zip(c.past..)
+                .any(|(&p, expected)| p != expected)
+            {
+                return Err(BackendError::Shape(
+                    "a sequence's positions must follow its cached tokens".to_string(),
+                ));
+            }
+            let end = c.table_start as usize + c.table_len as usize;
+            check("block table", end, batch.block_tables.len())?;
+            let context = c.past as usize + c.len as usize;
+            if c.table_len > 0 {
+                self.needed_block_size = self
+                    .needed_block_size
+                    .max(context.div_ceil(c.table_len as usize));
+            } else {
+                self.needed_block_size = usize::MAX;
+            }
+            self.tiles += c.len.div_ceil(q_tile as u32);
+            self.max_context = self.max_context.max(context);
+            self.decode_only &= c.len == 1;
+            self.max_ring_slot = self.max_ring_slot.max(c.ring_slot);
+            let at = seq_base + SEQ_FIELDS * i;
+            self.staging[at..at + SEQ_FIELDS].copy_from_slice(&[
+                c.start,
+                c.len,
+                c.past,
+                c.ring_slot,
+                c.table_start,
+            ]);
+        }
+        if expected_start as usize != rows {
+            return Err(BackendError::Shape(format!(
+                "the sequences cover {expected_start} rows of {rows}"
+            )));
+        }
+        if batch.logit_rows.windows(2).any(|w| w[0] >= w[1])
+            || batch.logit_rows.last().is_some_and(|&r| r as usize >= rows)
+        {
+            return Err(BackendError::Shape(
+                "logit rows must ascend and lie in the step".to_string(),
+            ));
+        }
+        self.staging[..rows].copy_from_slice(&batch.tokens);
+        self.staging[t..t + batch.logit_rows.len()].copy_from_slice(&batch.logit_rows);
+        let tables = seq_base + SEQ_FIELDS * s;
+        self.staging[tables..tables + batch.block_tables.len()]
+            .copy_from_slice(&batch.block_tables);
+
+        let n_seq = SEQ_FIELDS * batch.seqs.len();
+        self.memory.upload_at(0, &self.staging[..rows])?;
+        self.memory
+            .upload_at(4 * t, &self.staging[t..t + batch.logit_rows.len()])?;
+        self.memory
+            .upload_at(4 * seq_base, &self.staging[seq_base..seq_base + n_seq])?;
+        self.memory.upload_at(
+            4 * tables,
+            &self.staging[tables..tables + batch.block_tables.len()],
+        )?;
+        self.rows = rows;
+        self.num_seqs = batch.seqs.len();
+        self.logit_rows.clear();
+        self.logit_rows.extend_from_slice(&batch.logit_rows);
+        self.tokens.clear();
+        self.tokens.extend_from_slice(&batch.tokens);
+        self.serial += 1;
+        Ok(())
+    }
+}
+
+/// One layer's K and V storage inside the cache allocation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KvLayer {
+    pub k: u64,
+    pub v: u64,
+    pub ring: bool,
+}
+
+/// The KV cache of every layer in one device allocation, in the profile's
+/// KV dtype: a paged pool per full-attention layer, a ring of `window`
+/// slots per running sequence per sliding layer (as the CPU's).
+#[derive(Debug)]
+pub struct CudaKvCache {
+    _memory: DeviceMemory,
+    pub(crate) layers: Vec<KvLayer>,
+    pub(crate) block_size: usize,
+    pub(crate) blocks: usize,
+    pub(crate) ring_slots: usize,
+    pub(crate) ring_window: usize,
+    pub(crate) width: usize,
+    pub(crate) bf16: bool,
+    /// `serial · 2^16 + layer + 1` of the last paged layer whose new keys
+    /// the attention kernel already wrote (so kv_append skips it).
+    pub(crate) appended: AtomicU64,
+    _charge: Charge,
+}
+
+impl CudaKvCache {
+    pub(crate) fn allocate(
+        device: &Arc<Device>,
+        ledger: &Arc<Ledger>,
+        layout: &KvLayout,
+        layers: usize,
+    ) -> Result<CudaKvCache, BackendError> {
+        let width = layout.kv_heads * layout.head_dim;
+        let paged_slots = layout.blocks * layout.block_size;
+        let ring_slots = layout.ring_slots * layout.window;
+        let dtype_bytes = layout.dtype.bytes() as usize;
+        let mut elements = 0usize;
+        let mut plan = Vec::with_capacity(layers);
+        for layer in 0..layers {
+            let ring = layout.sliding_layers.get(layer).copied().unwrap_or(false);
+            let slots = if ring { ring_slots } else { paged_slots };
+            plan.push((ring, elements, slots * width));
+            elements += 2 * slots * width;
+        }
+        // Charge first: nothing is allocated unless the plan has room.
+        let charge = ledger.charge(
+            Category::KvCache,
+            (elements * dtype_bytes) as u64,
+            "kv_cache",
+        )?;
+        let memory = DeviceMemory::zeroed(device, elements * dtype_bytes)?;
+        let base = memory.ptr();
+        let layers = plan
+            .into_iter()
+            .map(|(ring, offset, len)| KvLayer {
+                k: base + (offset * dtype_bytes) as u64,
+                v: base + ((offset + len) * dtype_bytes) as u64,
+                ring,
+            })
+            .collect();
+        Ok(CudaKvCache {
+            _memory: memory,
+            layers,
+            block_size: layout.block_size,
+            blocks: layout.blocks,
+            ring_slots: layout.ring_slots,
+            ring_window: layout.window,
+            width,
+            bf16: layout.dtype == KvCacheDtype::Bf16,
+            appended: AtomicU64::new(0),
+            _charge: charge,
+        })
+    }
+
+    pub(crate) fn marker(layer: usize, serial: u64) -> u64 {
+        (serial << 16) + layer as u64 + 1
+    }
+
+    /// Checks that `step`'s tables, ring slots and positions fit this cache.
+    pub(crate) fn check_step(&self, layer: &KvLayer, step: &CudaStep) -> Result<(), BackendError> {
+        if layer.ring {
+            if step.num_seqs > 0 && step.max_ring_slot as usize >= self.ring_slots {
+                return Err(BackendError::Shape(format!(
+                    "ring slot {} of {}",
+                    step.max_ring_slot, self.ring_slots
+                )));
+            }
+            if self.ring_window == 0 {
+                return Err(BackendError::Shape(
+                    "a sliding layer with no window".to_string(),
+                ));
+            }
+        } else {
+            if step.needed_block_size > self.block_size {
+                return Err(BackendError::Shape(
+                    "a position is beyond its sequence's KV blocks".to_string(),
+                ));
+            }
+            if step.max_block.is_some_and(|b| b as usize >= self.blocks) {
+                return Err(BackendError::Shape(format!(
+                    "KV block {:?} of {}",
+                    step.max_block, self.blocks
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One planned workspace buffer.
+#[derive(Debug)]
+pub(crate) struct WorkspaceBuffer {
+    pub memory: DeviceMemory,
+    /// 4-byte elements.
+    pub elements: usize,
+}
+
+impl WorkspaceBuffer {
+    pub fn ptr(&self) -> u64 {
+        self.memory.ptr()
+    }
+}
+
+/// The MoE workspace: exactly the plan's buffers. Besides their MoE use,
+/// `gathered_input` holds the attention's split partials (attention and
+/// the experts never run at the same time) and the first word of
+/// `gate_up_output` (unused: gate/up and the activation are fused) is the
+/// route kernel's completion counter.
+#[derive(Debug)]
+pub struct CudaWorkspace {
+    pub(crate) topk_ids: WorkspaceBuffer,
+    pub(crate) topk_weights: WorkspaceBuffer,
+    pub(crate) expert_offsets: WorkspaceBuffer,
+    pub(crate) sorted_rows: WorkspaceBuffer,
+    pub(crate) gathered_input: WorkspaceBuffer,
+    pub(crate) gate_up_output: WorkspaceBuffer,
+    pub(crate) activation: WorkspaceBuffer,
+    pub(crate) down_output: WorkspaceBuffer,
+    /// Rows routed by the last `route`, its k and its number of experts.
+    pub(crate) routed: usize,
+    pub(crate) top_k: usize,
+    pub(crate) experts: usize,
+    _charges: Vec<Charge>,
+}
+
+impl CudaWorkspace {
+    pub(crate) fn allocate(
+        device: &Arc<Device>,
+        ledger: &Arc<Ledger>,
+        plan: &MoeWorkspacePlan,
+    ) -> Result<CudaWorkspace, BackendError> {
+        let mut charges = Vec::new();
+        let mut buffer = |name: &str| -> Result<WorkspaceBuffer, BackendError> {
+            let planned = plan
+                .buffers
+                .iter()
+                .find(|b| b.name == name)
+                .ok_or_else(|| {
+                    BackendError::Shape(format!("the plan's MoE workspace has no buffer {name}"))
+                })?;
+            charges.push(ledger.charge(Category::MoeWorkspace, planned.bytes, "moe_workspace")?);
+            let bytes = usize::try_from(planned.bytes)
+                .map_err(|_| BackendError::Shape(format!("{name} is too large")))?;
+            Ok(WorkspaceBuffer {
+                memory: DeviceMemory::zeroed(device, bytes)?,
+                elements: bytes / 4,
+            })
+        };
+        let ws = CudaWorkspace {
+            topk_ids: buffer("topk_ids")?,
+            topk_weights: buffer("topk_weights")?,
+            expert_offsets: buffer("expert_offsets")?,
+            sorted_rows: buffer("sorted_rows")?,
+            gathered_input: buffer("gathered_input")?,
+            gate_up_output: buffer("gate_up_output")?,
+            activation: buffer("activation")?,
+            down_output: buffer("down_output")?,
+            routed: 0,
+            top_k: 0,
+            experts: 0,
+            _charges: Vec::new(),
+        };
+        if ws.gate_up_output.elements == 0 {
+            return Err(BackendError::Shape(
+                "the MoE workspace has no room for the route counter".to_string(),
+            ));
+        }
+        Ok(CudaWorkspace {
+            _charges: charges,
+            ..ws
+        })
+    }
+
+    /// The route kernel's completion counter (zero between launches).
+    pub(crate) fn counter(&self) -> u64 {
+        self.gate_up_output.ptr()
+    }
+}

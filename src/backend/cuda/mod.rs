@@ -1,0 +1,759 @@
+//! The CUDA backend: the same [`Backend`] as the CPU's, computed by the
+//! kernels in `kernels/*.cu` (compiled by NVRTC for the device's own
+//! architecture, cached on disk), launched eagerly on one stream.
+//!
+//! - Activations are f32 like the CPU's; keys and values are rounded to the
+//!   cache dtype the same way; the router breaks ties the same way; every
+//!   formula is the CPU backend's, so results agree up to summation order.
+//! - No host synchronisation inside a step: only [`Backend::read`] (the
+//!   logits, host-mapped) and [`Backend::argmax`] wait for the stream.
+//! - Memory is exactly the plan: the activation set, the step metadata, the
+//!   KV cache and the MoE workspace are allocated once and charged to the
+//!   ledger; the weights are attached once ([`CudaBackend::attach_weights`]):
+//!   used in place on an integrated GPU, else copied once.
+//! - A missing driver, device or NVRTC is an error, never a panic: cudarc
+//!   loads libraries lazily and panics on missing symbols, so the first
+//!   uses run under `catch_unwind` after checking the libraries are there.
+
+mod attention;
+pub mod cache;
+mod driver;
+pub mod kernels;
+mod memory;
+mod moe;
+pub mod nvrtc;
+pub mod params;
+mod weights;
+
+use std::marker::PhantomData;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use thiserror::Error;
+
+use super::{AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind};
+use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight, WeightData};
+use crate::engine::batch::StepBatch;
+use crate::host::gpu::GpuInfo;
+use crate::plan::ledger::{Category, Charge, Ledger, WeightsResidency};
+use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+use driver::{Device, DeviceMemory, guarded};
+use kernels::{Kernel, Kernels};
+use memory::check;
+use params as p;
+
+pub use memory::{CudaBuffer, CudaKvCache, CudaStep, CudaWorkspace};
+pub use moe::CudaExperts;
+pub use weights::WeightsPolicy;
+
+#[derive(Clone, Debug, Error)]
+pub enum CudaError {
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("NVRTC is unavailable: {0}")]
+    NvrtcMissing(String),
+    #[error("{call} failed: {error}")]
+    Driver { call: &'static str, error: String },
+    #[error("allocating {bytes} bytes on the device failed: {error}")]
+    OutOfMemory { bytes: u64, error: String },
+    #[error("compiling {file} failed:\n{log}")]
+    Compile { file: String, log: String },
+    #[error("{0}")]
+    Bounds(String),
+}
+
+impl From<CudaError> for BackendError {
+    fn from(e: CudaError) -> BackendError {
+        match e {
+            CudaError::Unavailable(_) | CudaError::NvrtcMissing(_) => {
+                BackendError::Unavailable(e.to_string())
+            }
+            other => BackendError::Kernel(other.to_string()),
+        }
+    }
+}
+
+/// How to start the backend.
+#[derive(Clone, Debug, Default)]
+pub struct CudaOptions {
+    /// Device ordinal.
+    pub ordinal: i32,
+    /// CUBIN cache directory (see [`cache::cache_dir`]).
+    pub cache_dir: Option<PathBuf>,
+    /// Most rows [`Backend::argmax`] samples at once (the plan's max_num_seqs).
+    pub max_sample_rows: usize,
+}
+
+/// Device bytes the backend charges to the runtime overhead besides the
+/// context and modules: the expert tables of every MoE layer and the
+/// sampled ids. The runtime charges the rest of the planned overhead.
+pub fn metadata_bytes(moe_layers: usize, num_experts: usize, max_sample_rows: usize) -> u64 {
+    (moe_layers * num_experts * std::mem::size_of::<p::ExpertWeights>() + max_sample_rows * 4)
+        as u64
+}
+
+pub struct CudaBackend {
+    device: Arc<Device>,
+    kernels: Kernels,
+    ledger: Arc<Ledger>,
+    weights: weights::WeightStore,
+    sampled_ids: DeviceMemory,
+    max_sample_rows: usize,
+    /// Keys per attention split, 0 = chosen per step (tests force splits).
+    split_len: AtomicU32,
+    /// Dynamic shared memory the attention kernel may use.
+    attention_shared: u32,
+    _sampled_charge: Charge,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("device", &self.device.info)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaBackend {
+    /// Opens the device, loads (or compiles) every kernel and checks that
+    /// the driver functions the backend uses are all there.
+    pub fn new(ledger: Arc<Ledger>, options: &CudaOptions) -> Result<CudaBackend, CudaError> {
+        let device = Device::open(options.ordinal)?;
+        guarded("starting the CUDA backend", || {
+            let cache = cache::CubinCache::new(cache::cache_dir(options.cache_dir.as_deref()));
+            let kernels = Kernels::load(&device, &cache)?;
+            for (file, origin) in &kernels.origins {
+                tracing::debug!("kernels/{file}: {origin}");
+            }
+            let wanted = p::attention_shared_bytes(p::MAX_HEAD_DIM as u32);
+            let attention_shared = wanted.min(device.shared_optin_bytes.max(48 << 10));
+            kernels.allow_shared(Kernel::Attention, attention_shared)?;
+            let rows = options.max_sample_rows.max(1);
+            let sampled_charge = ledger
+                .charge(Category::RuntimeOverhead, rows as u64 * 4, "sampled ids")
+                .map_err(|e| CudaError::Bounds(e.to_string()))?;
+            let sampled_ids = DeviceMemory::zeroed(&device, rows * 4)?;
+            let backend = CudaBackend {
+                device: Arc::clone(&device),
+                kernels,
+                ledger,
+                weights: weights::WeightStore::default(),
+                sampled_ids,
+                max_sample_rows: rows,
+                split_len: AtomicU32::new(0),
+                attention_shared,
+                _sampled_charge: sampled_charge,
+            };
+            backend.smoke_test()?;
+            Ok(backend)
+        })
+    }
+
+    /// One launch, copy and host-mapped allocation: every driver entry the
+    /// backend uses is resolved here, where a missing one is caught.
+    fn smoke_test(&self) -> Result<(), CudaError> {
+        let mapped = driver::HostMapped::zeroed(&self.device, 16)?;
+        self.sampled_ids.upload(&[0u32])?;
+        let params = p::PairParams {
+            a: mapped.device_ptr(),
+            b: self.sampled_ids.ptr(),
+            n: 1,
+        };
+        self.kernels
+            .launch(Kernel::Add, (1, 1, 1), 32, 0, &params)?;
+        let mut back = [0u32; 1];
+        self.sampled_ids.download(&mut back)?;
+        let sum = mapped.read_f32(1)?;
+        if sum[0] != 0.0 {
+            return Err(CudaError::Unavailable(format!(
+                "the device computed 0 + 0 = {}",
+                sum[0]
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn info(&self) -> &GpuInfo {
+        &self.device.info
+    }
+
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// The device's theoretical memory bandwidth, bytes/s, when known.
+    pub fn peak_bandwidth(&self) -> Option<f64> {
+        self.device.peak_bandwidth
+    }
+
+    /// Makes the host byte ranges every weight lies in readable by the
+    /// device (see [`WeightsPolicy`]), charging them to the ledger's
+    /// weights, and records where they live. Called once, before any
+    /// [`Backend::linear`]. The ranges must outlive the backend.
+    pub fn attach_weights(
+        &mut self,
+        regions: &[&[u8]],
+        policy: WeightsPolicy,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<WeightsResidency, BackendError> {
+        if self.weights.residency().is_some() {
+            return Err(BackendError::Shape("weights are attached once".to_string()));
+        }
+        self.device.bind()?;
+        self.weights = guarded("attaching the weights", || {
+            weights::WeightStore::attach(&self.device, &self.ledger, regions, policy, progress)
+                .map_err(|e| CudaError::Bounds(e.to_string()))
+        })?;
+        let residency = self
+            .weights
+            .residency()
+            .ok_or_else(|| BackendError::Shape("no weights attached".to_string()))?;
+        self.ledger.set_weights_residency(residency);
+        Ok(residency)
+    }
+
+    /// Forces `len` keys per attention split (rounded up to the key tile),
+    /// or lets each step choose (`None`). For tests of the split path.
+    pub fn set_attention_split(&self, len: Option<usize>) {
+        let len = len.map_or(0, |l| (l as u32).max(1).div_ceil(p::KEY_TILE) * p::KEY_TILE);
+        self.split_len.store(len, Ordering::Relaxed);
+    }
+
+    /// Kernel launches so far, by kernel name.
+    pub fn launch_counts(&self) -> Vec<(&'static str, u64)> {
+        self.kernels.launch_counts()
+    }
+
+    fn launch<P>(
+        &self,
+        kernel: Kernel,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        params: &P,
+    ) -> Result<(), BackendError> {
+        Ok(self.kernels.launch(kernel, grid, block, shared, params)?)
+    }
+
+    fn weight(&self, w: &LinearWeight<'_>) -> Result<p::Weight, BackendError> {
+        let rows =
+            u32::try_from(w.rows).map_err(|_| BackendError::Shape("weight too tall".into()))?;
+        let cols =
+            u32::try_from(w.cols).map_err(|_| BackendError::Shape("weight too wide".into()))?;
+        let group = |g: usize| {
+            if w.cols.is_multiple_of(g) {
+                Ok(())
+            } else {
+                Err(BackendError::Shape(format!(
+                    "{} columns are not groups of {g}",
+                    w.cols
+                )))
+            }
+        };
+        let (format, data, scales, global) = match w.data {
+            WeightData::F32(b) => {
+                check("F32 weight", w.rows * w.cols * 4, b.len())?;
+                (p::FMT_F32, b, &[][..], 1.0)
+            }
+            WeightData::Bf16(b) => {
+                check("BF16 weight", w.rows * w.cols * 2, b.len())?;
+                (p::FMT_BF16, b, &[][..], 1.0)
+            }
+            WeightData::Nvfp4 {
+                packed,
+                scales,
+                global,
+            } => {
+                group(16)?;
+                check("NVFP4 codes", w.rows * w.cols / 2, packed.len())?;
+                check("NVFP4 scales", w.rows * w.cols / 16, scales.len())?;
+                (p::FMT_NVFP4, packed, scales, global)
+            }
+            WeightData::Mxfp4 { blocks, scales } => {
+                group(32)?;
+                check("MXFP4 blocks", w.rows * w.cols / 2, blocks.len())?;
+                check("MXFP4 scales", w.rows * w.cols / 32, scales.len())?;
+                (p::FMT_MXFP4, blocks, scales, 1.0)
+            }
+        };
+        Ok(p::Weight {
+            data: self.weights.translate(data)?,
+            scales: self.weights.translate(scales)?,
+            format,
+            global,
+            rows,
+            cols,
+        })
+    }
+}
+
+/// A linear weight as the kernels read it, borrowed from the checkpoint.
+#[derive(Clone, Copy, Debug)]
+pub struct CudaLinear<'w> {
+    pub(crate) weight: p::Weight,
+    pub rows: usize,
+    pub cols: usize,
+    _borrow: PhantomData<&'w [u8]>,
+}
+
+/// A vector weight (norm, bias, sinks) in device-readable memory.
+#[derive(Clone, Copy, Debug)]
+pub struct CudaVector<'w> {
+    pub(crate) ptr: u64,
+    pub len: usize,
+    pub(crate) bf16: bool,
+    _borrow: PhantomData<&'w [u8]>,
+}
+
+fn u32_of(what: &'static str, n: usize) -> Result<u32, BackendError> {
+    u32::try_from(n).map_err(|_| BackendError::Shape(format!("{what} {n} exceeds 32 bits")))
+}
+
+/// Blocks for a grid-stride loop over `n` elements, 256 threads each.
+fn stride_blocks(n: usize) -> u32 {
+    n.div_ceil(256).clamp(1, 4096) as u32
+}
+
+impl Backend for CudaBackend {
+    type Buffer = CudaBuffer;
+    type Linear<'w> = CudaLinear<'w>;
+    type Vector<'w> = CudaVector<'w>;
+    type Experts<'w> = CudaExperts<'w>;
+    type Workspace = CudaWorkspace;
+    type KvCache = CudaKvCache;
+    type Step = CudaStep;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn alloc(
+        &self,
+        category: Category,
+        what: &'static str,
+        elements: usize,
+    ) -> Result<CudaBuffer, BackendError> {
+        self.device.bind()?;
+        let charge = self
+            .ledger
+            .charge(category, super::f32_bytes(elements), what)?;
+        // The logits are what the host reads every step.
+        CudaBuffer::allocate(&self.device, charge, elements, what == "logits")
+    }
+
+    fn linear<'w>(&self, w: LinearWeight<'w>) -> Result<CudaLinear<'w>, BackendError> {
+        Ok(CudaLinear {
+            weight: self.weight(&w)?,
+            rows: w.rows,
+            cols: w.cols,
+            _borrow: PhantomData,
+        })
+    }
+
+    fn vector<'w>(&self, v: VectorWeight<'w>) -> Result<CudaVector<'w>, BackendError> {
+        let (bytes, bf16, size) = match v.data {
+            VectorData::Bf16(b) => (b, true, 2),
+            VectorData::F32(b) => (b, false, 4),
+        };
+        check("vector", v.len * size, bytes.len())?;
+        Ok(CudaVector {
+            ptr: self.weights.translate(bytes)?,
+            len: v.len,
+            bf16,
+            _borrow: PhantomData,
+        })
+    }
+
+    fn experts<'w>(&self, spec: ExpertsSpec<'w>) -> Result<CudaExperts<'w>, BackendError> {
+        self.device.bind()?;
+        CudaExperts::new(self, spec)
+    }
+
+    fn workspace(&self, plan: &MoeWorkspacePlan) -> Result<CudaWorkspace, BackendError> {
+        self.device.bind()?;
+        CudaWorkspace::allocate(&self.device, &self.ledger, plan)
+    }
+
+    fn kv_cache(&self, layout: &KvLayout, layers: usize) -> Result<CudaKvCache, BackendError> {
+        self.device.bind()?;
+        CudaKvCache::allocate(&self.device, &self.ledger, layout, layers)
+    }
+
+    fn step_storage(
+        &self,
+        max_tokens: usize,
+        max_seqs: usize,
+        max_blocks_per_seq: usize,
+    ) -> Result<CudaStep, BackendError> {
+        self.device.bind()?;
+        CudaStep::allocate(
+            &self.device,
+            &self.ledger,
+            max_tokens,
+            max_seqs,
+            max_blocks_per_seq,
+        )
+    }
+
+    fn load_step(&self, batch: &StepBatch, step: &mut CudaStep) -> Result<(), BackendError> {
+        self.device.bind()?;
+        step.load(batch, p::Q_TILE as usize)
+    }
+
+    fn embed(
+        &self,
+        table: &CudaLinear<'_>,
+        step: &CudaStep,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        check("embedding output", step.rows * table.cols, out.len())?;
+        if let Some(&bad) = step.tokens.iter().find(|&&t| t as usize >= table.rows) {
+            return Err(BackendError::Shape(format!(
+                "token {bad} is outside the {}-token embedding table",
+                table.rows
+            )));
+        }
+        let params = p::EmbedParams {
+            table: table.weight,
+            meta: step.meta(),
+            out: out.ptr(),
+            rows: u32_of("rows", step.rows)?,
+            pad: 0,
+        };
+        self.launch(Kernel::Embed, (params.rows, 1, 1), 256, 0, &params)
+    }
+
+    fn rmsnorm(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaVector<'_>,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        check("rmsnorm", rows * width, x.len().min(out.len()))?;
+        check("rmsnorm weight", width, w.len)?;
+        let params = p::NormParams {
+            x: x.ptr(),
+            delta: 0,
+            weight: w.ptr,
+            out: out.ptr(),
+            weight_bf16: w.bf16.into(),
+            width: u32_of("width", width)?,
+            eps,
+            rows: u32_of("rows", rows)?,
+        };
+        self.launch(Kernel::RmsNorm, (params.rows, 1, 1), 256, 0, &params)
+    }
+
+    fn add_rmsnorm(
+        &self,
+        residual: &mut CudaBuffer,
+        delta: &CudaBuffer,
+        w: &CudaVector<'_>,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        check(
+            "add_rmsnorm",
+            rows * width,
+            residual.len().min(delta.len()).min(out.len()),
+        )?;
+        check("rmsnorm weight", width, w.len)?;
+        let params = p::NormParams {
+            x: residual.ptr(),
+            delta: delta.ptr(),
+            weight: w.ptr,
+            out: out.ptr(),
+            weight_bf16: w.bf16.into(),
+            width: u32_of("width", width)?,
+            eps,
+            rows: u32_of("rows", rows)?,
+        };
+        self.launch(Kernel::RmsNorm, (params.rows, 1, 1), 256, 0, &params)
+    }
+
+    fn matmul(&self, jobs: &mut [Matmul<'_, '_, Self>]) -> Result<(), BackendError> {
+        self.device.bind()?;
+        for chunk in jobs.chunks(p::MAX_JOBS) {
+            let mut params = p::MatmulParams::default();
+            let mut blocks = 0u32;
+            for job in chunk {
+                let (k, n) = (job.w.cols, job.w.rows);
+                if job.rows == 0 {
+                    continue;
+                }
+                check("matmul input", (job.x_row + job.rows) * k, job.x.len())?;
+                check("matmul output", job.rows * n, job.out.len())?;
+                let (bias, bias_bf16) = match job.bias {
+                    Some(b) => {
+                        check("matmul bias", n, b.len)?;
+                        (b.ptr, u32::from(b.bf16))
+                    }
+                    None => (0, 0),
+                };
+                params.jobs[params.count as usize] = p::MatmulJob {
+                    w: job.w.weight,
+                    x: job.x.at(job.x_row * k),
+                    out: job.out.ptr(),
+                    bias,
+                    bias_bf16,
+                    rows: u32_of("rows", job.rows)?,
+                    first_block: blocks,
+                    pad: 0,
+                };
+                params.count += 1;
+                blocks = blocks
+                    .checked_add(u32_of("output features", n)?.div_ceil(p::MATMUL_WARPS))
+                    .ok_or_else(|| BackendError::Shape("matmul grid too large".to_string()))?;
+            }
+            if params.count > 0 {
+                self.launch(
+                    Kernel::Matmul,
+                    (blocks, 1, 1),
+                    p::MATMUL_WARPS * 32,
+                    0,
+                    &params,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn rope_table(
+        &self,
+        step: &CudaStep,
+        inv_freq: &[f32],
+        attention_factor: f32,
+        rows: usize,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        let half = inv_freq.len();
+        if half > p::MAX_ROPE_HALF {
+            return Err(BackendError::Shape(format!(
+                "head_dim {} exceeds the CUDA backend's {}",
+                2 * half,
+                2 * p::MAX_ROPE_HALF
+            )));
+        }
+        check("rope rows", rows, step.rows)?;
+        check("rope table", rows * 2 * half, out.len())?;
+        let mut params = p::RopeTableParams {
+            meta: step.meta(),
+            out: out.ptr(),
+            max_tokens: u32_of("tokens", step.max_tokens)?,
+            max_seqs: u32_of("sequences", step.max_seqs)?,
+            num_seqs: u32_of("sequences", step.num_seqs)?,
+            rows: u32_of("rows", rows)?,
+            half: half as u32,
+            attention_factor,
+            inv_freq: [0.0; p::MAX_ROPE_HALF],
+        };
+        params.inv_freq[..half].copy_from_slice(inv_freq);
+        self.launch(Kernel::RopeTable, (params.rows, 1, 1), 128, 0, &params)
+    }
+
+    fn qk_norm_rope(
+        &self,
+        q: &mut CudaBuffer,
+        k: &mut CudaBuffer,
+        norms: Option<(&CudaVector<'_>, &CudaVector<'_>, f32)>,
+        rope: &CudaBuffer,
+        rows: usize,
+        shape: &AttentionShape,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        let hd = shape.head_dim;
+        if hd > p::MAX_HEAD_DIM || !hd.is_multiple_of(2) {
+            return Err(BackendError::Shape(format!("unsupported head_dim {hd}")));
+        }
+        check("q", rows * shape.heads * hd, q.len())?;
+        check("k", rows * shape.kv_heads * hd, k.len())?;
+        check("rope table", rows * hd, rope.len())?;
+        let (q_norm, k_norm, eps) = match norms {
+            Some((qn, kn, eps)) => {
+                check("q norm", hd, qn.len)?;
+                check("k norm", hd, kn.len)?;
+                (Some(qn), Some(kn), eps)
+            }
+            None => (None, None, 0.0),
+        };
+        let params = p::QkRopeParams {
+            q: q.ptr(),
+            k: k.ptr(),
+            q_norm: q_norm.map_or(0, |v| v.ptr),
+            k_norm: k_norm.map_or(0, |v| v.ptr),
+            rope: rope.ptr(),
+            q_norm_bf16: q_norm.is_some_and(|v| v.bf16).into(),
+            k_norm_bf16: k_norm.is_some_and(|v| v.bf16).into(),
+            rows: u32_of("rows", rows)?,
+            heads: u32_of("heads", shape.heads)?,
+            kv_heads: u32_of("kv heads", shape.kv_heads)?,
+            head_dim: hd as u32,
+            eps,
+            pad: 0,
+        };
+        let grid = (params.rows, params.heads + params.kv_heads, 1);
+        self.launch(Kernel::QkNormRope, grid, 32, 0, &params)
+    }
+
+    fn attention(
+        &self,
+        q: &CudaBuffer,
+        k: &mut CudaBuffer,
+        v: &mut CudaBuffer,
+        kv: &CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+        shape: &AttentionShape,
+        sinks: Option<&CudaVector<'_>>,
+        ws: &mut CudaWorkspace,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        self.run_attention(q, k, v, kv, layer, step, shape, sinks, ws, out)
+    }
+
+    fn kv_append(
+        &self,
+        k: &CudaBuffer,
+        v: &CudaBuffer,
+        kv: &mut CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        self.run_kv_append(k, v, kv, layer, step)
+    }
+
+    fn route(
+        &self,
+        logits: &CudaBuffer,
+        rows: usize,
+        num_experts: usize,
+        top_k: usize,
+        kind: RouterKind,
+        ws: &mut CudaWorkspace,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        self.run_route(logits, rows, num_experts, top_k, kind, ws)
+    }
+
+    fn moe(
+        &self,
+        x: &CudaBuffer,
+        rows: usize,
+        experts: &CudaExperts<'_>,
+        ws: &mut CudaWorkspace,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        self.run_experts(x, rows, experts, ws, out)
+    }
+
+    fn silu_mul(
+        &self,
+        gate: &mut CudaBuffer,
+        up: &CudaBuffer,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        check("silu_mul", n, gate.len().min(up.len()))?;
+        let params = p::PairParams {
+            a: gate.ptr(),
+            b: up.ptr(),
+            n: n as u64,
+        };
+        self.launch(Kernel::SiluMul, (stride_blocks(n), 1, 1), 256, 0, &params)
+    }
+
+    fn add(
+        &self,
+        residual: &mut CudaBuffer,
+        delta: &CudaBuffer,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        check("add", n, residual.len().min(delta.len()))?;
+        let params = p::PairParams {
+            a: residual.ptr(),
+            b: delta.ptr(),
+            n: n as u64,
+        };
+        self.launch(Kernel::Add, (stride_blocks(n), 1, 1), 256, 0, &params)
+    }
+
+    fn compact_rows(
+        &self,
+        buf: &mut CudaBuffer,
+        step: &CudaStep,
+        width: usize,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        if let Some(&last) = step.logit_rows.last() {
+            check("logit row", (last as usize + 1) * width, buf.len())?;
+        }
+        let moves = step
+            .logit_rows
+            .iter()
+            .enumerate()
+            .any(|(i, &r)| r as usize != i);
+        if !moves {
+            return Ok(());
+        }
+        let params = p::CompactParams {
+            buf: buf.ptr(),
+            meta: step.meta(),
+            max_tokens: u32_of("tokens", step.max_tokens)?,
+            count: u32_of("logit rows", step.logit_rows.len())?,
+            width: u32_of("width", width)?,
+            pad: 0,
+        };
+        self.launch(Kernel::CompactRows, (1, 1, 1), 256, 0, &params)
+    }
+
+    fn read(
+        &self,
+        buf: &CudaBuffer,
+        n: usize,
+        f: &mut dyn FnMut(&[f32]),
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        buf.read(n, f)
+    }
+
+    fn argmax(
+        &self,
+        logits: &CudaBuffer,
+        rows: usize,
+        vocab: usize,
+        ids: &mut [u32],
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        check("sampled rows", rows, self.max_sample_rows.min(ids.len()))?;
+        check("logits", rows * vocab, logits.len())?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let params = p::ArgmaxParams {
+            logits: logits.ptr(),
+            ids: self.sampled_ids.ptr(),
+            rows: u32_of("rows", rows)?,
+            vocab: u32_of("vocab", vocab)?,
+        };
+        self.launch(Kernel::Argmax, (params.rows, 1, 1), 256, 0, &params)?;
+        Ok(self.sampled_ids.download(&mut ids[..rows])?)
+    }
+
+    fn launches(&self) -> Option<u64> {
+        Some(self.kernels.total_launches())
+    }
+}

@@ -1,0 +1,292 @@
+//! The kernels' parameter structs, field for field as `kernels/*.cu`
+//! declare them (each kernel takes one struct by value). Only u64, u32 and
+//! f32 fields, u64s first, so `repr(C)` lays them out as the CUDA compiler
+//! does; the sizes are asserted here and by `static_assert` in the sources.
+
+/// Weight formats as `kernels/common.cuh` numbers them.
+pub const FMT_F32: u32 = 0;
+pub const FMT_BF16: u32 = 1;
+pub const FMT_NVFP4: u32 = 2;
+pub const FMT_MXFP4: u32 = 3;
+
+/// Router kinds of `route_group`.
+pub const ROUTER_SOFTMAX_TOPK: u32 = 0;
+pub const ROUTER_SOFTMAX_TOPK_RENORM: u32 = 1;
+pub const ROUTER_TOPK_SOFTMAX: u32 = 2;
+
+/// Limits compiled into the kernels.
+pub const MAX_ROPE_HALF: usize = 256;
+pub const MAX_HEAD_DIM: usize = 256;
+pub const MAX_JOBS: usize = 4;
+pub const MAX_EXPERTS: usize = 1024;
+pub const MAX_TOP_K: usize = 32;
+pub const MATMUL_WARPS: u32 = 4;
+pub const EXPERT_WARPS: u32 = 4;
+pub const ROUTE_WARPS: u32 = 4;
+pub const ATTN_THREADS: u32 = 128;
+pub const Q_TILE: u32 = 16;
+pub const KEY_TILE: u32 = 32;
+
+/// Dynamic shared memory of `attention` for `head_dim`: a query tile, a
+/// padded key tile and a value tile, f32.
+pub fn attention_shared_bytes(head_dim: u32) -> u32 {
+    (Q_TILE * head_dim + KEY_TILE * (head_dim + 1) + KEY_TILE * head_dim) * 4
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Weight {
+    pub data: u64,
+    pub scales: u64,
+    pub format: u32,
+    pub global: f32,
+    pub rows: u32,
+    pub cols: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NormParams {
+    pub x: u64,
+    pub delta: u64,
+    pub weight: u64,
+    pub out: u64,
+    pub weight_bf16: u32,
+    pub width: u32,
+    pub eps: f32,
+    pub rows: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RopeTableParams {
+    pub meta: u64,
+    pub out: u64,
+    pub max_tokens: u32,
+    pub max_seqs: u32,
+    pub num_seqs: u32,
+    pub rows: u32,
+    pub half: u32,
+    pub attention_factor: f32,
+    pub inv_freq: [f32; MAX_ROPE_HALF],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct QkRopeParams {
+    pub q: u64,
+    pub k: u64,
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub rope: u64,
+    pub q_norm_bf16: u32,
+    pub k_norm_bf16: u32,
+    pub rows: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub eps: f32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EmbedParams {
+    pub table: Weight,
+    pub meta: u64,
+    pub out: u64,
+    pub rows: u32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PairParams {
+    pub a: u64,
+    pub b: u64,
+    pub n: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CompactParams {
+    pub buf: u64,
+    pub meta: u64,
+    pub max_tokens: u32,
+    pub count: u32,
+    pub width: u32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ArgmaxParams {
+    pub logits: u64,
+    pub ids: u64,
+    pub rows: u32,
+    pub vocab: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MatmulJob {
+    pub w: Weight,
+    pub x: u64,
+    pub out: u64,
+    pub bias: u64,
+    pub bias_bf16: u32,
+    pub rows: u32,
+    pub first_block: u32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MatmulParams {
+    pub jobs: [MatmulJob; MAX_JOBS],
+    pub count: u32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RouteParams {
+    pub logits: u64,
+    pub topk_ids: u64,
+    pub topk_weights: u64,
+    pub offsets: u64,
+    pub sorted_rows: u64,
+    pub counter: u64,
+    pub rows: u32,
+    pub num_experts: u32,
+    pub top_k: u32,
+    pub kind: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExpertWeights {
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+    pub gate_up_bias: u64,
+    pub down_bias: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GateUpParams {
+    pub experts: u64,
+    pub x: u64,
+    pub sorted_rows: u64,
+    pub offsets: u64,
+    pub act: u64,
+    pub num_experts: u32,
+    pub top_k: u32,
+    pub hidden: u32,
+    pub inter: u32,
+    pub interleaved: u32,
+    pub bias_bf16: u32,
+    pub limit: f32,
+    pub alpha: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DownParams {
+    pub experts: u64,
+    pub act: u64,
+    pub offsets: u64,
+    pub down_out: u64,
+    pub num_experts: u32,
+    pub hidden: u32,
+    pub inter: u32,
+    pub bias_bf16: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CombineParams {
+    pub down_out: u64,
+    pub positions: u64,
+    pub weights: u64,
+    pub out: u64,
+    pub rows: u32,
+    pub top_k: u32,
+    pub hidden: u32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub meta: u64,
+    pub sinks: u64,
+    pub out: u64,
+    pub partial: u64,
+    pub max_tokens: u32,
+    pub max_seqs: u32,
+    pub num_seqs: u32,
+    pub rows: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub kv_bf16: u32,
+    pub sinks_bf16: u32,
+    pub block_size: u32,
+    pub ring: u32,
+    pub ring_window: u32,
+    pub window: u32,
+    pub splits: u32,
+    pub split_len: u32,
+    pub append: u32,
+    pub scale: f32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AppendParams {
+    pub k: u64,
+    pub v: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub meta: u64,
+    pub max_tokens: u32,
+    pub max_seqs: u32,
+    pub num_seqs: u32,
+    pub rows: u32,
+    pub kv_width: u32,
+    pub kv_bf16: u32,
+    pub block_size: u32,
+    pub ring: u32,
+    pub ring_window: u32,
+    pub pad: u32,
+}
+
+// The same sizes the sources assert.
+const _: () = {
+    use std::mem::size_of;
+    assert!(size_of::<Weight>() == 32);
+    assert!(size_of::<NormParams>() == 48);
+    assert!(size_of::<RopeTableParams>() == 40 + 4 * MAX_ROPE_HALF);
+    assert!(size_of::<QkRopeParams>() == 72);
+    assert!(size_of::<EmbedParams>() == 56);
+    assert!(size_of::<PairParams>() == 24);
+    assert!(size_of::<CompactParams>() == 32);
+    assert!(size_of::<ArgmaxParams>() == 24);
+    assert!(size_of::<MatmulJob>() == 72);
+    assert!(size_of::<MatmulParams>() == 72 * MAX_JOBS + 8);
+    assert!(size_of::<RouteParams>() == 64);
+    assert!(size_of::<ExpertWeights>() == 112);
+    assert!(size_of::<GateUpParams>() == 72);
+    assert!(size_of::<DownParams>() == 48);
+    assert!(size_of::<CombineParams>() == 48);
+    assert!(size_of::<AttnParams>() == 144);
+    assert!(size_of::<AppendParams>() == 80);
+};

@@ -1,0 +1,166 @@
+//! `sparkrt kernels`: compiles every CUDA kernel with the NVRTC found on
+//! this machine (no GPU needed) and lists each with its CUBIN size,
+//! registers and spills; exits 1 if any file fails to compile.
+
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use serde::Serialize;
+
+use super::RuntimeFailure;
+use crate::backend::cuda::{self, kernels, nvrtc};
+
+#[derive(Debug, clap::Args)]
+pub struct KernelsArgs {
+    /// Target architecture, e.g. sm_121 (DGX Spark) or sm_90 (H200);
+    /// repeatable [default: the GPU's own].
+    #[arg(long = "arch", value_name = "SM")]
+    pub archs: Vec<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct KernelRow {
+    arch: String,
+    file: &'static str,
+    kernel: String,
+    code_bytes: Option<u64>,
+    registers: Option<u32>,
+    spill_stores: Option<u64>,
+    spill_loads: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct FileRow {
+    arch: String,
+    file: &'static str,
+    cubin_bytes: Option<usize>,
+    error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    nvrtc: String,
+    nvrtc_version: String,
+    files: Vec<FileRow>,
+    kernels: Vec<KernelRow>,
+}
+
+pub fn run(args: &KernelsArgs) -> Result<ExitCode> {
+    let archs = if args.archs.is_empty() {
+        match crate::host::gpu::probe().first() {
+            Some(gpu) => vec![gpu.arch()],
+            None => bail!("no GPU to take the architecture from: pass --arch (e.g. --arch sm_121)"),
+        }
+    } else {
+        args.archs.clone()
+    };
+    if let Some(bad) = archs.iter().find(|a| !valid_arch(a)) {
+        bail!("--arch {bad}: expected sm_<major><minor>, e.g. sm_121 or sm_90");
+    }
+    let found = nvrtc::load().map_err(|e| RuntimeFailure(e.into()))?;
+    let mut report = Report {
+        nvrtc: found
+            .path
+            .as_ref()
+            .map_or("found by the dynamic loader".to_string(), |p| {
+                p.display().to_string()
+            }),
+        nvrtc_version: format!("{}.{}", found.version.0, found.version.1),
+        files: Vec::new(),
+        kernels: Vec::new(),
+    };
+    let mut failed = false;
+    for arch in &archs {
+        for file in &kernels::FILES {
+            match file.compile(arch) {
+                Ok(compiled) => {
+                    report.files.push(FileRow {
+                        arch: arch.clone(),
+                        file: file.name,
+                        cubin_bytes: Some(compiled.cubin.len()),
+                        error: None,
+                    });
+                    for k in nvrtc::report(&compiled) {
+                        report.kernels.push(KernelRow {
+                            arch: arch.clone(),
+                            file: file.name,
+                            kernel: k.name,
+                            code_bytes: k.code_bytes,
+                            registers: k.registers,
+                            spill_stores: k.spill_stores,
+                            spill_loads: k.spill_loads,
+                        });
+                    }
+                }
+                Err(e) => {
+                    failed = true;
+                    let message = match e {
+                        cuda::CudaError::Compile { log, .. } => log,
+                        other => other.to_string(),
+                    };
+                    report.files.push(FileRow {
+                        arch: arch.clone(),
+                        file: file.name,
+                        cubin_bytes: None,
+                        error: Some(message),
+                    });
+                }
+            }
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn valid_arch(arch: &str) -> bool {
+    arch.strip_prefix("sm_")
+        .is_some_and(|n| n.len() >= 2 && n.chars().all(|c| c.is_ascii_digit()))
+}
+
+fn print_table(report: &Report) {
+    println!("NVRTC {} ({})", report.nvrtc_version, report.nvrtc);
+    let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    for file in &report.files {
+        match (&file.cubin_bytes, &file.error) {
+            (Some(bytes), _) => {
+                println!("{} kernels/{}: CUBIN {bytes} bytes", file.arch, file.file);
+                println!(
+                    "  {:<20} {:>10} {:>10} {:>14}",
+                    "kernel", "code B", "registers", "spills st/ld"
+                );
+                for k in report
+                    .kernels
+                    .iter()
+                    .filter(|k| k.arch == file.arch && k.file == file.file)
+                {
+                    println!(
+                        "  {:<20} {:>10} {:>10} {:>14}",
+                        k.kernel,
+                        opt(k.code_bytes),
+                        opt(k.registers.map(u64::from)),
+                        format!("{}/{}", opt(k.spill_stores), opt(k.spill_loads))
+                    );
+                }
+            }
+            (None, error) => {
+                println!("{} kernels/{}: FAILED", file.arch, file.file);
+                if let Some(error) = error {
+                    for line in error.lines() {
+                        println!("  {line}");
+                    }
+                }
+            }
+        }
+    }
+}
