@@ -110,7 +110,7 @@ __device__ __forceinline__ void finish_row(const AttnParams& p, u32 head, float 
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP) attention(AttnParams p) {
-    extern __shared__ float smem[];
+    DYNAMIC_SHARED_FLOATS(smem);
     const u32 hd = p.head_dim;
     float* q_s = smem;                       // [Q_TILE][hd]
     float* k_s = q_s + Q_TILE * hd;          // [KEY_TILE][hd + 1] (padded: no bank conflicts)

@@ -14,6 +14,14 @@ typedef unsigned long long u64;
 #define FULL_MASK 0xffffffffu
 #define WARP 32
 
+// Dynamic shared memory as floats. The CPU emulator (kernels/emu, a test
+// tool) gives each block its own buffer instead.
+#ifdef SPARKRT_EMULATOR
+#define DYNAMIC_SHARED_FLOATS(name) float* name = sparkrt_emu_dynamic_shared()
+#else
+#define DYNAMIC_SHARED_FLOATS(name) extern __shared__ float name[]
+#endif
+
 __device__ __forceinline__ float f32_inf() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ float f32_neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float f32_nan() { return __int_as_float(0x7fc00000); }

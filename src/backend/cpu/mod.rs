@@ -31,6 +31,11 @@ impl CpuBuffer {
     pub fn as_slice(&self) -> &[f32] {
         &self.data
     }
+
+    /// Writable values (tests fill inputs with it).
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
 }
 
 /// The step's metadata, host-side (the CPU reads it where it is).

@@ -209,9 +209,33 @@ fn cstring(what: &str, s: &str) -> Result<CString, CudaError> {
     })
 }
 
+/// Stack of the thread NVRTC compiles on: its front end recurses deeply
+/// enough to overflow the 2 MiB of a rayon worker or a test thread.
+const COMPILE_STACK_BYTES: usize = 256 << 20;
+
 /// Compiles `source` for `arch` (e.g. `sm_121`) to CUBIN. NVRTC must be
-/// loaded ([`load`]).
+/// loaded ([`load`]). Runs on its own thread with a large stack.
 pub fn compile(source: &Source<'_>, arch: &str) -> Result<Compiled, CudaError> {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("nvrtc".to_string())
+            .stack_size(COMPILE_STACK_BYTES)
+            .spawn_scoped(scope, || compile_here(source, arch))
+            .map_err(|e| CudaError::Compile {
+                file: source.name.to_string(),
+                log: format!("cannot start the compiler thread: {e}"),
+            })?
+            .join()
+            .unwrap_or_else(|_| {
+                Err(CudaError::Compile {
+                    file: source.name.to_string(),
+                    log: "the compiler thread panicked".to_string(),
+                })
+            })
+    })
+}
+
+fn compile_here(source: &Source<'_>, arch: &str) -> Result<Compiled, CudaError> {
     let name = cstring(source.name, source.name)?;
     let text = cstring(source.name, source.text)?;
     let header_texts = source

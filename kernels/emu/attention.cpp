@@ -1,0 +1,5 @@
+#include "shim.h"
+#include "../attention.cu"
+EMU_KERNEL(attention, AttnParams)
+EMU_KERNEL(attention_combine, AttnParams)
+EMU_KERNEL(kv_append, AppendParams)

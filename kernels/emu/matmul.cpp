@@ -1,0 +1,3 @@
+#include "shim.h"
+#include "../matmul.cu"
+EMU_KERNEL(matmul, MatmulParams)

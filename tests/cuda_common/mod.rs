@@ -1,0 +1,162 @@
+//! Helpers of the CUDA tests: the CPU and CUDA backends side by side (or a
+//! printed reason to skip when this machine has no usable GPU), buffers
+//! filled the same on both, and comparisons.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use sparkrt::backend::Backend;
+use sparkrt::backend::cpu::{CpuBackend, CpuBuffer};
+use sparkrt::backend::cuda::{CudaBackend, CudaBuffer, CudaOptions, WeightsPolicy};
+use sparkrt::plan::ledger::{Category, Ledger};
+use sparkrt::plan::memory::{Buffer, MoeWorkspace};
+
+/// Why CUDA tests cannot run here, if they cannot.
+pub fn no_gpu() -> Option<String> {
+    match sparkrt::host::gpu::probe() {
+        sparkrt::host::gpu::GpuProbe::Present { .. } => None,
+        sparkrt::host::gpu::GpuProbe::Absent { reason } => Some(reason),
+    }
+}
+
+/// Prints why `test` is skipped and returns true when there is no GPU.
+pub fn skip(test: &str) -> bool {
+    match no_gpu() {
+        Some(reason) => {
+            eprintln!("skipping {test}: no usable GPU ({reason})");
+            true
+        }
+        None => false,
+    }
+}
+
+/// A ledger that admits anything (the kernel tests do not test the plan).
+pub fn open_ledger() -> Arc<Ledger> {
+    Arc::new(Ledger::with_budgets([u64::MAX / 8; 5]))
+}
+
+pub fn cuda_options() -> CudaOptions {
+    CudaOptions {
+        ordinal: 0,
+        cache_dir: Some(
+            std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sparkrt-cache"),
+        ),
+        max_sample_rows: 64,
+    }
+}
+
+/// The two backends, CUDA with `regions` (every weight's bytes) attached.
+pub struct Both {
+    pub cpu: CpuBackend,
+    pub cuda: CudaBackend,
+}
+
+impl Both {
+    /// None (after printing why) when there is no GPU. With a GPU, a CUDA
+    /// backend that fails to start fails the test.
+    pub fn new(test: &str, regions: &[&[u8]], policy: WeightsPolicy) -> Option<Both> {
+        if skip(test) {
+            return None;
+        }
+        let mut cuda = CudaBackend::new(open_ledger(), &cuda_options())
+            .unwrap_or_else(|e| panic!("{test}: the CUDA backend did not start: {e}"));
+        cuda.attach_weights(regions, policy, &mut |_, _| {})
+            .unwrap_or_else(|e| panic!("{test}: attaching weights: {e}"));
+        Some(Both {
+            cpu: CpuBackend::new(open_ledger()),
+            cuda,
+        })
+    }
+
+    /// The same values in a buffer of each backend (`capacity` ≥ len).
+    pub fn buffers(&self, values: &[f32], capacity: usize) -> (CpuBuffer, CudaBuffer) {
+        let mut cpu = self
+            .cpu
+            .alloc(Category::Activations, "test", capacity)
+            .unwrap();
+        cpu.as_mut_slice()[..values.len()].copy_from_slice(values);
+        let cuda = self
+            .cuda
+            .alloc(Category::Activations, "test", capacity)
+            .unwrap();
+        cuda.upload(values).unwrap();
+        (cpu, cuda)
+    }
+
+    /// Zeroed buffers of `n` on each side.
+    pub fn zeros(&self, n: usize) -> (CpuBuffer, CudaBuffer) {
+        self.buffers(&[], n)
+    }
+
+    pub fn read_cpu(&self, buf: &CpuBuffer, n: usize) -> Vec<f32> {
+        buf.as_slice()[..n].to_vec()
+    }
+
+    pub fn read_cuda(&self, buf: &CudaBuffer, n: usize) -> Vec<f32> {
+        let mut out = Vec::new();
+        self.cuda.read(buf, n, &mut |v| out = v.to_vec()).unwrap();
+        out
+    }
+}
+
+/// Asserts |a − b| ≤ atol + rtol·|a| elementwise, naming the worst element.
+pub fn assert_close(what: &str, cpu: &[f32], cuda: &[f32], atol: f32, rtol: f32) {
+    assert_eq!(cpu.len(), cuda.len(), "{what}: lengths");
+    let mut worst = (0usize, 0f32);
+    for (i, (&a, &b)) in cpu.iter().zip(cuda).enumerate() {
+        assert!(
+            a.is_finite() == b.is_finite(),
+            "{what}[{i}]: cpu {a}, cuda {b}"
+        );
+        let excess = (a - b).abs() - (atol + rtol * a.abs());
+        if excess > worst.1 {
+            worst = (i, excess);
+        }
+    }
+    let i = worst.0;
+    assert!(
+        worst.1 <= 0.0,
+        "{what}[{i}]: cpu {} vs cuda {} (|diff| {} over atol {atol} + rtol {rtol})",
+        cpu[i],
+        cuda[i],
+        (cpu[i] - cuda[i]).abs()
+    );
+}
+
+/// A plan-shaped MoE workspace for `tokens` tokens routed to `top_k` of
+/// `experts` experts of hidden size `h` and intermediate size `i`.
+pub fn workspace_plan(
+    tokens: usize,
+    top_k: usize,
+    experts: usize,
+    h: usize,
+    i: usize,
+) -> MoeWorkspace {
+    let rows = (tokens * top_k) as u64;
+    let (h, i) = (h as u64, i as u64);
+    let buffers = vec![
+        ("topk_ids", rows * 4),
+        ("topk_weights", rows * 4),
+        ("expert_offsets", (experts as u64 + 1) * 4),
+        ("sorted_rows", rows * 4),
+        ("gathered_input", rows * h * 4),
+        ("gate_up_output", rows * 2 * i * 4),
+        ("activation", rows * i * 4),
+        ("down_output", rows * h * 4),
+    ]
+    .into_iter()
+    .map(|(name, bytes)| Buffer {
+        name: name.to_string(),
+        bytes,
+    })
+    .collect::<Vec<_>>();
+    let bytes = buffers.iter().map(|b| b.bytes).sum();
+    MoeWorkspace {
+        instances: 1,
+        capacity_tokens: tokens as u64,
+        routed_rows: rows,
+        bytes,
+        per_layer_total_bytes: bytes,
+        buffers,
+    }
+}

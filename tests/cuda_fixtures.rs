@@ -1,0 +1,301 @@
+//! The three reference fixtures through the CUDA backend: prompt logits
+//! against the transformers reference and the CPU backend, greedy ids
+//! identical; chunked prefill, token-at-a-time decoding (past gpt-oss-tiny's
+//! sliding window) and batches equal to one full pass; the ledger exactly
+//! the plan. Skipped, with the reason printed, without a usable GPU.
+
+mod common;
+mod cuda_common;
+
+use std::sync::mpsc;
+
+use sparkrt::backend::Backend;
+use sparkrt::checkpoint::PageCachePolicy;
+use sparkrt::engine::sampling::SamplingParams;
+use sparkrt::engine::{Event, FinishReason, Request};
+use sparkrt::plan::ledger::WeightsResidency;
+use sparkrt::plan::profile::{DeviceKind, KvCacheDtype, Profile};
+use sparkrt::runtime::{DeviceOptions, HostSource, Loaded};
+
+const FIXTURES: [&str; 3] = ["qwen3-moe-tiny", "qwen3-moe-tiny-nvfp4", "gpt-oss-tiny"];
+
+struct Reference {
+    input_ids: Vec<u32>,
+    greedy_ids: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+fn reference(name: &str) -> Reference {
+    let bytes = std::fs::read(common::fixture(name).join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let ints = |key: &str| -> Vec<u32> {
+        st.tensor(key)
+            .unwrap()
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect()
+    };
+    Reference {
+        input_ids: ints("input_ids"),
+        greedy_ids: ints("greedy_ids"),
+        logits: st
+            .tensor("logits")
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect(),
+    }
+}
+
+fn profile(name: &str) -> Profile {
+    Profile::load(&common::profile(name)).unwrap()
+}
+
+#[derive(Debug, Default)]
+struct Outcome {
+    prompt_logits: Vec<f32>,
+    tokens: Vec<u32>,
+    finish: Option<FinishReason>,
+}
+
+/// Runs `prompts` together, greedy, on `device`; checks the ledger.
+fn run(
+    name: &str,
+    profile: &Profile,
+    device: DeviceKind,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Vec<Outcome> {
+    let host_root = common::fixture("hosts/box24");
+    let host = HostSource {
+        root: &host_root,
+        kubelet_config: None,
+    };
+    let options = DeviceOptions {
+        device: Some(device),
+        cache_dir: cuda_common::cuda_options().cache_dir,
+    };
+    let loaded = Loaded::open_with(
+        &common::fixture(name),
+        Some(profile),
+        &host,
+        PageCachePolicy::Keep,
+        &options,
+    )
+    .unwrap();
+    let source = loaded.source();
+    let mut engine = loaded.engine(&source).unwrap();
+    if device == DeviceKind::Cuda {
+        assert_eq!(loaded.backend.name(), "cuda");
+        // Every planned byte is allocated, none more.
+        let snapshot = loaded.ledger.snapshot();
+        for row in &snapshot.categories {
+            assert_eq!(row.allocated, row.planned, "{name}: ledger {}", row.name);
+        }
+        assert!(matches!(
+            snapshot.weights_residency,
+            Some(
+                WeightsResidency::DeviceCopy
+                    | WeightsResidency::HostRegistered
+                    | WeightsResidency::Mapped
+            )
+        ));
+    }
+    let vocab = engine.vocab_size();
+    let mut receivers = Vec::new();
+    for prompt in prompts {
+        let (tx, rx) = mpsc::channel();
+        engine
+            .add_request(
+                Request {
+                    prompt: prompt.clone(),
+                    params: SamplingParams::greedy(max_tokens),
+                    prompt_logits: true,
+                    ignore_eos: true,
+                },
+                Box::new(tx),
+            )
+            .unwrap();
+        receivers.push(rx);
+    }
+    while engine.has_work() {
+        engine.step().unwrap();
+    }
+    receivers
+        .into_iter()
+        .zip(prompts)
+        .map(|(rx, prompt)| {
+            let mut out = Outcome {
+                prompt_logits: vec![f32::NAN; prompt.len() * vocab],
+                ..Outcome::default()
+            };
+            for event in rx.try_iter() {
+                match event {
+                    Event::PromptLogits { first, values } => {
+                        out.prompt_logits[first * vocab..first * vocab + values.len()]
+                            .copy_from_slice(&values);
+                    }
+                    Event::Token { id, .. } => out.tokens.push(id),
+                    Event::Finished { reason, .. } => out.finish = Some(reason),
+                    Event::Failed { message } => panic!("request failed: {message}"),
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn fixtures_through_cuda_match_the_reference_and_the_cpu() {
+    if cuda_common::skip("cuda fixtures") {
+        return;
+    }
+    for name in FIXTURES {
+        let r = reference(name);
+        let prompt = std::slice::from_ref(&r.input_ids);
+        let cuda = run(
+            name,
+            &profile(name),
+            DeviceKind::Cuda,
+            prompt,
+            r.greedy_ids.len(),
+        );
+        let cpu = run(
+            name,
+            &profile(name),
+            DeviceKind::Cpu,
+            prompt,
+            r.greedy_ids.len(),
+        );
+        let to_reference = max_abs_diff(&cuda[0].prompt_logits, &r.logits);
+        let to_cpu = max_abs_diff(&cuda[0].prompt_logits, &cpu[0].prompt_logits);
+        eprintln!(
+            "{name}: CUDA logits differ by {to_reference} from the reference, {to_cpu} from the CPU"
+        );
+        // f32 throughout, like the CPU: the CPU's tolerance holds.
+        assert!(
+            to_reference < 2e-3,
+            "{name}: prompt logits differ by {to_reference}"
+        );
+        assert!(
+            to_cpu < 1e-3,
+            "{name}: CUDA and CPU logits differ by {to_cpu}"
+        );
+        assert_eq!(cuda[0].tokens, r.greedy_ids, "{name}: greedy continuation");
+        assert_eq!(cuda[0].finish, Some(FinishReason::Length));
+    }
+}
+
+#[test]
+fn cuda_chunked_prefill_single_steps_and_batches_equal_one_full_pass() {
+    if cuda_common::skip("cuda chunking") {
+        return;
+    }
+    for name in FIXTURES {
+        let r = reference(name);
+        let prompt = std::slice::from_ref(&r.input_ids);
+        let full = run(name, &profile(name), DeviceKind::Cuda, prompt, 8);
+
+        let mut chunked = profile(name);
+        chunked.serving.max_num_batched_tokens = 5;
+        chunked.serving.max_num_seqs = 4;
+        let out = run(name, &chunked, DeviceKind::Cuda, prompt, 8);
+        let diff = max_abs_diff(&out[0].prompt_logits, &full[0].prompt_logits);
+        assert!(diff < 1e-4, "{name}: chunked prefill differs by {diff}");
+        assert_eq!(
+            out[0].tokens, full[0].tokens,
+            "{name}: chunked continuation"
+        );
+
+        // One token per step: gpt-oss-tiny's window (8) is shorter than the
+        // prompt, so its sliding layers decode from the ring.
+        let mut single = profile(name);
+        single.serving.max_num_batched_tokens = 1;
+        single.serving.max_num_seqs = 1;
+        let out = run(name, &single, DeviceKind::Cuda, prompt, 8);
+        let diff = max_abs_diff(&out[0].prompt_logits, &full[0].prompt_logits);
+        assert!(diff < 1e-4, "{name}: token-at-a-time differs by {diff}");
+        assert_eq!(
+            out[0].tokens, full[0].tokens,
+            "{name}: token-at-a-time continuation"
+        );
+
+        let prompts: Vec<Vec<u32>> = vec![
+            r.input_ids.clone(),
+            r.input_ids[..7].to_vec(),
+            r.input_ids[3..].iter().rev().copied().collect(),
+            vec![r.input_ids[0]],
+        ];
+        let together = run(name, &profile(name), DeviceKind::Cuda, &prompts, 6);
+        for (i, p) in prompts.iter().enumerate() {
+            let alone = run(
+                name,
+                &profile(name),
+                DeviceKind::Cuda,
+                std::slice::from_ref(p),
+                6,
+            );
+            let diff = max_abs_diff(&together[i].prompt_logits, &alone[0].prompt_logits);
+            assert!(
+                diff < 1e-4,
+                "{name} prompt {i}: batched logits differ by {diff}"
+            );
+            assert_eq!(together[i].tokens, alone[0].tokens, "{name} prompt {i}");
+        }
+    }
+}
+
+#[test]
+fn cuda_bf16_kv_cache_matches_the_cpu_one() {
+    if cuda_common::skip("cuda bf16 kv") {
+        return;
+    }
+    let name = "qwen3-moe-tiny";
+    let r = reference(name);
+    let mut bf16 = profile(name);
+    bf16.serving.kv_cache_dtype = KvCacheDtype::Bf16;
+    let prompt = std::slice::from_ref(&r.input_ids);
+    let cuda = run(name, &bf16, DeviceKind::Cuda, prompt, 6);
+    let cpu = run(name, &bf16, DeviceKind::Cpu, prompt, 6);
+    let diff = max_abs_diff(&cuda[0].prompt_logits, &cpu[0].prompt_logits);
+    assert!(diff < 1e-3, "bf16 KV: CUDA and CPU differ by {diff}");
+    assert_eq!(cuda[0].tokens, cpu[0].tokens);
+}
+
+#[test]
+fn device_argmax_picks_the_greedy_ids_of_the_reference() {
+    if cuda_common::skip("cuda argmax") {
+        return;
+    }
+    // The reference's prompt logits, argmaxed on the device, give the ids
+    // the CPU picks from the same rows.
+    let name = "qwen3-moe-tiny";
+    let r = reference(name);
+    let vocab = r.logits.len() / r.input_ids.len();
+    let Some(b) = cuda_common::Both::new(
+        "cuda argmax",
+        &[],
+        sparkrt::backend::cuda::WeightsPolicy::Copy,
+    ) else {
+        return;
+    };
+    let rows = r.input_ids.len().min(64);
+    let (cpu, cuda) = b.buffers(&r.logits[..rows * vocab], rows * vocab);
+    let mut ids_cpu = vec![0u32; rows];
+    let mut ids_cuda = vec![0u32; rows];
+    b.cpu.argmax(&cpu, rows, vocab, &mut ids_cpu).unwrap();
+    b.cuda.argmax(&cuda, rows, vocab, &mut ids_cuda).unwrap();
+    assert_eq!(ids_cpu, ids_cuda);
+    // The last prompt row's argmax is the first greedy token.
+    assert_eq!(ids_cuda[rows - 1], r.greedy_ids[0]);
+}

@@ -1,0 +1,900 @@
+//! Every CUDA kernel against the CPU backend on random inputs: sizes that
+//! are not multiples of the tiles, one row and many, misaligned weights in
+//! every format, experts with few or no rows. Skipped, with the reason
+//! printed, on a machine without a usable GPU.
+
+mod cuda_common;
+#[path = "kernels_common/mod.rs"]
+mod kernels_common;
+
+use cuda_common::{Both, assert_close, workspace_plan};
+use kernels_common::{Format, OwnedWeight, Rng, random_weight, random_x};
+use sparkrt::backend::cuda::WeightsPolicy;
+use sparkrt::backend::{
+    AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, KvLayout, Matmul, RouterKind,
+};
+use sparkrt::checkpoint::linear::{VectorData, VectorWeight};
+use sparkrt::engine::batch::{Logits, StepBatch};
+use sparkrt::plan::profile::KvCacheDtype;
+
+/// A bf16 vector (norm weight, bias, sinks) stored at `offset`.
+struct OwnedVector {
+    bytes: Vec<u8>,
+    offset: usize,
+    len: usize,
+}
+
+impl OwnedVector {
+    fn bf16(values: &[f32], offset: usize) -> OwnedVector {
+        let mut bytes = vec![0u8; offset];
+        for &v in values {
+            bytes.extend(half::bf16::from_f32(v).to_le_bytes());
+        }
+        OwnedVector {
+            bytes,
+            offset,
+            len: values.len(),
+        }
+    }
+
+    fn f32(values: &[f32], offset: usize) -> OwnedVector {
+        let mut bytes = vec![0u8; offset];
+        for &v in values {
+            bytes.extend(v.to_le_bytes());
+        }
+        OwnedVector {
+            bytes,
+            offset,
+            len: values.len(),
+        }
+    }
+
+    fn view(&self) -> VectorWeight<'_> {
+        let b = &self.bytes[self.offset..];
+        VectorWeight {
+            len: self.len,
+            data: if b.len() == 2 * self.len {
+                VectorData::Bf16(b)
+            } else {
+                VectorData::F32(b)
+            },
+        }
+    }
+}
+
+fn regions<'a>(weights: &'a [OwnedWeight], vectors: &'a [OwnedVector]) -> Vec<&'a [u8]> {
+    let mut r: Vec<&[u8]> = Vec::new();
+    for w in weights {
+        r.push(&w.data);
+        if !w.scales.is_empty() {
+            r.push(&w.scales);
+        }
+    }
+    for v in vectors {
+        r.push(&v.bytes);
+    }
+    r.retain(|b| !b.is_empty());
+    r
+}
+
+fn cols_for(format: Format, rng: &mut Rng) -> usize {
+    match format {
+        Format::F32 | Format::Bf16 => [1usize, 7, 33, 100, 259][rng.int(0, 4) as usize],
+        Format::Nvfp4 => 16 * rng.int(1, 12) as usize,
+        Format::Mxfp4 => 32 * rng.int(1, 6) as usize,
+    }
+}
+
+#[test]
+fn matmul_matches_the_cpu_in_every_format_size_and_alignment() {
+    let mut rng = Rng::new(11);
+    let mut cases = Vec::new();
+    for format in kernels_common::FORMATS {
+        for (rows_out, tokens, offset, exact) in [
+            (1, 1, 0, true),
+            (5, 3, 1, true),
+            (37, 9, 2, true),
+            (64, 17, 4, true),
+            (33, 8, 8, false),
+            (70, 1, 3, false),
+        ] {
+            let cols = cols_for(format, &mut rng);
+            cases.push((
+                random_weight(&mut rng, format, rows_out, cols, offset, exact),
+                tokens,
+                exact,
+            ));
+        }
+    }
+    let weights: Vec<OwnedWeight> = cases
+        .iter()
+        .map(|(w, _, _)| {
+            // Each case keeps its own bytes; a copy keeps `cases` simple.
+            OwnedWeight {
+                data: w.data.clone(),
+                scales: w.scales.clone(),
+                ..*w
+            }
+        })
+        .collect();
+    let biases: Vec<OwnedVector> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let values: Vec<f32> = (0..w.rows).map(|j| (j as f32 - 3.0) * 0.25).collect();
+            if i % 2 == 0 {
+                OwnedVector::bf16(&values, i % 3)
+            } else {
+                OwnedVector::f32(&values, 0)
+            }
+        })
+        .collect();
+    let Some(b) = Both::new("matmul", &regions(&weights, &biases), WeightsPolicy::Copy) else {
+        return;
+    };
+    for (i, ((w, tokens, exact), bias)) in weights
+        .iter()
+        .zip(cases.iter().map(|c| (c.1, c.2)))
+        .map(|(w, (t, e))| (w, t, e))
+        .zip(&biases)
+        .enumerate()
+    {
+        let (k, n) = (w.cols, w.rows);
+        // Rows from an offset into x, as the lm_head reads the sampled rows.
+        let x_row = i % 3;
+        let x = random_x(&mut rng, (x_row + tokens) * k, exact);
+        let (xc, xg) = b.buffers(&x, x.len());
+        let (mut oc, mut og) = b.zeros(tokens * n + 5);
+        let (wc, wg) = (
+            b.cpu.linear(w.view()).unwrap(),
+            b.cuda.linear(w.view()).unwrap(),
+        );
+        let with_bias = i % 4 != 3;
+        let (bc, bg) = (
+            b.cpu.vector(bias.view()).unwrap(),
+            b.cuda.vector(bias.view()).unwrap(),
+        );
+        b.cpu
+            .matmul(&mut [Matmul {
+                x: &xc,
+                x_row,
+                rows: tokens,
+                w: &wc,
+                bias: with_bias.then_some(&bc),
+                out: &mut oc,
+            }])
+            .unwrap();
+        b.cuda
+            .matmul(&mut [Matmul {
+                x: &xg,
+                x_row,
+                rows: tokens,
+                w: &wg,
+                bias: with_bias.then_some(&bg),
+                out: &mut og,
+            }])
+            .unwrap();
+        let (c, g) = (b.read_cpu(&oc, tokens * n), b.read_cuda(&og, tokens * n));
+        let what = format!(
+            "matmul {:?} [{n}, {k}] × {tokens} rows, offset {}",
+            w.format, w.offset
+        );
+        if exact {
+            assert_eq!(c, g, "{what}");
+        } else {
+            // Summation order differs: bound the error by the terms' sizes.
+            let view = w.view();
+            let mut row = vec![0f32; k];
+            for t in 0..tokens {
+                for j in 0..n {
+                    view.decode_row(j, &mut row).unwrap();
+                    let xs = &x[(x_row + t) * k..(x_row + t + 1) * k];
+                    let magnitude: f32 = row.iter().zip(xs).map(|(a, b)| (a * b).abs()).sum();
+                    let bound = kernels_common::tolerance(k, magnitude) + 1e-6;
+                    let (a, e) = (c[t * n + j], g[t * n + j]);
+                    assert!(
+                        (a - e).abs() <= bound,
+                        "{what} [{t}, {j}]: cpu {a} vs cuda {e}, bound {bound}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_runs_several_jobs_in_one_launch() {
+    let mut rng = Rng::new(12);
+    let weights: Vec<OwnedWeight> = [(24, 48), (8, 48), (8, 48), (3, 48), (5, 48)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(r, c))| random_weight(&mut rng, Format::Bf16, r, c, i, true))
+        .collect();
+    let Some(b) = Both::new("matmul jobs", &regions(&weights, &[]), WeightsPolicy::Copy) else {
+        return;
+    };
+    let tokens = 6;
+    let x = random_x(&mut rng, tokens * 48, true);
+    let (xc, xg) = b.buffers(&x, x.len());
+    let wc: Vec<_> = weights
+        .iter()
+        .map(|w| b.cpu.linear(w.view()).unwrap())
+        .collect();
+    let wg: Vec<_> = weights
+        .iter()
+        .map(|w| b.cuda.linear(w.view()).unwrap())
+        .collect();
+    let mut outs_c: Vec<_> = weights.iter().map(|w| b.zeros(tokens * w.rows).0).collect();
+    let mut outs_g: Vec<_> = weights.iter().map(|w| b.zeros(tokens * w.rows).1).collect();
+    // Five jobs: more than one launch holds (four), split transparently.
+    let mut jobs_c: Vec<_> = wc
+        .iter()
+        .zip(outs_c.iter_mut())
+        .map(|(w, out)| Matmul {
+            x: &xc,
+            x_row: 0,
+            rows: tokens,
+            w,
+            bias: None,
+            out,
+        })
+        .collect();
+    b.cpu.matmul(&mut jobs_c).unwrap();
+    let mut jobs_g: Vec<_> = wg
+        .iter()
+        .zip(outs_g.iter_mut())
+        .map(|(w, out)| Matmul {
+            x: &xg,
+            x_row: 0,
+            rows: tokens,
+            w,
+            bias: None,
+            out,
+        })
+        .collect();
+    b.cuda.matmul(&mut jobs_g).unwrap();
+    drop(jobs_c);
+    drop(jobs_g);
+    for (i, w) in weights.iter().enumerate() {
+        let n = tokens * w.rows;
+        assert_eq!(
+            b.read_cpu(&outs_c[i], n),
+            b.read_cuda(&outs_g[i], n),
+            "job {i}"
+        );
+    }
+}
+
+#[test]
+fn norms_match_the_cpu() {
+    let mut rng = Rng::new(13);
+    let widths = [1usize, 7, 100, 257, 2050];
+    let vectors: Vec<OwnedVector> = widths
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| {
+            let values = rng.floats(w, 0.5, 1.5);
+            if i % 2 == 0 {
+                OwnedVector::bf16(&values, i)
+            } else {
+                OwnedVector::f32(&values, 0)
+            }
+        })
+        .collect();
+    let Some(b) = Both::new("rmsnorm", &regions(&[], &vectors), WeightsPolicy::Copy) else {
+        return;
+    };
+    for (&width, v) in widths.iter().zip(&vectors) {
+        for rows in [1usize, 13] {
+            let n = rows * width;
+            let x = rng.floats(n, -3.0, 3.0);
+            let delta = rng.floats(n, -1.0, 1.0);
+            let (wc, wg) = (
+                b.cpu.vector(v.view()).unwrap(),
+                b.cuda.vector(v.view()).unwrap(),
+            );
+            let (xc, xg) = b.buffers(&x, n);
+            let (mut oc, mut og) = b.zeros(n);
+            b.cpu.rmsnorm(&xc, &wc, 1e-6, rows, width, &mut oc).unwrap();
+            b.cuda
+                .rmsnorm(&xg, &wg, 1e-6, rows, width, &mut og)
+                .unwrap();
+            assert_close(
+                &format!("rmsnorm {rows}×{width}"),
+                &b.read_cpu(&oc, n),
+                &b.read_cuda(&og, n),
+                1e-6,
+                1e-5,
+            );
+
+            let (mut rc, mut rg) = b.buffers(&x, n);
+            let (dc, dg) = b.buffers(&delta, n);
+            b.cpu
+                .add_rmsnorm(&mut rc, &dc, &wc, 1e-5, rows, width, &mut oc)
+                .unwrap();
+            b.cuda
+                .add_rmsnorm(&mut rg, &dg, &wg, 1e-5, rows, width, &mut og)
+                .unwrap();
+            assert_eq!(
+                b.read_cpu(&rc, n),
+                b.read_cuda(&rg, n),
+                "residual {rows}×{width}"
+            );
+            assert_close(
+                &format!("add_rmsnorm {rows}×{width}"),
+                &b.read_cpu(&oc, n),
+                &b.read_cuda(&og, n),
+                1e-6,
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn elementwise_ops_match_the_cpu() {
+    let mut rng = Rng::new(14);
+    let Some(b) = Both::new("elementwise", &[], WeightsPolicy::Copy) else {
+        return;
+    };
+    for n in [1usize, 255, 256, 257, 100_003] {
+        let gate = rng.floats(n, -6.0, 6.0);
+        let up = rng.floats(n, -2.0, 2.0);
+        let (mut gc, mut gg) = b.buffers(&gate, n);
+        let (uc, ug) = b.buffers(&up, n);
+        b.cpu.silu_mul(&mut gc, &uc, n).unwrap();
+        b.cuda.silu_mul(&mut gg, &ug, n).unwrap();
+        assert_close(
+            &format!("silu_mul {n}"),
+            &b.read_cpu(&gc, n),
+            &b.read_cuda(&gg, n),
+            1e-6,
+            2e-6,
+        );
+        let (mut rc, mut rg) = b.buffers(&gate, n);
+        b.cpu.add(&mut rc, &uc, n).unwrap();
+        b.cuda.add(&mut rg, &ug, n).unwrap();
+        assert_eq!(b.read_cpu(&rc, n), b.read_cuda(&rg, n), "add {n}");
+    }
+}
+
+#[test]
+fn embedding_gather_compaction_and_argmax_match_the_cpu() {
+    let mut rng = Rng::new(15);
+    let (vocab, width) = (97usize, 45usize);
+    let table = random_weight(&mut rng, Format::Bf16, vocab, width, 3, false);
+    let Some(b) = Both::new(
+        "embed",
+        &regions(std::slice::from_ref(&table), &[]),
+        WeightsPolicy::Copy,
+    ) else {
+        return;
+    };
+    let (tc, tg) = (
+        b.cpu.linear(table.view()).unwrap(),
+        b.cuda.linear(table.view()).unwrap(),
+    );
+    let mut batch = StepBatch::with_capacity(32, 4, 8);
+    batch.push_seq(&[5, 96, 0, 5], 0, 0, &[0], Logits::All);
+    batch.push_seq(&[17], 3, 1, &[1], Logits::Last);
+    batch.push_seq(&[1, 2, 3], 9, 2, &[2, 3, 4], Logits::Last);
+    let rows = batch.rows();
+    let mut sc = b.cpu.step_storage(32, 4, 8).unwrap();
+    let mut sg = b.cuda.step_storage(32, 4, 8).unwrap();
+    b.cpu.load_step(&batch, &mut sc).unwrap();
+    b.cuda.load_step(&batch, &mut sg).unwrap();
+    let (mut oc, mut og) = b.zeros(32 * width);
+    b.cpu.embed(&tc, &sc, &mut oc).unwrap();
+    b.cuda.embed(&tg, &sg, &mut og).unwrap();
+    assert_eq!(
+        b.read_cpu(&oc, rows * width),
+        b.read_cuda(&og, rows * width),
+        "embed"
+    );
+
+    // Rows 0..3 (All), 4 (Last of the second), 7 (Last of the third).
+    b.cpu.compact_rows(&mut oc, &sc, width).unwrap();
+    b.cuda.compact_rows(&mut og, &sg, width).unwrap();
+    let kept = batch.logit_rows.len() * width;
+    assert_eq!(batch.logit_rows, vec![0, 1, 2, 3, 4, 7]);
+    assert_eq!(
+        b.read_cpu(&oc, kept),
+        b.read_cuda(&og, kept),
+        "compact_rows"
+    );
+
+    // Greedy ids, with ties: the lowest index wins on both.
+    let mut logits = rng.floats(5 * vocab, -4.0, 4.0);
+    logits[vocab + 10] = 9.0;
+    logits[vocab + 60] = 9.0;
+    logits[2 * vocab + 96] = 7.5;
+    let (lc, lg) = b.buffers(&logits, logits.len());
+    let (mut ic, mut ig) = ([0u32; 5], [0u32; 5]);
+    b.cpu.argmax(&lc, 5, vocab, &mut ic).unwrap();
+    b.cuda.argmax(&lg, 5, vocab, &mut ig).unwrap();
+    assert_eq!(ic, ig, "argmax");
+    assert_eq!((ic[1], ic[2]), (10, 96));
+}
+
+#[test]
+fn rope_and_qk_norm_match_the_cpu() {
+    let mut rng = Rng::new(16);
+    for (heads, kv_heads, hd, norm) in [
+        (4usize, 2usize, 16usize, true),
+        (3, 1, 64, false),
+        (2, 2, 128, true),
+        (8, 4, 6, true),
+    ] {
+        let norms = [
+            OwnedVector::bf16(&rng.floats(hd, 0.5, 1.5), 1),
+            OwnedVector::bf16(&rng.floats(hd, 0.5, 1.5), 0),
+        ];
+        let Some(b) = Both::new("qk_norm_rope", &regions(&[], &norms), WeightsPolicy::Copy) else {
+            return;
+        };
+        let mut batch = StepBatch::with_capacity(64, 4, 64);
+        batch.push_seq(&[1; 9], 0, 0, &[0], Logits::Last);
+        batch.push_seq(&[1], 4000, 1, &[1], Logits::Last);
+        batch.push_seq(&[1; 3], 70_000, 2, &[2], Logits::Last);
+        let rows = batch.rows();
+        let mut sc = b.cpu.step_storage(64, 4, 64).unwrap();
+        let mut sg = b.cuda.step_storage(64, 4, 64).unwrap();
+        b.cpu.load_step(&batch, &mut sc).unwrap();
+        b.cuda.load_step(&batch, &mut sg).unwrap();
+        // YaRN-like frequencies and attention factor.
+        let inv_freq: Vec<f32> = (0..hd / 2)
+            .map(|j| {
+                150_000f32.powf(-2.0 * j as f32 / hd as f32) / if j > hd / 4 { 32.0 } else { 1.0 }
+            })
+            .collect();
+        let (mut rc, mut rg) = b.zeros(64 * hd);
+        b.cpu
+            .rope_table(&sc, &inv_freq, 1.3466, rows, &mut rc)
+            .unwrap();
+        b.cuda
+            .rope_table(&sg, &inv_freq, 1.3466, rows, &mut rg)
+            .unwrap();
+        // cos/sin of the same f32 angle in double precision: equal or 1 ulp.
+        assert_close(
+            "rope table",
+            &b.read_cpu(&rc, rows * hd),
+            &b.read_cuda(&rg, rows * hd),
+            0.0,
+            2.5e-7,
+        );
+
+        let shape = AttentionShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+            scale: 1.0,
+            window: None,
+        };
+        let q = rng.floats(rows * heads * hd, -2.0, 2.0);
+        let k = rng.floats(rows * kv_heads * hd, -2.0, 2.0);
+        let (mut qc, mut qg) = b.buffers(&q, q.len());
+        let (mut kc, mut kg) = b.buffers(&k, k.len());
+        let (nc, ng) = (
+            [
+                b.cpu.vector(norms[0].view()).unwrap(),
+                b.cpu.vector(norms[1].view()).unwrap(),
+            ],
+            [
+                b.cuda.vector(norms[0].view()).unwrap(),
+                b.cuda.vector(norms[1].view()).unwrap(),
+            ],
+        );
+        b.cpu
+            .qk_norm_rope(
+                &mut qc,
+                &mut kc,
+                norm.then_some((&nc[0], &nc[1], 1e-6)),
+                &rc,
+                rows,
+                &shape,
+            )
+            .unwrap();
+        b.cuda
+            .qk_norm_rope(
+                &mut qg,
+                &mut kg,
+                norm.then_some((&ng[0], &ng[1], 1e-6)),
+                &rg,
+                rows,
+                &shape,
+            )
+            .unwrap();
+        assert_close(
+            &format!("q {heads}×{hd}"),
+            &b.read_cpu(&qc, q.len()),
+            &b.read_cuda(&qg, q.len()),
+            1e-5,
+            1e-5,
+        );
+        assert_close(
+            &format!("k {kv_heads}×{hd}"),
+            &b.read_cpu(&kc, k.len()),
+            &b.read_cuda(&kg, k.len()),
+            1e-5,
+            1e-5,
+        );
+    }
+}
+
+/// One sequence's KV bookkeeping in the attention test.
+struct Seq {
+    past: usize,
+    ring_slot: usize,
+    blocks: Vec<u32>,
+}
+
+#[test]
+fn attention_over_paged_and_ring_caches_matches_the_cpu() {
+    let mut rng = Rng::new(17);
+    // (heads, kv heads, head_dim, sinks, kv dtype, forced split)
+    let shapes = [
+        (4usize, 2usize, 16usize, false, KvCacheDtype::F32, None),
+        (8, 1, 40, true, KvCacheDtype::Bf16, None),
+        (6, 3, 64, true, KvCacheDtype::F32, Some(32usize)),
+        (2, 2, 128, false, KvCacheDtype::Bf16, Some(64)),
+        (4, 4, 256, true, KvCacheDtype::F32, None),
+    ];
+    for (heads, kv_heads, hd, with_sinks, dtype, split) in shapes {
+        let sinks = OwnedVector::bf16(&rng.floats(heads, -1.0, 3.0), 1);
+        let Some(b) = Both::new(
+            "attention",
+            &regions(&[], std::slice::from_ref(&sinks)),
+            WeightsPolicy::Copy,
+        ) else {
+            return;
+        };
+        b.cuda.set_attention_split(split);
+        let (block, window) = (4usize, 5usize);
+        let layout = KvLayout {
+            kv_heads,
+            head_dim: hd,
+            block_size: block,
+            blocks: 64,
+            ring_slots: 3,
+            window,
+            // Layer 0 full attention (paged), layer 1 sliding (ring).
+            sliding_layers: vec![false, true],
+            dtype,
+        };
+        let mut kv_c = b.cpu.kv_cache(&layout, 2).unwrap();
+        let mut kv_g = b.cuda.kv_cache(&layout, 2).unwrap();
+        let (max_tokens, max_seqs, max_blocks) = (48usize, 3usize, 16usize);
+        let mut step_c = b
+            .cpu
+            .step_storage(max_tokens, max_seqs, max_blocks)
+            .unwrap();
+        let mut step_g = b
+            .cuda
+            .step_storage(max_tokens, max_seqs, max_blocks)
+            .unwrap();
+        let plan = workspace_plan(max_tokens, 4, 8, 64, 32);
+        let mut ws_c = b.cpu.workspace(&plan).unwrap();
+        let mut ws_g = b.cuda.workspace(&plan).unwrap();
+        let (sc, sg) = (
+            b.cpu.vector(sinks.view()).unwrap(),
+            b.cuda.vector(sinks.view()).unwrap(),
+        );
+
+        // Blocks handed out out of order, as a real allocator does after frees.
+        let mut free: Vec<u32> = (0..64).rev().collect();
+        free.swap(3, 40);
+        let mut seqs = vec![
+            Seq {
+                past: 0,
+                ring_slot: 2,
+                blocks: vec![],
+            },
+            Seq {
+                past: 0,
+                ring_slot: 0,
+                blocks: vec![],
+            },
+            Seq {
+                past: 0,
+                ring_slot: 1,
+                blocks: vec![],
+            },
+        ];
+        // Steps: chunks longer than a query tile, than the window, decode rows.
+        let steps: [&[usize]; 5] = [&[7, 20, 1], &[9, 1, 1], &[1, 1, 17], &[1, 1, 1], &[3, 0, 1]];
+        for (s, lens) in steps.iter().enumerate() {
+            let mut batch = StepBatch::with_capacity(max_tokens, max_seqs, max_blocks);
+            for (seq, &len) in seqs.iter_mut().zip(lens.iter()) {
+                if len == 0 {
+                    continue;
+                }
+                while seq.blocks.len() * block < seq.past + len {
+                    seq.blocks.push(free.pop().unwrap());
+                }
+                batch.push_seq(
+                    &vec![1; len],
+                    seq.past,
+                    seq.ring_slot,
+                    &seq.blocks,
+                    Logits::Last,
+                );
+                seq.past += len;
+            }
+            let rows = batch.rows();
+            b.cpu.load_step(&batch, &mut step_c).unwrap();
+            b.cuda.load_step(&batch, &mut step_g).unwrap();
+            for layer in 0..2 {
+                let shape = AttentionShape {
+                    heads,
+                    kv_heads,
+                    head_dim: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    window: (layer == 1).then_some(window),
+                };
+                let q = rng.floats(rows * heads * hd, -2.0, 2.0);
+                let k = rng.floats(rows * kv_heads * hd, -2.0, 2.0);
+                let v = rng.floats(rows * kv_heads * hd, -2.0, 2.0);
+                let (qc, qg) = b.buffers(&q, q.len());
+                let (mut kc, mut kg) = b.buffers(&k, k.len());
+                let (mut vc, mut vg) = b.buffers(&v, v.len());
+                let (mut oc, mut og) = b.zeros(rows * heads * hd);
+                let sinks_c = with_sinks.then_some(&sc);
+                let sinks_g = with_sinks.then_some(&sg);
+                b.cpu
+                    .attention(
+                        &qc, &mut kc, &mut vc, &kv_c, layer, &step_c, &shape, sinks_c, &mut ws_c,
+                        &mut oc,
+                    )
+                    .unwrap();
+                b.cuda
+                    .attention(
+                        &qg, &mut kg, &mut vg, &kv_g, layer, &step_g, &shape, sinks_g, &mut ws_g,
+                        &mut og,
+                    )
+                    .unwrap();
+                b.cpu
+                    .kv_append(&kc, &vc, &mut kv_c, layer, &step_c)
+                    .unwrap();
+                b.cuda
+                    .kv_append(&kg, &vg, &mut kv_g, layer, &step_g)
+                    .unwrap();
+                let n = rows * heads * hd;
+                assert_close(
+                    &format!(
+                        "attention {heads}/{kv_heads}×{hd} {dtype:?} split {split:?}, step {s}, layer {layer}"
+                    ),
+                    &b.read_cpu(&oc, n),
+                    &b.read_cuda(&og, n),
+                    2e-5,
+                    2e-5,
+                );
+            }
+        }
+    }
+}
+
+/// Router kinds and activations the MoE test covers.
+const ROUTERS: [RouterKind; 3] = [
+    RouterKind::SoftmaxTopK { renormalize: true },
+    RouterKind::SoftmaxTopK { renormalize: false },
+    RouterKind::TopKSoftmax,
+];
+
+struct MoeCase {
+    experts: usize,
+    top_k: usize,
+    rows: usize,
+    h: usize,
+    i: usize,
+    format: Format,
+    interleaved: bool,
+}
+
+#[test]
+fn routed_experts_match_the_cpu() {
+    let mut rng = Rng::new(18);
+    let cases = [
+        MoeCase {
+            experts: 1,
+            top_k: 1,
+            rows: 1,
+            h: 50,
+            i: 21,
+            format: Format::Bf16,
+            interleaved: false,
+        },
+        MoeCase {
+            experts: 5,
+            top_k: 2,
+            rows: 3,
+            h: 50,
+            i: 21,
+            format: Format::Bf16,
+            interleaved: false,
+        },
+        // Many experts, few rows: most experts get none.
+        MoeCase {
+            experts: 64,
+            top_k: 4,
+            rows: 3,
+            h: 64,
+            i: 32,
+            format: Format::Nvfp4,
+            interleaved: false,
+        },
+        MoeCase {
+            experts: 33,
+            top_k: 8,
+            rows: 17,
+            h: 64,
+            i: 48,
+            format: Format::Nvfp4,
+            interleaved: false,
+        },
+        MoeCase {
+            experts: 130,
+            top_k: 3,
+            rows: 40,
+            h: 32,
+            i: 16,
+            format: Format::Bf16,
+            interleaved: false,
+        },
+        // gpt_oss: interleaved gate/up with biases, MXFP4, clamped SwiGLU.
+        MoeCase {
+            experts: 8,
+            top_k: 4,
+            rows: 1,
+            h: 64,
+            i: 32,
+            format: Format::Mxfp4,
+            interleaved: true,
+        },
+        MoeCase {
+            experts: 32,
+            top_k: 4,
+            rows: 21,
+            h: 96,
+            i: 64,
+            format: Format::Mxfp4,
+            interleaved: true,
+        },
+    ];
+    for (c, case) in cases.iter().enumerate() {
+        let MoeCase {
+            experts: e,
+            top_k: k,
+            rows,
+            h,
+            i,
+            format,
+            interleaved,
+        } = *case;
+        let mut weights = Vec::new();
+        // Weights and inputs on a coarse grid: gate/up sums are exact in any
+        // order, so the two backends differ only past the activation.
+        for x in 0..e {
+            if interleaved {
+                weights.push(random_weight(&mut rng, format, 2 * i, h, x % 5, true));
+            } else {
+                weights.push(random_weight(&mut rng, format, i, h, x % 3, true));
+                weights.push(random_weight(&mut rng, format, i, h, 1, true));
+            }
+            weights.push(random_weight(&mut rng, format, h, i, 2, true));
+        }
+        let mut biases = Vec::new();
+        if interleaved {
+            for _ in 0..e {
+                biases.push(OwnedVector::bf16(&rng.floats(2 * i, -0.5, 0.5), 0));
+                biases.push(OwnedVector::bf16(&rng.floats(h, -0.5, 0.5), 1));
+            }
+        }
+        let Some(b) = Both::new("moe", &regions(&weights, &biases), WeightsPolicy::Copy) else {
+            return;
+        };
+        let per = if interleaved { 2 } else { 3 };
+        let spec = || {
+            let w = |x: usize, j: usize| weights[x * per + j].view();
+            ExpertsSpec {
+                gate_up: if interleaved {
+                    GateUp::Interleaved {
+                        gate_up: (0..e).map(|x| w(x, 0)).collect(),
+                        bias: (0..e).map(|x| biases[2 * x].view()).collect(),
+                    }
+                } else {
+                    GateUp::Split {
+                        gate: (0..e).map(|x| w(x, 0)).collect(),
+                        up: (0..e).map(|x| w(x, 1)).collect(),
+                    }
+                },
+                down: (0..e).map(|x| w(x, per - 1)).collect(),
+                down_bias: if interleaved {
+                    (0..e).map(|x| biases[2 * x + 1].view()).collect()
+                } else {
+                    Vec::new()
+                },
+                activation: if interleaved {
+                    ExpertActivation::ClampedSwiglu {
+                        limit: 7.0,
+                        alpha: 1.702,
+                    }
+                } else {
+                    ExpertActivation::SiluMul
+                },
+                hidden_size: h,
+                intermediate_size: i,
+            }
+        };
+        let experts_c = b.cpu.experts(spec()).unwrap();
+        let experts_g = b.cuda.experts(spec()).unwrap();
+        let plan = workspace_plan(rows + 2, k, e, h, i);
+        let mut ws_c = b.cpu.workspace(&plan).unwrap();
+        let mut ws_g = b.cuda.workspace(&plan).unwrap();
+        let x: Vec<f32> = random_x(&mut rng, rows * h, true)
+            .iter()
+            .map(|v| v * 0.125)
+            .collect();
+        let (xc, xg) = b.buffers(&x, x.len());
+        for (r, kind) in ROUTERS.iter().enumerate() {
+            // Logits on a coarse grid: ties between experts are common.
+            let logits: Vec<f32> = (0..rows * e).map(|_| rng.int(-6, 6) as f32 * 0.5).collect();
+            let (lc, lg) = b.buffers(&logits, logits.len());
+            let (mut oc, mut og) = b.zeros(rows * h);
+            b.cpu.route(&lc, rows, e, k, *kind, &mut ws_c).unwrap();
+            b.cuda.route(&lg, rows, e, k, *kind, &mut ws_g).unwrap();
+            b.cpu
+                .moe(&xc, rows, &experts_c, &mut ws_c, &mut oc)
+                .unwrap();
+            b.cuda
+                .moe(&xg, rows, &experts_g, &mut ws_g, &mut og)
+                .unwrap();
+            let (out_c, out_g) = (b.read_cpu(&oc, rows * h), b.read_cuda(&og, rows * h));
+            let scale = out_c.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert_close(
+                &format!(
+                    "moe case {c} ({e} experts, top-{k}, {rows} rows, {format:?}), router {r}"
+                ),
+                &out_c,
+                &out_g,
+                2e-6 * scale.max(1.0),
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn weights_attached_in_place_read_the_same_as_a_copy() {
+    let mut rng = Rng::new(19);
+    let w = random_weight(&mut rng, Format::Nvfp4, 40, 64, 5, true);
+    let regions = regions(std::slice::from_ref(&w), &[]);
+    let Some(copy) = Both::new("weights in place", &regions, WeightsPolicy::Copy) else {
+        return;
+    };
+    let Some(auto) = Both::new("weights in place", &regions, WeightsPolicy::Auto) else {
+        return;
+    };
+    let x = random_x(&mut rng, 3 * 64, true);
+    let mut outs = Vec::new();
+    for b in [&copy, &auto] {
+        let wg = b.cuda.linear(w.view()).unwrap();
+        let (_, xg) = b.buffers(&x, x.len());
+        let (_, mut og) = b.zeros(3 * 40);
+        b.cuda
+            .matmul(&mut [Matmul {
+                x: &xg,
+                x_row: 0,
+                rows: 3,
+                w: &wg,
+                bias: None,
+                out: &mut og,
+            }])
+            .unwrap();
+        outs.push(b.read_cuda(&og, 3 * 40));
+    }
+    eprintln!(
+        "weights residency with Auto: {:?}",
+        auto.cuda.ledger().snapshot().weights_residency
+    );
+    assert_eq!(outs[0], outs[1]);
+}
