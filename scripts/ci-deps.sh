@@ -8,6 +8,25 @@ readonly TOOLS=(
 	"shellcheck shellcheck" # tests/install_script.rs lints install.sh
 )
 
+# NVRTC (the `nvidia-cuda-nvrtc` pip package: libnvrtc.so.13, no GPU or CUDA
+# toolkit needed) for `sparkrt kernels`, which compiles every CUDA kernel.
+nvrtc_dir() {
+	python3 - <<'PY' 2>/dev/null
+import os, site, sysconfig
+for base in [sysconfig.get_paths()["purelib"], site.getusersitepackages()]:
+    lib = os.path.join(base, "nvidia", "cu13", "lib")
+    if os.path.isfile(os.path.join(lib, "libnvrtc.so.13")):
+        print(lib)
+        break
+PY
+}
+if [[ -z "$(nvrtc_dir)" ]] && ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so'; then
+	echo "ci-deps: installing nvidia-cuda-nvrtc (pip)"
+	if ! python3 -m pip install --quiet nvidia-cuda-nvrtc; then
+		echo "ci-deps: pip could not install nvidia-cuda-nvrtc; the kernel compile check will skip" >&2
+	fi
+fi
+
 missing=()
 for pair in "${TOOLS[@]}"; do
 	read -r command package <<<"$pair"

@@ -16,6 +16,7 @@ use crate::engine::sampling::{SamplingParams, SplitMix64};
 use crate::engine::{Event, Request};
 use crate::plan::Plan;
 use crate::plan::memory::WeightGroup;
+use crate::plan::profile::{Profile, ServingSection};
 use crate::runtime::{HostSource, Loaded};
 use crate::units::format_size;
 
@@ -33,7 +34,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
     /// Requests run together (decode batch size); at most the profile's
-    /// max_num_seqs.
+    /// max_num_seqs (without a profile, the derived limits are raised to it).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
     /// Print one JSON object.
@@ -96,6 +97,19 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     }
     let (dir, profile) = resolve(&args.model)?;
     let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
+    // Without a profile the limits are derived from the config: raise them
+    // to hold the batch asked for (a profile's limits are kept as written).
+    let profile = match profile {
+        Some(p) => Some(p),
+        None if args.batch > ServingSection::default().max_num_seqs => {
+            let config = crate::checkpoint::config::ModelConfig::load(&dir)?;
+            let mut p = Profile::for_geometry(&config.geometry(), Some(dir.clone()));
+            p.serving.max_num_seqs = args.batch;
+            p.serving.max_num_batched_tokens = p.serving.max_num_batched_tokens.max(args.batch);
+            Some(p)
+        }
+        None => None,
+    };
     let host = HostSource {
         root: &args.model.host_root,
         kubelet_config: None,
@@ -160,8 +174,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         let mut at_decode_start = Vec::new();
         let mut steps = 0u64;
         while engine.has_work() {
-            engine.step()?;
-            if prefilled.is_some() {
+            let report = engine.step()?;
+            if prefilled.is_some() && report.tokens > 0 {
                 steps += 1;
             }
             for (i, rx) in receivers.iter().enumerate() {

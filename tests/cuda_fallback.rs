@@ -1,0 +1,69 @@
+//! Choosing the device: `--backend auto` runs on the CPU with one log line
+//! saying why when there is no usable GPU (and on CUDA, with the same greedy
+//! ids, when there is); `--backend cuda` without a GPU is a clear error, not
+//! a panic.
+
+mod common;
+
+fn generate(backend: &str) -> std::process::Output {
+    common::sparkrt(&[
+        "generate",
+        "--profile",
+        "qwen3-moe-tiny",
+        "--prompt-ids",
+        "1,2,3,4,5",
+        "--max-tokens",
+        "6",
+        "--json",
+        "--backend",
+        backend,
+        "--host-root",
+        common::fixture("hosts/box24").to_str().unwrap(),
+    ])
+}
+
+fn token_ids(out: &std::process::Output) -> Vec<u64> {
+    common::json(out)["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn auto_falls_back_to_the_cpu_with_one_line_or_uses_the_gpu() {
+    let cpu = generate("cpu");
+    assert!(cpu.status.success(), "{}", common::stderr(&cpu));
+    let auto = generate("auto");
+    assert!(auto.status.success(), "{}", common::stderr(&auto));
+    let stderr = common::stderr(&auto);
+    let fallback_lines: Vec<&str> = stderr.lines().filter(|l| l.contains("backend auto")).collect();
+    match cuda_gpu() {
+        None => {
+            assert_eq!(fallback_lines.len(), 1, "{stderr}");
+            assert!(fallback_lines[0].contains("running on the CPU"), "{stderr}");
+        }
+        Some(name) => eprintln!("a GPU is present ({name}): auto ran on it"),
+    }
+    // Greedy ids are the same on either device.
+    assert_eq!(token_ids(&auto), token_ids(&cpu));
+    assert!(!stderr.contains("panicked"));
+}
+
+#[test]
+fn cuda_without_a_gpu_is_a_clear_error() {
+    if let Some(name) = cuda_gpu() {
+        eprintln!("skipping: a GPU is present ({name})");
+        return;
+    }
+    let out = generate("cuda");
+    let stderr = common::stderr(&out);
+    assert!(matches!(out.status.code(), Some(1 | 2)), "{:?}: {stderr}", out.status);
+    assert!(stderr.contains("CUDA backend cannot start"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+fn cuda_gpu() -> Option<String> {
+    sparkrt::host::gpu::probe().first().map(|g| g.name.clone())
+}
