@@ -243,8 +243,10 @@ fn main() {
     let expert_gate_up = |n: usize| vec![(inter, hidden); 2 * n];
     let expert_down = |n: usize| vec![(hidden, inter); n];
 
-    // SPARKRT_BENCH=gemv,cache,batch,prefill picks sections (default: all).
-    let sections = std::env::var("SPARKRT_BENCH").unwrap_or_else(|_| "gemv,cache,batch,prefill".into());
+    // SPARKRT_BENCH=gemv,cache,batch,prefill picks sections (default: these;
+    // `rowlen` adds a diagnostic of GEMV speed against row length).
+    let sections =
+        std::env::var("SPARKRT_BENCH").unwrap_or_else(|_| "gemv,cache,batch,prefill".into());
     let want = |s: &str| sections.split(',').any(|x| x == s);
 
     if want("gemv") {
@@ -304,13 +306,45 @@ fn main() {
         }
     }
 
+    if want("rowlen") {
+        println!("\nBF16 GEMV by row length (16 MiB each, tokens = 1)");
+        for (rows, cols) in [
+            (10922, 768),
+            (16384, 512),
+            (8192, 1024),
+            (13107, 640),
+            (4096, 2048),
+        ] {
+            for groups in [1] {
+                let case = Case {
+                    name: format!("{groups} x {}x{cols}", rows / groups),
+                    format: Format::Bf16,
+                    shapes: vec![(rows / groups, cols); groups],
+                    tokens: 1,
+                };
+                let r = run_case(&mut rng, &case);
+                println!(
+                    "{:<40} {:>9.1} µs {:>7.1} GB/s {:>7.1} GB/s cpu",
+                    case.name,
+                    r.seconds * 1e6,
+                    r.bytes as f64 / r.seconds / 1e9,
+                    r.bytes as f64 / r.cpu_seconds / 1e9
+                );
+            }
+        }
+    }
+
     if want("cache") {
         println!("\nGEMV from cache (weights L2-resident: the kernels' own ceiling)");
         println!(
             "{:<40} {:>6} {:>8} {:>9} {:>7} {:>9}",
             "case", "format", "KB", "µs", "GB/s", "Gw/s cpu"
         );
-        for (format, rows) in [(Format::Bf16, 96), (Format::Nvfp4, 384), (Format::Mxfp4, 384)] {
+        for (format, rows) in [
+            (Format::Bf16, 96),
+            (Format::Nvfp4, 384),
+            (Format::Mxfp4, 384),
+        ] {
             let case = Case {
                 name: format!("{rows}x{hidden}, tokens=1"),
                 format,
