@@ -315,7 +315,7 @@ fn main() {
             (13107, 640),
             (4096, 2048),
         ] {
-            for groups in [1] {
+            for groups in [1, 8] {
                 let case = Case {
                     name: format!("{groups} x {}x{cols}", rows / groups),
                     format: Format::Bf16,
