@@ -429,3 +429,33 @@ fn caller_scratch_is_sized_by_input_scratch_len() {
         assert_eq!(out, &want, "problem {i}");
     }
 }
+
+/// All-zero weights (FP4 codes +0 and −0) or all-zero inputs give zeros.
+#[test]
+fn zeros_in_give_zeros_out() {
+    let mut rng = Rng::new(6);
+    for isa in Isa::available() {
+        for format in FORMATS {
+            let cols = awkward_cols(format)[2];
+            let mut w = random_weight(&mut rng, format, 9, cols, 1, false);
+            for tokens in [1, 17] {
+                let zeros = vec![0.0f32; tokens * cols];
+                let out = run_on(isa, &zeros, tokens, &w.view());
+                assert!(out.iter().all(|&v| v == 0.0), "{isa:?} {format:?} zero x");
+            }
+            // Zero the weights: 0x88 holds two −0 codes, 0x00 two +0 codes.
+            let fill = if matches!(format, Format::Nvfp4 | Format::Mxfp4) {
+                0x88
+            } else {
+                0x00
+            };
+            let offset = w.offset;
+            w.data[offset..].fill(fill);
+            for tokens in [1, 17] {
+                let x = random_x(&mut rng, tokens * cols, false);
+                let out = run_on(isa, &x, tokens, &w.view());
+                assert!(out.iter().all(|&v| v == 0.0), "{isa:?} {format:?} zero W");
+            }
+        }
+    }
+}
