@@ -6,6 +6,7 @@ set -euo pipefail
 
 readonly TOOLS=(
 	"shellcheck shellcheck" # tests/install_script.rs lints install.sh
+	"tmux tmux"             # tests/top_tmux.rs drives sparkrt top in a terminal
 )
 
 missing=()
