@@ -275,6 +275,45 @@ fn chat_equals_generate_blocking_and_streamed() {
 }
 
 #[test]
+fn seeded_sampling_equals_generate_alone_and_together() {
+    let server = Server::start(&[]);
+    let reference = generate(&[
+        "--prompt",
+        PROMPT,
+        "--max-tokens",
+        "24",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+        "--ignore-eos",
+    ]);
+    let request = json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0.8,
+                         "top_p": 0.9, "seed": 7, "ignore_eos": true,
+                         "return_token_ids": true});
+    // Four at once: each sequence samples from its own seeded generator.
+    let replies: Vec<Reply> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| scope.spawn(|| server.post("/v1/completions", &request)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for reply in &replies {
+        assert_completion(reply, &reference, 24);
+    }
+    // Another seed draws other tokens (the same ones on every run).
+    let mut other = request.clone();
+    other["seed"] = json!(8);
+    let body = server.post("/v1/completions", &other).json();
+    assert_ne!(
+        ids(&body["choices"][0]["token_ids"]),
+        ids(&reference["token_ids"])
+    );
+}
+
+#[test]
 fn models_lists_the_served_model() {
     let server = Server::start(&[]);
     let reply = server.get("/v1/models");
@@ -288,6 +327,102 @@ fn models_lists_the_served_model() {
     // profiles/qwen3-moe-tiny.toml: max_model_len = 1024.
     assert_eq!(models[0]["max_model_len"], 1024);
     assert_eq!(server.get("/health").status, 200);
+}
+
+#[test]
+fn memory_and_metrics_follow_the_contract() {
+    let server = Server::start(&[]);
+    // Some traffic first, so the counters have something to count.
+    let reply = server.post(
+        "/v1/completions",
+        &json!({"prompt": [1, 2, 3, 4, 5], "max_tokens": 3, "ignore_eos": true}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
+
+    let memory = server.get("/v1/memory").json();
+    let plan = &memory["plan"];
+    assert_eq!(plan["fits"], true);
+    let categories = memory["ledger"]["categories"].as_array().unwrap();
+    let names: Vec<&str> = categories
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "weights",
+            "moe_workspace",
+            "activations",
+            "kv_cache",
+            "runtime_overhead"
+        ]
+    );
+    // Start-up allocates exactly the plan, category by category.
+    let mut planned_sum = 0;
+    for c in categories {
+        assert_eq!(c["planned"], c["allocated"], "{c}");
+        planned_sum += c["planned"].as_u64().unwrap();
+    }
+    assert_eq!(plan["total"].as_u64().unwrap(), planned_sum);
+    assert_eq!(memory["ledger"]["page_cache_policy"], "willneed");
+    assert_eq!(memory["ledger"]["weights_residency"], "mapped");
+    // f32 KV: 4 layers x K and V x 2 heads x 32 dims x 4 bytes = 2048 bytes
+    // a token, 16 tokens a block; "auto" is capped at max_num_seqs (8) x
+    // 1024 / 16 = 512 blocks.
+    assert_eq!(
+        memory["kv"],
+        json!({"block_size_tokens": 16, "block_bytes": 32768, "blocks_total": 512,
+               "blocks_used": 0})
+    );
+    // tests/fixtures/hosts/box24/proc/meminfo, in bytes; no kubelet there.
+    let host = &memory["host"];
+    assert_eq!(host["mem_total"], 25_165_824u64 * 1024);
+    assert_eq!(host["mem_available"], 23_068_672u64 * 1024);
+    assert_eq!(host["mem_free"], 20_971_520u64 * 1024);
+    assert_eq!(host["cached"], 2_097_152u64 * 1024);
+    assert_eq!(host["buffers"], 102_400u64 * 1024);
+    assert_eq!(host["shmem"], 10_240u64 * 1024);
+    assert_eq!(host["swap_total"], 0);
+    assert_eq!(host["eviction_hard"], 0);
+    assert_eq!(host["kubepods_current"], Value::Null);
+    // No kubelet: the guard trips below the safety margin (512 MiB) and
+    // resumes one margin above.
+    assert_eq!(
+        memory["guard"],
+        json!({"tripped": false, "threshold_bytes": 512u64 << 20, "resume_bytes": 1024u64 << 20})
+    );
+    let rss = memory["process_rss"].as_u64().unwrap();
+    assert!(
+        rss > 0 && rss <= planned_sum,
+        "RSS {rss} within the plan {planned_sum}"
+    );
+
+    let m = server.metrics();
+    assert_eq!(m.get("sparkrt_requests_total{outcome=\"ok\"}"), 1.0);
+    assert_eq!(m.get("sparkrt_requests_total{outcome=\"error\"}"), 0.0);
+    assert_eq!(m.get("sparkrt_requests_total{outcome=\"rejected\"}"), 0.0);
+    assert_eq!(m.get("sparkrt_requests_running"), 0.0);
+    assert_eq!(m.get("sparkrt_requests_waiting"), 0.0);
+    assert_eq!(m.get("sparkrt_prompt_tokens_total"), 5.0);
+    assert_eq!(m.get("sparkrt_generation_tokens_total"), 3.0);
+    assert_eq!(m.get("sparkrt_preemptions_total"), 0.0);
+    assert_eq!(m.get("sparkrt_kv_blocks_free"), 512.0);
+    for c in categories {
+        let name = c["name"].as_str().unwrap();
+        for kind in ["planned", "allocated"] {
+            assert_eq!(
+                m.get(&format!(
+                    "sparkrt_ledger_bytes{{category=\"{name}\",kind=\"{kind}\"}}"
+                )),
+                c[kind].as_u64().unwrap() as f64
+            );
+        }
+    }
+    assert_eq!(
+        m.get("sparkrt_host_mem_available_bytes"),
+        (23_068_672u64 * 1024) as f64
+    );
+    assert_eq!(m.get("sparkrt_guard_tripped"), 0.0);
 }
 
 /// What is sent, where, and the status and `param` expected back.
