@@ -314,6 +314,82 @@ fn seeded_sampling_equals_generate_alone_and_together() {
 }
 
 #[test]
+fn a_model_without_a_tokenizer_takes_and_streams_token_ids() {
+    // The tiny checkpoint without its tokenizer files.
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = server::repo().join("tests/fixtures/qwen3-moe-tiny");
+    for file in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(fixture.join(file), dir.path().join(file)).unwrap();
+    }
+    let model = dir.path().to_str().unwrap();
+    let served = dir
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let prompt = prompt_ids(12, 3);
+    let prompt_arg = prompt
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let reference = generate(&[
+        "--model",
+        model,
+        "--prompt-ids",
+        &prompt_arg,
+        "--max-tokens",
+        "10",
+        "--ignore-eos",
+    ]);
+    assert_eq!(ids(&reference["token_ids"]).len(), 10);
+
+    let server = Server::start(&["--model", model]);
+    let request = json!({"prompt": prompt, "max_tokens": 10, "ignore_eos": true,
+                         "temperature": 0, "return_token_ids": true});
+    let reply = server.post("/v1/completions", &request);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let body = reply.json();
+    // Served under the folder's name; no text without a tokenizer.
+    assert_eq!(body["model"], served);
+    assert_eq!(body["choices"][0]["text"], "");
+    assert_eq!(
+        ids(&body["choices"][0]["token_ids"]),
+        ids(&reference["token_ids"])
+    );
+
+    // Streamed: a chunk per token, as it is generated.
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let events = server.stream("/v1/completions", &streamed);
+    let chunks = chunks(&events);
+    let per_chunk: Vec<Vec<u32>> = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["finish_reason"].is_null())
+        .map(|c| ids(&c["choices"][0]["token_ids"]))
+        .collect();
+    let expected: Vec<Vec<u32>> = ids(&reference["token_ids"])
+        .into_iter()
+        .map(|id| vec![id])
+        .collect();
+    assert_eq!(per_chunk, expected);
+
+    // Text needs the tokenizer, chat the template.
+    let error = server
+        .post("/v1/completions", &json!({"prompt": "Hello"}))
+        .assert_error(400);
+    assert_eq!(error["param"], "prompt");
+    server
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .assert_error(400);
+}
+
+#[test]
 fn models_lists_the_served_model() {
     let server = Server::start(&[]);
     let reply = server.get("/v1/models");

@@ -510,14 +510,16 @@ fn stream(
             first = false;
         }
         // Ids of tokens whose text is still held back (partial characters,
-        // possible stop strings): they go out with the next text.
+        // possible stop strings): they go out with the next text. Without a
+        // tokenizer there is no text at all: every token gets its chunk.
         let mut ids = Vec::new();
+        let chunk_per_token = state.tokenizer.is_none();
         let mut ended = false;
         while let Some(event) = events.recv().await {
             match event {
                 Event::Token { id, text } => {
                     ids.push(id);
-                    if !text.is_empty() {
+                    if !text.is_empty() || chunk_per_token {
                         yield Ok(data(&meta.chunk(Some(&text), &ids, None, first)));
                         ids.clear();
                         first = false;
