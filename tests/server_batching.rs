@@ -84,15 +84,6 @@ fn all_at_once(server: &Server, requests: &[Value]) -> Vec<Outcome> {
     })
 }
 
-fn wait_until_idle(server: &Server) {
-    server.wait_until("the engine is idle with every KV block free", || {
-        let m = server.metrics();
-        m.get("sparkrt_requests_running") == 0.0
-            && m.get("sparkrt_requests_waiting") == 0.0
-            && m.get("sparkrt_kv_blocks_used") == 0.0
-    });
-}
-
 #[test]
 fn concurrent_greedy_requests_get_the_tokens_each_gets_alone() {
     // The tiny profile: 8 sequences at a time, 256 tokens per step, so 32
@@ -107,7 +98,7 @@ fn concurrent_greedy_requests_get_the_tokens_each_gets_alone() {
         })
         .collect();
     let alone: Vec<Outcome> = requests.iter().map(|r| complete(&server, r)).collect();
-    wait_until_idle(&server);
+    server.wait_until_idle();
 
     let together = all_at_once(&server, &requests);
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
@@ -115,7 +106,7 @@ fn concurrent_greedy_requests_get_the_tokens_each_gets_alone() {
         let prompt_len = requests[i]["prompt"].as_array().unwrap().len();
         assert_eq!(a.usage["prompt_tokens"], prompt_len);
     }
-    wait_until_idle(&server);
+    server.wait_until_idle();
     let m = server.metrics();
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"ok\"}"), 64.0);
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"error\"}"), 0.0);
@@ -147,7 +138,7 @@ fn a_tiny_kv_cache_queues_and_preempts_and_every_block_comes_back() {
         })
         .collect();
     let alone: Vec<Outcome> = requests.iter().map(|r| complete(&server, r)).collect();
-    wait_until_idle(&server);
+    server.wait_until_idle();
     assert_eq!(server.metrics().get("sparkrt_preemptions_total"), 0.0);
 
     let together = all_at_once(&server, &requests);
@@ -156,7 +147,7 @@ fn a_tiny_kv_cache_queues_and_preempts_and_every_block_comes_back() {
         assert_eq!(a.token_ids.len(), 120);
         assert_eq!(a, t, "request {i} served under KV pressure");
     }
-    wait_until_idle(&server);
+    server.wait_until_idle();
     let m = server.metrics();
     assert!(
         m.get("sparkrt_preemptions_total") > 0.0,

@@ -274,6 +274,18 @@ impl Server {
         Metrics::parse(&reply.body)
     }
 
+    /// Waits until no sequence runs or waits and every KV block is free.
+    /// (The engine publishes its gauges after each step, a moment after the
+    /// last answer went out.)
+    pub fn wait_until_idle(&self) {
+        self.wait_until("the engine is idle with every KV block free", || {
+            let m = self.metrics();
+            m.get("sparkrt_requests_running") == 0.0
+                && m.get("sparkrt_requests_waiting") == 0.0
+                && m.get("sparkrt_kv_blocks_used") == 0.0
+        });
+    }
+
     /// Polls `condition` until it holds; panics (with the server's log)
     /// after a bound far above what a loaded machine needs.
     pub fn wait_until(&self, what: &str, mut condition: impl FnMut() -> bool) {
