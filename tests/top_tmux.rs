@@ -2,53 +2,13 @@
 //! `sparkrt serve` on the tiny model. Skips with a reason where tmux is
 //! missing (scripts/ci-deps.sh installs it in CI).
 
-mod common;
+#[path = "common/server.rs"]
+mod server;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `sparkrt serve` on a free port; returns it and its base URL.
-fn serve() -> (Killed, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sparkrt"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--profile",
-            "qwen3-moe-tiny",
-            "--host-root",
-        ])
-        .arg(common::fixture("hosts/box24"))
-        .current_dir(common::repo())
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("sparkrt serve starts");
-    let stderr = child.stderr.take().expect("stderr is piped");
-    let mut lines = BufReader::new(stderr).lines();
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("serve printed its address before exiting")
-            .expect("stderr is text");
-        if let Some(addr) = line.strip_prefix("sparkrt: listening on ") {
-            break addr.trim().to_string();
-        }
-    };
-    // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    (Killed(child), url)
-}
+use server::Server;
 
 fn tmux(args: &[&str]) -> String {
     let out = Command::new("tmux").args(args).output().expect("tmux runs");
@@ -73,7 +33,8 @@ fn top_shows_the_pool_and_the_ledger_of_a_running_server() {
         eprintln!("skipped: tmux is not installed (scripts/ci-deps.sh installs it in CI)");
         return;
     }
-    let (_server, url) = serve();
+    let server = Server::start(&["--profile", "qwen3-moe-tiny"]);
+    let url = server.url.clone();
     let session = format!("sparkrt-top-{}", std::process::id());
     let socket = format!("sparkrt-test-{}", std::process::id());
     let done = std::env::temp_dir().join(format!("{session}.stty"));
@@ -82,7 +43,7 @@ fn top_shows_the_pool_and_the_ledger_of_a_running_server() {
     let command = format!(
         "{} top --url {url} --host-root {} --interval 200ms; stty -a > {}; sleep 30",
         env!("CARGO_BIN_EXE_sparkrt"),
-        common::fixture("hosts/box24").display(),
+        server::box24().display(),
         done.display()
     );
     tmux(&[
