@@ -40,8 +40,8 @@ pub enum RuntimeError {
     Text(#[from] TextError),
     #[error("the plan does not fit this host: {0}")]
     DoesNotFit(String),
-    #[error("{0}")]
-    Unsupported(String),
+    #[error(transparent)]
+    Ledger(#[from] crate::plan::ledger::LedgerError),
 }
 
 /// A model folder, planned and mapped: everything an engine borrows from.
@@ -153,16 +153,13 @@ impl Loaded {
         ledger.set_page_cache_policy(page_cache.name());
         ledger.set_weights_residency(WeightsResidency::Mapped);
         // The mapped weights are the plan's weights: charge exactly them.
-        let weights = ledger
-            .charge(Category::Weights, plan.weights.total, "mapped checkpoint")
-            .map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
-        let overhead = ledger
-            .charge(
-                Category::RuntimeOverhead,
-                plan.runtime_overhead.bytes,
-                "process, tokenizer, allocator slack",
-            )
-            .map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
+        let weights = ledger.charge(Category::Weights, plan.weights.total, "mapped checkpoint")?;
+        // A reservation: the process's code, tokenizer and allocator slack.
+        let overhead = ledger.charge(
+            Category::RuntimeOverhead,
+            plan.runtime_overhead.bytes,
+            "process, tokenizer, allocator slack",
+        )?;
         let (tokenizer, eos) = if dir.join("tokenizer.json").is_file() {
             let t = Tokenizer::from_dir(dir)?;
             let eos = t.eos_token_ids().to_vec();
