@@ -157,11 +157,21 @@ fn thread_count_does_not_change_a_bit() {
                         bits(&pool.install(|| run_on(isa, &x, tokens, &w.view())))
                     })
                     .collect();
-                assert_eq!(outputs[0], outputs[1], "{isa:?} {format:?} tokens {tokens}: 1 vs 2 threads");
-                assert_eq!(outputs[0], outputs[2], "{isa:?} {format:?} tokens {tokens}: 1 vs 3 threads");
+                assert_eq!(
+                    outputs[0], outputs[1],
+                    "{isa:?} {format:?} tokens {tokens}: 1 vs 2 threads"
+                );
+                assert_eq!(
+                    outputs[0], outputs[2],
+                    "{isa:?} {format:?} tokens {tokens}: 1 vs 3 threads"
+                );
                 // And the first token equals itself computed alone.
                 let alone = pool_free_alone(isa, &x[..cols], &w.view());
-                assert_eq!(outputs[0][..rows], alone[..], "{isa:?} {format:?} tokens {tokens}: alone");
+                assert_eq!(
+                    outputs[0][..rows],
+                    alone[..],
+                    "{isa:?} {format:?} tokens {tokens}: alone"
+                );
             }
         }
     }

@@ -237,7 +237,9 @@ fn run_task(inputs: &Inputs, task: &Task, out: OutPtr) {
                 // Rescale what was summed under the old maximum.
                 let correction = ops::exp(max[i] - new_max);
                 denom[i] *= correction;
-                acc[i * hd..][..hd].iter_mut().for_each(|a| *a *= correction);
+                acc[i * hd..][..hd]
+                    .iter_mut()
+                    .for_each(|a| *a *= correction);
             }
             max[i] = new_max;
             denom[i] += ops::exp_block(row, new_max);
@@ -263,9 +265,8 @@ fn run_task(inputs: &Inputs, task: &Task, out: OutPtr) {
         let inv = 1.0 / denom[i];
         // SAFETY: (row, head) is this task's query; no other task writes
         // its slice, which lies inside the output (checked in `attention`).
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut(out.get().add(row * q_width + head * hd), hd)
-        };
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(out.get().add(row * q_width + head * hd), hd) };
         for (d, &a) in dst.iter_mut().zip(o.iter()) {
             *d = a * inv;
         }

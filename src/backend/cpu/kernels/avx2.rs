@@ -244,10 +244,8 @@ unsafe fn fp4_codes(p: *const u8, out: &mut [__m256; 8]) {
     // SAFETY: the caller guarantees 32 readable bytes at p.
     let bytes = unsafe { _mm256_loadu_si256(p as *const __m256i) };
     // Words 0 2 4 .. 14 | 1 3 5 .. 15 (word k = codes 4k .. 4k + 3).
-    let bytes = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(
-        bytes,
-        even_words_first,
-    ));
+    let bytes =
+        _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(bytes, even_words_first));
     let low = _mm256_and_si256(bytes, nibble);
     let high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
     // One code per byte: elements 0-3 8-11 16-19 24-27 | 4-7 12-15 20-23
@@ -523,11 +521,11 @@ unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
                 k0 = k1;
             }
             for r in 0..nb {
-                for t in 0..tn {
-                    let row = block + r;
+                let row = block + r;
+                for (t, &acc) in accs[r / MR][r % MR].iter().enumerate().take(tn) {
                     // SAFETY: token t0 + t exists; the unit owns this row.
                     unsafe {
-                        let sum = finish(dec, accs[r / MR][r % MR][t], row, cols, x.add(t * cols));
+                        let sum = finish(dec, acc, row, cols, x.add(t * cols));
                         *job.out.get().add((t0 + t) * n_rows + row) = sum;
                     }
                 }
@@ -559,7 +557,8 @@ impl Tile {
         k0: usize,
         k1: usize,
     ) {
-        let mut acc: [[__m256; NTOK]; RM] = std::array::from_fn(|r| std::array::from_fn(|t| acc_io[r][t]));
+        let mut acc: [[__m256; NTOK]; RM] =
+            std::array::from_fn(|r| std::array::from_fn(|t| acc_io[r][t]));
         let mut k = k0;
         while k < k1 {
             // SAFETY: k + 8 <= k1 <= whole: inside every panel row and token row.

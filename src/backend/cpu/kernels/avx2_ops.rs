@@ -280,10 +280,7 @@ pub(super) unsafe fn softmax_inplace(x: &mut [f32]) {
 #[inline]
 fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
     let abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    _mm_add_ps(
-        _mm256_castps256_ps128(abcd),
-        _mm256_extractf128_ps(abcd, 1),
-    )
+    _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1))
 }
 
 /// Attention scores (see `ops::attention_scores`): tiles of 3 queries × 4

@@ -260,13 +260,22 @@ pub fn exp_block(s: &mut [f32], max: f32) -> f32 {
         let mut chunks = s.chunks_exact_mut(8);
         for chunk in &mut chunks {
             for (a, x) in acc.iter_mut().zip(chunk.iter_mut()) {
-                *x = if *x == f32::NEG_INFINITY { 0.0 } else { exp(*x - max) };
+                *x = if *x == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    exp(*x - max)
+                };
                 *a += *x;
             }
         }
-        let mut sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        let mut sum =
+            ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
         for x in chunks.into_remainder() {
-            *x = if *x == f32::NEG_INFINITY { 0.0 } else { exp(*x - max) };
+            *x = if *x == f32::NEG_INFINITY {
+                0.0
+            } else {
+                exp(*x - max)
+            };
             sum += *x;
         }
         sum
