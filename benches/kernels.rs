@@ -243,7 +243,8 @@ fn main() {
     let expert_gate_up = |n: usize| vec![(inter, hidden); 2 * n];
     let expert_down = |n: usize| vec![(hidden, inter); n];
 
-    // SPARKRT_BENCH=gemv,cache,batch,prefill picks sections (default: all).
+    // SPARKRT_BENCH=gemv,cache,batch,prefill picks sections (default: these;
+    // `rowlen` adds a diagnostic of GEMV speed against row length).
     let sections =
         std::env::var("SPARKRT_BENCH").unwrap_or_else(|_| "gemv,cache,batch,prefill".into());
     let want = |s: &str| sections.split(',').any(|x| x == s);
@@ -302,6 +303,34 @@ fn main() {
                 100.0 * gbs * 1e9 / bandwidth,
                 r.bytes as f64 / r.cpu_seconds / 1e9
             );
+        }
+    }
+
+    if want("rowlen") {
+        println!("\nBF16 GEMV by row length (16 MiB each, tokens = 1)");
+        for (rows, cols) in [
+            (10922, 768),
+            (16384, 512),
+            (8192, 1024),
+            (13107, 640),
+            (4096, 2048),
+        ] {
+            for groups in [1, 8] {
+                let case = Case {
+                    name: format!("{groups} x {}x{cols}", rows / groups),
+                    format: Format::Bf16,
+                    shapes: vec![(rows / groups, cols); groups],
+                    tokens: 1,
+                };
+                let r = run_case(&mut rng, &case);
+                println!(
+                    "{:<40} {:>9.1} µs {:>7.1} GB/s {:>7.1} GB/s cpu",
+                    case.name,
+                    r.seconds * 1e6,
+                    r.bytes as f64 / r.seconds / 1e9,
+                    r.bytes as f64 / r.cpu_seconds / 1e9
+                );
+            }
         }
     }
 

@@ -44,8 +44,8 @@ pub enum RuntimeError {
     Backend(#[from] BackendError),
     #[error("the plan does not fit this host: {0}")]
     DoesNotFit(String),
-    #[error("{0}")]
-    Unsupported(String),
+    #[error(transparent)]
+    Ledger(#[from] crate::plan::ledger::LedgerError),
 }
 
 /// A model folder, planned and mapped: everything an engine borrows from.
@@ -304,10 +304,6 @@ impl Loaded {
     }
 }
 
-fn over_plan(e: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::Unsupported(e.to_string())
-}
-
 /// The CPU backend: the weights are read in place from the mapping.
 fn cpu_backend(
     ledger: &Arc<Ledger>,
@@ -315,16 +311,12 @@ fn cpu_backend(
 ) -> Result<(DeviceBackend, Vec<crate::plan::ledger::Charge>), RuntimeError> {
     ledger.set_weights_residency(WeightsResidency::Mapped);
     // The mapped weights are the plan's weights: charge exactly them.
-    let weights = ledger
-        .charge(Category::Weights, plan.weights.total, "mapped checkpoint")
-        .map_err(over_plan)?;
-    let overhead = ledger
-        .charge(
-            Category::RuntimeOverhead,
-            plan.runtime_overhead.bytes,
-            "process, tokenizer, allocator slack",
-        )
-        .map_err(over_plan)?;
+    let weights = ledger.charge(Category::Weights, plan.weights.total, "mapped checkpoint")?;
+    let overhead = ledger.charge(
+        Category::RuntimeOverhead,
+        plan.runtime_overhead.bytes,
+        "process, tokenizer, allocator slack",
+    )?;
     Ok((
         DeviceBackend::Cpu(CpuBackend::new(Arc::clone(ledger))),
         vec![weights, overhead],
@@ -371,13 +363,11 @@ fn cuda_backend(
     // The backend charges its own tables to the runtime overhead; the
     // runtime charges the rest (context, modules, allocator slack).
     let metadata = cuda::metadata_bytes(plan.model.num_moe_layers, config.num_experts, max_seqs);
-    let overhead = ledger
-        .charge(
-            Category::RuntimeOverhead,
-            plan.runtime_overhead.bytes.saturating_sub(metadata),
-            "CUDA context, modules, tokenizer, allocator slack",
-        )
-        .map_err(over_plan)?;
+    let overhead = ledger.charge(
+        Category::RuntimeOverhead,
+        plan.runtime_overhead.bytes.saturating_sub(metadata),
+        "CUDA context, modules, tokenizer, allocator slack",
+    )?;
     Ok((DeviceBackend::Cuda(Box::new(backend)), vec![overhead]))
 }
 

@@ -38,7 +38,10 @@ fn auto_falls_back_to_the_cpu_with_one_line_or_uses_the_gpu() {
     let auto = generate("auto");
     assert!(auto.status.success(), "{}", common::stderr(&auto));
     let stderr = common::stderr(&auto);
-    let fallback_lines: Vec<&str> = stderr.lines().filter(|l| l.contains("backend auto")).collect();
+    let fallback_lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("backend auto"))
+        .collect();
     match cuda_gpu() {
         None => {
             assert_eq!(fallback_lines.len(), 1, "{stderr}");
@@ -59,7 +62,11 @@ fn cuda_without_a_gpu_is_a_clear_error() {
     }
     let out = generate("cuda");
     let stderr = common::stderr(&out);
-    assert!(matches!(out.status.code(), Some(1 | 2)), "{:?}: {stderr}", out.status);
+    assert!(
+        matches!(out.status.code(), Some(1 | 2)),
+        "{:?}: {stderr}",
+        out.status
+    );
     assert!(stderr.contains("CUDA backend cannot start"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }

@@ -583,7 +583,7 @@ fn attention_over_paged_and_ring_caches_matches_the_cpu() {
         // Blocks handed out out of order, as a real allocator does after frees.
         let mut free: Vec<u32> = (0..64).rev().collect();
         free.swap(3, 40);
-        let mut seqs = vec![
+        let mut seqs = [
             Seq {
                 past: 0,
                 ring_slot: 2,

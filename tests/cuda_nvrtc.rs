@@ -33,8 +33,16 @@ fn every_kernel_compiles_for_sm_121_and_sm_90() {
                 .find(|k| k.name == kernel.name())
                 .unwrap_or_else(|| panic!("{arch}: no {} in the CUBINs", kernel.name()));
             // ptxas reported it, and its code is in the CUBIN.
-            assert!(found.registers.is_some_and(|r| r > 0), "{arch} {}: registers", found.name);
-            assert!(found.code_bytes.is_some_and(|b| b > 0), "{arch} {}: code", found.name);
+            assert!(
+                found.registers.is_some_and(|r| r > 0),
+                "{arch} {}: registers",
+                found.name
+            );
+            assert!(
+                found.code_bytes.is_some_and(|b| b > 0),
+                "{arch} {}: code",
+                found.name
+            );
             // Register spills cost bandwidth: none in any kernel.
             assert_eq!(found.spill_stores, Some(0), "{arch} {}: spills", found.name);
         }
@@ -74,13 +82,20 @@ fn sparkrt_kernels_lists_every_kernel_and_rejects_a_bad_arch() {
     for arch in ["sm_121", "sm_90"] {
         for kernel in Kernel::ALL {
             assert!(
-                rows.iter().any(|r| r["arch"] == arch && r["kernel"] == kernel.name()),
+                rows.iter()
+                    .any(|r| r["arch"] == arch && r["kernel"] == kernel.name()),
                 "{arch} {}",
                 kernel.name()
             );
         }
     }
-    assert!(json["files"].as_array().unwrap().iter().all(|f| f["cubin_bytes"].as_u64() > Some(0)));
+    assert!(
+        json["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["cubin_bytes"].as_u64() > Some(0))
+    );
 
     // An architecture NVRTC does not know: a failure, not a crash.
     let out = common::sparkrt(&["kernels", "--arch", "sm_11"]);

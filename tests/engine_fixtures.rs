@@ -220,3 +220,32 @@ fn bf16_kv_cache_gives_the_same_logits_however_the_prompt_is_cut() {
         "bf16 KV differs from the f32 reference by {diff}"
     );
 }
+
+#[test]
+fn decoding_past_the_sliding_window_token_by_token_equals_a_full_pass() {
+    // gpt-oss-tiny's window is 8; prompt and continuation run to 45 tokens.
+    let name = "gpt-oss-tiny";
+    let r = reference(name);
+    let mut all = r.input_ids.clone();
+    all.extend(&r.greedy_ids);
+    let full = run(name, &profile(name), std::slice::from_ref(&all), 1);
+    let mut single = profile(name);
+    single.serving.max_num_batched_tokens = 1;
+    single.serving.max_num_seqs = 1;
+    let stepped = run(name, &single, std::slice::from_ref(&all), 1);
+    let diff = max_abs_diff(&stepped[0].prompt_logits, &full[0].prompt_logits);
+    assert!(
+        diff < 1e-4,
+        "past the window, token by token differs by {diff}"
+    );
+    // Each position's argmax is the next reference token (teacher forcing).
+    let vocab = r.vocab;
+    for (i, &next) in r.greedy_ids.iter().enumerate() {
+        let row = &full[0].prompt_logits[(r.input_ids.len() - 1 + i) * vocab..][..vocab];
+        let best = row
+            .iter()
+            .enumerate()
+            .fold(0, |b, (j, &x)| if x > row[b] { j } else { b });
+        assert_eq!(best as u32, next, "position {}", r.input_ids.len() + i);
+    }
+}

@@ -6,8 +6,8 @@ mod kernels_common;
 use kernels_common::{FORMATS, Format, OwnedWeight, Rng, random_weight, random_x, tolerance};
 use sparkrt::backend::cpu::kernels::formats::{E2M1, E4M3, E8M0, bf16_to_f32, f32_to_bf16};
 use sparkrt::backend::cpu::kernels::{
-    GroupedProblem, Isa, KernelError, add_bias_bf16, input_scratch_len, matmul, matmul_grouped,
-    matmul_grouped_on, matmul_grouped_with_scratch, reference,
+    GroupedProblem, Isa, KernelError, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_on,
+    reference,
 };
 use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
 
@@ -374,58 +374,32 @@ fn zero_columns_give_zeros() {
     }
 }
 
-/// A caller-owned scratch of Σ input_scratch_len is enough for any mix of
-/// problems and gives the same results; a smaller one is refused.
+/// All-zero weights (FP4 codes +0 and −0) or all-zero inputs give zeros.
 #[test]
-fn caller_scratch_is_sized_by_input_scratch_len() {
-    let mut rng = Rng::new(5);
-    let shapes = [
-        (Format::Bf16, 100, 3),
-        (Format::Nvfp4, 80, 17),
-        (Format::Mxfp4, 96, 1),
-    ];
-    let weights: Vec<OwnedWeight> = shapes
-        .iter()
-        .map(|&(f, cols, _)| random_weight(&mut rng, f, 25, cols, 1, true))
-        .collect();
-    let xs: Vec<Vec<f32>> = shapes
-        .iter()
-        .map(|&(_, cols, t)| random_x(&mut rng, t * cols, true))
-        .collect();
-    let needed: usize = shapes
-        .iter()
-        .map(|&(_, c, t)| input_scratch_len(t, c))
-        .sum();
-    let mut outs: Vec<Vec<f32>> = shapes
-        .iter()
-        .map(|&(_, _, t)| vec![f32::NAN; t * 25])
-        .collect();
-    let views: Vec<LinearWeight> = weights.iter().map(|w| w.view()).collect();
-    let mut problems: Vec<GroupedProblem> = views
-        .iter()
-        .zip(&xs)
-        .zip(outs.iter_mut())
-        .zip(shapes)
-        .map(|(((w, x), out), (_, _, tokens))| GroupedProblem {
-            x,
-            tokens,
-            weight: *w,
-            out,
-        })
-        .collect();
-    let mut scratch = vec![0.0f32; needed];
-    matmul_grouped_with_scratch(&mut problems, &mut scratch).unwrap();
-    // AVX2 lays the activations out anew (the portable and NEON paths read
-    // them as they are and need no scratch).
-    if Isa::best() == Isa::Avx2 {
-        assert!(matches!(
-            matmul_grouped_with_scratch(&mut problems, &mut scratch[..0]),
-            Err(KernelError::ScratchTooSmall { got: 0, .. })
-        ));
-    }
-    drop(problems);
-    for (i, ((w, x), out)) in views.iter().zip(&xs).zip(&outs).enumerate() {
-        let (want, _) = reference::matmul(x, shapes[i].2, w);
-        assert_eq!(out, &want, "problem {i}");
+fn zeros_in_give_zeros_out() {
+    let mut rng = Rng::new(6);
+    for isa in Isa::available() {
+        for format in FORMATS {
+            let cols = awkward_cols(format)[2];
+            let mut w = random_weight(&mut rng, format, 9, cols, 1, false);
+            for tokens in [1, 17] {
+                let zeros = vec![0.0f32; tokens * cols];
+                let out = run_on(isa, &zeros, tokens, &w.view());
+                assert!(out.iter().all(|&v| v == 0.0), "{isa:?} {format:?} zero x");
+            }
+            // Zero the weights: 0x88 holds two −0 codes, 0x00 two +0 codes.
+            let fill = if matches!(format, Format::Nvfp4 | Format::Mxfp4) {
+                0x88
+            } else {
+                0x00
+            };
+            let offset = w.offset;
+            w.data[offset..].fill(fill);
+            for tokens in [1, 17] {
+                let x = random_x(&mut rng, tokens * cols, false);
+                let out = run_on(isa, &x, tokens, &w.view());
+                assert!(out.iter().all(|&v| v == 0.0), "{isa:?} {format:?} zero W");
+            }
+        }
     }
 }

@@ -325,3 +325,110 @@ fn bad_profiles_are_exit_2_with_file_line_and_column() {
         "no profile",
     );
 }
+
+#[test]
+fn gpt_oss_120b_counts_sliding_layers_at_their_window() {
+    let (v, code) = plan_json(
+        &profile("gpt-oss-120b").display().to_string(),
+        &spark_root(),
+    );
+    assert_eq!(code, 0, "gpt-oss-120b fits a Spark: {v}");
+    let kv = &v["kv_cache"];
+    // 36 layers alternate sliding/full: 18 full layers keep every token,
+    // 2 (K and V) × 8 KV heads × 64 head_dim × 2 bytes (bf16) each.
+    let per_layer_token = 2 * 8 * 64 * 2;
+    assert_eq!(kv["bytes_per_token"], 18 * per_layer_token);
+    // The 18 sliding layers keep 128 tokens per running sequence (16).
+    assert_eq!(kv["sliding"]["layers"], 18);
+    assert_eq!(kv["sliding"]["window_tokens"], 128);
+    assert_eq!(kv["sliding"]["bytes"], 16 * 128 * 18 * per_layer_token);
+    let tokens = kv["tokens"].as_i64().unwrap();
+    assert_eq!(
+        kv["bytes"],
+        tokens * 18 * per_layer_token + 16 * 128 * 18 * per_layer_token
+    );
+    // top-4 of 128 experts, hidden 2880: 8192 × 4 routed rows.
+    assert_eq!(v["moe_workspace"]["routed_rows"], 8192 * 4);
+    assert_eq!(v["model"]["hidden_size"], 2880);
+    // MXFP4 experts: per [5760, 2880] gate_up and [2880, 2880] down matrix,
+    // codes at half a byte plus one E8M0 scale per 32, and bf16 biases.
+    let experts: i64 = 36
+        * 128
+        * ((5760 * 2880 / 2 + 5760 * 90 + 5760 * 2) + (2880 * 2880 / 2 + 2880 * 90 + 2880 * 2));
+    assert_eq!(v["weights"]["groups"]["experts"], experts);
+}
+
+#[test]
+fn plans_with_a_checkpoint_use_exact_header_bytes() {
+    for name in ["qwen3-moe-tiny", "qwen3-moe-tiny-nvfp4", "gpt-oss-tiny"] {
+        let out = sparkrt(&[
+            "plan",
+            "--profile",
+            &profile(name).display().to_string(),
+            "--model",
+            &fixture(name).display().to_string(),
+            "--host-root",
+            &box24_root(),
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let v = json(&out);
+        assert_eq!(v["estimated"], false);
+        // The data section of the single safetensors file is exactly the weights.
+        let file = std::fs::read(fixture(name).join("model.safetensors")).unwrap();
+        let header = u64::from_le_bytes(file[..8].try_into().unwrap());
+        let data = file.len() as u64 - 8 - header;
+        assert_eq!(v["weights"]["total"], data, "{name}");
+        // And the geometry-only estimate, made without the checkpoint, agrees
+        // byte for byte: the formulas count what the files hold.
+        let (estimate, _) = plan_json(&profile(name).display().to_string(), &box24_root());
+        assert_eq!(
+            estimate["weights"]["groups"], v["weights"]["groups"],
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_checkpoint_that_disagrees_with_the_profile_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture("qwen3-moe-tiny")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+    }
+    let config = dir.path().join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("\"num_experts_per_tok\": 4", "\"num_experts_per_tok\": 2"),
+    )
+    .unwrap();
+    let tiny = profile("qwen3-moe-tiny").display().to_string();
+    let model = dir.path().display().to_string();
+    expect_bad_input(
+        &[
+            "plan",
+            "--profile",
+            &tiny,
+            "--model",
+            &model,
+            "--host-root",
+            &box24_root(),
+        ],
+        "top_k",
+    );
+
+    std::fs::remove_file(&config).unwrap();
+    expect_bad_input(
+        &[
+            "plan",
+            "--profile",
+            &tiny,
+            "--model",
+            &model,
+            "--host-root",
+            &box24_root(),
+        ],
+        "config.json",
+    );
+}

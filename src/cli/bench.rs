@@ -1,5 +1,10 @@
 //! `sparkrt bench`: prefill and decode speed against the machine's memory
-//! bandwidth roofline, measured in one run.
+//! bandwidth roofline, measured in one run, and the peak RSS against the
+//! plan's components.
+//!
+//! The bandwidth is measured by reading the weights the process already
+//! maps (those read every decode step first), so that the measurement
+//! neither grows the process nor inflates its peak RSS.
 
 use std::process::ExitCode;
 use std::sync::mpsc;
@@ -10,8 +15,9 @@ use serde::Serialize;
 
 use super::generate::{ModelArgs, dummy_if_asked, resolve, set_threads};
 use crate::backend::Backend;
-use crate::backend::cpu::kernels::measure_read_bandwidth;
-use crate::checkpoint::PageCachePolicy;
+use crate::backend::cpu::kernels::measure_read_bandwidth_of;
+use crate::checkpoint::groups::group_of;
+use crate::checkpoint::{Checkpoint, PageCachePolicy};
 use crate::engine::sampling::{SamplingParams, SplitMix64};
 use crate::engine::{Event, Request};
 use crate::plan::Plan;
@@ -42,11 +48,20 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
+/// Bytes of mapped weights one bandwidth sweep reads.
+const BANDWIDTH_BYTES: usize = 1 << 30;
+/// Slack the peak RSS may exceed the plan's components by (issue 4).
+const RSS_SLACK: f64 = 0.05;
+
 #[derive(Serialize)]
 struct BenchReport {
     prefill_tok_s: f64,
     decode_tok_s: f64,
     peak_rss_bytes: u64,
+    /// What the peak RSS is held to: (weights + MoE workspace + activations
+    /// + KV cache) × 1.05.
+    rss_budget_bytes: u64,
+    rss: RssComponents,
     bytes_per_token: u64,
     bandwidth_bytes_s: f64,
     roofline_tok_s: f64,
@@ -72,6 +87,44 @@ fn launch_counts(loaded: &Loaded) -> Vec<(&'static str, u64)> {
         .cuda()
         .map(|c| c.launch_counts())
         .unwrap_or_default()
+}
+
+/// The plan's components the peak RSS is compared with.
+#[derive(Serialize)]
+struct RssComponents {
+    weights_bytes: u64,
+    moe_workspace_bytes: u64,
+    activations_bytes: u64,
+    kv_cache_bytes: u64,
+}
+
+impl RssComponents {
+    fn of(plan: &Plan) -> RssComponents {
+        RssComponents {
+            weights_bytes: plan.weights.total,
+            moe_workspace_bytes: plan.moe_workspace.bytes,
+            activations_bytes: plan.activations.bytes,
+            kv_cache_bytes: plan.kv_cache.bytes,
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.weights_bytes + self.moe_workspace_bytes + self.activations_bytes + self.kv_cache_bytes
+    }
+}
+
+/// The mapped tensors, those every decode step reads first (they are
+/// resident by now), then the experts, largest first within each.
+fn weight_regions<'c>(checkpoint: &'c Checkpoint, loaded: &Loaded) -> Vec<&'c [u8]> {
+    let mut regions: Vec<(bool, &[u8])> = checkpoint
+        .tensor_names()
+        .filter_map(|name| {
+            let expert = group_of(loaded.config.architecture, name) == Some(WeightGroup::Experts);
+            Some((expert, checkpoint.tensor(name).ok()?.bytes()))
+        })
+        .collect();
+    regions.sort_by_key(|&(expert, bytes)| (expert, std::cmp::Reverse(bytes.len())));
+    regions.into_iter().map(|(_, bytes)| bytes).collect()
 }
 
 /// Weight bytes read to decode one token at batch 1: every dense weight,
@@ -218,10 +271,11 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     let cuda = loaded.backend.cuda();
     let (bandwidth, bandwidth_source) = match cuda.and_then(|c| c.peak_bandwidth()) {
         Some(peak) => (peak, "device peak, from its memory clock and bus width"),
-        None => (
-            measure_read_bandwidth(threads, 1 << 30),
-            "measured, CPU reads",
-        ),
+        None => {
+            let regions = weight_regions(&loaded.checkpoint, &loaded);
+            let measured = measure_read_bandwidth_of(threads, &regions, BANDWIDTH_BYTES);
+            (measured, "measured, CPU reads of the mapped weights")
+        }
     };
     let bytes_per_token = decode_bytes_per_token(&loaded.plan);
     let roofline = bandwidth / bytes_per_token.max(1) as f64;
@@ -230,10 +284,13 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         .then(|| per_step(decode_launches.iter().map(|(_, n)| n).sum()));
     let layers = loaded.plan.model.num_layers.max(1) as f64;
     let decode_tok_s = median(&mut decode);
+    let rss = RssComponents::of(&loaded.plan);
     let report = BenchReport {
         prefill_tok_s: median(&mut prefill),
         decode_tok_s,
         peak_rss_bytes: crate::host::process::peak_rss_bytes(),
+        rss_budget_bytes: (rss.total() as f64 * (1.0 + RSS_SLACK)) as u64,
+        rss,
         bytes_per_token,
         bandwidth_bytes_s: bandwidth,
         roofline_tok_s: roofline,
@@ -293,9 +350,24 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             "  decode / roofline       {:>10.1} %",
             100.0 * report.roofline_fraction
         );
+        let r = &report.rss;
         println!(
-            "  peak RSS                {:>14}",
-            format_size(report.peak_rss_bytes)
+            "  peak RSS                {:>14}  ({:.1} % of the budget below)",
+            format_size(report.peak_rss_bytes),
+            100.0 * report.peak_rss_bytes as f64 / report.rss_budget_bytes.max(1) as f64
+        );
+        for (name, bytes) in [
+            ("weights (mapped)", r.weights_bytes),
+            ("MoE workspace", r.moe_workspace_bytes),
+            ("activations", r.activations_bytes),
+            ("KV cache", r.kv_cache_bytes),
+        ] {
+            println!("    {name:<21} {:>14}", format_size(bytes));
+        }
+        println!(
+            "    sum + {:.0} %            {:>14}",
+            100.0 * RSS_SLACK,
+            format_size(report.rss_budget_bytes)
         );
         println!(
             "  plan total              {:>14}",

@@ -95,9 +95,10 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
     /// 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
+    /// Nucleus sampling: keep the most likely tokens up to this probability.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     #[arg(long)]
     pub top_k: Option<usize>,

@@ -4,8 +4,11 @@
 //! sequence and chunks of waiting prompts, up to `max_num_batched_tokens`
 //! tokens and `max_num_seqs` sequences. KV blocks are taken as chunks are
 //! scheduled; when they run out, the newest sequence is preempted (its
-//! blocks freed, its tokens recomputed later). New requests join between
-//! steps; finished, aborted and abandoned ones leave at the next step.
+//! blocks freed, its tokens recomputed later). A sequence that has not
+//! started never preempts one that has: it starts once the blocks for all
+//! its known tokens are free, beyond what the started sequences need for
+//! theirs. New requests join between steps; finished, aborted and abandoned
+//! ones leave at the next step.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -189,6 +192,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             prompt_len: request.prompt.len(),
             tokens: request.prompt,
             computed: 0,
+            prompt_counted: 0,
             ring_slot: None,
             sampler,
             params: request.params,
@@ -313,6 +317,11 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         self.logit_owners.clear();
         self.scheduled.clear();
         let mut budget = self.limits.max_num_batched_tokens;
+        // Sequences sent back to the queue in this step.
+        let mut returned = Vec::new();
+        // Set once a sequence waits for blocks or is preempted: first come,
+        // first served, so no later sequence starts in this step.
+        let mut short_of_blocks = false;
         let mut index = 0;
         while index < self.running.len() && budget > 0 {
             let (id, computed, pending) = {
@@ -324,11 +333,24 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                 index += 1;
                 continue;
             }
+            let starting = self.blocks.table(id).is_none();
+            if starting && (short_of_blocks || !self.can_start(id, computed + pending)) {
+                short_of_blocks = true;
+                returned.push(self.unschedule(index));
+                continue;
+            }
             if self.blocks.allocate_for(id, computed + chunk).is_err() {
                 // Free the newest sequence and try again; if this is the
-                // newest, it waits for blocks itself.
+                // newest, it waits for blocks itself. (Only a started
+                // sequence gets here: `can_start` checked the others.)
+                short_of_blocks = true;
                 let victim = self.running.len() - 1;
-                self.preempt(victim);
+                returned.push(if self.blocks.table(self.running[victim].id).is_none() {
+                    // It holds no blocks: nothing to preempt, it just waits.
+                    self.unschedule(victim)
+                } else {
+                    self.preempt(victim)
+                });
                 if victim == index {
                     break;
                 }
@@ -366,17 +388,46 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             budget -= chunk;
             index += 1;
         }
+        // Back to the front of the queue, oldest first (ids grow with
+        // arrival): they were admitted before anything still waiting.
+        returned.sort_unstable_by_key(|s| s.id);
+        for seq in returned.into_iter().rev() {
+            self.waiting.push_front(seq);
+        }
     }
 
-    /// Frees the blocks of running sequence `index` and sends it back to the
-    /// front of the queue to be recomputed from scratch.
-    fn preempt(&mut self, index: usize) {
+    /// Whether a sequence that has not started can start: whether the blocks
+    /// for all of its tokens are free on top of those every started
+    /// sequence (one holding blocks) needs to cache what it knows and its
+    /// next token. Without
+    /// that margin a sequence often starts only to be preempted (or to
+    /// preempt others) a few steps later, and its work is thrown away.
+    fn can_start(&self, id: SeqId, tokens: usize) -> bool {
+        let reserved: usize = self
+            .running
+            .iter()
+            .filter(|s| self.blocks.table(s.id).is_some())
+            .map(|s| self.blocks.blocks_needed(s.id, s.tokens.len() + 1))
+            .sum();
+        self.blocks.blocks_needed(id, tokens) + reserved <= self.blocks.free_blocks()
+    }
+
+    /// Takes running sequence `index` out of the running set, returning its
+    /// blocks and ring slot.
+    fn unschedule(&mut self, index: usize) -> Sequence {
         let mut seq = self.running.remove(index);
         self.release(&seq);
-        seq.computed = 0;
         seq.ring_slot = None;
+        seq
+    }
+
+    /// Takes running sequence `index` out and frees its blocks; it is to be
+    /// recomputed from scratch when it runs again.
+    fn preempt(&mut self, index: usize) -> Sequence {
+        let mut seq = self.unschedule(index);
+        seq.computed = 0;
         self.counters.preemptions.fetch_add(1, Ordering::Relaxed);
-        self.waiting.push_front(seq);
+        seq
     }
 
     /// Forward pass, sampling, events. Returns how many sequences sampled.
@@ -427,7 +478,11 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         let mut prompt_tokens = 0;
         for &(index, chunk) in scheduled.iter() {
             let seq = &mut running[index];
-            prompt_tokens += seq.prompt_len.saturating_sub(seq.computed).min(chunk);
+            // Each prompt token counts once, not again when a preempted
+            // sequence is recomputed.
+            let prompt_done = (seq.computed + chunk).min(seq.prompt_len);
+            prompt_tokens += prompt_done.saturating_sub(seq.prompt_counted);
+            seq.prompt_counted = seq.prompt_counted.max(prompt_done);
             seq.computed += chunk;
             if seq.computed >= seq.prompt_len {
                 // Prompt logits are reported once, not again after a preemption.
@@ -476,5 +531,147 @@ fn accept_token(
         seq.finished = Some(FinishReason::Stop);
     } else if seq.generated() >= seq.params.max_tokens || seq.tokens.len() >= max_model_len {
         seq.finished = Some(FinishReason::Length);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The scheduling policy on the tiny fixture with a KV cache of 32
+    //! blocks of 16 tokens (two sequences of max_model_len 256): when
+    //! sequences preempt, how often, and that recomputing changes nothing.
+
+    use std::path::PathBuf;
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::backend::device::DeviceBackend;
+    use crate::checkpoint::PageCachePolicy;
+    use crate::engine::sampling::SamplingParams;
+    use crate::plan::profile::{KvCacheSize, Profile};
+    use crate::runtime::{HostSource, Loaded};
+
+    fn repo() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn loaded() -> Loaded {
+        let mut profile = Profile::load(&repo().join("profiles/qwen3-moe-tiny.toml")).unwrap();
+        profile.serving.max_model_len = 256;
+        profile.serving.max_num_batched_tokens = 64;
+        // 1 MiB of f32 KV at 2048 bytes per token: 512 tokens, 32 blocks.
+        profile.serving.kv_cache = KvCacheSize::Bytes(1 << 20);
+        let root = repo().join("tests/fixtures/hosts/box24");
+        let host = HostSource {
+            root: &root,
+            kubelet_config: None,
+        };
+        let dir = repo().join("tests/fixtures/qwen3-moe-tiny");
+        Loaded::open(&dir, Some(&profile), &host, PageCachePolicy::Keep).unwrap()
+    }
+
+    /// A greedy request of `prompt_len` made-up tokens that generates
+    /// exactly `max_tokens`.
+    fn request(prompt_len: usize, seed: u32, max_tokens: usize) -> Request {
+        Request {
+            prompt: (0..prompt_len as u32)
+                .map(|i| (i * 37 + seed * 101) % 500)
+                .collect(),
+            params: SamplingParams::greedy(max_tokens),
+            prompt_logits: false,
+            ignore_eos: true,
+        }
+    }
+
+    /// Serves `requests` together; returns each one's generated tokens.
+    fn serve(engine: &mut Engine<'_, DeviceBackend>, requests: &[Request]) -> Vec<Vec<u32>> {
+        let receivers: Vec<_> = requests
+            .iter()
+            .map(|r| {
+                let (tx, rx) = mpsc::channel();
+                engine.add_request(r.clone(), Box::new(tx)).unwrap();
+                rx
+            })
+            .collect();
+        while engine.has_work() {
+            engine.step().unwrap();
+            assert!(engine.kv_blocks_used() <= engine.kv_blocks_total());
+        }
+        assert_eq!(engine.kv_blocks_used(), 0, "every block is back");
+        receivers
+            .into_iter()
+            .zip(requests)
+            .map(|(rx, r)| {
+                let mut tokens = Vec::new();
+                for event in rx.try_iter() {
+                    match event {
+                        Event::Token { id, .. } => tokens.push(id),
+                        Event::Finished { reason, .. } => {
+                            assert_eq!(reason, FinishReason::Length)
+                        }
+                        Event::PromptLogits { .. } => {}
+                        Event::Failed { message } => panic!("failed: {message}"),
+                    }
+                }
+                assert_eq!(tokens.len(), r.params.max_tokens);
+                tokens
+            })
+            .collect()
+    }
+
+    fn counter(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn the_newest_sequence_is_preempted_once_and_recomputed_exactly() {
+        let loaded = loaded();
+        let source = loaded.source();
+        let mut engine = loaded.engine(&source).unwrap();
+        assert_eq!(engine.kv_blocks_total(), 32);
+        // Three sequences of 60 + 190 = 250 tokens (16 blocks each at the
+        // end). They start together (4 blocks each) and decode in step, the
+        // third a little behind; at 161 tokens each needs an 11th block and
+        // 3 x 11 > 32, so the third, the newest, is preempted. It holds 11
+        // blocks' worth of tokens, more than the 10 then free, so it waits
+        // until the first finishes, and the two others (16 + 16 = 32
+        // blocks) never run short again: exactly one preemption.
+        let requests: Vec<Request> = (0..3).map(|i| request(60, i, 190)).collect();
+        let alone: Vec<Vec<u32>> = requests
+            .iter()
+            .flat_map(|r| serve(&mut engine, std::slice::from_ref(r)))
+            .collect();
+        let counters = Arc::clone(&engine.counters);
+        assert_eq!(counter(&counters.preemptions), 0);
+        let prompt_before = counter(&counters.prompt_tokens);
+        assert_eq!(prompt_before, 180);
+
+        let together = serve(&mut engine, &requests);
+        assert_eq!(together, alone, "recomputing changes no token");
+        assert_eq!(counter(&counters.preemptions), 1);
+        assert_eq!(
+            counter(&counters.prompt_tokens) - prompt_before,
+            180,
+            "a recomputed prompt counts once"
+        );
+        assert_eq!(counter(&counters.generation_tokens), 2 * 3 * 190);
+    }
+
+    #[test]
+    fn a_sequence_that_cannot_have_all_its_blocks_waits_instead_of_starting() {
+        let loaded = loaded();
+        let source = loaded.source();
+        let mut engine = loaded.engine(&source).unwrap();
+        // Two sequences of 200 + 8 tokens take 13 blocks each, 26 of 32.
+        // The third one's 100 prompt tokens need 7 blocks: it waits for the
+        // first two to finish rather than start into a preemption.
+        let requests = vec![request(200, 0, 8), request(200, 1, 8), request(100, 2, 8)];
+        let alone: Vec<Vec<u32>> = requests
+            .iter()
+            .flat_map(|r| serve(&mut engine, std::slice::from_ref(r)))
+            .collect();
+        let together = serve(&mut engine, &requests);
+        assert_eq!(together, alone);
+        assert_eq!(counter(&engine.counters.preemptions), 0);
+        assert_eq!(counter(&engine.counters.prompt_tokens), 2 * 500);
     }
 }

@@ -130,6 +130,9 @@ pub(crate) struct Sequence {
     pub prompt_len: usize,
     /// Tokens whose keys and values are in the cache.
     pub computed: usize,
+    /// Prompt tokens counted in the engine's counters (they count once,
+    /// however often a preempted sequence is recomputed).
+    pub prompt_counted: usize,
     pub ring_slot: Option<usize>,
     pub sampler: Sampler,
     pub params: SamplingParams,

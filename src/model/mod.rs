@@ -374,7 +374,6 @@ impl<B: Backend> Buffers<B> {
     /// Allocates exactly what `plan` lists for activations, the MoE
     /// workspace and the KV cache.
     pub fn allocate(b: &B, plan: &Plan, kv: &KvLayout) -> Result<Self, ModelError> {
-        let geometry = &plan.model;
         let t = plan.serving.max_num_batched_tokens;
         let s = plan.serving.max_num_seqs;
         let find = |name: &str| {
@@ -395,7 +394,6 @@ impl<B: Backend> Buffers<B> {
             .serving
             .max_model_len
             .div_ceil(plan.serving.kv_block_size);
-        let _ = geometry;
         Ok(Buffers {
             max_rows: t,
             max_seqs: s,

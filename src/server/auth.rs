@@ -26,13 +26,22 @@ pub async fn require_key(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .unwrap_or("");
     if constant_time_eq(presented.as_bytes(), key.as_bytes()) {
         next.run(request).await
     } else {
         ApiError::unauthorized().into_response()
     }
+}
+
+/// The token of `Bearer <token>`; the scheme's name is case-insensitive
+/// (RFC 9110, section 11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
 }
 
 /// Equal in time independent of where the inputs differ (only the length
@@ -52,5 +61,13 @@ mod tests {
         assert!(!super::constant_time_eq(b"secret", b"secreT"));
         assert!(!super::constant_time_eq(b"secret", b"secrets"));
         assert!(!super::constant_time_eq(b"", b"x"));
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(super::bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(super::bearer_token("bearer  abc"), Some("abc"));
+        assert_eq!(super::bearer_token("Basic abc"), None);
+        assert_eq!(super::bearer_token("abc"), None);
     }
 }

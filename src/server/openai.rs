@@ -38,6 +38,17 @@ pub async fn models(State(state): State<Arc<ServerState>>) -> Json<Value> {
     }))
 }
 
+/// Unknown routes answer in OpenAI's error shape too.
+pub async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::invalid(format!("no route {}", uri.path()), None)
+        .with_status(axum::http::StatusCode::NOT_FOUND)
+}
+
+pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::invalid(format!("{method} is not allowed on {}", uri.path()), None)
+        .with_status(axum::http::StatusCode::METHOD_NOT_ALLOWED)
+}
+
 /// Either one string or a list of strings (`stop`, `prompt`).
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -71,6 +82,13 @@ struct Common {
     stream: bool,
     stream_options: Option<StreamOptions>,
     n: Option<u32>,
+    /// vLLM's extension: keep generating past end-of-sequence tokens
+    /// (benchmarks with fixed output lengths).
+    #[serde(default)]
+    ignore_eos: bool,
+    /// vLLM's extension: also answer the prompt's and the output's token ids.
+    #[serde(default)]
+    return_token_ids: bool,
 }
 
 #[derive(Deserialize)]
@@ -129,6 +147,12 @@ pub async fn completions(
         Prompt::Ids(ids) => ids,
         Prompt::Text(text) => encode(&state, &text)?,
         Prompt::Texts(mut texts) if texts.len() == 1 => encode(&state, &texts.remove(0))?,
+        Prompt::Texts(texts) if texts.is_empty() => {
+            return Err(ApiError::invalid(
+                "`prompt` must not be empty",
+                Some("prompt"),
+            ));
+        }
         Prompt::Texts(_) => {
             return Err(ApiError::invalid(
                 "only one prompt per request is supported",
@@ -292,6 +316,7 @@ async fn serve(
         return Err(ApiError::memory_guard(RETRY_AFTER_SECONDS));
     }
     let prompt_len = prompt.len();
+    let prompt_ids = common.return_token_ids.then(|| prompt.clone());
     let (events_tx, events) = mpsc::unbounded_channel();
     let (reply_tx, reply) = oneshot::channel();
     state
@@ -302,7 +327,7 @@ async fn serve(
                 prompt,
                 params,
                 prompt_logits: false,
-                ignore_eos: false,
+                ignore_eos: common.ignore_eos,
             },
             events: events_tx,
             reply: reply_tx,
@@ -337,6 +362,7 @@ async fn serve(
         model: state.model_name.clone(),
         route,
         prompt_len,
+        prompt_ids,
         include_usage: common.stream_options.is_some_and(|o| o.include_usage),
     };
     if common.stream {
@@ -360,6 +386,9 @@ struct ResponseMeta {
     model: String,
     route: Route,
     prompt_len: usize,
+    /// The prompt's token ids when the client asked for token ids
+    /// (`return_token_ids`); output ids are then reported too.
+    prompt_ids: Option<Vec<u32>>,
     include_usage: bool,
 }
 
@@ -372,15 +401,35 @@ impl ResponseMeta {
         })
     }
 
-    /// One streamed chunk carrying `text` (and the finish reason at the end).
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>, first: bool) -> Value {
+    fn object(&self) -> &'static str {
         match self.route {
-            Route::Completion => json!({
-                "id": self.id, "object": "text_completion", "created": self.created,
-                "model": self.model,
-                "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null,
-                             "finish_reason": finish}],
-            }),
+            Route::Completion => "text_completion",
+            Route::Chat => "chat.completion",
+        }
+    }
+
+    /// The one choice of a blocking answer.
+    fn choice(&self, text: &str, ids: &[u32], finish: &str) -> Value {
+        let mut choice = match self.route {
+            Route::Completion => json!({"index": 0, "text": text, "logprobs": null,
+                                        "finish_reason": finish}),
+            Route::Chat => json!({"index": 0,
+                                  "message": {"role": "assistant", "content": text},
+                                  "logprobs": null, "finish_reason": finish}),
+        };
+        if let Some(prompt_ids) = &self.prompt_ids {
+            choice["prompt_token_ids"] = json!(prompt_ids);
+            choice["token_ids"] = json!(ids);
+        }
+        choice
+    }
+
+    /// One streamed chunk carrying `text` and the ids of the tokens it
+    /// came from (and the finish reason at the end).
+    fn chunk(&self, text: Option<&str>, ids: &[u32], finish: Option<&str>, first: bool) -> Value {
+        let mut choice = match self.route {
+            Route::Completion => json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null,
+                                        "finish_reason": finish}),
             Route::Chat => {
                 let mut delta = serde_json::Map::new();
                 if first {
@@ -389,14 +438,23 @@ impl ResponseMeta {
                 if let Some(t) = text {
                     delta.insert("content".into(), json!(t));
                 }
-                json!({
-                    "id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                    "model": self.model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": null,
-                                 "finish_reason": finish}],
-                })
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
             }
+        };
+        if let Some(prompt_ids) = &self.prompt_ids {
+            if first {
+                choice["prompt_token_ids"] = json!(prompt_ids);
+            }
+            choice["token_ids"] = json!(ids);
         }
+        let object = match self.route {
+            Route::Completion => "text_completion",
+            Route::Chat => "chat.completion.chunk",
+        };
+        json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "choices": [choice],
+        })
     }
 }
 
@@ -406,11 +464,11 @@ async fn collect(
     mut events: mpsc::UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
-    let mut completion = 0usize;
+    let mut ids = Vec::new();
     while let Some(event) = events.recv().await {
         match event {
-            Event::Token { text: piece, .. } => {
-                completion += 1;
+            Event::Token { id, text: piece } => {
+                ids.push(id);
                 text.push_str(&piece);
             }
             Event::PromptLogits { .. } => {}
@@ -422,22 +480,11 @@ async fn collect(
             } => {
                 text.push_str(&rest);
                 state.counters.finished(true);
-                let finish = reason.as_str();
-                let choice = match meta.route {
-                    Route::Completion => json!({"index": 0, "text": text, "logprobs": null,
-                                                "finish_reason": finish}),
-                    Route::Chat => json!({"index": 0,
-                                          "message": {"role": "assistant", "content": text},
-                                          "logprobs": null, "finish_reason": finish}),
-                };
-                let object = match meta.route {
-                    Route::Completion => "text_completion",
-                    Route::Chat => "chat.completion",
-                };
                 return Ok(Json(json!({
-                    "id": meta.id, "object": object, "created": meta.created, "model": meta.model,
-                    "choices": [choice],
-                    "usage": meta.usage(completion_tokens.max(completion)),
+                    "id": meta.id, "object": meta.object(), "created": meta.created,
+                    "model": meta.model,
+                    "choices": [meta.choice(&text, &ids, reason.as_str())],
+                    "usage": meta.usage(completion_tokens.max(ids.len())),
                 }))
                 .into_response());
             }
@@ -459,38 +506,53 @@ fn stream(
     let body = async_stream::stream! {
         let mut first = true;
         if meta.route == Route::Chat {
-            yield Ok(data(&meta.chunk(Some(""), None, true)));
+            yield Ok(data(&meta.chunk(Some(""), &[], None, true)));
             first = false;
         }
+        // Ids of tokens whose text is still held back (partial characters,
+        // possible stop strings): they go out with the next text. Without a
+        // tokenizer there is no text at all: every token gets its chunk.
+        let mut ids = Vec::new();
+        let chunk_per_token = state.tokenizer.is_none();
+        let mut ended = false;
         while let Some(event) = events.recv().await {
             match event {
-                Event::Token { text, .. } => {
-                    if !text.is_empty() {
-                        yield Ok(data(&meta.chunk(Some(&text), None, first)));
+                Event::Token { id, text } => {
+                    ids.push(id);
+                    if !text.is_empty() || chunk_per_token {
+                        yield Ok(data(&meta.chunk(Some(&text), &ids, None, first)));
+                        ids.clear();
                         first = false;
                     }
                 }
                 Event::PromptLogits { .. } => {}
                 Event::Finished { reason, text, completion_tokens, .. } => {
                     state.counters.finished(true);
-                    if !text.is_empty() {
-                        yield Ok(data(&meta.chunk(Some(&text), None, first)));
+                    if !text.is_empty() || !ids.is_empty() {
+                        yield Ok(data(&meta.chunk(Some(&text), &ids, None, first)));
+                        first = false;
                     }
-                    yield Ok(data(&meta.chunk(None, Some(reason.as_str()), false)));
+                    yield Ok(data(&meta.chunk(None, &[], Some(reason.as_str()), first)));
                     if meta.include_usage {
-                        let mut usage = meta.chunk(None, None, false);
+                        let mut usage = meta.chunk(None, &[], None, false);
                         usage["choices"] = json!([]);
                         usage["usage"] = meta.usage(completion_tokens);
                         yield Ok(data(&usage));
                     }
+                    ended = true;
                     break;
                 }
                 Event::Failed { message } => {
                     state.counters.finished(false);
                     yield Ok(data(&ApiError::internal(message).body()));
+                    ended = true;
                     break;
                 }
             }
+        }
+        if !ended {
+            state.counters.finished(false);
+            yield Ok(data(&ApiError::internal("the engine dropped the request").body()));
         }
         yield Ok(SseEvent::default().data("[DONE]"));
     };

@@ -1,147 +1,85 @@
 //! x86-64 AVX2 + FMA matmul kernels.
 //!
-//! Weights are decoded in *chunks* (8 values for F32, 16 for BF16, 64 for the
-//! FP4 formats) into 8-lane f32 vectors in whatever order the cheapest
-//! decoding produces (see `BF16_ORDER`, `FP4_ORDER`). The activations are
-//! copied once per call into that same order, so a decoded vector lines up
-//! with a plain vector load of x. Columns past the last whole chunk keep
-//! their natural order and are computed one by one.
+//! **One summation order.** Every output `Σ_c W[r, c] · x[t, c]` is summed
+//! the same way whatever path computes it, however many tokens share the
+//! call and however rows are split between threads, so a token's outputs are
+//! bitwise the same alone or in a batch (see [`super`] for why that matters):
 //!
-//! - GEMV path (few tokens): each weight row is streamed once from memory and
-//!   dotted with every token; memory bandwidth is the limit.
-//! - Panel path (many tokens): blocks of `PANELS` × `MR` rows are decoded
-//!   into k-major f32 panels on the stack (L2-resident), and a 6-row ×
-//!   16-token microkernel (12 accumulators, 2 loads + 6 broadcasts per 12
-//!   FMAs) runs over the tokens, which are transposed into groups of 8
-//!   (`[group][k][8]`); each pair of groups is reused by all panels of the
-//!   block. Arithmetic is the limit.
+//! 1. the columns of the whole chunks (8 values for F32, 16 for BF16, 64 for
+//!    the FP4 formats) are taken as vectors of 8 consecutive columns; lane
+//!    `l` of a single accumulator takes column `8u + l` of vector `u`, in
+//!    ascending `u`, by fused multiply-add;
+//! 2. the 8 lanes are reduced as `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`;
+//! 3. the columns after the last whole chunk are added one by one, `s + w·x`.
+//!
+//! The order depends on `cols` and the format only. Weights are decoded in
+//! natural column order, so the activations are read where they are (no
+//! copy, no scratch).
+//!
+//! - GEMV path (few tokens): weights decoded on the fly as they stream from
+//!   memory. One accumulator chain per output is latency-bound, so `R` rows
+//!   advance in lockstep, each taken from its own contiguous share of the
+//!   work unit: `R` long sequential streams the hardware prefetchers follow.
+//! - Panel path (many tokens): a block of rows is decoded once into an f32
+//!   panel on the stack (L2-resident), then a 3-row × 4-token microkernel
+//!   (12 accumulators, 3 + 4 loads per 12 FMAs) runs over every token.
 //!
 //! Every `unsafe fn` here requires AVX2 and FMA; the module is only entered
 //! through `Isa::Avx2`, which exists only after runtime detection.
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 use std::ops::Range;
-
-use rayon::prelude::*;
 
 use super::formats::{E2M1, E4M3, E8M0, read_bf16, read_f32, read_nibble};
 use super::matmul::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
 
-/// Problems with at most this many tokens take the GEMV path (measured: up
-/// to 8 tokens, two passes of 4 over cache-resident rows beat packing).
-pub(super) const GEMV_MAX_TOKENS: usize = 8;
-/// Rows of the panel microkernel.
-const MR: usize = 6;
-/// Tokens per transposed group (one vector).
-const TG: usize = 8;
-/// Longest k range a panel holds (a multiple of every chunk length); longer
-/// rows are done in several passes that add into `out`.
-const KC: usize = 1024;
-/// Panels decoded together (PANELS × MR × KC floats: 96 KiB, L2-resident).
-const PANELS: usize = 4;
+/// Problems with at most this many tokens take the GEMV path: below it,
+/// decoding a panel first costs more than it saves.
+pub(super) const GEMV_MAX_TOKENS: usize = 4;
+/// Tokens a GEMV tile holds (more tokens: several tiles per row set, while
+/// the rows are still in L1).
+const GEMV_TOKENS: usize = 4;
+/// Rows and tokens of the panel microkernel.
+const MR: usize = 3;
+const NT: usize = 4;
+/// f32 values of the decoded panel (96 KiB on the stack, L2-resident).
+const PANEL_FLOATS: usize = 24 * 1024;
+/// Most rows decoded into one panel.
+const PANEL_MAX_ROWS: usize = 24;
+/// Columns per pass of the microkernel: the tokens' share (NT × KC floats,
+/// 8 KiB) stays in L1 while every row tile of the panel passes over it.
+const KC: usize = 512;
 
-/// BF16: a 32-byte load holds 16 values; even ones come out first.
-const BF16_ORDER: [u8; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15];
-/// FP4: the natural index of each of the 64 decoded positions (see `fp4_codes`).
-const FP4_ORDER: [u8; 64] = fp4_order();
-const F32_ORDER: [u8; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
-
-/// Decoded vector v, lane l holds element 32·(l/4) + 16·(v/4) + 4·(l%4) +
-/// 2·(v%2) + (v%4)/2 of the chunk: lanes 0-3 come from the first 16 bytes,
-/// 4-7 from the last 16 (AVX2 shuffles stay within 128-bit halves).
-const fn fp4_order() -> [u8; 64] {
-    let mut order = [0u8; 64];
-    let mut v = 0;
-    while v < 8 {
-        let mut l = 0;
-        while l < 8 {
-            order[v * 8 + l] =
-                (32 * (l / 4) + 16 * (v / 4) + 4 * (l % 4) + 2 * (v % 2) + (v % 4) / 2) as u8;
-            l += 1;
-        }
-        v += 1;
-    }
-    order
-}
-
-pub(super) fn choose_path(tokens: usize) -> Path {
-    if tokens <= GEMV_MAX_TOKENS {
-        Path::Gemv
-    } else {
+/// Which path a problem takes: the panel needs at least `MR` rows of the
+/// row's whole chunks in the panel buffer.
+pub(super) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
+    if tokens > GEMV_MAX_TOKENS && panel_rows_for(w) >= MR {
         Path::Panel
+    } else {
+        Path::Gemv
     }
 }
 
-fn chunk_order(w: &LinearWeight) -> &'static [u8] {
-    match w.data {
-        WeightData::F32(_) => &F32_ORDER,
-        WeightData::Bf16(_) => &BF16_ORDER,
-        WeightData::Nvfp4 { .. } | WeightData::Mxfp4 { .. } => &FP4_ORDER,
+/// Rows per panel block: a multiple of MR that fits the panel (0 if none does).
+fn panel_rows_for(w: &LinearWeight) -> usize {
+    let whole = whole_columns(w);
+    if whole == 0 {
+        return 0;
     }
+    (PANEL_FLOATS / whole).min(PANEL_MAX_ROWS) / MR * MR
 }
 
-pub(super) fn prep_len(path: Path, w: &LinearWeight, tokens: usize) -> usize {
-    match path {
-        Path::Gemv => tokens * w.cols,
-        Path::Panel => tokens.div_ceil(TG) * TG * w.cols,
-    }
-}
-
-/// Copies x into the kernel's order: GEMV keeps `[tokens][cols]` with each
-/// whole chunk permuted; Panel transposes into `[groups][cols][8]` (same
-/// column order, missing tokens zero).
-pub(super) fn prepare(path: Path, w: &LinearWeight, x: &[f32], tokens: usize, dst: &mut [f32]) {
-    let cols = w.cols;
-    let order = chunk_order(w);
-    let chunk = order.len();
-    let whole = cols / chunk * chunk;
-    match path {
-        Path::Gemv => {
-            for (xs, ds) in x.chunks_exact(cols).zip(dst.chunks_exact_mut(cols)) {
-                for (c, d) in ds[..whole].chunks_exact_mut(chunk).enumerate() {
-                    let src = &xs[c * chunk..(c + 1) * chunk];
-                    for (d, &o) in d.iter_mut().zip(order) {
-                        *d = src[o as usize];
-                    }
-                }
-                ds[whole..].copy_from_slice(&xs[whole..]);
-            }
-        }
-        Path::Panel => {
-            let transpose_group = |(g, block): (usize, &mut [f32])| {
-                for i in 0..TG {
-                    let t = g * TG + i;
-                    if t >= tokens {
-                        for k in 0..cols {
-                            block[k * TG + i] = 0.0;
-                        }
-                        continue;
-                    }
-                    let xs = &x[t * cols..(t + 1) * cols];
-                    for c in 0..whole / chunk {
-                        let base = c * chunk;
-                        for (p, &o) in order.iter().enumerate() {
-                            block[(base + p) * TG + i] = xs[base + o as usize];
-                        }
-                    }
-                    for k in whole..cols {
-                        block[k * TG + i] = xs[k];
-                    }
-                }
-            };
-            // Big inputs (long prefills) are transposed by all threads.
-            if dst.len() >= 1 << 18 {
-                dst.par_chunks_exact_mut(cols * TG)
-                    .enumerate()
-                    .for_each(transpose_group);
-            } else {
-                dst.chunks_exact_mut(cols * TG)
-                    .enumerate()
-                    .for_each(transpose_group);
-            }
-        }
-    }
+/// Columns covered by whole chunks of the format.
+fn whole_columns(w: &LinearWeight) -> usize {
+    let chunk = match w.data {
+        WeightData::F32(_) => F32Dec::CHUNK,
+        WeightData::Bf16(_) => Bf16Dec::CHUNK,
+        WeightData::Nvfp4 { .. } => Nvfp4Dec::CHUNK,
+        WeightData::Mxfp4 { .. } => Mxfp4Dec::CHUNK,
+    };
+    w.cols / chunk * chunk
 }
 
 pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
@@ -193,33 +131,17 @@ unsafe fn run_format<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     }
 }
 
-/// Turns weight chunks into f32 vectors (in the format's chunk order).
+/// Turns weight chunks into f32 vectors of 8 consecutive columns.
 trait Decoder {
     /// Values per chunk (a multiple of 8).
     const CHUNK: usize;
     /// Vectors per chunk.
     const VECS: usize = Self::CHUNK / 8;
-    /// Decodes chunk `chunk` of row `row` into `out[..VECS]`.
+    /// Decodes chunk `chunk` of row `row` into `out[..VECS]`, columns in order.
     /// Safety: AVX2+FMA, and the chunk lies inside the matrix.
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]);
-    /// `W[row, col]` for the columns after the last whole chunk.
+    /// `W[row, col]`, for the columns after the last whole chunk.
     fn scalar(&self, row: usize, col: usize) -> f32;
-    /// Where chunk `chunk` of row `row` starts (may lie past the matrix: it
-    /// is only prefetched, never read).
-    fn chunk_address(&self, row: usize, chunk: usize) -> *const u8;
-    /// Block-scaled formats: decodes the chunk unscaled and returns the scales
-    /// of vectors 0-3 and 4-7, so a single token can apply them to partial
-    /// sums instead of to every weight. `None`: not a block-scaled format.
-    /// Safety: as `decode`.
-    unsafe fn decode_unscaled(
-        &self,
-        row: usize,
-        chunk: usize,
-        out: &mut [__m256; 8],
-    ) -> Option<[__m256; 2]> {
-        let _ = (row, chunk, out);
-        None
-    }
 }
 
 struct F32Dec<'a> {
@@ -239,11 +161,6 @@ impl Decoder for F32Dec<'_> {
     fn scalar(&self, row: usize, col: usize) -> f32 {
         read_f32(self.bytes, row * self.cols + col)
     }
-    fn chunk_address(&self, row: usize, chunk: usize) -> *const u8 {
-        self.bytes
-            .as_ptr()
-            .wrapping_add((row * self.cols + chunk * 8) * 4)
-    }
 }
 
 struct Bf16Dec<'a> {
@@ -259,26 +176,27 @@ impl Decoder for Bf16Dec<'_> {
         let offset = (row * self.cols + chunk * 16) * 2;
         // SAFETY: in bounds per the contract; loadu has no alignment need.
         let v = unsafe { _mm256_loadu_si256(self.bytes.as_ptr().add(offset) as *const __m256i) };
-        // A bf16 is the top half of an f32: shift the even ones up, mask the odd.
-        out[0] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-        out[1] = _mm256_castsi256_ps(_mm256_and_si256(
-            v,
-            _mm256_set1_epi32(0xFFFF_0000u32 as i32),
-        ));
+        // 64-bit quarters 0 2 | 1 3: each 128-bit half then holds the
+        // columns its two output vectors need (0-3, 8-11 | 4-7, 12-15).
+        let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(v);
+        // A bf16 is the top half of an f32: interleave zeros below it.
+        let zero = _mm256_setzero_si256();
+        out[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v));
+        out[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v));
     }
     fn scalar(&self, row: usize, col: usize) -> f32 {
         read_bf16(self.bytes, row * self.cols + col)
     }
-    fn chunk_address(&self, row: usize, chunk: usize) -> *const u8 {
-        self.bytes
-            .as_ptr()
-            .wrapping_add((row * self.cols + chunk * 16) * 2)
-    }
 }
 
-/// Decodes the 64 FP4 codes at `p` (32 bytes) to unscaled f32 in FP4_ORDER.
-/// Two byte lookups give each value's bf16 bits (low and high byte), which
-/// are zipped to 16-bit words and widened like BF16.
+/// Decodes the 64 FP4 codes at `p` (32 bytes; byte j holds element 2j in
+/// its low nibble, 2j + 1 in its high one) to unscaled f32, in order.
+///
+/// Two byte lookups give each code's bf16 bits (low and high byte), zipped
+/// into 16-bit words and widened by interleaving zeros below them. Those
+/// zips work within 128-bit halves, so the bytes are first arranged so
+/// that every half holds what its outputs need: 16-bit words (4 codes each)
+/// even ones in the low half, odd ones in the high half.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn fp4_codes(p: *const u8, out: &mut [__m256; 8]) {
@@ -318,31 +236,34 @@ unsafe fn fp4_codes(p: *const u8, out: &mut [__m256; 8]) {
         0xC0u8 as i8,
         0xC0u8 as i8,
     ));
+    let even_words_first = _mm256_broadcastsi128_si256(_mm_setr_epi8(
+        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+    ));
     let nibble = _mm256_set1_epi8(0x0F);
-    let odd_words = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+    let zero = _mm256_setzero_si256();
     // SAFETY: the caller guarantees 32 readable bytes at p.
     let bytes = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+    // Words 0 2 4 .. 14 | 1 3 5 .. 15 (word k = codes 4k .. 4k + 3).
+    let bytes =
+        _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(bytes, even_words_first));
+    let low = _mm256_and_si256(bytes, nibble);
+    let high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+    // One code per byte: elements 0-3 8-11 16-19 24-27 | 4-7 12-15 20-23
+    // 28-31, then the same + 32.
     let codes = [
-        _mm256_and_si256(bytes, nibble), // even elements
-        _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble), // odd elements
+        _mm256_unpacklo_epi8(low, high),
+        _mm256_unpackhi_epi8(low, high),
     ];
     for (n, idx) in codes.into_iter().enumerate() {
         let lo = _mm256_shuffle_epi8(low_bytes, idx);
         let hi = _mm256_shuffle_epi8(high_bytes, idx);
-        let first = _mm256_unpacklo_epi8(lo, hi); // bytes 0-7 | 16-23
-        let second = _mm256_unpackhi_epi8(lo, hi); // bytes 8-15 | 24-31
-        out[2 * n] = _mm256_castsi256_ps(_mm256_slli_epi32(first, 16));
-        out[2 * n + 1] = _mm256_castsi256_ps(_mm256_and_si256(first, odd_words));
-        out[4 + 2 * n] = _mm256_castsi256_ps(_mm256_slli_epi32(second, 16));
-        out[4 + 2 * n + 1] = _mm256_castsi256_ps(_mm256_and_si256(second, odd_words));
+        let first = _mm256_unpacklo_epi8(lo, hi); // 0-3 8-11 | 4-7 12-15
+        let second = _mm256_unpackhi_epi8(lo, hi); // 16-19 24-27 | 20-23 28-31
+        out[4 * n] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, first));
+        out[4 * n + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, first));
+        out[4 * n + 2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, second));
+        out[4 * n + 3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, second));
     }
-}
-
-/// Two per-128-bit-half scales as one vector.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn halves(low: f32, high: f32) -> __m256 {
-    _mm256_setr_m128(_mm_set1_ps(low), _mm_set1_ps(high))
 }
 
 struct Nvfp4Dec<'a> {
@@ -361,44 +282,17 @@ impl Decoder for Nvfp4Dec<'_> {
         let first = row * self.cols + chunk * 64;
         // SAFETY: in bounds per the contract.
         unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
-        let [even, odd] = self.chunk_scales(first);
-        for v in 0..4 {
-            out[v] = _mm256_mul_ps(out[v], even);
-            out[v + 4] = _mm256_mul_ps(out[v + 4], odd);
+        // Vectors 2b and 2b + 1 lie in 16-block b of the chunk.
+        let s = &self.scales[first / 16..first / 16 + 4];
+        for (b, &byte) in s.iter().enumerate() {
+            let scale = _mm256_set1_ps(self.table[byte as usize]);
+            out[2 * b] = _mm256_mul_ps(out[2 * b], scale);
+            out[2 * b + 1] = _mm256_mul_ps(out[2 * b + 1], scale);
         }
-    }
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn decode_unscaled(
-        &self,
-        row: usize,
-        chunk: usize,
-        out: &mut [__m256; 8],
-    ) -> Option<[__m256; 2]> {
-        let first = row * self.cols + chunk * 64;
-        // SAFETY: in bounds per the contract.
-        unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
-        Some(self.chunk_scales(first))
     }
     fn scalar(&self, row: usize, col: usize) -> f32 {
         let scale = self.table[self.scales[(row * self.cols + col) / 16] as usize];
         E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
-    }
-    fn chunk_address(&self, row: usize, chunk: usize) -> *const u8 {
-        self.codes
-            .as_ptr()
-            .wrapping_add((row * self.cols + chunk * 64) / 2)
-    }
-}
-
-impl Nvfp4Dec<'_> {
-    /// Vectors 0-3 hold 16-blocks 0 | 2 of the chunk, vectors 4-7 blocks 1 | 3.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn chunk_scales(&self, first: usize) -> [__m256; 2] {
-        let s = &self.scales[first / 16..first / 16 + 4];
-        let t = |i: usize| self.table[s[i] as usize];
-        [halves(t(0), t(2)), halves(t(1), t(3))]
     }
 }
 
@@ -416,399 +310,272 @@ impl Decoder for Mxfp4Dec<'_> {
         let first = row * self.cols + chunk * 64;
         // SAFETY: in bounds per the contract.
         unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
-        let scale = self.chunk_scale(first);
-        for o in out.iter_mut() {
-            *o = _mm256_mul_ps(*o, scale);
+        // Vectors 0-3 lie in the first 32-block of the chunk, 4-7 in the second.
+        let s = &self.scales[first / 32..first / 32 + 2];
+        for (b, &byte) in s.iter().enumerate() {
+            let scale = _mm256_set1_ps(E8M0[byte as usize]);
+            for o in &mut out[4 * b..4 * b + 4] {
+                *o = _mm256_mul_ps(*o, scale);
+            }
         }
-    }
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn decode_unscaled(
-        &self,
-        row: usize,
-        chunk: usize,
-        out: &mut [__m256; 8],
-    ) -> Option<[__m256; 2]> {
-        let first = row * self.cols + chunk * 64;
-        // SAFETY: in bounds per the contract.
-        unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
-        let scale = self.chunk_scale(first);
-        Some([scale, scale])
     }
     fn scalar(&self, row: usize, col: usize) -> f32 {
         let scale = E8M0[self.scales[(row * self.cols + col) / 32] as usize];
         E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
     }
-    fn chunk_address(&self, row: usize, chunk: usize) -> *const u8 {
-        self.codes
-            .as_ptr()
-            .wrapping_add((row * self.cols + chunk * 64) / 2)
-    }
 }
 
-impl Mxfp4Dec<'_> {
-    /// Lanes 0-3 come from the first 32-block, lanes 4-7 from the second.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn chunk_scale(&self, first: usize) -> __m256 {
-        let s = &self.scales[first / 32..first / 32 + 2];
-        halves(E8M0[s[0] as usize], E8M0[s[1] as usize])
-    }
-}
-
+/// Step 2 of the order: `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+fn reduce(v: __m256) -> f32 {
+    let h = _mm256_hadd_ps(v, v); // l0+l1, l2+l3, .. | l4+l5, l6+l7, ..
+    let h = _mm256_hadd_ps(h, h);
+    _mm_cvtss_f32(_mm_add_ss(
+        _mm256_castps256_ps128(h),
+        _mm256_extractf128_ps(h, 1),
+    ))
 }
 
-/// GEMV path: rows in blocks of ROW_BLOCK, each block against every token
-/// group of at most TOKEN_GROUP (a block's rows stay in cache between groups,
-/// so memory is read once however many groups there are).
+/// Steps 2 and 3 for one output: the reduced accumulator plus the columns
+/// after the last whole chunk (`x` is the token's row).
+/// Safety: `x` holds `cols` values.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn finish<D: Decoder>(dec: &D, acc: __m256, row: usize, cols: usize, x: *const f32) -> f32 {
+    let mut sum = reduce(acc);
+    for c in cols / D::CHUNK * D::CHUNK..cols {
+        // SAFETY: c < cols.
+        sum += dec.scalar(row, c) * unsafe { *x.add(c) };
+    }
+    sum
+}
+
+/// GEMV path: `R` rows at a time (4 for 1-2 tokens, else 2: enough
+/// independent chains to hide the FMA latency), tokens in tiles of at most
+/// `GEMV_TOKENS`.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
-    const ROW_BLOCK: usize = 12;
-    const TOKEN_GROUP: usize = 4;
-    let (cols, n_rows) = (job.weight.cols, job.weight.rows);
-    let mut block = rows.start;
-    while block < rows.end {
-        let block_end = (block + ROW_BLOCK).min(rows.end);
-        let mut t0 = 0;
-        while t0 < job.tokens {
-            let tn = (job.tokens - t0).min(TOKEN_GROUP);
-            // SAFETY: token group t0..t0+tn is inside x and out.
-            let (x, out) = unsafe { (job.x.as_ptr().add(t0 * cols), job.out.0.add(t0 * n_rows)) };
-            let rows = block..block_end;
-            // SAFETY: same contract; x/out cover tn tokens from here.
-            unsafe {
-                match tn {
-                    1 => gemv_block_rows::<D, 4, 1, 2>(dec, rows, cols, x, out, n_rows),
-                    2 => gemv_block_rows::<D, 2, 2, 2>(dec, rows, cols, x, out, n_rows),
-                    3 => gemv_block_rows::<D, 2, 3, 1>(dec, rows, cols, x, out, n_rows),
-                    _ => gemv_block_rows::<D, 2, 4, 1>(dec, rows, cols, x, out, n_rows),
-                }
-            }
-            t0 += tn;
+    // SAFETY: same contract as this function's.
+    unsafe {
+        if job.tokens <= 2 {
+            gemv_streams::<D, 4>(dec, job, rows)
+        } else {
+            gemv_streams::<D, 2>(dec, job, rows)
         }
-        block = block_end;
     }
 }
 
-/// Rows in groups of R, the remainder one by one.
+/// The unit's rows cut into `R` contiguous shares walked in lockstep (each
+/// share one sequential stream), then the leftover rows one by one.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gemv_block_rows<D: Decoder, const R: usize, const T: usize, const A: usize>(
-    dec: &D,
-    rows: Range<usize>,
-    cols: usize,
-    x: *const f32,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let mut r = rows.start;
-    // SAFETY (both loops): rows are inside the matrix, x/out cover T tokens.
-    while r + R <= rows.end {
-        unsafe { gemv::<D, R, T, A>(dec, r, cols, x, out, out_stride) };
-        r += R;
+unsafe fn gemv_streams<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: Range<usize>) {
+    let share = rows.len() / R;
+    for i in 0..share {
+        let set: [usize; R] = std::array::from_fn(|s| rows.start + s * share + i);
+        // SAFETY: the rows are inside the unit, which owns their outputs.
+        unsafe { gemv_set(dec, job, set) };
     }
-    while r < rows.end {
-        unsafe { gemv::<D, 1, T, A>(dec, r, cols, x, out, out_stride) };
-        r += 1;
+    for r in rows.start + R * share..rows.end {
+        // SAFETY: as above.
+        unsafe { gemv_set(dec, job, [r]) };
     }
 }
 
-/// R rows × T tokens, A accumulators per pair (to hide FMA latency).
-/// `x` is `[T][cols]` in chunk order; writes `out[t·out_stride + row]`.
+/// One set of rows against every token, a tile of tokens at a time (the
+/// rows stay in L1 between tiles).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn gemv<D: Decoder, const R: usize, const T: usize, const A: usize>(
+unsafe fn gemv_set<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: [usize; R]) {
+    let mut t0 = 0;
+    while t0 < job.tokens {
+        let tn = (job.tokens - t0).min(GEMV_TOKENS);
+        // SAFETY: tokens t0..t0+tn exist; the rows are the caller's.
+        unsafe {
+            match tn {
+                1 => gemv_tile::<D, R, 1>(dec, job, rows, t0),
+                2 => gemv_tile::<D, R, 2>(dec, job, rows, t0),
+                3 => gemv_tile::<D, R, 3>(dec, job, rows, t0),
+                _ => gemv_tile::<D, R, 4>(dec, job, rows, t0),
+            }
+        }
+        t0 += tn;
+    }
+}
+
+/// `R` rows × `T` tokens from `t0`, every column, decoding as it goes.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn gemv_tile<D: Decoder, const R: usize, const T: usize>(
     dec: &D,
-    row0: usize,
-    cols: usize,
-    x: *const f32,
-    out: *mut f32,
-    out_stride: usize,
+    job: &Job,
+    rows: [usize; R],
+    t0: usize,
 ) {
+    let (cols, n_rows) = (job.weight.cols, job.weight.rows);
+    let x = job.x[t0 * cols..].as_ptr();
     let chunks = cols / D::CHUNK;
-    let mut acc = [[[_mm256_setzero_ps(); A]; T]; R];
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut w = [_mm256_setzero_ps(); 8];
     for ch in 0..chunks {
         let xo = ch * D::CHUNK;
         for (r, acc_r) in acc.iter_mut().enumerate() {
-            // Rows are short streams (1.5-8 KiB) that hardware prefetchers
-            // pick up late: fetch the same chunk of the next block's row.
-            _mm_prefetch::<_MM_HINT_T0>(dec.chunk_address(row0 + r + R, ch) as *const i8);
-            if T == 1 && A == 2 {
-                // One token of a block-scaled format: scale the two partial
-                // sums of 4 vectors instead of all 8 weight vectors.
-                // SAFETY: chunk ch of row row0+r is inside the matrix.
-                if let Some(scales) = unsafe { dec.decode_unscaled(row0 + r, ch, &mut w) } {
-                    for (half, scale) in scales.into_iter().enumerate() {
-                        // SAFETY: x holds cols values (T == 1).
-                        let xv = |v: usize| unsafe { _mm256_loadu_ps(x.add(xo + 8 * v)) };
-                        let v = 4 * half;
-                        let p = _mm256_mul_ps(w[v], xv(v));
-                        let p = _mm256_fmadd_ps(w[v + 1], xv(v + 1), p);
-                        let p = _mm256_fmadd_ps(w[v + 2], xv(v + 2), p);
-                        let p = _mm256_fmadd_ps(w[v + 3], xv(v + 3), p);
-                        acc_r[0][half] = _mm256_fmadd_ps(p, scale, acc_r[0][half]);
-                    }
-                    continue;
-                }
-            }
-            // SAFETY: chunk ch of row row0+r is inside the matrix.
-            unsafe { dec.decode(row0 + r, ch, &mut w) };
-            for (t, acc_rt) in acc_r.iter_mut().enumerate() {
-                for (v, wv) in w.iter().enumerate().take(D::VECS) {
-                    // SAFETY: x holds T rows of cols values.
+            // SAFETY: chunk ch of the row is inside the matrix.
+            unsafe { dec.decode(rows[r], ch, &mut w) };
+            for (v, wv) in w.iter().enumerate().take(D::VECS) {
+                for (t, acc_rt) in acc_r.iter_mut().enumerate() {
+                    // SAFETY: x holds T rows of cols values from t0.
                     let xv = unsafe { _mm256_loadu_ps(x.add(t * cols + xo + 8 * v)) };
-                    acc_rt[v % A] = _mm256_fmadd_ps(*wv, xv, acc_rt[v % A]);
+                    *acc_rt = _mm256_fmadd_ps(*wv, xv, *acc_rt);
                 }
             }
         }
     }
     for (r, acc_r) in acc.iter().enumerate() {
-        for (t, acc_rt) in acc_r.iter().enumerate() {
-            let mut v = acc_rt[0];
-            for a in acc_rt.iter().skip(1) {
-                v = _mm256_add_ps(v, *a);
+        for (t, &acc_rt) in acc_r.iter().enumerate() {
+            // SAFETY: token t0 + t exists; the caller owns row rows[r].
+            unsafe {
+                let sum = finish(dec, acc_rt, rows[r], cols, x.add(t * cols));
+                *job.out.get().add((t0 + t) * n_rows + rows[r]) = sum;
             }
-            let mut sum = hsum(v);
-            for c in chunks * D::CHUNK..cols {
-                // SAFETY: c < cols, t < T.
-                sum += dec.scalar(row0 + r, c) * unsafe { *x.add(t * cols + c) };
-            }
-            // SAFETY: the caller owns this output.
-            unsafe { *out.add(t * out_stride + row0 + r) = sum };
         }
     }
 }
 
-/// Panel path. For each block of PANELS × MR rows and each k range of at
-/// most KC: decode the block's panels, then for each pair of token groups run
-/// the microkernel against every panel, so the pair (2 × KC × 8 floats) is
-/// reused from L2 by all panels instead of streamed again per panel.
+/// The decoded panel: rows of `whole` f32 values, 32-byte aligned.
+#[repr(C, align(32))]
+struct Panel([MaybeUninit<f32>; PANEL_FLOATS]);
+
+/// Accumulators of one token tile against every row tile of a panel block,
+/// kept between k blocks.
+type TileAccs = [[[__m256; NT]; MR]; PANEL_MAX_ROWS / MR];
+
+/// Panel path: for each block of rows, decode the block's whole chunks into
+/// the panel; then for each tile of tokens, walk the columns in blocks of
+/// `KC` and run the microkernel over every row tile of the block, so that
+/// the tokens' block of columns stays in L1 while the panel streams from L2.
+/// Accumulators are parked in `TileAccs` between column blocks (an exact
+/// store and reload: the summation order is unchanged).
 #[target_feature(enable = "avx2,fma")]
 unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     let (cols, n_rows, tokens) = (job.weight.cols, job.weight.rows, job.tokens);
-    let groups = tokens.div_ceil(TG);
-    if cols == 0 {
-        // An empty sum: no k pass would write the outputs.
-        for t in 0..tokens {
-            for r in rows.clone() {
-                // SAFETY: t < tokens, r < n_rows, and the unit owns row r.
-                unsafe { *job.out.0.add(t * n_rows + r) = 0.0 };
-            }
-        }
-        return;
-    }
-    let mut panels: [Panel; PANELS] = [[0.0f32; MR * KC + 8]; PANELS];
+    let whole = cols / D::CHUNK * D::CHUNK;
+    let block_rows = panel_rows_for(&job.weight);
+    let mut panel = Panel([MaybeUninit::uninit(); PANEL_FLOATS]);
+    let base = panel.0.as_mut_ptr() as *mut f32;
+    let mut accs: TileAccs = [[[_mm256_setzero_ps(); NT]; MR]; PANEL_MAX_ROWS / MR];
     let mut block = rows.start;
     while block < rows.end {
-        let block_rows = (PANELS * MR).min(rows.end - block);
-        let n_panels = block_rows.div_ceil(MR);
-        let mut k0 = 0;
-        while k0 < cols {
-            let kc = KC.min(cols - k0);
-            let stores: [Store; PANELS] = std::array::from_fn(|p| Store {
-                out: job.out.0,
-                n_rows,
-                tokens,
-                row0: block + p * MR,
-                nr: MR.min(block_rows.saturating_sub(p * MR)),
-                add: k0 > 0,
-            });
-            for (panel, store) in panels.iter_mut().zip(&stores).take(n_panels) {
-                // SAFETY: the panel's rows and columns k0..k0+kc are inside the matrix.
-                unsafe { pack_panel(dec, store.row0, store.nr, k0, kc, cols, panel) };
-            }
-            let xt = |g: usize| job.x[(g * cols + k0) * TG..].as_ptr();
-            let mut g = 0;
-            while g + 1 < groups {
-                for (panel, store) in panels.iter().zip(&stores).take(n_panels) {
-                    // SAFETY: groups g, g+1 hold kc·TG values from k0; panel holds MR·kc.
-                    let acc = unsafe { kernel_6x16(panel.as_ptr(), kc, xt(g), xt(g + 1)) };
-                    let halves: [[__m256; MR]; 2] = [
-                        std::array::from_fn(|r| acc[r][0]),
-                        std::array::from_fn(|r| acc[r][1]),
-                    ];
-                    for (half, acc_h) in halves.iter().enumerate() {
-                        // SAFETY: the unit owns these rows of every token.
-                        unsafe { store.write(g + half, acc_h) };
+        let nb = block_rows.min(rows.end - block);
+        let mut w = [_mm256_setzero_ps(); 8];
+        for r in 0..nb {
+            for ch in 0..whole / D::CHUNK {
+                // SAFETY: the chunk is inside the matrix; nb × whole ≤
+                // PANEL_FLOATS by the choice of block_rows.
+                unsafe {
+                    dec.decode(block + r, ch, &mut w);
+                    let dst = base.add(r * whole + ch * D::CHUNK);
+                    for (v, wv) in w.iter().enumerate().take(D::VECS) {
+                        _mm256_store_ps(dst.add(8 * v), *wv);
                     }
                 }
-                g += 2;
             }
-            if g < groups {
-                for (panel, store) in panels.iter().zip(&stores).take(n_panels) {
-                    // SAFETY: as above, one group.
-                    let acc = unsafe { kernel_6x8(panel.as_ptr(), kc, xt(g)) };
-                    unsafe { store.write(g, &acc) };
+        }
+        let mut t0 = 0;
+        while t0 < tokens {
+            let tn = (tokens - t0).min(NT);
+            let x = job.x[t0 * cols..].as_ptr();
+            for acc in accs.iter_mut().take(nb.div_ceil(MR)) {
+                *acc = [[_mm256_setzero_ps(); NT]; MR];
+            }
+            let mut k0 = 0;
+            while k0 < whole {
+                let k1 = (k0 + KC).min(whole);
+                for (i, acc) in accs.iter_mut().enumerate().take(nb.div_ceil(MR)) {
+                    let rm = (nb - i * MR).min(MR);
+                    let tile = Tile {
+                        panel: base.wrapping_add(i * MR * whole),
+                        whole,
+                        x,
+                        cols,
+                    };
+                    // SAFETY: the tile's panel rows were decoded above and
+                    // tokens t0..t0+tn exist; k0..k1 lies inside `whole`.
+                    unsafe {
+                        match (rm, tn) {
+                            (3, 4) => tile.run::<3, 4>(acc, k0, k1),
+                            (3, 3) => tile.run::<3, 3>(acc, k0, k1),
+                            (3, 2) => tile.run::<3, 2>(acc, k0, k1),
+                            (3, _) => tile.run::<3, 1>(acc, k0, k1),
+                            (2, 4) => tile.run::<2, 4>(acc, k0, k1),
+                            (2, 3) => tile.run::<2, 3>(acc, k0, k1),
+                            (2, 2) => tile.run::<2, 2>(acc, k0, k1),
+                            (2, _) => tile.run::<2, 1>(acc, k0, k1),
+                            (_, 4) => tile.run::<1, 4>(acc, k0, k1),
+                            (_, 3) => tile.run::<1, 3>(acc, k0, k1),
+                            (_, 2) => tile.run::<1, 2>(acc, k0, k1),
+                            (_, _) => tile.run::<1, 1>(acc, k0, k1),
+                        }
+                    }
+                }
+                k0 = k1;
+            }
+            for r in 0..nb {
+                let row = block + r;
+                for (t, &acc) in accs[r / MR][r % MR].iter().enumerate().take(tn) {
+                    // SAFETY: token t0 + t exists; the unit owns this row.
+                    unsafe {
+                        let sum = finish(dec, acc, row, cols, x.add(t * cols));
+                        *job.out.get().add((t0 + t) * n_rows + row) = sum;
+                    }
                 }
             }
-            k0 += kc;
+            t0 += tn;
         }
-        block += block_rows;
+        block += nb;
     }
 }
 
-/// A panel: `MR` rows × up to `KC` columns, k-major (`panel[k·MR + r]`, so
-/// the microkernel's broadcasts walk one stream), plus slack for the
-/// overlapping stores of `pack_panel`.
-type Panel = [f32; MR * KC + 8];
-
-/// Decodes rows `r0..r0+nr`, columns `k0..k0+kc` into `panel[(k − k0)·MR + r]`
-/// (chunk order; rows nr..MR zero). Each decoded vector of the MR rows is
-/// transposed in registers (8×8, two zero rows) and stored as 8 overlapping
-/// groups of MR.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn pack_panel<D: Decoder>(
-    dec: &D,
-    r0: usize,
-    nr: usize,
-    k0: usize,
-    kc: usize,
-    cols: usize,
-    panel: &mut Panel,
-) {
-    let whole = cols / D::CHUNK * D::CHUNK;
-    let chunk_end = whole.min(k0 + kc);
-    let mut rows = [[_mm256_setzero_ps(); 8]; MR];
-    let mut k = k0;
-    while k < chunk_end {
-        for (r, w) in rows.iter_mut().enumerate().take(nr) {
-            // SAFETY: the chunk starting at k (k0 is a multiple of CHUNK) is whole.
-            unsafe { dec.decode(r0 + r, k / D::CHUNK, w) };
-        }
-        // v picks the same vector of every row: a transpose, clearer indexed.
-        #[allow(clippy::needless_range_loop)]
-        for v in 0..D::VECS {
-            let columns = transpose_8x8(std::array::from_fn(|r| {
-                if r < MR {
-                    rows[r][v]
-                } else {
-                    _mm256_setzero_ps()
-                }
-            }));
-            let at = (k - k0 + 8 * v) * MR;
-            for (i, column) in columns.iter().enumerate() {
-                // SAFETY: at + i·MR + 8 <= MR·kc + 8, inside the panel's slack;
-                // later stores overwrite the 2 spare lanes of earlier ones.
-                unsafe { _mm256_storeu_ps(panel.as_mut_ptr().add(at + i * MR), *column) };
-            }
-        }
-        k += D::CHUNK;
-    }
-    for c in chunk_end..k0 + kc {
-        for r in 0..MR {
-            panel[(c - k0) * MR + r] = if r < nr { dec.scalar(r0 + r, c) } else { 0.0 };
-        }
-    }
-}
-
-/// Rows → columns of an 8×8 block: `out[i][j] = rows[j][i]`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn transpose_8x8(r: [__m256; 8]) -> [__m256; 8] {
-    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-    [
-        _mm256_permute2f128_ps::<0x20>(u0, u4),
-        _mm256_permute2f128_ps::<0x20>(u1, u5),
-        _mm256_permute2f128_ps::<0x20>(u2, u6),
-        _mm256_permute2f128_ps::<0x20>(u3, u7),
-        _mm256_permute2f128_ps::<0x31>(u0, u4),
-        _mm256_permute2f128_ps::<0x31>(u1, u5),
-        _mm256_permute2f128_ps::<0x31>(u2, u6),
-        _mm256_permute2f128_ps::<0x31>(u3, u7),
-    ]
-}
-
-/// MR rows × 2 token groups over kc columns.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn kernel_6x16(
+/// Where a microkernel tile reads: panel rows from `panel` (stride
+/// `whole`), token rows from `x` (stride `cols`).
+struct Tile {
     panel: *const f32,
-    kc: usize,
-    xa: *const f32,
-    xb: *const f32,
-) -> [[__m256; 2]; MR] {
-    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-    for k in 0..kc {
-        // SAFETY: k < kc; the caller sized panel and both groups.
-        let (a, b) = unsafe {
-            (
-                _mm256_loadu_ps(xa.add(k * TG)),
-                _mm256_loadu_ps(xb.add(k * TG)),
-            )
-        };
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let w = unsafe { _mm256_broadcast_ss(&*panel.add(k * MR + r)) };
-            acc_r[0] = _mm256_fmadd_ps(w, a, acc_r[0]);
-            acc_r[1] = _mm256_fmadd_ps(w, b, acc_r[1]);
-        }
-    }
-    acc
+    whole: usize,
+    x: *const f32,
+    cols: usize,
 }
 
-/// MR rows × 1 token group over kc columns.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn kernel_6x8(panel: *const f32, kc: usize, xa: *const f32) -> [__m256; MR] {
-    let mut acc = [_mm256_setzero_ps(); MR];
-    for k in 0..kc {
-        // SAFETY: k < kc; the caller sized panel and the group.
-        let a = unsafe { _mm256_loadu_ps(xa.add(k * TG)) };
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let w = unsafe { _mm256_broadcast_ss(&*panel.add(k * MR + r)) };
-            *acc_r = _mm256_fmadd_ps(w, a, *acc_r);
-        }
-    }
-    acc
-}
-
-/// Where a microkernel's `[row][token lane]` results go.
-struct Store {
-    out: *mut f32,
-    n_rows: usize,
-    tokens: usize,
-    row0: usize,
-    nr: usize,
-    /// Add to `out` (later k passes) instead of overwriting it.
-    add: bool,
-}
-
-impl Store {
-    /// Writes group g's lanes of rows `row0..row0+nr` (tokens past the end skipped).
-    /// Safety: the caller owns those outputs.
+impl Tile {
+    /// `RM` panel rows × `NTOK` tokens over columns `k0..k1` (multiples of
+    /// 8), accumulating into `acc[..RM][..NTOK]`.
+    /// Safety: the panel rows and token rows hold those columns.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn write(&self, g: usize, acc: &[__m256; MR]) {
-        for (r, v) in acc.iter().enumerate().take(self.nr) {
-            let mut lanes = [0.0f32; TG];
-            // SAFETY: lanes has 8 floats.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *v) };
-            for (i, &value) in lanes.iter().enumerate() {
-                let t = g * TG + i;
-                if t >= self.tokens {
-                    break;
+    #[inline]
+    unsafe fn run<const RM: usize, const NTOK: usize>(
+        &self,
+        acc_io: &mut [[__m256; NT]; MR],
+        k0: usize,
+        k1: usize,
+    ) {
+        let mut acc: [[__m256; NTOK]; RM] =
+            std::array::from_fn(|r| std::array::from_fn(|t| acc_io[r][t]));
+        let mut k = k0;
+        while k < k1 {
+            // SAFETY: k + 8 <= k1 <= whole: inside every panel row and token row.
+            let w: [__m256; RM] = std::array::from_fn(|r| unsafe {
+                _mm256_load_ps(self.panel.add(r * self.whole + k))
+            });
+            for t in 0..NTOK {
+                // SAFETY: as above.
+                let xv = unsafe { _mm256_loadu_ps(self.x.add(t * self.cols + k)) };
+                for (acc_r, wr) in acc.iter_mut().zip(&w) {
+                    acc_r[t] = _mm256_fmadd_ps(*wr, xv, acc_r[t]);
                 }
-                // SAFETY: t < tokens, row0 + r < n_rows: inside out.
-                let o = unsafe { &mut *self.out.add(t * self.n_rows + self.row0 + r) };
-                *o = if self.add { *o + value } else { value };
             }
+            k += 8;
+        }
+        for (io, a) in acc_io.iter_mut().zip(&acc) {
+            io[..NTOK].copy_from_slice(a);
         }
     }
 }

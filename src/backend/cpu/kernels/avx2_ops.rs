@@ -274,3 +274,224 @@ pub(super) unsafe fn softmax_inplace(x: &mut [f32]) {
         *v *= inv;
     }
 }
+
+/// `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))` of four vectors at once.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
+    let abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1))
+}
+
+/// Attention scores (see `ops::attention_scores`): tiles of 3 queries × 4
+/// keys, 8-lane accumulators over the head dimension reduced by `reduce4`'s
+/// tree (a lone score takes the same tree), the dimensions past the last
+/// vector added one by one, then the scale.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn attention_scores(
+    q: &[f32],
+    k: &[f32],
+    hd: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let (nq, nk) = (q.len() / hd, k.len() / hd);
+    let mut qi = 0;
+    while qi < nq {
+        let qn = (nq - qi).min(3);
+        let mut kj = 0;
+        while kj < nk {
+            let kn = (nk - kj).min(4);
+            // SAFETY: queries qi..qi+qn and keys kj..kj+kn exist.
+            unsafe {
+                match qn {
+                    3 => scores_tile::<3>(q, k, hd, scale, qi, kj, kn, nk, out),
+                    2 => scores_tile::<2>(q, k, hd, scale, qi, kj, kn, nk, out),
+                    _ => scores_tile::<1>(q, k, hd, scale, qi, kj, kn, nk, out),
+                }
+            }
+            kj += kn;
+        }
+        qi += qn;
+    }
+}
+
+/// `Q` queries from `qi` × keys `kj..kj + kn` (kn ≤ 4; missing keys are
+/// computed on key `kj` and dropped).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_tile<const Q: usize>(
+    q: &[f32],
+    k: &[f32],
+    hd: usize,
+    scale: f32,
+    qi: usize,
+    kj: usize,
+    kn: usize,
+    nk: usize,
+    out: &mut [f32],
+) {
+    let vec_end = hd / 8 * 8;
+    let key = |j: usize| k[(kj + j.min(kn - 1)) * hd..].as_ptr();
+    let keys = [key(0), key(1), key(2), key(3)];
+    let queries: [*const f32; Q] = std::array::from_fn(|i| q[(qi + i) * hd..].as_ptr());
+    let mut acc = [[_mm256_setzero_ps(); 4]; Q];
+    let mut d = 0;
+    while d < vec_end {
+        // SAFETY: d + 8 <= hd: inside every query and key row.
+        let kv: [__m256; 4] = std::array::from_fn(|j| unsafe { _mm256_loadu_ps(keys[j].add(d)) });
+        for (acc_i, qp) in acc.iter_mut().zip(&queries) {
+            // SAFETY: as above.
+            let qv = unsafe { _mm256_loadu_ps(qp.add(d)) };
+            for (a, kvj) in acc_i.iter_mut().zip(&kv) {
+                *a = _mm256_fmadd_ps(qv, *kvj, *a);
+            }
+        }
+        d += 8;
+    }
+    for (i, acc_i) in acc.iter().enumerate() {
+        let mut sums = [0.0f32; 4];
+        // SAFETY: sums holds 4 floats.
+        unsafe {
+            _mm_storeu_ps(
+                sums.as_mut_ptr(),
+                reduce4(acc_i[0], acc_i[1], acc_i[2], acc_i[3]),
+            )
+        };
+        for (j, s) in sums.iter().enumerate().take(kn) {
+            let mut s = *s;
+            for dd in vec_end..hd {
+                // SAFETY: dd < hd.
+                s += unsafe { *queries[i].add(dd) * *keys[j].add(dd) };
+            }
+            out[(qi + i) * nk + kj + j] = scale * s;
+        }
+    }
+}
+
+/// `o += p · v` for a block (see `ops::attention_values`): tiles of 4
+/// queries × 16 dimensions held in registers over all keys, each element
+/// summed over the keys in order by fused multiply-add.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn attention_values(p: &[f32], v: &[f32], hd: usize, o: &mut [f32]) {
+    let nq = o.len() / hd;
+    let nk = v.len() / hd;
+    let mut qi = 0;
+    while qi < nq {
+        let qn = (nq - qi).min(4);
+        // SAFETY: queries qi..qi+qn exist.
+        unsafe {
+            match qn {
+                4 => values_tile::<4>(p, v, hd, nk, qi, o),
+                3 => values_tile::<3>(p, v, hd, nk, qi, o),
+                2 => values_tile::<2>(p, v, hd, nk, qi, o),
+                _ => values_tile::<1>(p, v, hd, nk, qi, o),
+            }
+        }
+        qi += qn;
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn values_tile<const Q: usize>(
+    p: &[f32],
+    v: &[f32],
+    hd: usize,
+    nk: usize,
+    qi: usize,
+    o: &mut [f32],
+) {
+    let op = o[qi * hd..].as_mut_ptr();
+    let pp = p[qi * nk..].as_ptr();
+    let vp = v.as_ptr();
+    let mut d = 0;
+    while d + 16 <= hd {
+        // SAFETY: d + 16 <= hd: inside every output row and value row.
+        unsafe {
+            let mut acc: [[__m256; 2]; Q] = std::array::from_fn(|i| {
+                [
+                    _mm256_loadu_ps(op.add(i * hd + d)),
+                    _mm256_loadu_ps(op.add(i * hd + d + 8)),
+                ]
+            });
+            for j in 0..nk {
+                let v0 = _mm256_loadu_ps(vp.add(j * hd + d));
+                let v1 = _mm256_loadu_ps(vp.add(j * hd + d + 8));
+                for (i, acc_i) in acc.iter_mut().enumerate() {
+                    let w = _mm256_broadcast_ss(&*pp.add(i * nk + j));
+                    acc_i[0] = _mm256_fmadd_ps(w, v0, acc_i[0]);
+                    acc_i[1] = _mm256_fmadd_ps(w, v1, acc_i[1]);
+                }
+            }
+            for (i, acc_i) in acc.iter().enumerate() {
+                _mm256_storeu_ps(op.add(i * hd + d), acc_i[0]);
+                _mm256_storeu_ps(op.add(i * hd + d + 8), acc_i[1]);
+            }
+        }
+        d += 16;
+    }
+    while d + 8 <= hd {
+        // SAFETY: d + 8 <= hd.
+        unsafe {
+            let mut acc: [__m256; Q] = std::array::from_fn(|i| _mm256_loadu_ps(op.add(i * hd + d)));
+            for j in 0..nk {
+                let v0 = _mm256_loadu_ps(vp.add(j * hd + d));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_broadcast_ss(&*pp.add(i * nk + j)), v0, *a);
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(op.add(i * hd + d), *a);
+            }
+        }
+        d += 8;
+    }
+    for dd in d..hd {
+        for i in 0..Q {
+            // SAFETY: dd < hd, query qi + i and every key exist.
+            unsafe {
+                let mut acc = *op.add(i * hd + dd);
+                for j in 0..nk {
+                    acc = (*pp.add(i * nk + j)).mul_add(*vp.add(j * hd + dd), acc);
+                }
+                *op.add(i * hd + dd) = acc;
+            }
+        }
+    }
+}
+
+/// `s := exp(s − max)` (0 where s is −∞), returning the sum: 8-lane
+/// partial sums in order, `reduce4`'s tree, then the tail one by one.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn exp_block(s: &mut [f32], max: f32) -> f32 {
+    let n = s.len();
+    let p = s.as_mut_ptr();
+    let vm = _mm256_set1_ps(max);
+    let minus_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n.
+        unsafe {
+            let x = _mm256_loadu_ps(p.add(i));
+            let live = _mm256_cmp_ps::<_CMP_NEQ_OQ>(x, minus_inf);
+            let e = _mm256_and_ps(exp8(_mm256_sub_ps(x, vm)), live);
+            _mm256_storeu_ps(p.add(i), e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        i += 8;
+    }
+    let zero = _mm256_setzero_ps();
+    let mut sum = _mm_cvtss_f32(reduce4(acc, zero, zero, zero));
+    for x in &mut s[i..] {
+        *x = if *x == f32::NEG_INFINITY {
+            0.0
+        } else {
+            exp(*x - max)
+        };
+        sum += *x;
+    }
+    sum
+}

@@ -47,6 +47,78 @@ pub fn measure_read_bandwidth(threads: usize, bytes: usize) -> f64 {
     }
 }
 
+/// Bytes per second that `threads` threads read from memory the process
+/// already maps, e.g. the checkpoint's weights: nothing is allocated, so
+/// the measurement does not grow the process. `regions` are read in passes
+/// of 64 MiB (split evenly between the threads), up to `max_bytes` per sweep;
+/// the first sweep is a warm-up (it faults in any page not yet resident),
+/// the median pass rate of the next ones is returned. Make the regions
+/// several times the last-level cache, or the figure is the cache's.
+pub fn measure_read_bandwidth_of(threads: usize, regions: &[&[u8]], max_bytes: usize) -> f64 {
+    let threads = threads.max(1);
+    // Each pass: pieces of at most piece_bytes, so every thread gets a share.
+    let piece_bytes = (SLICE_BYTES / (4 * threads)).max(4096);
+    let mut passes: Vec<Vec<&[u8]>> = vec![Vec::new()];
+    let (mut in_pass, mut total) = (0usize, 0usize);
+    'regions: for region in regions {
+        for piece in region.chunks(piece_bytes) {
+            if total >= max_bytes {
+                break 'regions;
+            }
+            if in_pass >= SLICE_BYTES {
+                passes.push(Vec::new());
+                in_pass = 0;
+            }
+            if let Some(pass) = passes.last_mut() {
+                pass.push(piece);
+            }
+            in_pass += piece.len();
+            total += piece.len();
+        }
+    }
+    let timed = || {
+        let mut rates = Vec::new();
+        for sweep in 0..SWEEPS {
+            for pass in &passes {
+                let bytes: usize = pass.iter().map(|p| p.len()).sum();
+                let start = Instant::now();
+                let sum: u64 = pass.par_iter().map(|p| sum_bytes(p)).sum();
+                black_box(sum);
+                let seconds = start.elapsed().as_secs_f64();
+                // Full passes only: a short last pass times mostly start-up.
+                if sweep > 0 && bytes * 2 >= SLICE_BYTES {
+                    rates.push(bytes as f64 / seconds);
+                }
+            }
+        }
+        rates.sort_by(f64::total_cmp);
+        rates.get(rates.len() / 2).copied().unwrap_or(0.0)
+    };
+    match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
+        Ok(pool) => pool.install(timed),
+        Err(_) => timed(),
+    }
+}
+
+/// Wrapping sum of little-endian words with independent lanes (any
+/// alignment), so the loop is load-bound.
+fn sum_bytes(bytes: &[u8]) -> u64 {
+    let mut acc = [0u64; 8];
+    let mut chunks = bytes.chunks_exact(64);
+    for chunk in &mut chunks {
+        for (a, word) in acc.iter_mut().zip(chunk.chunks_exact(8)) {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(word);
+            *a = a.wrapping_add(u64::from_le_bytes(w));
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0u64, |a, &b| a.wrapping_add(u64::from(b)));
+    acc.iter().fold(tail, |a, &w| a.wrapping_add(w))
+}
+
 /// Wrapping sum with independent lanes, so the loop is load-bound.
 fn sum_words(words: &[u64]) -> u64 {
     let mut acc = [0u64; 8];

@@ -4,9 +4,8 @@
 //! threads of the current rayon pool pull units from a shared counter until
 //! none are left, so 2 threads stay busy even when 8 experts have 1 token
 //! each, and a slow thread never holds the others back by more than a unit.
-//! Some instruction sets want the activations in a kernel-friendly order
-//! (chunk-permuted, or transposed in token groups); that copy is made once
-//! per call into a per-thread scratch buffer that is reused across calls.
+//! Every kernel reads the activations where they are: a call allocates
+//! nothing (the job list reuses a per-thread allocation).
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -51,51 +50,13 @@ pub fn matmul_grouped(problems: &mut [GroupedProblem]) -> Result<(), KernelError
 /// [`matmul_grouped`] on a chosen instruction set (tests compare them all).
 pub fn matmul_grouped_on(isa: Isa, problems: &mut [GroupedProblem]) -> Result<(), KernelError> {
     check_call(isa, problems)?;
-    let needed = prep_total(isa, problems);
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut scratch) => {
-            let Scratch { x, jobs } = &mut *scratch;
-            if x.len() < needed {
-                x.resize(needed, 0.0);
-            }
-            run(isa, problems, jobs, &mut x[..needed]);
-        }
+    JOBS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut jobs) => run(isa, problems, &mut jobs),
         // Re-entered on this thread (a rayon worker that stole another matmul
-        // while waiting): use a private scratch for this call.
-        Err(_) => run(isa, problems, &mut Vec::new(), &mut vec![0.0; needed]),
+        // while waiting): a fresh job list for this call.
+        Err(_) => run(isa, problems, &mut Vec::new()),
     });
     Ok(())
-}
-
-/// [`matmul_grouped`] with the caller's scratch for the activations' kernel
-/// layout instead of a per-thread buffer the kernels keep, so that a planned
-/// workspace can hold it. `scratch` needs at least the sum of
-/// [`input_scratch_len`] over the problems.
-pub fn matmul_grouped_with_scratch(
-    problems: &mut [GroupedProblem],
-    scratch: &mut [f32],
-) -> Result<(), KernelError> {
-    let isa = Isa::best();
-    check_call(isa, problems)?;
-    let needed = prep_total(isa, problems);
-    if scratch.len() < needed {
-        return Err(KernelError::ScratchTooSmall {
-            needed,
-            got: scratch.len(),
-        });
-    }
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut cached) => run(isa, problems, &mut cached.jobs, &mut scratch[..needed]),
-        Err(_) => run(isa, problems, &mut Vec::new(), &mut scratch[..needed]),
-    });
-    Ok(())
-}
-
-/// f32 values of scratch one problem of `tokens` rows and `cols` input
-/// columns may need, on any instruction set (an upper bound: tokens padded
-/// to the kernels' group of 8).
-pub fn input_scratch_len(tokens: usize, cols: usize) -> usize {
-    tokens.div_ceil(8) * 8 * cols
 }
 
 fn check_call(isa: Isa, problems: &[GroupedProblem]) -> Result<(), KernelError> {
@@ -103,14 +64,6 @@ fn check_call(isa: Isa, problems: &[GroupedProblem]) -> Result<(), KernelError> 
         return Err(KernelError::IsaUnavailable(isa));
     }
     problems.iter().try_for_each(check_problem)
-}
-
-/// f32 values of prepared input all problems need on `isa`.
-fn prep_total(isa: Isa, problems: &[GroupedProblem]) -> usize {
-    problems
-        .iter()
-        .map(|p| prep_len(isa, choose_path(isa, p.tokens), &p.weight, p.tokens))
-        .sum()
 }
 
 /// Adds a bf16 bias (`rows` little-endian bf16 values) to every token row of `out`.
@@ -174,36 +127,31 @@ unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
     /// The pointer (a method, so closures capture the Sync wrapper, not the field).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn get(self) -> *mut f32 {
         self.0
     }
 }
 
-/// A problem as scheduled: its prepared input and its share of work units.
+/// A problem as scheduled, with its share of the work units.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) struct Job<'a> {
     pub weight: LinearWeight<'a>,
     pub tokens: usize,
     pub path: Path,
-    /// The activations the kernel reads: the caller's `x` or a prepared copy.
+    /// The activations, `[tokens, cols]`.
     pub x: &'a [f32],
     pub out: OutPtr,
     unit_rows: usize,
     /// Work units of this job are `unit_start..unit_end` of the whole call.
     unit_start: usize,
     unit_end: usize,
-    prep: Range<usize>,
-}
-
-#[derive(Default)]
-struct Scratch {
-    x: Vec<f32>,
-    /// Always empty between calls; kept only for its allocation.
-    jobs: Vec<Job<'static>>,
 }
 
 thread_local! {
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// The job list of a call: always empty between calls, kept only for
+    /// its allocation.
+    static JOBS: RefCell<Vec<Job<'static>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Units are whole multiples of this many rows, a multiple of every kernel's
@@ -213,15 +161,8 @@ const ROW_ALIGN: usize = 24;
 const UNITS_PER_THREAD: usize = 8;
 /// Smallest unit worth scheduling, in cost units (≈ bytes of weights).
 const MIN_UNIT_COST: f64 = 96.0 * 1024.0;
-/// Prepared inputs larger than this (f32 values) are prepared in parallel.
-const PARALLEL_PREP: usize = 1 << 18;
 
-fn run(
-    isa: Isa,
-    problems: &mut [GroupedProblem],
-    job_cache: &mut Vec<Job<'static>>,
-    scratch_x: &mut [f32],
-) {
+fn run(isa: Isa, problems: &mut [GroupedProblem], job_cache: &mut Vec<Job<'static>>) {
     let threads = rayon::current_num_threads().max(1);
     // Reuse the job list's allocation for this call's lifetime (the in-place
     // collect keeps the buffer because `Job` has one layout for every lifetime).
@@ -232,17 +173,15 @@ fn run(
     let total_cost: f64 = problems
         .iter()
         .map(|p| {
-            let path = choose_path(isa, p.tokens);
+            let path = choose_path(isa, &p.weight, p.tokens);
             row_cost(path, &p.weight, p.tokens) * p.weight.rows as f64
         })
         .sum();
 
     let target = (total_cost / (threads * UNITS_PER_THREAD) as f64).max(MIN_UNIT_COST);
-    let mut prep_start = 0;
     let mut units = 0;
     for p in problems.iter_mut() {
-        let path = choose_path(isa, p.tokens);
-        let len = prep_len(isa, path, &p.weight, p.tokens);
+        let path = choose_path(isa, &p.weight, p.tokens);
         let rows = p.weight.rows;
         // As many units as the cost asks for, then rows spread evenly over
         // them in whole blocks of ROW_ALIGN.
@@ -267,19 +206,8 @@ fn run(
             unit_rows,
             unit_start: units,
             unit_end: units + n_units,
-            prep: prep_start..prep_start + len,
         });
         units += n_units;
-        prep_start += len;
-    }
-
-    prepare_inputs(isa, &jobs, scratch_x);
-    // From here on the jobs only read their inputs: point them at the copies.
-    let scratch_x: &[f32] = scratch_x;
-    for job in jobs.iter_mut() {
-        if !job.prep.is_empty() {
-            job.x = &scratch_x[job.prep.clone()];
-        }
     }
 
     let next = AtomicUsize::new(0);
@@ -321,58 +249,14 @@ fn row_cost(path: Path, w: &LinearWeight, tokens: usize) -> f64 {
     }
 }
 
-fn choose_path(isa: Isa, tokens: usize) -> Path {
+fn choose_path(isa: Isa, w: &LinearWeight, tokens: usize) -> Path {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => super::avx2::choose_path(tokens),
+        Isa::Avx2 => super::avx2::choose_path(w, tokens),
         _ => {
-            let _ = tokens;
+            let _ = (w, tokens);
             Path::Gemv
         }
-    }
-}
-
-/// f32 values of prepared input a problem needs (0: it reads `x` as it is).
-fn prep_len(isa: Isa, path: Path, w: &LinearWeight, tokens: usize) -> usize {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => super::avx2::prep_len(path, w, tokens),
-        _ => {
-            let _ = (path, w, tokens);
-            0
-        }
-    }
-}
-
-fn prepare_inputs(isa: Isa, jobs: &[Job], scratch: &mut [f32]) {
-    if scratch.is_empty() {
-        return;
-    }
-    let prepare = |job: &Job, dst: &mut [f32]| match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => super::avx2::prepare(job.path, &job.weight, job.x, job.tokens, dst),
-        _ => {
-            let _ = (job, dst);
-        }
-    };
-    // Each job owns its consecutive range of the scratch.
-    if scratch.len() < PARALLEL_PREP {
-        let mut rest = &mut *scratch;
-        for job in jobs {
-            let (mine, tail) = rest.split_at_mut(job.prep.len());
-            prepare(job, mine);
-            rest = tail;
-        }
-    } else {
-        let base = OutPtr(scratch.as_mut_ptr());
-        jobs.par_iter().for_each(|job| {
-            // SAFETY: the jobs' ranges are disjoint and inside `scratch`, which
-            // is exclusively borrowed for the whole parallel region.
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut(base.get().add(job.prep.start), job.prep.len())
-            };
-            prepare(job, dst);
-        });
     }
 }
 

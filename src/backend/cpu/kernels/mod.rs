@@ -5,19 +5,26 @@
 //!   misaligned) mapped bytes. A grouped call runs many independent problems
 //!   (the experts of one MoE layer) in one parallel region.
 //! - [`ops`]: RMSNorm, SiLU·mul, softmax, dot, axpy, bf16 rows, argmax.
-//! - [`measure_read_bandwidth`]: the machine's memory read bandwidth.
+//! - [`measure_read_bandwidth`] / [`measure_read_bandwidth_of`]: the
+//!   machine's memory read bandwidth, over a fresh buffer or mapped memory.
 //!
 //! Instruction sets are picked at run time ([`Isa::best`]): AVX2+FMA on
 //! x86-64, NEON on aarch64, portable scalar code elsewhere. [`reference`]
 //! holds the scalar definitions the tests compare every kernel with.
 //!
 //! Threads: every call runs on the current rayon pool (`pool.install` to pick
-//! one). Memory: nothing proportional to the weights is ever allocated. The
-//! AVX2 path copies the activations once per call into its own layout; plain
-//! [`matmul`] / [`matmul_grouped`] keep that copy in a per-thread buffer that
-//! grows to the largest call and is reused, while
-//! [`matmul_grouped_with_scratch`] takes it from the caller (size it with
-//! [`input_scratch_len`]) so that a planned workspace can hold it.
+//! one). Memory: a call allocates nothing; the kernels read the weights and
+//! the activations where they are (decoded weight panels live on the stack).
+//!
+//! Batch invariance: on each instruction set, every output element is summed
+//! in one order that depends only on the number of input columns and the
+//! weight format, never on how many tokens share the call, which path or
+//! tile computes it, or how rows are split between threads. A token's
+//! outputs are therefore bitwise the same alone or in any batch, which the
+//! engine relies on: a batch of requests gives exactly the tokens each gets
+//! alone, and a prompt cut into chunks gives the logits of one full pass
+//! (last-bit differences would otherwise be amplified by a bf16 KV cache).
+//! The instruction sets may differ from each other.
 
 mod bandwidth;
 pub mod formats;
@@ -33,11 +40,8 @@ mod avx2_ops;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
-pub use bandwidth::measure_read_bandwidth;
-pub use matmul::{
-    GroupedProblem, add_bias_bf16, input_scratch_len, matmul, matmul_grouped, matmul_grouped_on,
-    matmul_grouped_with_scratch,
-};
+pub use bandwidth::{measure_read_bandwidth, measure_read_bandwidth_of};
+pub use matmul::{GroupedProblem, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_on};
 
 use std::sync::OnceLock;
 
@@ -69,8 +73,6 @@ pub enum KernelError {
         expected: usize,
         got: usize,
     },
-    #[error("scratch holds {got} values, the call needs {needed}")]
-    ScratchTooSmall { needed: usize, got: usize },
     #[error("instruction set {0:?} is not available on this CPU")]
     IsaUnavailable(Isa),
 }

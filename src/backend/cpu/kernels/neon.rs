@@ -2,8 +2,13 @@
 //!
 //! Deliberately simple: every problem runs as a GEMV over token groups of at
 //! most 4, weights decoded in natural column order (NEON's zips and table
-//! lookups make that cheap), so x is read as it is. Columns past the last
-//! whole chunk are computed one by one.
+//! lookups make that cheap), so x is read as it is.
+//!
+//! One summation order for every output, whatever the token count, group or
+//! row block (see the kernels' module docs): two accumulators, vector `v`
+//! of each chunk into accumulator `v % 2` by fused multiply-add, chunks in
+//! order; then `acc0 + acc1`, the lanes summed by `vaddvq_f32`, and the
+//! columns past the last whole chunk added one by one.
 
 use std::arch::aarch64::*;
 use std::ops::Range;
@@ -180,11 +185,13 @@ unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
             // SAFETY: token group t0..t0+tn is inside x and out; rows inside W.
             unsafe {
                 let (x, out) = (job.x.as_ptr().add(t0 * cols), job.out.0.add(t0 * n_rows));
+                // The accumulator count is part of the summation order: the
+                // same 2 for every group size.
                 match tn {
-                    1 => gemv_block_rows::<D, 4, 1, 2>(dec, rows, cols, x, out, n_rows),
-                    2 => gemv_block_rows::<D, 2, 2, 2>(dec, rows, cols, x, out, n_rows),
-                    3 => gemv_block_rows::<D, 2, 3, 1>(dec, rows, cols, x, out, n_rows),
-                    _ => gemv_block_rows::<D, 2, 4, 1>(dec, rows, cols, x, out, n_rows),
+                    1 => gemv_block_rows::<D, 4, 1>(dec, rows, cols, x, out, n_rows),
+                    2 => gemv_block_rows::<D, 4, 2>(dec, rows, cols, x, out, n_rows),
+                    3 => gemv_block_rows::<D, 2, 3>(dec, rows, cols, x, out, n_rows),
+                    _ => gemv_block_rows::<D, 2, 4>(dec, rows, cols, x, out, n_rows),
                 }
             }
             t0 += tn;
@@ -194,7 +201,7 @@ unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
 }
 
 #[target_feature(enable = "neon")]
-unsafe fn gemv_block_rows<D: Decoder, const R: usize, const T: usize, const A: usize>(
+unsafe fn gemv_block_rows<D: Decoder, const R: usize, const T: usize>(
     dec: &D,
     rows: Range<usize>,
     cols: usize,
@@ -205,19 +212,22 @@ unsafe fn gemv_block_rows<D: Decoder, const R: usize, const T: usize, const A: u
     let mut r = rows.start;
     // SAFETY (both loops): rows inside the matrix, x/out cover T tokens.
     while r + R <= rows.end {
-        unsafe { gemv::<D, R, T, A>(dec, r, cols, x, out, out_stride) };
+        unsafe { gemv::<D, R, T>(dec, r, cols, x, out, out_stride) };
         r += R;
     }
     while r < rows.end {
-        unsafe { gemv::<D, 1, T, A>(dec, r, cols, x, out, out_stride) };
+        unsafe { gemv::<D, 1, T>(dec, r, cols, x, out, out_stride) };
         r += 1;
     }
 }
 
+/// Accumulators per output (part of the summation order).
+const A: usize = 2;
+
 /// R rows × T tokens with A accumulators per pair; x is `[T][cols]`.
 #[target_feature(enable = "neon")]
 #[inline]
-unsafe fn gemv<D: Decoder, const R: usize, const T: usize, const A: usize>(
+unsafe fn gemv<D: Decoder, const R: usize, const T: usize>(
     dec: &D,
     row0: usize,
     cols: usize,

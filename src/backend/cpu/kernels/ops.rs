@@ -208,6 +208,80 @@ pub fn softmax_inplace(x: &mut [f32]) {
     })
 }
 
+/// Attention scores of a block of queries against a block of keys:
+/// `out[i·nk + j] = scale · Σ_d q[i·hd + d] · k[j·hd + d]` (`q` is
+/// `[nq, hd]`, `k` is `[nk, hd]`). Each score is summed in an order fixed by
+/// `hd` alone, whatever `nq` and `nk`.
+pub fn attention_scores(q: &[f32], k: &[f32], hd: usize, scale: f32, out: &mut [f32]) {
+    assert!(
+        hd > 0 && q.len().is_multiple_of(hd) && k.len().is_multiple_of(hd),
+        "attention_scores: rows are not hd long"
+    );
+    let (nq, nk) = (q.len() / hd, k.len() / hd);
+    assert_eq!(out.len(), nq * nk, "attention_scores: bad output length");
+    if nk == 0 {
+        return;
+    }
+    dispatch!(avx2_ops::attention_scores(q, k, hd, scale, out), {
+        for (qs, os) in q.chunks_exact(hd).zip(out.chunks_exact_mut(nk)) {
+            for (o, ks) in os.iter_mut().zip(k.chunks_exact(hd)) {
+                *o = scale * dot_portable(qs, ks);
+            }
+        }
+    })
+}
+
+/// `o[i·hd + d] += Σ_j p[i·nk + j] · v[j·hd + d]` (`p` is `[nq, nk]`, `v`
+/// is `[nk, hd]`, `o` is `[nq, hd]`): every element summed over the keys in
+/// order, one multiply-add at a time.
+pub fn attention_values(p: &[f32], v: &[f32], hd: usize, o: &mut [f32]) {
+    assert!(
+        hd > 0 && v.len().is_multiple_of(hd) && o.len().is_multiple_of(hd),
+        "attention_values: rows are not hd long"
+    );
+    let (nq, nk) = (o.len() / hd, v.len() / hd);
+    assert_eq!(p.len(), nq * nk, "attention_values: bad weights length");
+    dispatch!(avx2_ops::attention_values(p, v, hd, o), {
+        for (os, ps) in o.chunks_exact_mut(hd).zip(p.chunks_exact(nk.max(1))) {
+            for (&w, vs) in ps.iter().zip(v.chunks_exact(hd)) {
+                for (ov, &vv) in os.iter_mut().zip(vs) {
+                    *ov = fmadd(w, vv, *ov);
+                }
+            }
+        }
+    })
+}
+
+/// In place `s := e^(s − max)`, 0 where `s` is −∞ (a masked score), and
+/// returns the sum in an order fixed by `s.len()`.
+pub fn exp_block(s: &mut [f32], max: f32) -> f32 {
+    dispatch!(avx2_ops::exp_block(s, max), {
+        let mut acc = [0.0f32; 8];
+        let mut chunks = s.chunks_exact_mut(8);
+        for chunk in &mut chunks {
+            for (a, x) in acc.iter_mut().zip(chunk.iter_mut()) {
+                *x = if *x == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    exp(*x - max)
+                };
+                *a += *x;
+            }
+        }
+        let mut sum =
+            ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        for x in chunks.into_remainder() {
+            *x = if *x == f32::NEG_INFINITY {
+                0.0
+            } else {
+                exp(*x - max)
+            };
+            sum += *x;
+        }
+        sum
+    })
+}
+
 pub(super) const EXP_MIN: f32 = -87.0;
 pub(super) const EXP_MAX: f32 = 88.0;
 pub(super) const LOG2E: f32 = std::f32::consts::LOG2_E;

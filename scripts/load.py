@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""Load benchmark for `sparkrt serve` (standard library only).
+
+N concurrent clients stream completions with a fixed prompt length (random
+token ids, so no tokenizer is needed) and a fixed output length
+(`ignore_eos`), until the total number of requests is done. Prints
+requests/s, output tokens/s, p50/p99 time to first token and inter-token
+latency, and the server's peak RSS (VmHWM from /proc) against the plan's
+total from /v1/memory, which it must stay within (+5%).
+
+Usage:
+  scripts/load.py --url http://127.0.0.1:8000 --clients 8 --requests 32 \\
+      --prompt-tokens 128 --output-tokens 64 [--pid PID] [--api-key KEY]
+
+Without --pid the server is found by the port it listens on (/proc/net/tcp),
+which needs the same machine and permission to read its /proc entries.
+Exits 1 if a request fails or the peak RSS exceeds the plan's total + 5%.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import random
+import sys
+import threading
+import time
+import urllib.parse
+
+RSS_TOLERANCE = 1.05
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", required=True, help="server root, http://HOST:PORT")
+    p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients")
+    p.add_argument("--requests", type=int, default=32, help="requests in all")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--warmup", type=int, default=1, help="requests sent one by one before measuring")
+    p.add_argument("--pid", type=int, help="server process id (default: found by port)")
+    p.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids")
+    p.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
+    return p.parse_args()
+
+
+class Client:
+    """One keep-alive connection to the server."""
+
+    def __init__(self, url, api_key):
+        parsed = urllib.parse.urlparse(url)
+        if parsed.scheme != "http" or not parsed.hostname:
+            raise SystemExit(f"--url {url!r}: expected http://HOST:PORT")
+        self.host = parsed.hostname
+        self.port = parsed.port or 80
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.conn = None
+
+    def _connection(self):
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=3600)
+        return self.conn
+
+    def get_json(self, path):
+        conn = self._connection()
+        conn.request("GET", path, headers=self.headers)
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"GET {path}: {response.status} {body[:200]!r}")
+        return json.loads(body)
+
+    def stream(self, body):
+        """Streams one completion; returns (start, [(time, tokens in the chunk)], usage)."""
+        conn = self._connection()
+        start = time.perf_counter()
+        conn.request("POST", "/v1/completions", body=json.dumps(body), headers=self.headers)
+        response = conn.getresponse()
+        if response.status != 200:
+            text = response.read()
+            raise RuntimeError(f"POST /v1/completions: {response.status} {text[:300]!r}")
+        arrivals = []
+        usage = None
+        done = False
+        while True:
+            line = response.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue  # blank separators and keep-alive comments
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                continue
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(f"error in the stream: {chunk['error']}")
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices", []):
+                tokens = len(choice.get("token_ids") or [])
+                if tokens:
+                    arrivals.append((time.perf_counter(), tokens))
+        if not done:
+            raise RuntimeError("the stream ended without [DONE]")
+        return start, arrivals, usage
+
+
+def percentile(values, q):
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = q / 100 * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def listening_pid(port):
+    """The process listening on TCP `port` (IPv4 or IPv6), from /proc."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for row in f:
+                    fields = row.split()
+                    local, state, inode = fields[1], fields[3], fields[9]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{inode}]")
+        except OSError:
+            continue
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def status_bytes(pid, field):
+    """A `kB` field of /proc/PID/status (VmHWM, VmRSS) in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for row in f:
+            if row.startswith(field + ":"):
+                return int(row.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
+
+
+def main():
+    args = parse_args()
+    client = Client(args.url, args.api_key)
+    memory = client.get_json("/v1/memory")
+    models = client.get_json("/v1/models")
+    model = models["data"][0]["id"]
+    vocab = memory["plan"]["model"]["vocab_size"]
+    plan_total = memory["plan"]["total"]
+    max_model_len = memory["plan"]["serving"]["max_model_len"]
+    if args.prompt_tokens + args.output_tokens > max_model_len:
+        raise SystemExit(f"prompt + output tokens exceed max_model_len = {max_model_len}")
+    pid = args.pid or listening_pid(client.port)
+
+    rng = random.Random(args.seed)
+    # Ids from the low 90% of the vocabulary: special tokens sit at the end.
+    id_range = max(1, int(vocab * 0.9))
+
+    def request_body():
+        return {
+            "model": model,
+            "prompt": [rng.randrange(id_range) for _ in range(args.prompt_tokens)],
+            "max_tokens": args.output_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+
+    for _ in range(args.warmup):
+        client.stream(request_body())
+
+    lock = threading.Lock()
+    bodies = [request_body() for _ in range(args.requests)]
+    results = []
+    failures = []
+
+    def worker():
+        c = Client(args.url, args.api_key)
+        while True:
+            with lock:
+                if not bodies:
+                    return
+                body = bodies.pop()
+            try:
+                outcome = c.stream(body)
+            except Exception as e:  # noqa: BLE001 - every failure is reported
+                with lock:
+                    failures.append(str(e))
+                c.conn = None
+                continue
+            with lock:
+                results.append(outcome)
+
+    threads = [threading.Thread(target=worker) for _ in range(args.clients)]
+    began = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - began
+
+    ttft = []
+    itl = []
+    output_tokens = 0
+    for start, arrivals, usage in results:
+        if usage is not None:
+            output_tokens += usage["completion_tokens"]
+        else:
+            output_tokens += sum(n for _, n in arrivals)
+        if arrivals:
+            ttft.append(arrivals[0][0] - start)
+        previous = arrivals[0][0] if arrivals else None
+        for at, tokens in arrivals[1:]:
+            # A chunk carrying k tokens (text held back) stands for k gaps.
+            itl.extend([(at - previous) / tokens] * tokens)
+            previous = at
+
+    figures = {
+        "model": model,
+        "clients": args.clients,
+        "requests": len(results),
+        "failed": len(failures),
+        "prompt_tokens": args.prompt_tokens,
+        "output_tokens_per_request": args.output_tokens,
+        "wall_s": wall,
+        "requests_per_s": len(results) / wall,
+        "output_tok_per_s": output_tokens / wall,
+        "ttft_p50_ms": percentile(ttft, 50) * 1e3,
+        "ttft_p99_ms": percentile(ttft, 99) * 1e3,
+        "itl_p50_ms": percentile(itl, 50) * 1e3,
+        "itl_p99_ms": percentile(itl, 99) * 1e3,
+        "plan_total_bytes": plan_total,
+        "server_pid": pid,
+    }
+    print(f"model {model}: {args.clients} clients, {len(results)} requests "
+          f"({len(failures)} failed), {args.prompt_tokens} prompt + {args.output_tokens} output tokens each")
+    print(f"  wall               {wall:10.2f} s")
+    print(f"  requests/s         {figures['requests_per_s']:10.2f}")
+    print(f"  output tok/s       {figures['output_tok_per_s']:10.1f}")
+    print(f"  TTFT p50 / p99     {figures['ttft_p50_ms']:10.1f} / {figures['ttft_p99_ms']:.1f} ms")
+    print(f"  ITL  p50 / p99     {figures['itl_p50_ms']:10.1f} / {figures['itl_p99_ms']:.1f} ms")
+    ok = not failures
+    for message in failures[:5]:
+        print(f"  failure: {message}", file=sys.stderr)
+    if pid is None:
+        print("  peak RSS           unknown (server process not found; pass --pid)")
+    else:
+        peak = status_bytes(pid, "VmHWM")
+        rss = status_bytes(pid, "VmRSS")
+        limit = plan_total * RSS_TOLERANCE
+        within = peak <= limit
+        ok = ok and within
+        figures.update({"peak_rss_bytes": peak, "rss_bytes": rss, "rss_within_plan": within})
+        gib = 1 << 30
+        print(f"  peak RSS (VmHWM)   {peak / gib:10.3f} GiB  (now {rss / gib:.3f} GiB)")
+        print(f"  plan total         {plan_total / gib:10.3f} GiB  -> peak is "
+              f"{100 * peak / plan_total:.1f}% of it: {'within' if within else 'OVER'} total + 5%")
+    if args.json:
+        print(json.dumps(figures))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+//! `sparkrt generate` as a user runs it: text in, the reference tokens out.
+
+mod common;
+
+use common::*;
+
+fn reference_json(name: &str) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap())
+        .unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+fn generate(args: &[&str]) -> std::process::Output {
+    let root = fixture("hosts/box24").display().to_string();
+    let mut all = vec!["generate", "--host-root", &root];
+    all.extend_from_slice(args);
+    sparkrt(&all)
+}
+
+#[test]
+fn prompt_text_gives_the_reference_ids_and_continuation() {
+    for name in ["qwen3-moe-tiny", "qwen3-moe-tiny-nvfp4", "gpt-oss-tiny"] {
+        let r = reference_json(name);
+        let prompt = r["prompt"].as_str().unwrap();
+        let out = generate(&[
+            "--profile",
+            name,
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "24",
+            "--ignore-eos",
+            "--json",
+        ]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let v = json(&out);
+        assert_eq!(ids(&v["prompt_ids"]), ids(&r["input_ids"]), "{name}");
+        assert_eq!(ids(&v["token_ids"]), ids(&r["greedy_ids"]), "{name}");
+        assert_eq!(v["finish_reason"], "length");
+        if let Some(text) = r["greedy_text"].as_str() {
+            assert_eq!(v["text"], text, "{name}");
+        }
+    }
+}
+
+#[test]
+fn logits_out_writes_every_prompt_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("logits.safetensors");
+    let r = reference_json("qwen3-moe-tiny");
+    let prompt_ids: Vec<String> = ids(&r["input_ids"]).iter().map(u64::to_string).collect();
+    let out = generate(&[
+        "--prompt-ids",
+        &prompt_ids.join(","),
+        "--max-tokens",
+        "1",
+        "--logits-out",
+        &file.display().to_string(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let written = std::fs::read(&file).unwrap();
+    let written = safetensors::SafeTensors::deserialize(&written).unwrap();
+    let logits = written.tensor("logits").unwrap();
+    assert_eq!(logits.shape(), &[prompt_ids.len(), 512]);
+    let reference = std::fs::read(fixture("qwen3-moe-tiny").join("reference.safetensors")).unwrap();
+    let reference = safetensors::SafeTensors::deserialize(&reference).unwrap();
+    let floats = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let (got, want) = (
+        floats(logits.data()),
+        floats(reference.tensor("logits").unwrap().data()),
+    );
+    let diff = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(diff < 2e-3, "logits differ by {diff}");
+}
+
+#[test]
+fn chat_wraps_the_message_in_the_template() {
+    let out = generate(&["--chat", "hi", "--max-tokens", "2", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    // <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n, encoded.
+    let plain = generate(&[
+        "--prompt",
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+        "--max-tokens",
+        "2",
+        "--json",
+    ]);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    assert_eq!(v["prompt_ids"], json(&plain)["prompt_ids"]);
+    assert_eq!(v["token_ids"], json(&plain)["token_ids"]);
+}
+
+#[test]
+fn bad_requests_are_exit_2_with_a_message() {
+    for (args, needle) in [
+        (vec!["--prompt-ids", "1,99999"], "outside the vocabulary"),
+        (
+            vec!["--model", "/nonexistent/model", "--prompt", "x"],
+            "/nonexistent/model",
+        ),
+        (vec!["--threads", "0", "--prompt", "x"], "threads"),
+        (vec!["--max-tokens", "1"], "prompt"),
+        (vec!["--prompt", "x", "--temperature", "-1"], "temperature"),
+    ] {
+        let out = generate(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected {needle:?} in {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
