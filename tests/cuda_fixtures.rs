@@ -6,59 +6,16 @@
 
 mod common;
 mod cuda_common;
-
-use std::sync::mpsc;
+mod fixture_runs;
 
 use sparkrt::backend::Backend;
 use sparkrt::checkpoint::PageCachePolicy;
-use sparkrt::engine::sampling::SamplingParams;
-use sparkrt::engine::{Event, FinishReason, Request};
+use sparkrt::engine::FinishReason;
 use sparkrt::plan::ledger::WeightsResidency;
 use sparkrt::plan::profile::{DeviceKind, KvCacheDtype, Profile};
 use sparkrt::runtime::{DeviceOptions, HostSource, Loaded};
 
-const FIXTURES: [&str; 3] = ["qwen3-moe-tiny", "qwen3-moe-tiny-nvfp4", "gpt-oss-tiny"];
-
-struct Reference {
-    input_ids: Vec<u32>,
-    greedy_ids: Vec<u32>,
-    logits: Vec<f32>,
-}
-
-fn reference(name: &str) -> Reference {
-    let bytes = std::fs::read(common::fixture(name).join("reference.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let ints = |key: &str| -> Vec<u32> {
-        st.tensor(key)
-            .unwrap()
-            .data()
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
-            .collect()
-    };
-    Reference {
-        input_ids: ints("input_ids"),
-        greedy_ids: ints("greedy_ids"),
-        logits: st
-            .tensor("logits")
-            .unwrap()
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect(),
-    }
-}
-
-fn profile(name: &str) -> Profile {
-    Profile::load(&common::profile(name)).unwrap()
-}
-
-#[derive(Debug, Default)]
-struct Outcome {
-    prompt_logits: Vec<f32>,
-    tokens: Vec<u32>,
-    finish: Option<FinishReason>,
-}
+use fixture_runs::{FIXTURES, Outcome, max_abs_diff, profile, reference, serve_greedy};
 
 /// Runs `prompts` together, greedy, on `device`; checks the ledger.
 fn run(
@@ -103,56 +60,7 @@ fn run(
             )
         ));
     }
-    let vocab = engine.vocab_size();
-    let mut receivers = Vec::new();
-    for prompt in prompts {
-        let (tx, rx) = mpsc::channel();
-        engine
-            .add_request(
-                Request {
-                    prompt: prompt.clone(),
-                    params: SamplingParams::greedy(max_tokens),
-                    prompt_logits: true,
-                    ignore_eos: true,
-                },
-                Box::new(tx),
-            )
-            .unwrap();
-        receivers.push(rx);
-    }
-    while engine.has_work() {
-        engine.step().unwrap();
-    }
-    receivers
-        .into_iter()
-        .zip(prompts)
-        .map(|(rx, prompt)| {
-            let mut out = Outcome {
-                prompt_logits: vec![f32::NAN; prompt.len() * vocab],
-                ..Outcome::default()
-            };
-            for event in rx.try_iter() {
-                match event {
-                    Event::PromptLogits { first, values } => {
-                        out.prompt_logits[first * vocab..first * vocab + values.len()]
-                            .copy_from_slice(&values);
-                    }
-                    Event::Token { id, .. } => out.tokens.push(id),
-                    Event::Finished { reason, .. } => out.finish = Some(reason),
-                    Event::Failed { message } => panic!("request failed: {message}"),
-                }
-            }
-            out
-        })
-        .collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    serve_greedy(&mut engine, prompts, max_tokens)
 }
 
 #[test]
