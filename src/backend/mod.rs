@@ -12,11 +12,13 @@ pub mod cpu;
 pub mod cuda;
 pub mod device;
 
+use std::sync::Arc;
+
 use thiserror::Error;
 
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::engine::batch::StepBatch;
-use crate::plan::ledger::{Category, LedgerError};
+use crate::plan::ledger::{Category, Charge, Ledger, LedgerError};
 use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
 
 #[derive(Debug, Error)]
@@ -35,6 +37,44 @@ pub enum BackendError {
     },
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+}
+
+impl BackendError {
+    /// An error when `needed` elements do not fit a buffer of `capacity`.
+    pub(crate) fn check_capacity(
+        what: &'static str,
+        needed: usize,
+        capacity: usize,
+    ) -> Result<(), BackendError> {
+        if needed > capacity {
+            return Err(BackendError::Capacity {
+                what,
+                needed,
+                capacity,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Charges the plan's MoE workspace buffer `name` to the ledger before a
+/// backend allocates it: its planned bytes and the charge to keep.
+pub(crate) fn charge_workspace_buffer(
+    plan: &MoeWorkspacePlan,
+    ledger: &Arc<Ledger>,
+    name: &str,
+) -> Result<(usize, Charge), BackendError> {
+    let planned = plan
+        .buffers
+        .iter()
+        .find(|b| b.name == name)
+        .ok_or_else(|| {
+            BackendError::Shape(format!("the plan's MoE workspace has no buffer {name}"))
+        })?;
+    let bytes = usize::try_from(planned.bytes)
+        .map_err(|_| BackendError::Shape(format!("{name} is too large")))?;
+    let charge = ledger.charge(Category::MoeWorkspace, planned.bytes, "moe_workspace")?;
+    Ok((bytes, charge))
 }
 
 /// How a layer's router turns logits into expert weights.

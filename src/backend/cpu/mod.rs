@@ -69,14 +69,7 @@ fn shape_error(message: String) -> BackendError {
 }
 
 fn check_len(what: &'static str, needed: usize, capacity: usize) -> Result<(), BackendError> {
-    if needed > capacity {
-        return Err(BackendError::Capacity {
-            what,
-            needed,
-            capacity,
-        });
-    }
-    Ok(())
+    BackendError::check_capacity(what, needed, capacity)
 }
 
 impl Backend for CpuBackend {

@@ -10,9 +10,9 @@ use rayon::prelude::*;
 
 use super::kernels::{self, GroupedProblem};
 use super::{BackendError, check_len, ops};
-use crate::backend::{ExpertActivation, ExpertsSpec, GateUp, RouterKind};
+use crate::backend::{ExpertActivation, ExpertsSpec, GateUp, RouterKind, charge_workspace_buffer};
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
-use crate::plan::ledger::{Category, Charge, Ledger};
+use crate::plan::ledger::{Charge, Ledger};
 use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
 
 /// Most experts a router may choose from (the selection's stack buffer).
@@ -111,15 +111,9 @@ impl CpuWorkspace {
     ) -> Result<CpuWorkspace, BackendError> {
         let mut charges = Vec::new();
         let mut elements = |name: &str| -> Result<usize, BackendError> {
-            let buffer = plan
-                .buffers
-                .iter()
-                .find(|b| b.name == name)
-                .ok_or_else(|| {
-                    BackendError::Shape(format!("the plan's MoE workspace has no buffer {name}"))
-                })?;
-            charges.push(ledger.charge(Category::MoeWorkspace, buffer.bytes, "moe_workspace")?);
-            Ok((buffer.bytes / 4) as usize)
+            let (bytes, charge) = charge_workspace_buffer(plan, ledger, name)?;
+            charges.push(charge);
+            Ok(bytes / 4)
         };
         let ws = CpuWorkspace {
             topk_ids: vec![0; elements("topk_ids")?],

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use super::driver::{Device, DeviceMemory, HostMapped};
-use crate::backend::{BackendError, KvLayout};
+use crate::backend::{BackendError, KvLayout, charge_workspace_buffer};
 use crate::engine::batch::StepBatch;
 use crate::plan::ledger::{Category, Charge, Ledger};
 use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
@@ -100,14 +100,7 @@ pub(crate) fn check(
     needed: usize,
     capacity: usize,
 ) -> Result<(), BackendError> {
-    if needed > capacity {
-        return Err(BackendError::Capacity {
-            what,
-            needed,
-            capacity,
-        });
-    }
-    Ok(())
+    BackendError::check_capacity(what, needed, capacity)
 }
 
 /// The step's metadata in device memory (`kernels/common.cuh`, StepView):
@@ -440,16 +433,8 @@ impl CudaWorkspace {
     ) -> Result<CudaWorkspace, BackendError> {
         let mut charges = Vec::new();
         let mut buffer = |name: &str| -> Result<WorkspaceBuffer, BackendError> {
-            let planned = plan
-                .buffers
-                .iter()
-                .find(|b| b.name == name)
-                .ok_or_else(|| {
-                    BackendError::Shape(format!("the plan's MoE workspace has no buffer {name}"))
-                })?;
-            charges.push(ledger.charge(Category::MoeWorkspace, planned.bytes, "moe_workspace")?);
-            let bytes = usize::try_from(planned.bytes)
-                .map_err(|_| BackendError::Shape(format!("{name} is too large")))?;
+            let (bytes, charge) = charge_workspace_buffer(plan, ledger, name)?;
+            charges.push(charge);
             Ok(WorkspaceBuffer {
                 memory: DeviceMemory::zeroed(device, bytes)?,
                 elements: bytes / 4,
