@@ -116,6 +116,26 @@ impl std::fmt::Debug for CudaBackend {
 }
 
 impl CudaBackend {
+    /// `a[i] = f(a[i], b[i])` for the first `n` elements (an elementwise
+    /// kernel over a pair of buffers).
+    fn pair_op(
+        &self,
+        kernel: Kernel,
+        what: &'static str,
+        a: &mut CudaBuffer,
+        b: &CudaBuffer,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        self.device.bind()?;
+        check(what, n, a.len().min(b.len()))?;
+        let params = p::PairParams {
+            a: a.ptr(),
+            b: b.ptr(),
+            n: n as u64,
+        };
+        self.launch(kernel, (stride_blocks(n), 1, 1), 256, 0, &params)
+    }
+
     /// Opens the device, loads (or compiles) every kernel and checks that
     /// the driver functions the backend uses are all there.
     pub fn new(ledger: Arc<Ledger>, options: &CudaOptions) -> Result<CudaBackend, CudaError> {
@@ -665,14 +685,7 @@ impl Backend for CudaBackend {
         up: &CudaBuffer,
         n: usize,
     ) -> Result<(), BackendError> {
-        self.device.bind()?;
-        check("silu_mul", n, gate.len().min(up.len()))?;
-        let params = p::PairParams {
-            a: gate.ptr(),
-            b: up.ptr(),
-            n: n as u64,
-        };
-        self.launch(Kernel::SiluMul, (stride_blocks(n), 1, 1), 256, 0, &params)
+        self.pair_op(Kernel::SiluMul, "silu_mul", gate, up, n)
     }
 
     fn add(
@@ -681,14 +694,7 @@ impl Backend for CudaBackend {
         delta: &CudaBuffer,
         n: usize,
     ) -> Result<(), BackendError> {
-        self.device.bind()?;
-        check("add", n, residual.len().min(delta.len()))?;
-        let params = p::PairParams {
-            a: residual.ptr(),
-            b: delta.ptr(),
-            n: n as u64,
-        };
-        self.launch(Kernel::Add, (stride_blocks(n), 1, 1), 256, 0, &params)
+        self.pair_op(Kernel::Add, "add", residual, delta, n)
     }
 
     fn compact_rows(
