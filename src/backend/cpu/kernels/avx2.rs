@@ -416,17 +416,23 @@ unsafe fn gemv_tile<D: Decoder, const R: usize, const T: usize>(
     let x = job.x[t0 * cols..].as_ptr();
     let chunks = cols / D::CHUNK;
     let mut acc = [[_mm256_setzero_ps(); T]; R];
-    let mut w = [_mm256_setzero_ps(); 8];
+    let mut w = [[_mm256_setzero_ps(); 8]; R];
     for ch in 0..chunks {
         let xo = ch * D::CHUNK;
-        for (r, acc_r) in acc.iter_mut().enumerate() {
+        for (&row, w_r) in rows.iter().zip(w.iter_mut()) {
             // SAFETY: chunk ch of the row is inside the matrix.
-            unsafe { dec.decode(rows[r], ch, &mut w) };
-            for (v, wv) in w.iter().enumerate().take(D::VECS) {
-                for (t, acc_rt) in acc_r.iter_mut().enumerate() {
-                    // SAFETY: x holds T rows of cols values from t0.
-                    let xv = unsafe { _mm256_loadu_ps(x.add(t * cols + xo + 8 * v)) };
-                    *acc_rt = _mm256_fmadd_ps(*wv, xv, *acc_rt);
+            unsafe { dec.decode(row, ch, w_r) };
+        }
+        // Vector by vector, the R·T accumulators side by side: independent
+        // FMAs back to back hide the FMA latency (one row's chain alone is
+        // VECS deep per chunk). Each accumulator still sums its products in
+        // column order, so the result is the same bits as row by row.
+        for v in 0..D::VECS {
+            for t in 0..T {
+                // SAFETY: x holds T rows of cols values from t0.
+                let xv = unsafe { _mm256_loadu_ps(x.add(t * cols + xo + 8 * v)) };
+                for (acc_r, w_r) in acc.iter_mut().zip(w.iter()) {
+                    acc_r[t] = _mm256_fmadd_ps(w_r[v], xv, acc_r[t]);
                 }
             }
         }
