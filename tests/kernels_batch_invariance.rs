@@ -6,7 +6,7 @@
 
 mod kernels_common;
 
-use kernels_common::{FORMATS, Format, Rng, random_weight, random_x};
+use kernels_common::{FORMATS, Format, Rng, random_weight, random_x, run_grouped};
 use sparkrt::backend::cpu::kernels::{GroupedProblem, Isa, matmul_grouped_on};
 use sparkrt::checkpoint::linear::LinearWeight;
 
@@ -99,26 +99,8 @@ fn grouped_problems_equal_each_token_alone() {
             .zip(tokens_per_problem)
             .map(|(w, t)| random_x(&mut rng, t * w.cols, false))
             .collect();
-        let mut outs: Vec<Vec<f32>> = weights
-            .iter()
-            .zip(tokens_per_problem)
-            .map(|(w, t)| vec![f32::NAN; t * w.rows])
-            .collect();
         let views: Vec<LinearWeight> = weights.iter().map(|w| w.view()).collect();
-        let mut problems: Vec<GroupedProblem> = views
-            .iter()
-            .zip(&xs)
-            .zip(outs.iter_mut())
-            .zip(tokens_per_problem)
-            .map(|(((w, x), out), tokens)| GroupedProblem {
-                x,
-                tokens,
-                weight: *w,
-                out,
-            })
-            .collect();
-        matmul_grouped_on(isa, &mut problems).unwrap();
-        drop(problems);
+        let outs = run_grouped(isa, &views, &xs, &tokens_per_problem);
         for (p, ((w, x), out)) in views.iter().zip(&xs).zip(&outs).enumerate() {
             for t in 0..tokens_per_problem[p] {
                 let alone = run_on(isa, row(x, t, w.cols), 1, w);

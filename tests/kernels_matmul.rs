@@ -3,7 +3,9 @@
 
 mod kernels_common;
 
-use kernels_common::{FORMATS, Format, OwnedWeight, Rng, random_weight, random_x, tolerance};
+use kernels_common::{
+    FORMATS, Format, OwnedWeight, Rng, random_weight, random_x, run_grouped, tolerance,
+};
 use sparkrt::backend::cpu::kernels::formats::{E2M1, E4M3, E8M0, bf16_to_f32, f32_to_bf16};
 use sparkrt::backend::cpu::kernels::{
     GroupedProblem, Isa, KernelError, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_on,
@@ -116,26 +118,8 @@ fn grouped_matches_each_problem_alone() {
             .zip(tokens_per_problem)
             .map(|(w, t)| random_x(&mut rng, t * w.cols, true))
             .collect();
-        let mut outs: Vec<Vec<f32>> = weights
-            .iter()
-            .zip(tokens_per_problem)
-            .map(|(w, t)| vec![f32::NAN; t * w.rows])
-            .collect();
         let views: Vec<LinearWeight> = weights.iter().map(|w| w.view()).collect();
-        let mut problems: Vec<GroupedProblem> = views
-            .iter()
-            .zip(&xs)
-            .zip(outs.iter_mut())
-            .zip(tokens_per_problem)
-            .map(|(((w, x), out), tokens)| GroupedProblem {
-                x,
-                tokens,
-                weight: *w,
-                out,
-            })
-            .collect();
-        matmul_grouped_on(isa, &mut problems).unwrap();
-        drop(problems);
+        let outs = run_grouped(isa, &views, &xs, &tokens_per_problem);
         for (i, ((w, x), out)) in views.iter().zip(&xs).zip(&outs).enumerate() {
             let (want, _) = reference::matmul(x, tokens_per_problem[i], w);
             assert_eq!(out, &want, "{isa:?} problem {i}");

@@ -193,3 +193,34 @@ pub fn random_x(rng: &mut Rng, n: usize, exact: bool) -> Vec<f32> {
 pub fn tolerance(cols: usize, magnitude: f32) -> f32 {
     4.0 * (cols as f32).sqrt() * f32::EPSILON * magnitude + 1e-30
 }
+
+/// Runs `weights[i]` against `xs[i]` (`tokens[i]` rows each) in ONE grouped
+/// call on `isa`; returns each problem's output, `[tokens[i], rows]`.
+pub fn run_grouped(
+    isa: sparkrt::backend::cpu::kernels::Isa,
+    weights: &[LinearWeight],
+    xs: &[Vec<f32>],
+    tokens: &[usize],
+) -> Vec<Vec<f32>> {
+    use sparkrt::backend::cpu::kernels::{GroupedProblem, matmul_grouped_on};
+    let mut outs: Vec<Vec<f32>> = weights
+        .iter()
+        .zip(tokens)
+        .map(|(w, &t)| vec![f32::NAN; t * w.rows])
+        .collect();
+    let mut problems: Vec<GroupedProblem> = weights
+        .iter()
+        .zip(xs)
+        .zip(outs.iter_mut())
+        .zip(tokens)
+        .map(|(((w, x), out), &tokens)| GroupedProblem {
+            x,
+            tokens,
+            weight: *w,
+            out,
+        })
+        .collect();
+    matmul_grouped_on(isa, &mut problems).unwrap();
+    drop(problems);
+    outs
+}
