@@ -4,7 +4,7 @@
 //! All byte slices borrow from the checkpoint's memory map: the mapping outlives
 //! every weight. Slices may be misaligned; readers use unaligned loads.
 
-use super::quant::{self, QuantError};
+use super::quant::{self, QuantError, check_len};
 
 /// Storage format and bytes of a `[rows, cols]` weight matrix (PyTorch layout:
 /// `y = x · Wᵀ`, one row per output feature, `cols` = input features).
@@ -46,17 +46,17 @@ impl<'a> LinearWeight<'a> {
             .filter(|e| e.checked_mul(4).is_some())
             .ok_or(QuantError::Overflow { rows, cols })?;
         match data {
-            WeightData::F32(bytes) => check("F32 weight", elements * 4, bytes.len())?,
-            WeightData::Bf16(bytes) => check("BF16 weight", elements * 2, bytes.len())?,
+            WeightData::F32(bytes) => check_len("F32 weight", elements * 4, bytes.len())?,
+            WeightData::Bf16(bytes) => check_len("BF16 weight", elements * 2, bytes.len())?,
             WeightData::Nvfp4 { packed, scales, .. } => {
                 ensure_grouped(cols, quant::NVFP4_GROUP)?;
-                check("NVFP4 packed codes", elements / 2, packed.len())?;
-                check("NVFP4 scales", elements / quant::NVFP4_GROUP, scales.len())?;
+                check_len("NVFP4 packed codes", elements / 2, packed.len())?;
+                check_len("NVFP4 scales", elements / quant::NVFP4_GROUP, scales.len())?;
             }
             WeightData::Mxfp4 { blocks, scales } => {
                 ensure_grouped(cols, quant::MXFP4_GROUP)?;
-                check("MXFP4 blocks", elements / 2, blocks.len())?;
-                check("MXFP4 scales", elements / quant::MXFP4_GROUP, scales.len())?;
+                check_len("MXFP4 blocks", elements / 2, blocks.len())?;
+                check_len("MXFP4 scales", elements / quant::MXFP4_GROUP, scales.len())?;
             }
         }
         Ok(weight)
@@ -71,7 +71,7 @@ impl<'a> LinearWeight<'a> {
                 rows: self.rows,
             });
         }
-        check("output row", self.cols, out.len())?;
+        check_len("output row", self.cols, out.len())?;
         let cols = self.cols;
         match self.data {
             WeightData::F32(bytes) => {
@@ -104,18 +104,6 @@ impl<'a> LinearWeight<'a> {
             }
         }
         Ok(())
-    }
-}
-
-fn check(what: &'static str, expected: usize, found: usize) -> Result<(), QuantError> {
-    if expected == found {
-        Ok(())
-    } else {
-        Err(QuantError::RowLength {
-            what,
-            expected,
-            found,
-        })
     }
 }
 

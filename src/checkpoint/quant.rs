@@ -75,7 +75,12 @@ fn nibbles(byte: u8) -> (u8, u8) {
     (byte & 0x0F, byte >> 4)
 }
 
-fn check_len(what: &'static str, expected: usize, found: usize) -> Result<(), QuantError> {
+/// An error naming `what` unless it holds exactly `expected` bytes or values.
+pub(crate) fn check_len(
+    what: &'static str,
+    expected: usize,
+    found: usize,
+) -> Result<(), QuantError> {
     if expected == found {
         Ok(())
     } else {
