@@ -33,17 +33,8 @@ pub fn load<'w, B: Backend + 'w>(
         ),
         None => Rope::plain(config.rope_theta, config.head_dim),
     };
-    let settings = ModelSettings {
-        architecture: config.architecture,
-        hidden_size: config.hidden_size,
-        vocab_size: config.vocab_size,
-        num_experts: config.num_experts,
-        top_k: config.num_experts_per_tok,
-        intermediate_size: config.moe_intermediate_size,
-        rms_norm_eps: config.rms_norm_eps as f32,
-        router: RouterKind::TopKSoftmax,
-        rope,
-    };
+    // No dense layers: `intermediate_size` is never read.
+    let settings = ModelSettings::of(config, RouterKind::TopKSoftmax, rope);
     let limit = config.swiglu_limit.unwrap_or(DEFAULT_SWIGLU_LIMIT) as f32;
     let mxfp4 = config.quantization_method() == Quantization::Mxfp4;
     let mut layers = Vec::with_capacity(config.num_hidden_layers);

@@ -78,10 +78,29 @@ pub struct ModelSettings {
     pub vocab_size: usize,
     pub num_experts: usize,
     pub top_k: usize,
+    /// Width of a dense MLP layer (qwen3_moe `mlp_only_layers`).
     pub intermediate_size: usize,
     pub rms_norm_eps: f32,
     pub router: RouterKind,
     pub rope: Rope,
+}
+
+impl ModelSettings {
+    /// The settings every architecture reads from its config, with its own
+    /// router and RoPE.
+    pub fn of(config: &ModelConfig, router: RouterKind, rope: Rope) -> ModelSettings {
+        ModelSettings {
+            architecture: config.architecture,
+            hidden_size: config.hidden_size,
+            vocab_size: config.vocab_size,
+            num_experts: config.num_experts,
+            top_k: config.num_experts_per_tok,
+            intermediate_size: config.intermediate_size,
+            rms_norm_eps: config.rms_norm_eps as f32,
+            router,
+            rope,
+        }
+    }
 }
 
 pub struct Transformer<'w, B: Backend + 'w> {

@@ -11,19 +11,13 @@ pub fn load<'w, B: Backend + 'w>(
     config: &ModelConfig,
     src: &'w dyn WeightSource,
 ) -> Result<Transformer<'w, B>, ModelError> {
-    let settings = ModelSettings {
-        architecture: config.architecture,
-        hidden_size: config.hidden_size,
-        vocab_size: config.vocab_size,
-        num_experts: config.num_experts,
-        top_k: config.num_experts_per_tok,
-        intermediate_size: config.intermediate_size,
-        rms_norm_eps: config.rms_norm_eps as f32,
-        router: RouterKind::SoftmaxTopK {
+    let settings = ModelSettings::of(
+        config,
+        RouterKind::SoftmaxTopK {
             renormalize: config.norm_topk_prob,
         },
-        rope: Rope::plain(config.rope_theta, config.head_dim),
-    };
+        Rope::plain(config.rope_theta, config.head_dim),
+    );
     let shape = AttentionShape {
         heads: config.num_attention_heads,
         kv_heads: config.num_key_value_heads,
