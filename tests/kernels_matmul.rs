@@ -6,10 +6,12 @@ mod kernels_common;
 use kernels_common::{
     FORMATS, Format, OwnedWeight, Rng, random_weight, random_x, run_grouped, tolerance,
 };
-use sparkrt::backend::cpu::kernels::formats::{E2M1, E4M3, E8M0, bf16_to_f32, f32_to_bf16};
+use sparkrt::backend::cpu::kernels::formats::{
+    E2M1, E4M3, E8M0, bf16_to_f32, f32_to_bf16, weight_at,
+};
 use sparkrt::backend::cpu::kernels::{
     GroupedProblem, Isa, KernelError, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_on,
-    reference,
+    quantizes_activations, reference,
 };
 use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
 
@@ -69,7 +71,29 @@ fn exact_on_every_isa_shape_and_offset() {
     }
 }
 
-/// Random data: within a summation-order bound of the f64 reference.
+/// How far quantizing the activations can move `W[row] · x`: each value is
+/// rounded to a multiple of its 32-block's step `2^(E − 13)`, `2^E` the
+/// block's largest power of two (the rule `kernels::quantize` documents),
+/// so it moves by at most half a step, times |w|.
+fn quantization_bound(x: &[f32], w: &LinearWeight, row: usize) -> f32 {
+    x.chunks(32)
+        .enumerate()
+        .map(|(b, block)| {
+            let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let step = if amax == 0.0 {
+                0.0
+            } else {
+                2f32.powi(amax.log2().floor() as i32 - 13)
+            };
+            (0..32)
+                .map(|i| weight_at(w, row, 32 * b + i).abs() * step / 2.0)
+                .sum::<f32>()
+        })
+        .sum()
+}
+
+/// Random data: within a summation-order bound of the f64 reference (plus,
+/// where the instruction set quantizes the activations, the bound of that).
 #[test]
 fn random_within_summation_tolerance() {
     let mut rng = Rng::new(2);
@@ -82,8 +106,13 @@ fn random_within_summation_tolerance() {
                     let x = random_x(&mut rng, tokens * cols, false);
                     let (want, magnitude) = reference::matmul(&x, tokens, &w.view());
                     let got = run_on(isa, &x, tokens, &w.view());
+                    let quantized = quantizes_activations(isa, &w.view());
                     for i in 0..got.len() {
-                        let tol = tolerance(cols, magnitude[i]);
+                        let (t, r) = (i / rows, i % rows);
+                        let mut tol = tolerance(cols, magnitude[i]);
+                        if quantized {
+                            tol += quantization_bound(&x[t * cols..(t + 1) * cols], &w.view(), r);
+                        }
                         assert!(
                             (got[i] - want[i]).abs() <= tol,
                             "{isa:?} {format:?} cols {cols} tokens {tokens} [{i}]: {} vs {} (tol {tol})",

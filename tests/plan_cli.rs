@@ -358,6 +358,47 @@ fn gpt_oss_120b_counts_sliding_layers_at_their_window() {
     assert_eq!(v["weights"]["groups"]["experts"], experts);
 }
 
+/// On the CPU, MXFP4 experts read their inputs quantized (an int16 code per
+/// value, an f32 scale per 32) from two more workspace buffers, sized for
+/// the larger of the gate/up input (hidden) and the down input
+/// (moe_intermediate) over every routed row; a CUDA plan has neither.
+#[test]
+fn gpt_oss_on_the_cpu_plans_the_quantized_activations() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(profile("gpt-oss-120b")).unwrap();
+    let buffers = |device: &str| {
+        let path = dir.path().join(format!("{device}.toml"));
+        let edited = text.replace("device = \"auto\"", &format!("device = \"{device}\""));
+        assert_ne!(edited, text, "the profile names its device");
+        std::fs::write(&path, edited).unwrap();
+        let (v, code) = plan_json(&path.display().to_string(), &spark_root());
+        assert_eq!(code, 0, "{v}");
+        let ws = &v["moe_workspace"];
+        let named: std::collections::BTreeMap<String, i64> = ws["buffers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                (
+                    b["name"].as_str().unwrap().to_string(),
+                    b["bytes"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(ws["bytes"].as_i64().unwrap(), named.values().sum::<i64>());
+        named
+    };
+    // 8192 batched tokens × top-4 routed rows; hidden = moe_intermediate = 2880.
+    let values: i64 = 8192 * 4 * 2880;
+    let cpu = buffers("cpu");
+    assert_eq!(cpu["quantized_input"], values * 2);
+    assert_eq!(cpu["quantized_scales"], values / 32 * 4);
+    let cuda = buffers("cuda");
+    assert!(!cuda.contains_key("quantized_input"));
+    assert!(!cuda.contains_key("quantized_scales"));
+    assert_eq!(cpu.len(), cuda.len() + 2);
+}
+
 #[test]
 fn plans_with_a_checkpoint_use_exact_header_bytes() {
     for name in ["qwen3-moe-tiny", "qwen3-moe-tiny-nvfp4", "gpt-oss-tiny"] {

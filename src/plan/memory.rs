@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::PlanDevice;
 use super::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
 
 /// Activations, workspace and logits are f32 on every backend.
@@ -14,6 +15,10 @@ pub const ACTIVATION_BYTES: u64 = 4;
 const BF16: u64 = 2;
 /// i32 ids, offsets and positions.
 const INDEX_BYTES: u64 = 4;
+/// Quantized activations (`backend::cpu::kernels::quantize`): an int16 code
+/// per value and an f32 scale per 32 values.
+const QUANTIZED_CODE_BYTES: u64 = 2;
+const QUANTIZED_BLOCK: u64 = 32;
 
 /// Groups the plan and `inspect` report weight bytes by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -164,7 +169,10 @@ fn buffer(name: &str, bytes: u64) -> Buffer {
 /// The ONE MoE workspace shared by every MoE layer, sized for the largest
 /// batch the MoE can see: `capacity_tokens = max_num_batched_tokens × dp_size`
 /// (tokens gathered from every data-parallel rank), `routed_rows =
-/// capacity_tokens × top_k`.
+/// capacity_tokens × top_k`. On the CPU, MXFP4 experts also read their
+/// inputs quantized (gate/up: `routed_rows × hidden` values, down:
+/// `routed_rows × moe_intermediate`, one at a time), which takes
+/// `quantized_input` and `quantized_scales`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MoeWorkspace {
     pub instances: u64,
@@ -180,11 +188,12 @@ pub fn moe_workspace(
     g: &ModelGeometry,
     max_num_batched_tokens: usize,
     dp_size: usize,
+    device: PlanDevice,
 ) -> MoeWorkspace {
     let capacity_tokens = max_num_batched_tokens as u64 * dp_size as u64;
     let rows = capacity_tokens * g.top_k as u64;
     let (h, i) = (g.hidden_size as u64, g.moe_intermediate_size as u64);
-    let buffers = vec![
+    let mut buffers = vec![
         buffer("topk_ids", rows * INDEX_BYTES),
         buffer("topk_weights", rows * ACTIVATION_BYTES),
         buffer("expert_offsets", (g.num_experts as u64 + 1) * INDEX_BYTES),
@@ -194,6 +203,14 @@ pub fn moe_workspace(
         buffer("activation", rows * i * ACTIVATION_BYTES),
         buffer("down_output", rows * h * ACTIVATION_BYTES),
     ];
+    if device == PlanDevice::Cpu && g.quantization == Quantization::Mxfp4 {
+        let values = rows * h.max(i);
+        buffers.push(buffer("quantized_input", values * QUANTIZED_CODE_BYTES));
+        buffers.push(buffer(
+            "quantized_scales",
+            values / QUANTIZED_BLOCK * ACTIVATION_BYTES,
+        ));
+    }
     let bytes = buffers.iter().map(|b| b.bytes).sum();
     MoeWorkspace {
         instances: 1,

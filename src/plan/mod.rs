@@ -161,7 +161,7 @@ pub fn compute(
     );
     let estimated = exact_weights.is_none();
     let weights = exact_weights.unwrap_or_else(|| memory::estimate_weights(&g));
-    let workspace = memory::moe_workspace(&g, s.max_num_batched_tokens, s.dp_size);
+    let workspace = memory::moe_workspace(&g, s.max_num_batched_tokens, s.dp_size, device);
     let activations = memory::activations(
         &g,
         s.max_num_batched_tokens,

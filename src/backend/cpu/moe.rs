@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::kernels::{self, GroupedProblem};
+use super::kernels::{self, ActivationScratch, GroupedProblem};
 use super::{BackendError, check_len, ops};
 use crate::backend::{ExpertActivation, ExpertsSpec, GateUp, RouterKind, charge_workspace_buffer};
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
@@ -98,6 +98,9 @@ pub struct CpuWorkspace {
     gate_up_output: Vec<f32>,
     activation: Vec<f32>,
     down_output: Vec<f32>,
+    /// Where MXFP4 expert matmuls quantize their inputs (empty when the plan
+    /// has no such buffers: the experts are then in another format).
+    quantized: ActivationScratch,
     /// Rows routed by the last `route` call, and its k.
     routed: usize,
     top_k: usize,
@@ -110,11 +113,20 @@ impl CpuWorkspace {
         ledger: &Arc<Ledger>,
     ) -> Result<CpuWorkspace, BackendError> {
         let mut charges = Vec::new();
-        let mut elements = |name: &str| -> Result<usize, BackendError> {
+        let mut bytes = |name: &str| -> Result<usize, BackendError> {
             let (bytes, charge) = charge_workspace_buffer(plan, ledger, name)?;
             charges.push(charge);
-            Ok(bytes / 4)
+            Ok(bytes)
         };
+        let quantized = if plan.buffers.iter().any(|b| b.name == "quantized_input") {
+            ActivationScratch::from_buffers(
+                vec![0; bytes("quantized_input")? / 2],
+                vec![0.0; bytes("quantized_scales")? / 4],
+            )
+        } else {
+            ActivationScratch::from_buffers(Vec::new(), Vec::new())
+        };
+        let mut elements = |name: &str| bytes(name).map(|b| b / 4);
         let ws = CpuWorkspace {
             topk_ids: vec![0; elements("topk_ids")?],
             topk_weights: vec![0.0; elements("topk_weights")?],
@@ -124,6 +136,7 @@ impl CpuWorkspace {
             gate_up_output: vec![0.0; elements("gate_up_output")?],
             activation: vec![0.0; elements("activation")?],
             down_output: vec![0.0; elements("down_output")?],
+            quantized,
             routed: 0,
             top_k: 0,
             _charges: Vec::new(),
@@ -319,7 +332,8 @@ impl CpuWorkspace {
                 }
             }
         }
-        kernels::matmul_grouped(&mut problems).map_err(|e| BackendError::Kernel(e.to_string()))
+        kernels::matmul_grouped_in(&mut problems, &mut self.quantized)
+            .map_err(|e| BackendError::Kernel(e.to_string()))
     }
 
     fn activate(&mut self, experts: &CpuExperts<'_>, ranges: &[(usize, usize, usize)], n: usize) {
@@ -385,7 +399,8 @@ impl CpuWorkspace {
             });
             outs.push((e, a, b));
         }
-        kernels::matmul_grouped(&mut problems).map_err(|e| BackendError::Kernel(e.to_string()))?;
+        kernels::matmul_grouped_in(&mut problems, &mut self.quantized)
+            .map_err(|e| BackendError::Kernel(e.to_string()))?;
         drop(problems);
         if !experts.down_bias.is_empty() {
             for (e, a, b) in outs {

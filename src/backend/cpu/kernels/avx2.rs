@@ -1,4 +1,5 @@
-//! x86-64 AVX2 + FMA matmul kernels.
+//! x86-64 AVX2 + FMA matmul kernels for F32, BF16 and NVFP4 (MXFP4 has its
+//! integer kernels in [`super::avx2_mxfp4`]).
 //!
 //! **One summation order.** Every output `Σ_c W[r, c] · x[t, c]` is summed
 //! the same way whatever path computes it, however many tokens share the
@@ -6,7 +7,7 @@
 //! bitwise the same alone or in a batch (see [`super`] for why that matters):
 //!
 //! 1. the columns of the whole chunks (8 values for F32, 16 for BF16, 64 for
-//!    the FP4 formats) are taken as vectors of 8 consecutive columns; lane
+//!    NVFP4) are taken as vectors of 8 consecutive columns; lane
 //!    `l` of a single accumulator takes column `8u + l` of vector `u`, in
 //!    ascending `u`, by fused multiply-add;
 //! 2. the 8 lanes are reduced as `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`;
@@ -31,7 +32,8 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::formats::{E2M1, E4M3, E8M0, read_bf16, read_f32, read_nibble};
+use super::avx2_mxfp4;
+use super::formats::{E2M1, E4M3, read_bf16, read_f32, read_nibble};
 use super::matmul::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
 
@@ -55,6 +57,9 @@ const KC: usize = 512;
 /// Which path a problem takes: the panel needs at least `MR` rows of the
 /// row's whole chunks in the panel buffer.
 pub(super) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
+    if let WeightData::Mxfp4 { .. } = w.data {
+        return avx2_mxfp4::choose_path(w.cols, tokens);
+    }
     if tokens > GEMV_MAX_TOKENS && panel_rows_for(w) >= MR {
         Path::Panel
     } else {
@@ -77,7 +82,7 @@ fn whole_columns(w: &LinearWeight) -> usize {
         WeightData::F32(_) => F32Dec::CHUNK,
         WeightData::Bf16(_) => Bf16Dec::CHUNK,
         WeightData::Nvfp4 { .. } => Nvfp4Dec::CHUNK,
-        WeightData::Mxfp4 { .. } => Mxfp4Dec::CHUNK,
+        WeightData::Mxfp4 { .. } => unreachable!("MXFP4 has its own kernels"),
     };
     w.cols / chunk * chunk
 }
@@ -108,14 +113,10 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
                 };
                 run_format(&dec, job, rows)
             }
-            WeightData::Mxfp4 { blocks, scales } => {
-                let dec = Mxfp4Dec {
-                    codes: blocks,
-                    scales,
-                    cols,
-                };
-                run_format(&dec, job, rows)
-            }
+            WeightData::Mxfp4 { blocks, scales } => match &job.quantized {
+                Some(q) => avx2_mxfp4::run_rows(blocks, scales, q, job, rows),
+                None => unreachable!("matmul quantizes the activations of MXFP4 on AVX2"),
+            },
         }
     }
 }
@@ -296,39 +297,10 @@ impl Decoder for Nvfp4Dec<'_> {
     }
 }
 
-struct Mxfp4Dec<'a> {
-    codes: &'a [u8],
-    scales: &'a [u8],
-    cols: usize,
-}
-
-impl Decoder for Mxfp4Dec<'_> {
-    const CHUNK: usize = 64;
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) {
-        let first = row * self.cols + chunk * 64;
-        // SAFETY: in bounds per the contract.
-        unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
-        // Vectors 0-3 lie in the first 32-block of the chunk, 4-7 in the second.
-        let s = &self.scales[first / 32..first / 32 + 2];
-        for (b, &byte) in s.iter().enumerate() {
-            let scale = _mm256_set1_ps(E8M0[byte as usize]);
-            for o in &mut out[4 * b..4 * b + 4] {
-                *o = _mm256_mul_ps(*o, scale);
-            }
-        }
-    }
-    fn scalar(&self, row: usize, col: usize) -> f32 {
-        let scale = E8M0[self.scales[(row * self.cols + col) / 32] as usize];
-        E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
-    }
-}
-
 /// Step 2 of the order: `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn reduce(v: __m256) -> f32 {
+pub(super) fn reduce(v: __m256) -> f32 {
     let h = _mm256_hadd_ps(v, v); // l0+l1, l2+l3, .. | l4+l5, l6+l7, ..
     let h = _mm256_hadd_ps(h, h);
     _mm_cvtss_f32(_mm_add_ss(
@@ -367,19 +339,31 @@ unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
 }
 
 /// The unit's rows cut into `R` contiguous shares walked in lockstep (each
-/// share one sequential stream), then the leftover rows one by one.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gemv_streams<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: Range<usize>) {
+/// share one sequential stream the prefetchers follow): `set` gets row `i`
+/// of every share, then `single` each leftover row.
+#[inline]
+pub(super) fn in_lockstep<const R: usize>(
+    rows: Range<usize>,
+    mut set: impl FnMut([usize; R]),
+    mut single: impl FnMut(usize),
+) {
     let share = rows.len() / R;
     for i in 0..share {
-        let set: [usize; R] = std::array::from_fn(|s| rows.start + s * share + i);
-        // SAFETY: the rows are inside the unit, which owns their outputs.
-        unsafe { gemv_set(dec, job, set) };
+        set(std::array::from_fn(|s| rows.start + s * share + i));
     }
     for r in rows.start + R * share..rows.end {
-        // SAFETY: as above.
-        unsafe { gemv_set(dec, job, [r]) };
+        single(r);
     }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemv_streams<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: Range<usize>) {
+    // SAFETY: the rows are inside the unit, which owns their outputs.
+    in_lockstep::<R>(
+        rows,
+        |set| unsafe { gemv_set(dec, job, set) },
+        |row| unsafe { gemv_set(dec, job, [row]) },
+    );
 }
 
 /// One set of rows against every token, a tile of tokens at a time (the

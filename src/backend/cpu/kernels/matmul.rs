@@ -5,7 +5,10 @@
 //! none are left, so 2 threads stay busy even when 8 experts have 1 token
 //! each, and a slow thread never holds the others back by more than a unit.
 //! Every kernel reads the activations where they are: a call allocates
-//! nothing (the job list reuses a per-thread allocation).
+//! nothing (the job list reuses a per-thread allocation). The one exception
+//! is MXFP4 on AVX2 and NEON, which first quantizes each problem's activations
+//! (`quantize`) into a scratch: the caller's ([`matmul_grouped_in`], the MoE
+//! workspace's planned buffers) or a per-thread one that grows.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -14,8 +17,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use rayon::prelude::*;
 
 use super::formats::{check_weight, read_bf16, weight_bytes};
+use super::quantize::{ActivationScratch, BLOCK, QuantizedX, quantize_rows};
 use super::{Isa, KernelError, portable};
-use crate::checkpoint::linear::LinearWeight;
+use crate::checkpoint::linear::{LinearWeight, WeightData};
 
 /// One independent `out = x · Wᵀ` of a grouped call: `x` is `[tokens, cols]`,
 /// `out` is `[tokens, rows]`, both row-major. `tokens` may be 0.
@@ -47,16 +51,66 @@ pub fn matmul_grouped(problems: &mut [GroupedProblem]) -> Result<(), KernelError
     matmul_grouped_on(Isa::best(), problems)
 }
 
-/// [`matmul_grouped`] on a chosen instruction set (tests compare them all).
+/// [`matmul_grouped`] quantizing activations (where the instruction set does,
+/// see [`quantizes_activations`]) into `scratch`, which must be large enough.
+pub fn matmul_grouped_in(
+    problems: &mut [GroupedProblem],
+    scratch: &mut ActivationScratch,
+) -> Result<(), KernelError> {
+    run_checked(Isa::best(), problems, scratch)
+}
+
+/// [`matmul_grouped`] on a chosen instruction set (tests compare them all),
+/// with this thread's growable activation scratch.
 pub fn matmul_grouped_on(isa: Isa, problems: &mut [GroupedProblem]) -> Result<(), KernelError> {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => run_checked(isa, problems, &mut scratch),
+        Err(_) => run_checked(isa, problems, &mut ActivationScratch::growable()),
+    })
+}
+
+/// Whether `isa` multiplies this weight with quantized activations (and so
+/// needs an activation scratch): MXFP4 on AVX2 and NEON.
+pub fn quantizes_activations(isa: Isa, weight: &LinearWeight) -> bool {
+    matches!(isa, Isa::Avx2 | Isa::Neon) && matches!(weight.data, WeightData::Mxfp4 { .. })
+}
+
+fn run_checked(
+    isa: Isa,
+    problems: &mut [GroupedProblem],
+    scratch: &mut ActivationScratch,
+) -> Result<(), KernelError> {
     check_call(isa, problems)?;
+    scratch.reserve(quantized_values(isa, problems))?;
     JOBS.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut jobs) => run(isa, problems, &mut jobs),
+        Ok(mut jobs) => run(isa, problems, scratch, &mut jobs),
         // Re-entered on this thread (a rayon worker that stole another matmul
         // while waiting): a fresh job list for this call.
-        Err(_) => run(isa, problems, &mut Vec::new()),
-    });
-    Ok(())
+        Err(_) => run(isa, problems, scratch, &mut Vec::new()),
+    })
+}
+
+/// Whether problem `i` quantizes the very activations problem `i - 1` does
+/// (the gate and up projections of one expert): they are quantized once.
+fn reuses_previous_quantized(isa: Isa, problems: &[GroupedProblem], i: usize) -> bool {
+    i > 0 && {
+        let (a, b) = (&problems[i - 1], &problems[i]);
+        quantizes_activations(isa, &a.weight)
+            && quantizes_activations(isa, &b.weight)
+            && std::ptr::eq(a.x, b.x)
+            && a.weight.cols == b.weight.cols
+    }
+}
+
+/// Values the call quantizes.
+fn quantized_values(isa: Isa, problems: &[GroupedProblem]) -> usize {
+    (0..problems.len())
+        .filter(|&i| {
+            quantizes_activations(isa, &problems[i].weight)
+                && !reuses_previous_quantized(isa, problems, i)
+        })
+        .map(|i| problems[i].x.len())
+        .sum()
 }
 
 fn check_call(isa: Isa, problems: &[GroupedProblem]) -> Result<(), KernelError> {
@@ -141,6 +195,9 @@ pub(super) struct Job<'a> {
     pub path: Path,
     /// The activations, `[tokens, cols]`.
     pub x: &'a [f32],
+    /// The same, quantized, where the instruction set multiplies this
+    /// format with quantized activations.
+    pub quantized: Option<QuantizedX<'a>>,
     pub out: OutPtr,
     unit_rows: usize,
     /// Work units of this job are `unit_start..unit_end` of the whole call.
@@ -152,6 +209,8 @@ thread_local! {
     /// The job list of a call: always empty between calls, kept only for
     /// its allocation.
     static JOBS: RefCell<Vec<Job<'static>>> = const { RefCell::new(Vec::new()) };
+    /// The activation scratch of calls that bring none.
+    static SCRATCH: RefCell<ActivationScratch> = RefCell::new(ActivationScratch::growable());
 }
 
 /// Units are whole multiples of this many rows, a multiple of every kernel's
@@ -162,7 +221,12 @@ const UNITS_PER_THREAD: usize = 8;
 /// Smallest unit worth scheduling, in cost units (≈ bytes of weights).
 const MIN_UNIT_COST: f64 = 96.0 * 1024.0;
 
-fn run(isa: Isa, problems: &mut [GroupedProblem], job_cache: &mut Vec<Job<'static>>) {
+fn run(
+    isa: Isa,
+    problems: &mut [GroupedProblem],
+    scratch: &mut ActivationScratch,
+    job_cache: &mut Vec<Job<'static>>,
+) -> Result<(), KernelError> {
     let threads = rayon::current_num_threads().max(1);
     // Reuse the job list's allocation for this call's lifetime (the in-place
     // collect keeps the buffer because `Job` has one layout for every lifetime).
@@ -180,7 +244,28 @@ fn run(isa: Isa, problems: &mut [GroupedProblem], job_cache: &mut Vec<Job<'stati
 
     let target = (total_cost / (threads * UNITS_PER_THREAD) as f64).max(MIN_UNIT_COST);
     let mut units = 0;
-    for p in problems.iter_mut() {
+    let (mut codes, mut scales) = scratch.parts();
+    let mut previous: Option<QuantizedX> = None;
+    for i in 0..problems.len() {
+        let reuse = reuses_previous_quantized(isa, problems, i);
+        let p = &mut problems[i];
+        let quantized = if !quantizes_activations(isa, &p.weight) {
+            None
+        } else if reuse {
+            previous
+        } else {
+            let cols = p.weight.cols;
+            let (c, c_rest) = std::mem::take(&mut codes).split_at_mut(p.x.len());
+            let (s, s_rest) = std::mem::take(&mut scales).split_at_mut(p.x.len() / BLOCK);
+            (codes, scales) = (c_rest, s_rest);
+            quantize_rows(p.x, cols, c, s)?;
+            Some(QuantizedX {
+                codes: c,
+                scales: s,
+                cols,
+            })
+        };
+        previous = quantized;
         let path = choose_path(isa, &p.weight, p.tokens);
         let rows = p.weight.rows;
         // As many units as the cost asks for, then rows spread evenly over
@@ -202,6 +287,7 @@ fn run(isa: Isa, problems: &mut [GroupedProblem], job_cache: &mut Vec<Job<'stati
             tokens: p.tokens,
             path,
             x: p.x,
+            quantized,
             out: OutPtr(p.out.as_mut_ptr()),
             unit_rows,
             unit_start: units,
@@ -236,6 +322,7 @@ fn run(isa: Isa, problems: &mut [GroupedProblem], job_cache: &mut Vec<Job<'stati
         .into_iter()
         .map(|_| unreachable!("cleared above"))
         .collect();
+    Ok(())
 }
 
 /// Rough cost of one output row, in the unit of "bytes of weights streamed":

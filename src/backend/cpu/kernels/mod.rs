@@ -4,6 +4,8 @@
 //!   NVFP4 or MXFP4, decoded inside the kernel straight from the (possibly
 //!   misaligned) mapped bytes. A grouped call runs many independent problems
 //!   (the experts of one MoE layer) in one parallel region.
+//! - [`quantize`]: activations as int16 blocks, which the AVX2 and NEON
+//!   MXFP4 kernels multiply with the FP4 codes as integers.
 //! - [`ops`]: RMSNorm, SiLU·mul, softmax, dot, axpy, bf16 rows, argmax.
 //! - [`measure_read_bandwidth`] / [`measure_read_bandwidth_of`]: the
 //!   machine's memory read bandwidth, over a fresh buffer or mapped memory.
@@ -14,7 +16,9 @@
 //!
 //! Threads: every call runs on the current rayon pool (`pool.install` to pick
 //! one). Memory: a call allocates nothing; the kernels read the weights and
-//! the activations where they are (decoded weight panels live on the stack).
+//! the activations where they are (decoded weight panels live on the stack),
+//! except that MXFP4 on AVX2 and NEON quantizes the activations into a
+//! scratch first: the caller's ([`matmul_grouped_in`]) or a per-thread one.
 //!
 //! Batch invariance: on each instruction set, every output element is summed
 //! in one order that depends only on the number of input columns and the
@@ -31,17 +35,26 @@ pub mod formats;
 mod matmul;
 pub mod ops;
 mod portable;
+pub mod quantize;
 pub mod reference;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_mxfp4;
+#[cfg(target_arch = "x86_64")]
 mod avx2_ops;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_mxfp4;
 
 pub use bandwidth::{measure_read_bandwidth, measure_read_bandwidth_of};
-pub use matmul::{GroupedProblem, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_on};
+pub use matmul::{
+    GroupedProblem, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_in, matmul_grouped_on,
+    quantizes_activations,
+};
+pub use quantize::ActivationScratch;
 
 use std::sync::OnceLock;
 
@@ -73,6 +86,8 @@ pub enum KernelError {
         expected: usize,
         got: usize,
     },
+    #[error("quantized activations need room for {needed} values, the scratch holds {capacity}")]
+    ScratchTooSmall { needed: usize, capacity: usize },
     #[error("instruction set {0:?} is not available on this CPU")]
     IsaUnavailable(Isa),
 }

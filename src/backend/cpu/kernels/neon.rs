@@ -13,7 +13,7 @@
 use std::arch::aarch64::*;
 use std::ops::Range;
 
-use super::formats::{E2M1, E4M3, E8M0, read_bf16, read_f32, read_nibble};
+use super::formats::{E2M1, E4M3, read_bf16, read_f32, read_nibble};
 use super::matmul::Job;
 use crate::checkpoint::linear::WeightData;
 
@@ -57,16 +57,10 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
                 };
                 gemv_rows(&dec, job, rows)
             }
-            WeightData::Mxfp4 { blocks, scales } => {
-                let dec = Fp4Dec {
-                    codes: blocks,
-                    scales,
-                    cols,
-                    block: 32,
-                    table: &E8M0,
-                };
-                gemv_rows(&dec, job, rows)
-            }
+            WeightData::Mxfp4 { blocks, scales } => match &job.quantized {
+                Some(q) => super::neon_mxfp4::run_rows(blocks, scales, q, job, rows),
+                None => unreachable!("matmul quantizes the activations of MXFP4 on NEON"),
+            },
         }
     }
 }
@@ -121,8 +115,8 @@ impl Decoder for Bf16Dec<'_> {
     }
 }
 
-/// NVFP4 (16-element blocks, e4m3 scale × global) or MXFP4 (32-element
-/// blocks, e8m0 scale): `table` maps a scale byte to its f32 factor.
+/// NVFP4 (16-element blocks, e4m3 scale × global; MXFP4 has its integer
+/// kernel in `neon_mxfp4`): `table` maps a scale byte to its f32 factor.
 struct Fp4Dec<'a> {
     codes: &'a [u8],
     scales: &'a [u8],

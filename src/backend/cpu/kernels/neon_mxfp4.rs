@@ -1,0 +1,166 @@
+//! aarch64 NEON MXFP4 kernel: FP4 codes times int16 activations, as
+//! integers (activations quantized by [`super::quantize`]; see
+//! [`super::avx2_mxfp4`] for why).
+//!
+//! A code becomes an int16 worth 512 × its E2M1 value with a table lookup
+//! and a shift or a mask (the same decode as AVX2, 16 bytes at a time), and
+//! `smlal` multiplies and accumulates 4 of them per instruction.
+//!
+//! One summation order for every output (its own, as every instruction set
+//! has): block by block in ascending order, the block's exact integer sums
+//! (4 lanes) times `(E8M0_b / 512) · d_b` go into one 4-lane f32
+//! accumulator by fused multiply-add; then the lanes are summed by
+//! `vaddvq_f32`. Tokens are taken in groups of at most 4, rows in blocks.
+
+use std::arch::aarch64::*;
+use std::ops::Range;
+
+use super::formats::E8M0;
+use super::matmul::Job;
+use super::quantize::{BLOCK, QuantizedX, code_position, scale_position};
+
+/// Tokens per pass over a block of rows.
+const TOKEN_GROUP: usize = 4;
+/// Rows that share a pass over the token groups (they stay in cache).
+const ROW_BLOCK: usize = 12;
+/// E8M0 scales carry the 1/512 that undoes the codes' scaling.
+const CODE_UNSCALE: f32 = 1.0 / 512.0;
+
+/// Twice the E2M1 value of each code (-12..12).
+static DOUBLED_E2M1: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Runs rows `rows` of an MXFP4 problem whose activations are `q`.
+/// Safety: the job's shapes were checked; `q` is the job's `x` quantized.
+#[target_feature(enable = "neon")]
+pub(super) unsafe fn run_rows(
+    codes: &[u8],
+    scales: &[u8],
+    q: &QuantizedX,
+    job: &Job,
+    rows: Range<usize>,
+) {
+    let w = Weights {
+        codes,
+        scales,
+        blocks: job.weight.cols / BLOCK,
+    };
+    let mut block = rows.start;
+    while block < rows.end {
+        let block_end = (block + ROW_BLOCK).min(rows.end);
+        let mut t0 = 0;
+        while t0 < job.tokens {
+            let tn = (job.tokens - t0).min(TOKEN_GROUP);
+            // Rows side by side: 4 for 1-2 tokens, else 2 (enough independent
+            // chains; the order of each output does not depend on it).
+            let wide = if tn <= 2 { 4 } else { 2 };
+            let mut r = block;
+            while r < block_end {
+                let rn = if block_end - r >= wide { wide } else { 1 };
+                // SAFETY: rows r..r + rn exist and belong to the unit;
+                // tokens t0..t0 + tn exist.
+                unsafe {
+                    match (rn, tn) {
+                        (4, 1) => tile::<4, 1>(&w, r, q, t0, job),
+                        (4, _) => tile::<4, 2>(&w, r, q, t0, job),
+                        (2, 3) => tile::<2, 3>(&w, r, q, t0, job),
+                        (2, _) => tile::<2, 4>(&w, r, q, t0, job),
+                        (_, 1) => tile::<1, 1>(&w, r, q, t0, job),
+                        (_, 2) => tile::<1, 2>(&w, r, q, t0, job),
+                        (_, 3) => tile::<1, 3>(&w, r, q, t0, job),
+                        (_, _) => tile::<1, 4>(&w, r, q, t0, job),
+                    }
+                }
+                r += rn;
+            }
+            t0 += tn;
+        }
+        block = block_end;
+    }
+}
+
+struct Weights<'a> {
+    codes: &'a [u8],
+    scales: &'a [u8],
+    blocks: usize,
+}
+
+impl Weights<'_> {
+    /// Block `b` of row `r` as its 4 groups of 8 int16 codes (values ≡ 0,
+    /// 2, 1, 3 mod 4, as `quantize::code_position` lays the activations).
+    /// Safety: the block lies inside the matrix.
+    #[target_feature(enable = "neon")]
+    #[inline]
+    unsafe fn block(&self, r: usize, b: usize) -> [int16x8_t; 4] {
+        // SAFETY: the caller's contract; static table.
+        let (bytes, table) = unsafe {
+            (
+                vld1q_u8(self.codes.as_ptr().add((r * self.blocks + b) * BLOCK / 2)),
+                vld1q_s8(DOUBLED_E2M1.as_ptr()),
+            )
+        };
+        // Byte j holds values 2j (low nibble) and 2j + 1 (high nibble), so
+        // 16-bit word k of a lookup holds values 4k and 4k + 2 (or 4k + 1
+        // and 4k + 3): shift the low byte up, or mask it off.
+        let even = vreinterpretq_s16_s8(vqtbl1q_s8(table, vandq_u8(bytes, vdupq_n_u8(0x0F))));
+        let odd = vreinterpretq_s16_s8(vqtbl1q_s8(table, vshrq_n_u8::<4>(bytes)));
+        let high_byte = vdupq_n_s16(0xFF00u16 as i16);
+        [
+            vshlq_n_s16::<8>(even),
+            vandq_s16(even, high_byte),
+            vshlq_n_s16::<8>(odd),
+            vandq_s16(odd, high_byte),
+        ]
+    }
+
+    /// Scale of block `b` of row `r`, × 1/512.
+    fn scale(&self, r: usize, b: usize) -> f32 {
+        E8M0[self.scales[r * self.blocks + b] as usize] * CODE_UNSCALE
+    }
+}
+
+/// `R` rows from `row0` × `T` tokens from `t0`, every column.
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn tile<const R: usize, const T: usize>(
+    w: &Weights,
+    row0: usize,
+    q: &QuantizedX,
+    t0: usize,
+    job: &Job,
+) {
+    let blocks = w.blocks;
+    let codes: [*const i16; T] = std::array::from_fn(|t| q.codes_of(t0 + t).as_ptr());
+    let scales: [&[f32]; T] = std::array::from_fn(|t| q.scales_of(t0 + t));
+    let mut acc = [[vdupq_n_f32(0.0); T]; R];
+    for b in 0..blocks {
+        // Group g of this block's activations: 8 codes from `base + g · step`.
+        let base = code_position(blocks, b, 0);
+        let step = code_position(blocks, b, 2) - base;
+        let sb = scale_position(blocks, b);
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            // SAFETY: block b of row row0 + r is inside the matrix.
+            let wb = unsafe { w.block(row0 + r, b) };
+            let ws = w.scale(row0 + r, b);
+            for (t, acc_rt) in acc_r.iter_mut().enumerate() {
+                // SAFETY: the 4 groups of 8 codes lie inside token t's row.
+                let x: [int16x8_t; 4] =
+                    std::array::from_fn(|g| unsafe { vld1q_s16(codes[t].add(base + g * step)) });
+                let mut lo = vmull_s16(vget_low_s16(wb[0]), vget_low_s16(x[0]));
+                let mut hi = vmull_high_s16(wb[0], x[0]);
+                for g in 1..4 {
+                    lo = vmlal_s16(lo, vget_low_s16(wb[g]), vget_low_s16(x[g]));
+                    hi = vmlal_high_s16(hi, wb[g], x[g]);
+                }
+                let sums = vcvtq_f32_s32(vaddq_s32(lo, hi));
+                *acc_rt = vfmaq_n_f32(*acc_rt, sums, ws * scales[t][sb]);
+            }
+        }
+    }
+    let n_rows = job.weight.rows;
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (t, acc_rt) in acc_r.iter().enumerate() {
+            // SAFETY: token t0 + t exists; the unit owns row row0 + r.
+            unsafe { *job.out.get().add((t0 + t) * n_rows + row0 + r) = vaddvq_f32(*acc_rt) };
+        }
+    }
+}
