@@ -433,17 +433,34 @@ fn main() {
                 },
             ];
             for case in &cases {
-                let r = run_case(&mut rng, case);
-                println!(
-                    "{:<40} {:>6} {:>8} {:>9.2} {:>8.1} {:>12.1}",
-                    case.name,
-                    format.name(),
-                    case.tokens,
-                    r.seconds * 1e3,
-                    r.flops / r.seconds / 1e9,
-                    r.flops / r.cpu_seconds / 1e9
-                );
+                print_prefill(run_case(&mut rng, case), case);
             }
         }
+        // gpt-oss prefill: 512 tokens × top-4 over 128 experts is 16 rows
+        // per expert; 8 experts of gate_up and of down.
+        for (name, shape) in [
+            ("gpt-oss 8 experts gate_up, 16 rows each", (5760, 2880)),
+            ("gpt-oss 8 experts down, 16 rows each", (2880, 2880)),
+        ] {
+            let case = Case {
+                name: name.into(),
+                format: Format::Mxfp4,
+                shapes: vec![shape; 8],
+                tokens: 16,
+            };
+            print_prefill(run_case(&mut rng, &case), &case);
+        }
     }
+}
+
+fn print_prefill(r: Timing, case: &Case) {
+    println!(
+        "{:<40} {:>6} {:>8} {:>9.2} {:>8.1} {:>12.1}",
+        case.name,
+        case.format.name(),
+        case.tokens,
+        r.seconds * 1e3,
+        r.flops / r.seconds / 1e9,
+        r.flops / r.cpu_seconds / 1e9
+    );
 }

@@ -37,10 +37,10 @@ use super::quantize::{BLOCK, QuantizedX, SCALE_GROUP, block_scale, code_position
 
 /// Problems with at most this many tokens take the GEMV path.
 const GEMV_MAX_TOKENS: usize = 4;
-/// Tokens a tile holds.
+/// Tokens a tile holds. Panel tiles are 1 row × NT tokens: with more rows
+/// the accumulators and scales no longer fit the 16 registers (measured:
+/// 2 × 4 ran at 60% of 1 × 4).
 const NT: usize = 4;
-/// Rows of a panel tile.
-const MR: usize = 2;
 /// Decoded panel: 32-byte vectors (96 KiB on the stack, L2-resident).
 const PANEL_VECTORS: usize = 3072;
 /// Decoded panel: f32 weight scales.
@@ -79,20 +79,20 @@ impl Shape {
     }
 }
 
-/// Which path a problem takes (the panel needs room for `MR` rows).
+/// Which path a problem takes (the panel needs room for a row).
 pub(super) fn choose_path(cols: usize, tokens: usize) -> Path {
-    if tokens > GEMV_MAX_TOKENS && panel_rows_for(Shape::of(cols)) >= MR {
+    if tokens > GEMV_MAX_TOKENS && panel_rows_for(Shape::of(cols)) > 0 {
         Path::Panel
     } else {
         Path::Gemv
     }
 }
 
-/// Rows per panel block: a multiple of MR that fits the panel (0 if none does).
+/// Rows per panel block: as many as fit the panel (0 if none does).
 fn panel_rows_for(shape: Shape) -> usize {
     let by_codes = PANEL_VECTORS / shape.panel_stride().max(1);
     let by_scales = PANEL_SCALES / shape.blocks.max(1);
-    by_codes.min(by_scales).min(PANEL_MAX_ROWS) / MR * MR
+    by_codes.min(by_scales).min(PANEL_MAX_ROWS)
 }
 
 /// Runs rows `rows` of an MXFP4 problem whose activations are `q`.
@@ -434,7 +434,7 @@ impl Weights for Panel {
 struct PanelCodes([MaybeUninit<__m256i>; PANEL_VECTORS]);
 
 /// Panel path: for each block of rows, decode it into the panel, then run
-/// `MR` × `NT` tiles over every token (a token tile's codes stay in L1 while
+/// 1 × `NT` tiles over every token (a token tile's codes stay in L1 while
 /// the panel streams from L2).
 #[target_feature(enable = "avx2,fma")]
 unsafe fn panel(stream: &Stream, q: &QuantizedX, job: &Job, rows: Range<usize>) {
@@ -482,26 +482,18 @@ unsafe fn panel(stream: &Stream, q: &QuantizedX, job: &Job, rows: Range<usize>) 
         let mut t0 = 0;
         while t0 < job.tokens {
             let tn = (job.tokens - t0).min(NT);
-            let mut r = 0;
-            while r < nb {
-                let rm = (nb - r).min(MR);
-                let (a, b) = (r, r + 1);
-                let out = |i: usize| block + i;
-                // SAFETY: panel rows r..r + rm were decoded above; tokens
-                // t0..t0 + tn exist; the unit owns the output rows.
+            for r in 0..nb {
+                let rows = ([r], [block + r]);
+                // SAFETY: panel row r was decoded above; tokens t0..t0 + tn
+                // exist; the unit owns the output row.
                 unsafe {
-                    match (rm, tn) {
-                        (2, 4) => tile::<_, 2, 4>(&decoded, [a, b], [out(a), out(b)], q, t0, job),
-                        (2, 3) => tile::<_, 2, 3>(&decoded, [a, b], [out(a), out(b)], q, t0, job),
-                        (2, 2) => tile::<_, 2, 2>(&decoded, [a, b], [out(a), out(b)], q, t0, job),
-                        (2, _) => tile::<_, 2, 1>(&decoded, [a, b], [out(a), out(b)], q, t0, job),
-                        (_, 4) => tile::<_, 1, 4>(&decoded, [a], [out(a)], q, t0, job),
-                        (_, 3) => tile::<_, 1, 3>(&decoded, [a], [out(a)], q, t0, job),
-                        (_, 2) => tile::<_, 1, 2>(&decoded, [a], [out(a)], q, t0, job),
-                        (_, _) => tile::<_, 1, 1>(&decoded, [a], [out(a)], q, t0, job),
+                    match tn {
+                        1 => tile::<_, 1, 1>(&decoded, rows.0, rows.1, q, t0, job),
+                        2 => tile::<_, 1, 2>(&decoded, rows.0, rows.1, q, t0, job),
+                        3 => tile::<_, 1, 3>(&decoded, rows.0, rows.1, q, t0, job),
+                        _ => tile::<_, 1, 4>(&decoded, rows.0, rows.1, q, t0, job),
                     }
                 }
-                r += rm;
             }
             t0 += tn;
         }
