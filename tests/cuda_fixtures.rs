@@ -90,13 +90,16 @@ fn fixtures_through_cuda_match_the_reference_and_the_cpu() {
         eprintln!(
             "{name}: CUDA logits differ by {to_reference} from the reference, {to_cpu} from the CPU"
         );
-        // f32 throughout, like the CPU: the CPU's tolerance holds.
+        // f32 throughout: the CPU's tolerance to the reference holds. The
+        // CPU quantizes MXFP4 experts' activations to int16 (gpt-oss-tiny:
+        // about 1e-3 from the reference), so the two backends are held to
+        // the reference's tolerance, not a tighter one.
         assert!(
             to_reference < 2e-3,
             "{name}: prompt logits differ by {to_reference}"
         );
         assert!(
-            to_cpu < 1e-3,
+            to_cpu < 2e-3,
             "{name}: CUDA and CPU logits differ by {to_cpu}"
         );
         assert_eq!(cuda[0].tokens, r.greedy_ids, "{name}: greedy continuation");

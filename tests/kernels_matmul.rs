@@ -72,9 +72,9 @@ fn exact_on_every_isa_shape_and_offset() {
 }
 
 /// How far quantizing the activations can move `W[row] · x`: each value is
-/// rounded to a multiple of its 32-block's step `2^(E − 13)`, `2^E` the
+/// rounded to a multiple of its 32-block's step `2^(E − 14)`, `2^E` the
 /// block's largest power of two (the rule `kernels::quantize` documents),
-/// so it moves by at most half a step, times |w|.
+/// so it moves by at most a step (half, unless saturated), times |w|.
 fn quantization_bound(x: &[f32], w: &LinearWeight, row: usize) -> f32 {
     x.chunks(32)
         .enumerate()
@@ -83,10 +83,10 @@ fn quantization_bound(x: &[f32], w: &LinearWeight, row: usize) -> f32 {
             let step = if amax == 0.0 {
                 0.0
             } else {
-                2f32.powi(amax.log2().floor() as i32 - 13)
+                2f32.powi(amax.log2().floor() as i32 - 14)
             };
             (0..32)
-                .map(|i| weight_at(w, row, 32 * b + i).abs() * step / 2.0)
+                .map(|i| weight_at(w, row, 32 * b + i).abs() * step)
                 .sum::<f32>()
         })
         .sum()

@@ -56,10 +56,10 @@ fn layout_matches_hand_positions() {
 }
 
 #[test]
-fn block_scale_keeps_14_bits_of_the_largest_value() {
-    assert_eq!(block_scale(3.0), 2f32.powi(1 - 13));
-    assert_eq!(block_scale(4.0), 2f32.powi(2 - 13));
-    assert_eq!(block_scale(0.999), 2f32.powi(-1 - 13));
+fn block_scale_keeps_15_bits_of_the_largest_value() {
+    assert_eq!(block_scale(3.0), 2f32.powi(1 - 14));
+    assert_eq!(block_scale(4.0), 2f32.powi(2 - 14));
+    assert_eq!(block_scale(0.999), 2f32.powi(-1 - 14));
     assert!(block_scale(f32::INFINITY).is_nan());
     assert!(block_scale(f32::NAN).is_nan());
     // Tiny blocks stay on a normal scale.
@@ -67,7 +67,8 @@ fn block_scale_keeps_14_bits_of_the_largest_value() {
     assert!(block_scale(1e-40).is_normal());
 }
 
-/// Each code is x / scale rounded to nearest, ties to even, recomputed in f64.
+/// Each code is x / scale rounded to nearest, ties to even, saturated to
+/// int16, recomputed in f64.
 #[test]
 fn codes_round_to_nearest_even_within_half_a_step() {
     let mut rng = Rng::new(21);
@@ -79,14 +80,13 @@ fn codes_round_to_nearest_even_within_half_a_step() {
         for b in 0..blocks {
             let block = &x[32 * b..32 * (b + 1)];
             let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let step = 2f64.powi(amax.log2().floor() as i32 - 13);
+            let step = 2f64.powi(amax.log2().floor() as i32 - 14);
             assert_eq!(scales[scale_position(blocks, b)] as f64, step);
             for (i, &v) in block.iter().enumerate() {
-                let want = (v as f64 / step).round_ties_even();
+                let want = (v as f64 / step).round_ties_even().clamp(-32768.0, 32767.0);
                 let q = codes[code_position(blocks, b, i)];
                 assert_eq!(q as f64, want, "block {b} value {i}: {v}");
-                assert!(q.unsigned_abs() <= 16384);
-                assert!((q as f64 * step - v as f64).abs() <= step / 2.0);
+                assert!((q as f64 * step - v as f64).abs() <= step);
             }
         }
     }
@@ -101,11 +101,11 @@ fn special_blocks() {
         x[i] = (i as f32) - 16.0;
         x[64 + i] = 1.0;
         x[96 + i] = -2.0;
-        x[128 + i] = (2 * i as i32 - 31) as f32 * 0.5 * 2f32.powi(-13);
+        x[128 + i] = (2 * i as i32 - 31) as f32 * 0.5 * 2f32.powi(-14);
     }
     x[64 + 5] = f32::NAN;
     x[96 + 7] = f32::NEG_INFINITY;
-    x[128] = 1.0; // amax 1: step 2^-13, so the others are ties
+    x[128] = 1.0; // amax 1: step 2^-14, so the others are ties
     let (mut codes, mut scales) = (vec![7i16; x.len()], vec![0f32; 5]);
     quantize_row(&x, &mut codes, &mut scales);
     let code = |b: usize, i: usize| codes[code_position(5, b, i)];
@@ -122,7 +122,17 @@ fn special_blocks() {
     assert_eq!(code(4, 15), 0);
     assert_eq!(code(4, 16), 0);
     assert_eq!(code(4, 17), 2);
-    assert_eq!(code(4, 0), 8192);
+    assert_eq!(code(4, 0), 16384);
+    // Saturation: 2 - 2^-15 is 32767.5 steps of 2^-14, which rounds to
+    // 2^15 and is held as 32767.
+    let mut top = vec![0.0f32; 32];
+    top[3] = 2.0 - 2f32.powi(-15);
+    top[4] = -(2.0 - 2f32.powi(-15));
+    let (mut c, mut s) = (vec![0i16; 32], vec![0f32; 1]);
+    quantize_row(&top, &mut c, &mut s);
+    assert_eq!(s[0], 2f32.powi(-14));
+    assert_eq!(c[code_position(1, 0, 3)], 32767);
+    assert_eq!(c[code_position(1, 0, 4)], -32768);
 }
 
 /// `quantize_rows` (AVX2 where present) is the scalar definition bit for bit.
@@ -135,7 +145,9 @@ fn fast_quantizer_matches_the_definition() {
         let mut x: Vec<f32> = (0..tokens * cols)
             .map(|i| match i % 97 {
                 0 => 0.0,
-                1 => 2f32.powi(-13) * 0.5 * (2 * (i % 7) as i32 + 1) as f32,
+                1 => 2f32.powi(-14) * 0.5 * (2 * (i % 7) as i32 + 1) as f32,
+                2 => 2.0 - 2f32.powi(-15),
+                3 => -(2.0 - 2f32.powi(-15)),
                 _ => rng.uniform(-3.0, 3.0) * 2f32.powi((i % 13) as i32 - 6),
             })
             .collect();

@@ -9,8 +9,9 @@
 //! **One summation order.** An output is `Σ_b float(Σ_i c_i · q_i) · s_b`
 //! where `c_i` is 512 × the E2M1 value (the doubled code in a word's high
 //! byte), `q_i` the activation codes and `s_b = (E8M0_b / 512) · d_b`, exact
-//! (powers of two). The integer sums are exact (`|Σ| ≤ 32 · 3072 · 16384 <
-//! 2^31`), so only the f32 part has an order, and it depends on `cols` only:
+//! (powers of two). The integer sums are exact (a lane adds 8 products:
+//! `8 · 3072 · 32768 < 2^31`), so only the f32 part has an order, and it
+//! depends on `cols` only:
 //!
 //! 1. blocks go in pairs (2p, 2p + 1): lanes 0-3 hold four partial integer
 //!    sums of block 2p, lanes 4-7 four of block 2p + 1; a lone last block
@@ -503,7 +504,8 @@ unsafe fn panel(stream: &Stream, q: &QuantizedX, job: &Job, rows: Range<usize>) 
 
 /// `quantize::quantize_row` with AVX2, bit for bit: the same scale, the same
 /// rounding (`vcvtps2dq` rounds to nearest even, as the scalar rounder
-/// does) and the same layout.
+/// does), the same saturation (`vpackssdw`, as the scalar `as i16`) and the
+/// same layout.
 /// Safety: AVX2+FMA; `x.len()` a multiple of 32, `codes` as long as `x`,
 /// `scales` holding `x.len() / 32` values.
 #[target_feature(enable = "avx2,fma")]

@@ -9,9 +9,11 @@
 //! weights' scales, and block `b` is held as int16 codes `q` and one scale
 //! `d_b`, a power of two, with `x ≈ q · d_b`:
 //!
-//! - `d_b = 2^(E − 13)`, where `2^E ≤ max|x| < 2^(E+1)` over the block, so
-//!   `|q| ≤ 16384` and the block's largest value keeps 14 significant bits
-//!   (a bf16 keeps 8). Every code is off by at most `d_b / 2`.
+//! - `d_b = 2^(E − 14)`, where `2^E ≤ max|x| < 2^(E+1)` over the block, so
+//!   the block's largest value keeps 15 significant bits (a bf16 keeps 8).
+//!   Codes are rounded to nearest, ties to even, and saturated to the int16
+//!   range, so every code is off by at most `d_b / 2` (a whole step for a
+//!   value that rounds to 2^15 and becomes 32767).
 //! - Being a power of two, `x / d_b` is exact before the rounding, small
 //!   integers are held exactly, and `d_b` times the weights' E8M0 scale is
 //!   exact too.
@@ -38,7 +40,7 @@ const MIN_EXPONENT: i32 = -95;
 /// Values from which a call quantizes its rows on the rayon pool.
 const PARALLEL_VALUES: usize = 1 << 16;
 /// Significant bits below the block's top bit kept by the codes.
-const CODE_BITS: i32 = 13;
+const CODE_BITS: i32 = 14;
 
 /// Room for quantized activations: `values` int16 codes and one f32 scale
 /// per 32 values. The MoE workspace owns one, sized by the plan
@@ -198,7 +200,7 @@ pub fn quantize_row(x: &[f32], codes: &mut [i16], scales: &mut [f32]) {
         let scale = block_scale(amax);
         scales[scale_position(blocks, b)] = scale;
         // 1/scale is a power of two, so x · (1/scale) is exact; |x/scale| ≤
-        // 2^14, well inside the rounder's range.
+        // 2^15, well inside the rounder's range; `as` saturates to int16.
         let inverse = if scale.is_nan() { 0.0 } else { 1.0 / scale };
         let mut q = [0i16; BLOCK];
         for (q, &v) in q.iter_mut().zip(block) {
