@@ -4,11 +4,10 @@
 mod kernels_common;
 
 use kernels_common::{
-    FORMATS, Format, OwnedWeight, Rng, random_weight, random_x, run_grouped, tolerance,
+    FORMATS, Format, OwnedWeight, Rng, quantization_bound, random_weight, random_x, run_grouped,
+    tolerance,
 };
-use sparkrt::backend::cpu::kernels::formats::{
-    E2M1, E4M3, E8M0, bf16_to_f32, f32_to_bf16, weight_at,
-};
+use sparkrt::backend::cpu::kernels::formats::{E2M1, E4M3, E8M0, bf16_to_f32, f32_to_bf16};
 use sparkrt::backend::cpu::kernels::{
     GroupedProblem, Isa, KernelError, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_on,
     quantizes_activations, reference,
@@ -69,27 +68,6 @@ fn exact_on_every_isa_shape_and_offset() {
             }
         }
     }
-}
-
-/// How far quantizing the activations can move `W[row] · x`: each value is
-/// rounded to a multiple of its 32-block's step `2^(E − 14)`, `2^E` the
-/// block's largest power of two (the rule `kernels::quantize` documents),
-/// so it moves by at most a step (half, unless saturated), times |w|.
-fn quantization_bound(x: &[f32], w: &LinearWeight, row: usize) -> f32 {
-    x.chunks(32)
-        .enumerate()
-        .map(|(b, block)| {
-            let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let step = if amax == 0.0 {
-                0.0
-            } else {
-                2f32.powi(amax.log2().floor() as i32 - 14)
-            };
-            (0..32)
-                .map(|i| weight_at(w, row, 32 * b + i).abs() * step)
-                .sum::<f32>()
-        })
-        .sum()
 }
 
 /// Random data: within a summation-order bound of the f64 reference (plus,

@@ -143,6 +143,10 @@ pub fn workspace_plan(
         ("gate_up_output", rows * 2 * i * 4),
         ("activation", rows * i * 4),
         ("down_output", rows * h * 4),
+        // The CPU backend's MXFP4 experts quantize their inputs here (an
+        // int16 per value, an f32 per 32); CUDA leaves them unused.
+        ("quantized_input", rows * h.max(i) * 2),
+        ("quantized_scales", rows * h.max(i) / 32 * 4),
     ]
     .into_iter()
     .map(|(name, bytes)| Buffer {

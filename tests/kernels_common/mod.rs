@@ -189,6 +189,30 @@ pub fn random_x(rng: &mut Rng, n: usize, exact: bool) -> Vec<f32> {
         .collect()
 }
 
+/// How far quantizing the activations can move `W[row] · x`: each value is
+/// rounded to a multiple of its 32-block's step `2^(E − 14)`, `2^E` the
+/// block's largest power of two (the rule `kernels::quantize` documents),
+/// so it moves by at most a step (half, unless saturated), times |w|.
+pub fn quantization_bound(x: &[f32], w: &LinearWeight, row: usize) -> f32 {
+    x.chunks(32)
+        .enumerate()
+        .map(|(b, block)| {
+            let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let step = if amax == 0.0 {
+                0.0
+            } else {
+                2f32.powi(amax.log2().floor() as i32 - 14)
+            };
+            (0..32)
+                .map(|i| {
+                    sparkrt::backend::cpu::kernels::formats::weight_at(w, row, 32 * b + i).abs()
+                        * step
+                })
+                .sum::<f32>()
+        })
+        .sum()
+}
+
 /// Summation-order error bound: a few √n·ε of the sum of |terms|.
 pub fn tolerance(cols: usize, magnitude: f32) -> f32 {
     4.0 * (cols as f32).sqrt() * f32::EPSILON * magnitude + 1e-30
