@@ -174,14 +174,13 @@ impl Server {
         }
     }
 
-    pub fn get(&self, path: &str) -> Reply {
-        self.get_with(path, &[])
-    }
-
-    /// GET with extra headers (and the server's key, if any, unless
-    /// `headers` set `Authorization` themselves).
-    pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
-        let mut request = self.agent.get(format!("{}{path}", self.url));
+    /// `headers` on the request, and the server's key unless they set
+    /// `Authorization` themselves.
+    fn with_headers<B>(
+        &self,
+        mut request: ureq::RequestBuilder<B>,
+        headers: &[(&str, &str)],
+    ) -> ureq::RequestBuilder<B> {
         if !headers
             .iter()
             .any(|(n, _)| n.eq_ignore_ascii_case("authorization"))
@@ -191,7 +190,18 @@ impl Server {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        reply(request.call())
+        request
+    }
+
+    pub fn get(&self, path: &str) -> Reply {
+        self.get_with(path, &[])
+    }
+
+    /// GET with extra headers (and the server's key, if any, unless
+    /// `headers` set `Authorization` themselves).
+    pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let request = self.agent.get(format!("{}{path}", self.url));
+        reply(self.with_headers(request, headers).call())
     }
 
     pub fn post(&self, path: &str, body: &Value) -> Reply {
@@ -203,20 +213,11 @@ impl Server {
     }
 
     pub fn post_with(&self, path: &str, body: &[u8], headers: &[(&str, &str)]) -> Reply {
-        let mut request = self
+        let request = self
             .agent
             .post(format!("{}{path}", self.url))
             .header("Content-Type", "application/json");
-        if !headers
-            .iter()
-            .any(|(n, _)| n.eq_ignore_ascii_case("authorization"))
-        {
-            request = self.authorize(request);
-        }
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        reply(request.send(body))
+        reply(self.with_headers(request, headers).send(body))
     }
 
     /// Opens a streamed request; panics unless the server answers 200 with
