@@ -6,8 +6,10 @@
 mod kernels_common;
 
 use kernels_common::{Format, Rng, random_weight};
+use sparkrt::backend::cpu::kernels::formats::{E2M1, E8M0};
 use sparkrt::backend::cpu::kernels::quantize::{
-    block_scale, code_position, quantize_row, quantize_rows, scale_position,
+    DOUBLED_E2M1, block_scale, code_position, code_scale, quantize_row, quantize_rows,
+    scale_position,
 };
 use sparkrt::backend::cpu::kernels::{
     ActivationScratch, GroupedProblem, Isa, KernelError, matmul_grouped_in, quantizes_activations,
@@ -53,6 +55,18 @@ fn layout_matches_hand_positions() {
     assert_eq!(order, [0, 4, 1, 5, 2, 6, 3, 7]);
     assert_eq!(scale_position(9, 8), 8);
     assert_eq!(scale_position(7, 5), 5);
+}
+
+/// The weights' side: codes become twice their E2M1 value, and a scale
+/// byte its E8M0 value over the 512 a code in a word's high byte carries.
+#[test]
+fn weight_codes_and_scales_match_the_format_tables() {
+    for (code, &doubled) in DOUBLED_E2M1.iter().enumerate() {
+        assert_eq!(doubled as f32, 2.0 * E2M1[code], "code {code}");
+    }
+    for byte in 0..=255u8 {
+        assert_eq!(code_scale(byte) * 512.0, E8M0[byte as usize], "byte {byte}");
+    }
 }
 
 #[test]

@@ -32,9 +32,11 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::avx2::{in_lockstep, reduce};
-use super::formats::E8M0;
 use super::matmul::{Job, Path};
-use super::quantize::{BLOCK, QuantizedX, SCALE_GROUP, block_scale, code_position, scale_position};
+use super::quantize::{
+    BLOCK, CODE_UNSCALE, DOUBLED_E2M1, QuantizedX, SCALE_GROUP, block_scale, code_position,
+    code_scale, scale_position,
+};
 
 /// Problems with at most this many tokens take the GEMV path.
 const GEMV_MAX_TOKENS: usize = 4;
@@ -48,8 +50,6 @@ const PANEL_VECTORS: usize = 3072;
 const PANEL_SCALES: usize = 2048;
 /// Most rows decoded into one panel.
 const PANEL_MAX_ROWS: usize = 24;
-/// E8M0 scales carry the 1/512 that undoes the codes' scaling.
-const CODE_UNSCALE: f32 = 1.0 / 512.0;
 
 /// The rows of a matrix in the kernel's terms.
 #[derive(Clone, Copy)]
@@ -175,18 +175,17 @@ impl Weights for Stream<'_> {
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn block_scale(&self, r: usize, b: usize) -> f32 {
-        E8M0[self.scales[r * self.shape.blocks + b] as usize] * CODE_UNSCALE
+        code_scale(self.scales[r * self.shape.blocks + b])
     }
 }
 
-/// The byte → int8 lookup: twice the E2M1 value (-12..12), in both lanes.
+/// `quantize::DOUBLED_E2M1` as a byte lookup table, in both lanes.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn doubled_e2m1() -> __m256i {
-    _mm256_setr_epi8(
-        0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8, 12, 0, -1,
-        -2, -3, -4, -6, -8, -12,
-    )
+    // SAFETY: the table is 16 readable bytes; loadu has no alignment need.
+    let table = unsafe { _mm_loadu_si128(DOUBLED_E2M1.as_ptr() as *const __m128i) };
+    _mm256_broadcastsi128_si256(table)
 }
 
 /// Decodes two consecutive blocks (32 bytes at `p`: block 2p in the low

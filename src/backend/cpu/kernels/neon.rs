@@ -169,25 +169,38 @@ impl Decoder for Fp4Dec<'_> {
 #[target_feature(enable = "neon")]
 unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     let (cols, n_rows) = (job.weight.cols, job.weight.rows);
+    for_each_tile(rows, job.tokens, |rows, t0, tn| {
+        // SAFETY: token group t0..t0+tn is inside x and out; rows inside W.
+        unsafe {
+            let (x, out) = (job.x.as_ptr().add(t0 * cols), job.out.0.add(t0 * n_rows));
+            // The accumulator count is part of the summation order: the
+            // same 2 for every group size.
+            match tn {
+                1 => gemv_block_rows::<D, 4, 1>(dec, rows, cols, x, out, n_rows),
+                2 => gemv_block_rows::<D, 4, 2>(dec, rows, cols, x, out, n_rows),
+                3 => gemv_block_rows::<D, 2, 3>(dec, rows, cols, x, out, n_rows),
+                _ => gemv_block_rows::<D, 2, 4>(dec, rows, cols, x, out, n_rows),
+            }
+        }
+    });
+}
+
+/// The unit's rows in blocks of `ROW_BLOCK`, and within each block the
+/// tokens in groups of at most `TOKEN_GROUP` (the block's rows stay in cache
+/// across the groups): `tile(block rows, first token, tokens)`.
+#[inline]
+pub(super) fn for_each_tile(
+    rows: Range<usize>,
+    tokens: usize,
+    mut tile: impl FnMut(Range<usize>, usize, usize),
+) {
     let mut block = rows.start;
     while block < rows.end {
         let block_end = (block + ROW_BLOCK).min(rows.end);
         let mut t0 = 0;
-        while t0 < job.tokens {
-            let tn = (job.tokens - t0).min(TOKEN_GROUP);
-            let rows = block..block_end;
-            // SAFETY: token group t0..t0+tn is inside x and out; rows inside W.
-            unsafe {
-                let (x, out) = (job.x.as_ptr().add(t0 * cols), job.out.0.add(t0 * n_rows));
-                // The accumulator count is part of the summation order: the
-                // same 2 for every group size.
-                match tn {
-                    1 => gemv_block_rows::<D, 4, 1>(dec, rows, cols, x, out, n_rows),
-                    2 => gemv_block_rows::<D, 4, 2>(dec, rows, cols, x, out, n_rows),
-                    3 => gemv_block_rows::<D, 2, 3>(dec, rows, cols, x, out, n_rows),
-                    _ => gemv_block_rows::<D, 2, 4>(dec, rows, cols, x, out, n_rows),
-                }
-            }
+        while t0 < tokens {
+            let tn = (tokens - t0).min(TOKEN_GROUP);
+            tile(block..block_end, t0, tn);
             t0 += tn;
         }
         block = block_end;

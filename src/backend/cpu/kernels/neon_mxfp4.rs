@@ -15,19 +15,9 @@
 use std::arch::aarch64::*;
 use std::ops::Range;
 
-use super::formats::E8M0;
 use super::matmul::Job;
-use super::quantize::{BLOCK, QuantizedX, code_position, scale_position};
-
-/// Tokens per pass over a block of rows.
-const TOKEN_GROUP: usize = 4;
-/// Rows that share a pass over the token groups (they stay in cache).
-const ROW_BLOCK: usize = 12;
-/// E8M0 scales carry the 1/512 that undoes the codes' scaling.
-const CODE_UNSCALE: f32 = 1.0 / 512.0;
-
-/// Twice the E2M1 value of each code (-12..12).
-static DOUBLED_E2M1: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+use super::neon::for_each_tile;
+use super::quantize::{BLOCK, DOUBLED_E2M1, QuantizedX, code_position, code_scale, scale_position};
 
 /// Runs rows `rows` of an MXFP4 problem whose activations are `q`.
 /// Safety: the job's shapes were checked; `q` is the job's `x` quantized.
@@ -44,38 +34,30 @@ pub(super) unsafe fn run_rows(
         scales,
         blocks: job.weight.cols / BLOCK,
     };
-    let mut block = rows.start;
-    while block < rows.end {
-        let block_end = (block + ROW_BLOCK).min(rows.end);
-        let mut t0 = 0;
-        while t0 < job.tokens {
-            let tn = (job.tokens - t0).min(TOKEN_GROUP);
-            // Rows side by side: 4 for 1-2 tokens, else 2 (enough independent
-            // chains; the order of each output does not depend on it).
-            let wide = if tn <= 2 { 4 } else { 2 };
-            let mut r = block;
-            while r < block_end {
-                let rn = if block_end - r >= wide { wide } else { 1 };
-                // SAFETY: rows r..r + rn exist and belong to the unit;
-                // tokens t0..t0 + tn exist.
-                unsafe {
-                    match (rn, tn) {
-                        (4, 1) => tile::<4, 1>(&w, r, q, t0, job),
-                        (4, _) => tile::<4, 2>(&w, r, q, t0, job),
-                        (2, 3) => tile::<2, 3>(&w, r, q, t0, job),
-                        (2, _) => tile::<2, 4>(&w, r, q, t0, job),
-                        (_, 1) => tile::<1, 1>(&w, r, q, t0, job),
-                        (_, 2) => tile::<1, 2>(&w, r, q, t0, job),
-                        (_, 3) => tile::<1, 3>(&w, r, q, t0, job),
-                        (_, _) => tile::<1, 4>(&w, r, q, t0, job),
-                    }
+    for_each_tile(rows, job.tokens, |block, t0, tn| {
+        // Rows side by side: 4 for 1-2 tokens, else 2 (enough independent
+        // chains; the order of each output does not depend on it).
+        let wide = if tn <= 2 { 4 } else { 2 };
+        let mut r = block.start;
+        while r < block.end {
+            let rn = if block.end - r >= wide { wide } else { 1 };
+            // SAFETY: rows r..r + rn exist and belong to the unit; tokens
+            // t0..t0 + tn exist.
+            unsafe {
+                match (rn, tn) {
+                    (4, 1) => tile::<4, 1>(&w, r, q, t0, job),
+                    (4, _) => tile::<4, 2>(&w, r, q, t0, job),
+                    (2, 3) => tile::<2, 3>(&w, r, q, t0, job),
+                    (2, _) => tile::<2, 4>(&w, r, q, t0, job),
+                    (_, 1) => tile::<1, 1>(&w, r, q, t0, job),
+                    (_, 2) => tile::<1, 2>(&w, r, q, t0, job),
+                    (_, 3) => tile::<1, 3>(&w, r, q, t0, job),
+                    (_, _) => tile::<1, 4>(&w, r, q, t0, job),
                 }
-                r += rn;
             }
-            t0 += tn;
+            r += rn;
         }
-        block = block_end;
-    }
+    });
 }
 
 struct Weights<'a> {
@@ -114,7 +96,7 @@ impl Weights<'_> {
 
     /// Scale of block `b` of row `r`, × 1/512.
     fn scale(&self, r: usize, b: usize) -> f32 {
-        E8M0[self.scales[r * self.blocks + b] as usize] * CODE_UNSCALE
+        code_scale(self.scales[r * self.blocks + b])
     }
 }
 

@@ -27,6 +27,7 @@
 use rayon::prelude::*;
 
 use super::KernelError;
+use super::formats::E8M0;
 
 /// Values per block (the MXFP4 scale block).
 pub const BLOCK: usize = 32;
@@ -41,6 +42,19 @@ const MIN_EXPONENT: i32 = -95;
 const PARALLEL_VALUES: usize = 1 << 16;
 /// Significant bits below the block's top bit kept by the codes.
 const CODE_BITS: i32 = 14;
+
+/// The weights' side of the integer kernels: an E2M1 code looked up here
+/// gives twice its value (an integer, -12..=12); placed in the high byte of a
+/// 16-bit word it is worth 512 × the value.
+pub const DOUBLED_E2M1: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+/// What an E8M0 scale is multiplied by to undo those codes' 512.
+pub const CODE_UNSCALE: f32 = 1.0 / 512.0;
+
+/// An MXFP4 block's E8M0 scale byte as the integer kernels apply it.
+#[inline]
+pub fn code_scale(byte: u8) -> f32 {
+    E8M0[byte as usize] * CODE_UNSCALE
+}
 
 /// Room for quantized activations: `values` int16 codes and one f32 scale
 /// per 32 values. The MoE workspace owns one, sized by the plan
