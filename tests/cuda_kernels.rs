@@ -3,9 +3,8 @@
 //! every format, experts with few or no rows. Skipped, with the reason
 //! printed, on a machine without a usable GPU.
 
-mod cuda_common;
-#[path = "kernels_common/mod.rs"]
-mod kernels_common;
+use crate::cuda_common;
+use crate::kernels_common;
 
 use cuda_common::{Both, assert_close, workspace_plan};
 use kernels_common::{Format, OwnedWeight, Rng, random_weight, random_x};

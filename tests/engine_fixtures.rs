@@ -3,8 +3,8 @@
 //! prefill, one-token-at-a-time decoding and batches of different prompts
 //! giving the logits of a single full pass.
 
-mod common;
-mod fixture_runs;
+use crate::common;
+use crate::fixture_runs;
 
 use sparkrt::checkpoint::PageCachePolicy;
 use sparkrt::engine::FinishReason;

@@ -3,8 +3,7 @@
 //! streamed; bad input gets a 4xx OpenAI error object and the server keeps
 //! serving; a full queue gets 429; the API key guards all but `/health`.
 
-#[path = "common/server.rs"]
-mod server;
+use crate::server;
 
 use serde_json::{Value, json};
 use server::{Reply, Server, generate, ids, prompt_ids, tiny_profile};
