@@ -226,7 +226,7 @@ impl Loaded {
             PageCachePolicy::WillNeed => checkpoint.prefetch()?,
             PageCachePolicy::DontNeed => checkpoint.release()?,
         }
-        ledger.set_page_cache_policy(page_cache.name());
+        ledger.set_page_cache_policy(page_cache);
         let (backend, charges) = match cuda {
             None => cpu_backend(&ledger, &plan)?,
             Some(options) => cuda_backend(&ledger, &plan, &config, &checkpoint, options)?,
@@ -352,7 +352,7 @@ fn cuda_backend(
     if residency == WeightsResidency::DeviceCopy {
         // The device has its copy: the page cache would hold it twice.
         checkpoint.release()?;
-        ledger.set_page_cache_policy(PageCachePolicy::DontNeed.name());
+        ledger.set_page_cache_policy(PageCachePolicy::DontNeed);
     }
     tracing::info!(
         "backend: cuda on {} ({}), weights {:?}",

@@ -5,43 +5,17 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde::Serialize;
 use thiserror::Error;
 
 use super::Plan;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Category {
-    Weights,
-    MoeWorkspace,
-    Activations,
-    KvCache,
-    RuntimeOverhead,
-}
+// The categories, the page-cache policy and where the weights live are on
+// the wire (`/v1/memory`): defined once, with the monitor's types.
+pub use sparkrt_tui::wire::{Category, PageCachePolicy, WeightsResidency};
 
-impl Category {
-    pub const ALL: [Category; 5] = [
-        Category::Weights,
-        Category::MoeWorkspace,
-        Category::Activations,
-        Category::KvCache,
-        Category::RuntimeOverhead,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Category::Weights => "weights",
-            Category::MoeWorkspace => "moe_workspace",
-            Category::Activations => "activations",
-            Category::KvCache => "kv_cache",
-            Category::RuntimeOverhead => "runtime_overhead",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
+/// A category's slot in the ledger's arrays ([`Category::ALL`]'s order).
+fn index(category: Category) -> usize {
+    category as usize
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -58,18 +32,6 @@ pub enum LedgerError {
     },
 }
 
-/// Where the weights live (recorded for `/v1/memory`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WeightsResidency {
-    /// Read in place from the memory map (CPU backend).
-    Mapped,
-    /// The mapping registered with the GPU and read in place (unified memory).
-    HostRegistered,
-    /// Copied once to device memory, page cache released.
-    DeviceCopy,
-}
-
 #[derive(Debug)]
 pub struct Ledger {
     planned: [u64; 5],
@@ -77,24 +39,27 @@ pub struct Ledger {
     notes: Mutex<LedgerNotes>,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default)]
 struct LedgerNotes {
-    page_cache_policy: Option<String>,
+    /// `Keep` until the runtime applies another (nothing advised yet).
+    page_cache_policy: PageCachePolicy,
     weights_residency: Option<WeightsResidency>,
 }
 
-/// One row of the ledger, as `/v1/memory` reports it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One row of the ledger.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LedgerRow {
     pub name: &'static str,
     pub planned: u64,
     pub allocated: u64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+/// The ledger at one instant (the server turns it into `wire::Ledger`).
+#[derive(Clone, Debug)]
 pub struct LedgerSnapshot {
     pub categories: Vec<LedgerRow>,
-    pub page_cache_policy: Option<String>,
+    pub page_cache_policy: PageCachePolicy,
+    /// `None` until a backend records where it put the weights.
     pub weights_residency: Option<WeightsResidency>,
 }
 
@@ -120,11 +85,11 @@ impl Ledger {
     }
 
     pub fn planned(&self, category: Category) -> u64 {
-        self.planned[category.index()]
+        self.planned[index(category)]
     }
 
     pub fn allocated(&self, category: Category) -> u64 {
-        self.allocated[category.index()].load(Ordering::Acquire)
+        self.allocated[index(category)].load(Ordering::Acquire)
     }
 
     /// Charges `bytes` to `category`; fails, charging nothing, if the
@@ -136,8 +101,8 @@ impl Ledger {
         bytes: u64,
         what: &str,
     ) -> Result<Charge, LedgerError> {
-        let slot = &self.allocated[category.index()];
-        let planned = self.planned[category.index()];
+        let slot = &self.allocated[index(category)];
+        let planned = self.planned[index(category)];
         slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
             current.checked_add(bytes).filter(|&sum| sum <= planned)
         })
@@ -155,9 +120,9 @@ impl Ledger {
         })
     }
 
-    pub fn set_page_cache_policy(&self, policy: &str) {
+    pub fn set_page_cache_policy(&self, policy: PageCachePolicy) {
         if let Ok(mut notes) = self.notes.lock() {
-            notes.page_cache_policy = Some(policy.to_string());
+            notes.page_cache_policy = policy;
         }
     }
 
@@ -200,13 +165,20 @@ impl Charge {
 
 impl Drop for Charge {
     fn drop(&mut self) {
-        self.ledger.allocated[self.category.index()].fetch_sub(self.bytes, Ordering::AcqRel);
+        self.ledger.allocated[index(self.category)].fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_follow_the_contract_order() {
+        for (slot, &category) in Category::ALL.iter().enumerate() {
+            assert_eq!(index(category), slot, "{category:?}");
+        }
+    }
 
     #[test]
     fn charges_up_to_the_plan_and_no_further() {
