@@ -155,13 +155,12 @@ pub async fn memory(State(state): State<Arc<ServerState>>) -> Json<Value> {
             "eviction_hard": plan.host.eviction_hard,
         })
     });
-    let block_bytes = plan.kv_cache.bytes_per_token * plan.kv_cache.block_size as u64;
     Json(json!({
         "plan": plan,
         "ledger": state.ledger.snapshot(),
         "kv": {
             "block_size_tokens": plan.kv_cache.block_size,
-            "block_bytes": block_bytes,
+            "block_bytes": plan.kv_cache.block_bytes,
             "blocks_total": g.kv_blocks_total.load(Ordering::Relaxed),
             "blocks_used": g.kv_blocks_used.load(Ordering::Relaxed),
         },
