@@ -153,6 +153,22 @@ pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
     w
 }
 
+/// Weight bytes read to decode one token at batch 1 (bench's roofline):
+/// every dense weight, `top_k` of each MoE layer's experts, one embedding row.
+pub fn decode_weight_bytes_per_token(plan: &super::Plan) -> u64 {
+    let g = |group| plan.weights.groups.get(&group).copied().unwrap_or(0);
+    let m = &plan.model;
+    let experts = g(WeightGroup::Experts) * m.top_k as u64 / m.num_experts.max(1) as u64;
+    let embedding_row = g(WeightGroup::Embeddings) / m.vocab_size.max(1) as u64;
+    g(WeightGroup::Attention)
+        + g(WeightGroup::Router)
+        + g(WeightGroup::DenseMlp)
+        + g(WeightGroup::Norms)
+        + g(WeightGroup::LmHead)
+        + experts
+        + embedding_row
+}
+
 /// One named buffer of a plan category.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Buffer {

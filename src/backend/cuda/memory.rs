@@ -135,9 +135,6 @@ pub struct CudaStep {
     _charge: Charge,
 }
 
-/// Fields per sequence in the metadata (start, len, past, ring slot, table start).
-const SEQ_FIELDS: usize = STEP_SEQ_FIELDS;
-
 impl CudaStep {
     /// The plan's step metadata: its words in device memory and a host
     /// staging copy.
@@ -232,8 +229,8 @@ impl CudaStep {
             self.max_context = self.max_context.max(context);
             self.decode_only &= c.len == 1;
             self.max_ring_slot = self.max_ring_slot.max(c.ring_slot);
-            let at = seq_base + SEQ_FIELDS * i;
-            self.staging[at..at + SEQ_FIELDS].copy_from_slice(&[
+            let at = seq_base + STEP_SEQ_FIELDS * i;
+            self.staging[at..at + STEP_SEQ_FIELDS].copy_from_slice(&[
                 c.start,
                 c.len,
                 c.past,
@@ -255,11 +252,11 @@ impl CudaStep {
         }
         self.staging[..rows].copy_from_slice(&batch.tokens);
         self.staging[t..t + batch.logit_rows.len()].copy_from_slice(&batch.logit_rows);
-        let tables = seq_base + SEQ_FIELDS * s;
+        let tables = seq_base + STEP_SEQ_FIELDS * s;
         self.staging[tables..tables + batch.block_tables.len()]
             .copy_from_slice(&batch.block_tables);
 
-        let n_seq = SEQ_FIELDS * batch.seqs.len();
+        let n_seq = STEP_SEQ_FIELDS * batch.seqs.len();
         self.memory.upload_at(0, &self.staging[..rows])?;
         self.memory
             .upload_at(4 * t, &self.staging[t..t + batch.logit_rows.len()])?;
