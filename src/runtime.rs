@@ -10,7 +10,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{self, CudaBackend, CudaOptions, WeightsPolicy};
+use crate::backend::cuda::{CudaBackend, CudaOptions, WeightsPolicy};
 use crate::backend::device::DeviceBackend;
 use crate::backend::{BackendError, KvLayout};
 use crate::checkpoint::config::ModelConfig;
@@ -19,9 +19,8 @@ use crate::engine::{Engine, EngineError, EngineLimits};
 use crate::host::{HostError, HostReading, KubeletSource};
 use crate::model::source::CheckpointSource;
 use crate::model::{Buffers, ModelError, Transformer};
-use crate::plan::geometry::LayerAttention;
-use crate::plan::ledger::{Category, Ledger, WeightsResidency};
-use crate::plan::memory::{WeightBytes, WeightGroup};
+use crate::plan::ledger::{self, Category, Ledger, WeightsResidency};
+use crate::plan::memory::{self, WeightBytes, WeightGroup};
 use crate::plan::profile::{DeviceKind, KubeletMode, Profile};
 use crate::plan::{self, Plan, PlanDevice, PlanError};
 use crate::text::{TextError, Tokenizer};
@@ -229,7 +228,7 @@ impl Loaded {
         ledger.set_page_cache_policy(page_cache);
         let (backend, charges) = match cuda {
             None => cpu_backend(&ledger, &plan)?,
-            Some(options) => cuda_backend(&ledger, &plan, &config, &checkpoint, options)?,
+            Some(options) => cuda_backend(&ledger, &plan, &checkpoint, options)?,
         };
         let (tokenizer, eos) = if dir.join("tokenizer.json").is_file() {
             let t = Tokenizer::from_dir(dir)?;
@@ -261,20 +260,7 @@ impl Loaded {
 
     /// The KV cache geometry of the plan.
     pub fn kv_layout(&self) -> KvLayout {
-        let g = self.profile.model.geometry();
-        let s = &self.plan.serving;
-        KvLayout {
-            kv_heads: g.num_kv_heads,
-            head_dim: g.head_dim,
-            block_size: s.kv_block_size,
-            blocks: self.plan.kv_cache.blocks as usize,
-            ring_slots: s.max_num_seqs,
-            window: self.plan.kv_cache.sliding.window_tokens as usize,
-            sliding_layers: (0..g.num_layers)
-                .map(|i| g.layer_attention(i) == LayerAttention::SlidingAttention)
-                .collect(),
-            dtype: s.kv_cache_dtype,
-        }
+        self.plan.kv_cache.layout.clone()
     }
 
     /// Builds the model over the mapped weights and allocates the plan's
@@ -285,6 +271,8 @@ impl Loaded {
     ) -> Result<Engine<'w, DeviceBackend>, RuntimeError> {
         let model = Transformer::load(&self.backend, &self.config, source)?;
         let buffers = Buffers::allocate(&self.backend, &self.plan, &self.kv_layout())?;
+        // Every start-up allocation is made: each must be exactly its plan.
+        self.ledger.verify_complete()?;
         let s = &self.plan.serving;
         let limits = EngineLimits {
             max_num_seqs: s.max_num_seqs,
@@ -311,12 +299,8 @@ fn cpu_backend(
 ) -> Result<(DeviceBackend, Vec<crate::plan::ledger::Charge>), RuntimeError> {
     ledger.set_weights_residency(WeightsResidency::Mapped);
     // The mapped weights are the plan's weights: charge exactly them.
-    let weights = ledger.charge(Category::Weights, plan.weights.total, "mapped checkpoint")?;
-    let overhead = ledger.charge(
-        Category::RuntimeOverhead,
-        plan.runtime_overhead.bytes,
-        "process, tokenizer, allocator slack",
-    )?;
+    let weights = ledger.charge(Category::Weights, plan.weights.total, ledger::WEIGHTS)?;
+    let overhead = charge_process_overhead(ledger, plan)?;
     Ok((
         DeviceBackend::Cpu(CpuBackend::new(Arc::clone(ledger))),
         vec![weights, overhead],
@@ -328,7 +312,6 @@ fn cpu_backend(
 fn cuda_backend(
     ledger: &Arc<Ledger>,
     plan: &Plan,
-    config: &ModelConfig,
     checkpoint: &Checkpoint,
     options: &DeviceOptions,
 ) -> Result<(DeviceBackend, Vec<crate::plan::ledger::Charge>), RuntimeError> {
@@ -362,13 +345,23 @@ fn cuda_backend(
     );
     // The backend charges its own tables to the runtime overhead; the
     // runtime charges the rest (context, modules, allocator slack).
-    let metadata = cuda::metadata_bytes(plan.model.num_moe_layers, config.num_experts, max_seqs);
-    let overhead = ledger.charge(
-        Category::RuntimeOverhead,
-        plan.runtime_overhead.bytes.saturating_sub(metadata),
-        "CUDA context, modules, tokenizer, allocator slack",
-    )?;
+    let overhead = charge_process_overhead(ledger, plan)?;
     Ok((DeviceBackend::Cuda(Box::new(backend)), vec![overhead]))
+}
+
+/// Charges the runtime overhead's `process` share: what the process itself
+/// takes beyond the buffers the backend allocates.
+fn charge_process_overhead(
+    ledger: &Arc<Ledger>,
+    plan: &Plan,
+) -> Result<crate::plan::ledger::Charge, RuntimeError> {
+    let process = plan
+        .runtime_overhead
+        .buffers
+        .iter()
+        .find(|b| b.name == memory::PROCESS)
+        .map_or(0, |b| b.bytes);
+    Ok(ledger.charge(Category::RuntimeOverhead, process, memory::PROCESS)?)
 }
 
 /// The host byte ranges the checkpoint's tensors lie in: each tensor's

@@ -12,6 +12,7 @@ use sparkrt::backend::cpu::kernels::{Isa, quantizes_activations};
 use sparkrt::backend::cuda::WeightsPolicy;
 use sparkrt::backend::{
     AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, KvLayout, Matmul, RouterKind,
+    StepMetadataPlan,
 };
 use sparkrt::checkpoint::linear::{VectorData, VectorWeight};
 use sparkrt::engine::batch::{Logits, StepBatch};
@@ -383,8 +384,14 @@ fn embedding_gather_compaction_and_argmax_match_the_cpu() {
     batch.push_seq(&[17], 3, 1, &[1], Logits::Last);
     batch.push_seq(&[1, 2, 3], 9, 2, &[2, 3, 4], Logits::Last);
     let rows = batch.rows();
-    let mut sc = b.cpu.step_storage(32, 4, 8).unwrap();
-    let mut sg = b.cuda.step_storage(32, 4, 8).unwrap();
+    let mut sc = b
+        .cpu
+        .step_storage(&StepMetadataPlan::new(32, 4, 8))
+        .unwrap();
+    let mut sg = b
+        .cuda
+        .step_storage(&StepMetadataPlan::new(32, 4, 8))
+        .unwrap();
     b.cpu.load_step(&batch, &mut sc).unwrap();
     b.cuda.load_step(&batch, &mut sg).unwrap();
     let (mut oc, mut og) = b.zeros(32 * width);
@@ -441,8 +448,14 @@ fn rope_and_qk_norm_match_the_cpu() {
         batch.push_seq(&[1], 4000, 1, &[1], Logits::Last);
         batch.push_seq(&[1; 3], 70_000, 2, &[2], Logits::Last);
         let rows = batch.rows();
-        let mut sc = b.cpu.step_storage(64, 4, 64).unwrap();
-        let mut sg = b.cuda.step_storage(64, 4, 64).unwrap();
+        let mut sc = b
+            .cpu
+            .step_storage(&StepMetadataPlan::new(64, 4, 64))
+            .unwrap();
+        let mut sg = b
+            .cuda
+            .step_storage(&StepMetadataPlan::new(64, 4, 64))
+            .unwrap();
         b.cpu.load_step(&batch, &mut sc).unwrap();
         b.cuda.load_step(&batch, &mut sg).unwrap();
         // YaRN-like frequencies and attention factor.
@@ -570,11 +583,11 @@ fn attention_over_paged_and_ring_caches_matches_the_cpu() {
         let (max_tokens, max_seqs, max_blocks) = (48usize, 3usize, 16usize);
         let mut step_c = b
             .cpu
-            .step_storage(max_tokens, max_seqs, max_blocks)
+            .step_storage(&StepMetadataPlan::new(max_tokens, max_seqs, max_blocks))
             .unwrap();
         let mut step_g = b
             .cuda
-            .step_storage(max_tokens, max_seqs, max_blocks)
+            .step_storage(&StepMetadataPlan::new(max_tokens, max_seqs, max_blocks))
             .unwrap();
         let plan = workspace_plan(max_tokens, 4, 8, 64, 32);
         let mut ws_c = b.cpu.workspace(&plan).unwrap();

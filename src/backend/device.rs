@@ -185,19 +185,10 @@ impl Backend for DeviceBackend {
         })
     }
 
-    fn step_storage(
-        &self,
-        max_tokens: usize,
-        max_seqs: usize,
-        max_blocks_per_seq: usize,
-    ) -> Result<DeviceStep, BackendError> {
+    fn step_storage(&self, plan: &super::StepMetadataPlan) -> Result<DeviceStep, BackendError> {
         Ok(match self {
-            DeviceBackend::Cpu(b) => {
-                DeviceStep::Cpu(b.step_storage(max_tokens, max_seqs, max_blocks_per_seq)?)
-            }
-            DeviceBackend::Cuda(b) => {
-                DeviceStep::Cuda(b.step_storage(max_tokens, max_seqs, max_blocks_per_seq)?)
-            }
+            DeviceBackend::Cpu(b) => DeviceStep::Cpu(b.step_storage(plan)?),
+            DeviceBackend::Cuda(b) => DeviceStep::Cuda(b.step_storage(plan)?),
         })
     }
 

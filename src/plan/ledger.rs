@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use serde::Serialize;
 use thiserror::Error;
 
 use super::Plan;
@@ -30,12 +31,70 @@ pub enum LedgerError {
         planned: u64,
         would_be: u64,
     },
+    #[error("the plan lists no {category} buffer {what}")]
+    Unplanned {
+        category: &'static str,
+        what: String,
+    },
+    #[error("the allocations differ from the plan: {}", list_mismatches(.0))]
+    Incomplete(Vec<BufferMismatch>),
 }
 
+/// A planned buffer whose charges do not add up to its plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BufferMismatch {
+    pub category: &'static str,
+    pub name: String,
+    pub planned: u64,
+    pub charged: u64,
+}
+
+fn list_mismatches(mismatches: &[BufferMismatch]) -> String {
+    let rows: Vec<String> = mismatches
+        .iter()
+        .map(|m| {
+            format!(
+                "{}/{} charged {} bytes, planned {}",
+                m.category, m.name, m.charged, m.planned
+            )
+        })
+        .collect();
+    rows.join("; ")
+}
+
+/// One buffer the plan lists: what a charge names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlannedBuffer {
+    pub category: Category,
+    pub name: String,
+    pub bytes: u64,
+}
+
+impl PlannedBuffer {
+    pub fn new(category: Category, name: &str, bytes: u64) -> PlannedBuffer {
+        PlannedBuffer {
+            category,
+            name: name.to_string(),
+            bytes,
+        }
+    }
+}
+
+/// The name of the weights' one buffer and of the KV cache's.
+pub const WEIGHTS: &str = "weights";
+pub const KV_CACHE: &str = "kv_cache";
+
+/// Category budgets and, for a ledger made from a plan, the plan's buffers
+/// one by one: a charge names its buffer, and [`Ledger::verify_complete`]
+/// finds any buffer charged more or less than planned.
 #[derive(Debug)]
 pub struct Ledger {
     planned: [u64; 5],
     allocated: [AtomicU64; 5],
+    /// Empty for a ledger made from budgets alone (tests).
+    buffers: Vec<PlannedBuffer>,
+    /// Live bytes charged to each of `buffers`.
+    charged: Vec<AtomicU64>,
     notes: Mutex<LedgerNotes>,
 }
 
@@ -64,24 +123,73 @@ pub struct LedgerSnapshot {
 }
 
 impl Ledger {
-    /// A ledger whose budgets are the plan's categories.
+    /// A ledger whose budgets are the plan's categories and whose buffers
+    /// are the plan's buffers.
     pub fn from_plan(plan: &Plan) -> Arc<Ledger> {
-        Arc::new(Ledger::with_budgets([
+        let budgets = [
             plan.weights.total,
             plan.moe_workspace.bytes,
             plan.activations.bytes,
             plan.kv_cache.bytes,
             plan.runtime_overhead.bytes,
-        ]))
+        ];
+        Arc::new(Ledger::with_buffers(budgets, planned_buffers(plan)))
     }
 
-    /// Budgets in the order of [`Category::ALL`].
+    /// Budgets in the order of [`Category::ALL`], no buffers: any name may
+    /// be charged and [`Ledger::verify_complete`] has nothing to check.
     pub fn with_budgets(planned: [u64; 5]) -> Ledger {
+        Ledger::with_buffers(planned, Vec::new())
+    }
+
+    /// Budgets in the order of [`Category::ALL`] and the buffers charges
+    /// must name.
+    pub fn with_buffers(planned: [u64; 5], buffers: Vec<PlannedBuffer>) -> Ledger {
         Ledger {
             planned,
             allocated: Default::default(),
+            charged: buffers.iter().map(|_| AtomicU64::new(0)).collect(),
+            buffers,
             notes: Mutex::new(LedgerNotes::default()),
         }
+    }
+
+    /// Checks that every planned buffer is charged exactly its planned
+    /// bytes: called once every allocation of start-up is made.
+    pub fn verify_complete(&self) -> Result<(), LedgerError> {
+        let mismatches: Vec<BufferMismatch> = self
+            .buffers
+            .iter()
+            .zip(&self.charged)
+            .map(|(b, charged)| BufferMismatch {
+                category: b.category.name(),
+                name: b.name.clone(),
+                planned: b.bytes,
+                charged: charged.load(Ordering::Acquire),
+            })
+            .filter(|m| m.charged != m.planned)
+            .collect();
+        if mismatches.is_empty() {
+            Ok(())
+        } else {
+            Err(LedgerError::Incomplete(mismatches))
+        }
+    }
+
+    /// The planned buffer `what` of `category`: None for a ledger without
+    /// buffers, an error when the plan does not list it.
+    fn buffer_index(&self, category: Category, what: &str) -> Result<Option<usize>, LedgerError> {
+        if self.buffers.is_empty() {
+            return Ok(None);
+        }
+        self.buffers
+            .iter()
+            .position(|b| b.category == category && b.name == what)
+            .map(Some)
+            .ok_or_else(|| LedgerError::Unplanned {
+                category: category.name(),
+                what: what.to_string(),
+            })
     }
 
     pub fn planned(&self, category: Category) -> u64 {
@@ -92,15 +200,16 @@ impl Ledger {
         self.allocated[index(category)].load(Ordering::Acquire)
     }
 
-    /// Charges `bytes` to `category`; fails, charging nothing, if the
-    /// category would exceed its plan. The charge is returned when the
-    /// [`Charge`] is dropped.
+    /// Charges `bytes` to the buffer `what` of `category`; fails, charging
+    /// nothing, if the plan lists no such buffer or the category would
+    /// exceed its plan. The charge is returned when the [`Charge`] is dropped.
     pub fn charge(
         self: &Arc<Self>,
         category: Category,
         bytes: u64,
         what: &str,
     ) -> Result<Charge, LedgerError> {
+        let buffer = self.buffer_index(category, what)?;
         let slot = &self.allocated[index(category)];
         let planned = self.planned[index(category)];
         slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
@@ -113,9 +222,13 @@ impl Ledger {
             planned,
             would_be: current.saturating_add(bytes),
         })?;
+        if let Some(i) = buffer {
+            self.charged[i].fetch_add(bytes, Ordering::AcqRel);
+        }
         Ok(Charge {
             ledger: Arc::clone(self),
             category,
+            buffer,
             bytes,
         })
     }
@@ -149,11 +262,41 @@ impl Ledger {
     }
 }
 
+/// Every buffer of `plan`, by category: the weights as one, the MoE
+/// workspace's and the activations' as listed, the KV cache as one, the
+/// runtime overhead's as listed.
+pub fn planned_buffers(plan: &Plan) -> Vec<PlannedBuffer> {
+    let listed = |category: Category, buffers: &[super::memory::Buffer]| {
+        buffers
+            .iter()
+            .map(move |b| PlannedBuffer::new(category, &b.name, b.bytes))
+            .collect::<Vec<_>>()
+    };
+    let mut all = vec![PlannedBuffer::new(
+        Category::Weights,
+        WEIGHTS,
+        plan.weights.total,
+    )];
+    all.extend(listed(Category::MoeWorkspace, &plan.moe_workspace.buffers));
+    all.extend(listed(Category::Activations, &plan.activations.buffers));
+    all.push(PlannedBuffer::new(
+        Category::KvCache,
+        KV_CACHE,
+        plan.kv_cache.bytes,
+    ));
+    all.extend(listed(
+        Category::RuntimeOverhead,
+        &plan.runtime_overhead.buffers,
+    ));
+    all
+}
+
 /// A charge held against the ledger; released when dropped.
 #[derive(Debug)]
 pub struct Charge {
     ledger: Arc<Ledger>,
     category: Category,
+    buffer: Option<usize>,
     bytes: u64,
 }
 
@@ -166,6 +309,9 @@ impl Charge {
 impl Drop for Charge {
     fn drop(&mut self) {
         self.ledger.allocated[index(self.category)].fetch_sub(self.bytes, Ordering::AcqRel);
+        if let Some(i) = self.buffer {
+            self.ledger.charged[i].fetch_sub(self.bytes, Ordering::AcqRel);
+        }
     }
 }
 
@@ -203,5 +349,70 @@ mod tests {
         let rows = ledger.snapshot().categories;
         assert_eq!(rows[0].allocated, 40);
         assert_eq!(rows[1].planned, 50);
+    }
+
+    fn itemised() -> Arc<Ledger> {
+        Arc::new(Ledger::with_buffers(
+            [100, 0, 30, 0, 0],
+            vec![
+                PlannedBuffer::new(Category::Weights, "weights", 100),
+                PlannedBuffer::new(Category::Activations, "hidden", 10),
+                PlannedBuffer::new(Category::Activations, "logits", 20),
+            ],
+        ))
+    }
+
+    #[test]
+    fn a_charge_below_plan_is_caught_by_the_completeness_check() {
+        let ledger = itemised();
+        let _w = ledger.charge(Category::Weights, 100, "weights").unwrap();
+        let _h = ledger.charge(Category::Activations, 10, "hidden").unwrap();
+        // Under its plan: the category check alone lets it through.
+        let _l = ledger.charge(Category::Activations, 19, "logits").unwrap();
+        assert_eq!(
+            ledger.verify_complete(),
+            Err(LedgerError::Incomplete(vec![BufferMismatch {
+                category: "activations",
+                name: "logits".into(),
+                planned: 20,
+                charged: 19,
+            }]))
+        );
+    }
+
+    #[test]
+    fn an_uncharged_buffer_is_caught_and_an_exact_ledger_passes() {
+        let ledger = itemised();
+        let w = ledger.charge(Category::Weights, 100, "weights").unwrap();
+        let _h = ledger.charge(Category::Activations, 10, "hidden").unwrap();
+        let err = ledger.verify_complete().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("activations/logits charged 0 bytes, planned 20")
+        );
+        // Two charges of one buffer add up.
+        let _a = ledger.charge(Category::Activations, 15, "logits").unwrap();
+        let _b = ledger.charge(Category::Activations, 5, "logits").unwrap();
+        assert_eq!(ledger.verify_complete(), Ok(()));
+        // A released charge is no longer counted.
+        drop(w);
+        assert!(ledger.verify_complete().is_err());
+    }
+
+    #[test]
+    fn a_charge_must_name_a_planned_buffer() {
+        let ledger = itemised();
+        assert_eq!(
+            ledger
+                .charge(Category::Activations, 1, "scratch")
+                .unwrap_err(),
+            LedgerError::Unplanned {
+                category: "activations",
+                what: "scratch".into()
+            }
+        );
+        // The right name in the wrong category is not the buffer either.
+        assert!(ledger.charge(Category::Weights, 1, "hidden").is_err());
+        assert_eq!(ledger.allocated(Category::Activations), 0);
     }
 }

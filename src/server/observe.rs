@@ -187,7 +187,7 @@ pub async fn memory(State(state): State<Arc<ServerState>>) -> Result<Response, A
     let g = &state.engine.gauges;
     let kv = KvState {
         block_size_tokens: plan.kv_cache.block_size as u64,
-        block_bytes: plan.kv_cache.bytes_per_token * plan.kv_cache.block_size as u64,
+        block_bytes: plan.kv_cache.block_bytes,
         blocks_total: g.kv_blocks_total.load(Ordering::Relaxed) as u64,
         blocks_used: g.kv_blocks_used.load(Ordering::Relaxed) as u64,
     };
