@@ -2,7 +2,7 @@
 //! slowly, not at all, or with garbage. Time bounds are generous: they only
 //! catch a collector that hangs, they do not measure it.
 
-mod common;
+use crate::common;
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};

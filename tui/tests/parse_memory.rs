@@ -1,6 +1,6 @@
 //! `GET /v1/memory` parsing against the canned answer and broken ones.
 
-mod common;
+use crate::common;
 
 use common::{GIB, MEMORY_OK};
 use serde_json::error::Category;

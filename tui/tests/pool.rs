@@ -2,7 +2,7 @@
 //! host (128 GiB total, 40 GiB available, Cached+Buffers 25 GiB, evictionHard
 //! 16 GiB, usable 96 GiB) and ledger (84 GiB held, KV 5 of 20 GiB used).
 
-mod common;
+use crate::common;
 
 use common::{GIB, canned_host, canned_memory};
 use sparkrt_tui::pool::{

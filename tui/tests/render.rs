@@ -6,7 +6,7 @@
 //! the eviction marker row 5 and the usable marker row 6. The bar spans the
 //! inner width (terminal width − 2) from column 1.
 
-mod common;
+use crate::common;
 
 use std::sync::mpsc;
 use std::time::Duration;
