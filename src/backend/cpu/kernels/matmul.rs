@@ -339,7 +339,7 @@ fn row_cost(path: Path, w: &LinearWeight, tokens: usize) -> f64 {
 fn choose_path(isa: Isa, w: &LinearWeight, tokens: usize) -> Path {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => super::avx2::choose_path(w, tokens),
+        Isa::Avx2 => super::x86::avx2::choose_path(w, tokens),
         _ => {
             let _ = (w, tokens);
             Path::Gemv
@@ -350,9 +350,9 @@ fn choose_path(isa: Isa, w: &LinearWeight, tokens: usize) -> Path {
 fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => super::avx2::run_rows(job, rows),
+        Isa::Avx2 => super::x86::avx2::run_rows(job, rows),
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => super::neon::run_rows(job, rows),
+        Isa::Neon => super::arm::neon::run_rows(job, rows),
         _ => portable::run_rows(job, rows),
     }
 }

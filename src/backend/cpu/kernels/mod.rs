@@ -38,16 +38,10 @@ mod portable;
 pub mod quantize;
 pub mod reference;
 
-#[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx2_mxfp4;
-#[cfg(target_arch = "x86_64")]
-mod avx2_ops;
 #[cfg(target_arch = "aarch64")]
-mod neon;
-#[cfg(target_arch = "aarch64")]
-mod neon_mxfp4;
+mod arm;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use bandwidth::{measure_read_bandwidth, measure_read_bandwidth_of};
 pub use matmul::{

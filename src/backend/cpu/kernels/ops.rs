@@ -10,7 +10,7 @@
 use super::formats::{bf16_to_f32, f32_to_bf16, read_bf16};
 use super::portable::fmadd;
 #[cfg(target_arch = "x86_64")]
-use super::{Isa, avx2_ops};
+use super::{Isa, x86::avx2_ops};
 
 use super::portable::dot as dot_portable;
 

@@ -263,7 +263,7 @@ pub fn quantize_rows(
         if super::Isa::Avx2.is_available() {
             // SAFETY: AVX2 and FMA are present; the row, its codes and its
             // scales have the lengths the function needs.
-            unsafe { super::avx2_mxfp4::quantize_row(row, c, s) };
+            unsafe { super::x86::avx2_mxfp4::quantize_row(row, c, s) };
             return;
         }
         quantize_row(row, c, s)

@@ -13,8 +13,8 @@
 use std::arch::aarch64::*;
 use std::ops::Range;
 
-use super::formats::{E2M1, E4M3, read_bf16, read_f32, read_nibble};
-use super::matmul::Job;
+use crate::backend::cpu::kernels::formats::{E2M1, E4M3, read_bf16, read_f32, read_nibble};
+use crate::backend::cpu::kernels::matmul::Job;
 use crate::checkpoint::linear::WeightData;
 
 /// Tokens per pass over a block of rows.
@@ -22,7 +22,7 @@ const TOKEN_GROUP: usize = 4;
 /// Rows that share a pass over the token groups (they stay in cache).
 const ROW_BLOCK: usize = 12;
 
-/// bf16 low / high byte of each E2M1 code (see avx2.rs for the derivation).
+/// bf16 low / high byte of each E2M1 code (see x86/avx2.rs for the derivation).
 static LOW_BYTES: [u8; 16] = [
     0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0, 0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0,
 ];
@@ -30,7 +30,7 @@ static HIGH_BYTES: [u8; 16] = [
     0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0,
 ];
 
-pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
+pub(in crate::backend::cpu::kernels) fn run_rows(job: &Job, rows: Range<usize>) {
     let w = &job.weight;
     let cols = w.cols;
     // SAFETY (all arms): shapes were checked by `check_problem`; NEON is part
@@ -189,7 +189,7 @@ unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
 /// tokens in groups of at most `TOKEN_GROUP` (the block's rows stay in cache
 /// across the groups): `tile(block rows, first token, tokens)`.
 #[inline]
-pub(super) fn for_each_tile(
+pub(in crate::backend::cpu::kernels) fn for_each_tile(
     rows: Range<usize>,
     tokens: usize,
     mut tile: impl FnMut(Range<usize>, usize, usize),

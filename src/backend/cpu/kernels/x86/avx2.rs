@@ -4,7 +4,7 @@
 //! **One summation order.** Every output `Σ_c W[r, c] · x[t, c]` is summed
 //! the same way whatever path computes it, however many tokens share the
 //! call and however rows are split between threads, so a token's outputs are
-//! bitwise the same alone or in a batch (see [`super`] for why that matters):
+//! bitwise the same alone or in a batch (see [`crate::backend::cpu::kernels`] for why that matters):
 //!
 //! 1. the columns of the whole chunks (8 values for F32, 16 for BF16, 64 for
 //!    NVFP4) are taken as vectors of 8 consecutive columns; lane
@@ -33,13 +33,13 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::avx2_mxfp4;
-use super::formats::{E2M1, E4M3, read_bf16, read_f32, read_nibble};
-use super::matmul::{Job, Path};
+use crate::backend::cpu::kernels::formats::{E2M1, E4M3, read_bf16, read_f32, read_nibble};
+use crate::backend::cpu::kernels::matmul::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
 
 /// Problems with at most this many tokens take the GEMV path: below it,
 /// decoding a panel first costs more than it saves.
-pub(super) const GEMV_MAX_TOKENS: usize = 4;
+pub(in crate::backend::cpu::kernels) const GEMV_MAX_TOKENS: usize = 4;
 /// Tokens a GEMV tile holds (more tokens: several tiles per row set, while
 /// the rows are still in L1).
 const GEMV_TOKENS: usize = 4;
@@ -56,7 +56,7 @@ const KC: usize = 512;
 
 /// Which path a problem takes: the panel needs at least `MR` rows of the
 /// row's whole chunks in the panel buffer.
-pub(super) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
+pub(in crate::backend::cpu::kernels) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
     if let WeightData::Mxfp4 { .. } = w.data {
         return avx2_mxfp4::choose_path(w.cols, tokens);
     }
@@ -87,7 +87,7 @@ fn whole_columns(w: &LinearWeight) -> usize {
     w.cols / chunk * chunk
 }
 
-pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
+pub(in crate::backend::cpu::kernels) fn run_rows(job: &Job, rows: Range<usize>) {
     let w = &job.weight;
     let cols = w.cols;
     // SAFETY (all arms): Job shapes were checked by `check_problem`, and this
@@ -300,7 +300,7 @@ impl Decoder for Nvfp4Dec<'_> {
 /// Step 2 of the order: `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-pub(super) fn reduce(v: __m256) -> f32 {
+pub(in crate::backend::cpu::kernels) fn reduce(v: __m256) -> f32 {
     let h = _mm256_hadd_ps(v, v); // l0+l1, l2+l3, .. | l4+l5, l6+l7, ..
     let h = _mm256_hadd_ps(h, h);
     _mm_cvtss_f32(_mm_add_ss(
@@ -342,7 +342,7 @@ unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
 /// share one sequential stream the prefetchers follow): `set` gets row `i`
 /// of every share, then `single` each leftover row.
 #[inline]
-pub(super) fn in_lockstep<const R: usize>(
+pub(in crate::backend::cpu::kernels) fn in_lockstep<const R: usize>(
     rows: Range<usize>,
     mut set: impl FnMut([usize; R]),
     mut single: impl FnMut(usize),

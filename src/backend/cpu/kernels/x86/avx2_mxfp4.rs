@@ -1,5 +1,5 @@
 //! x86-64 AVX2 MXFP4 kernels: FP4 codes times int16 activations, as
-//! integers (activations quantized by [`super::quantize`]).
+//! integers (activations quantized by [`crate::backend::cpu::kernels::quantize`]).
 //!
 //! Why integers: decoding FP4 to f32 costs about 40 vector instructions per
 //! 64 weights, more than two cores issue at the memory bandwidth. Here 64
@@ -32,8 +32,8 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::avx2::{in_lockstep, reduce};
-use super::matmul::{Job, Path};
-use super::quantize::{
+use crate::backend::cpu::kernels::matmul::{Job, Path};
+use crate::backend::cpu::kernels::quantize::{
     BLOCK, CODE_UNSCALE, DOUBLED_E2M1, QuantizedX, SCALE_GROUP, block_scale, code_position,
     code_scale, scale_position,
 };
@@ -81,7 +81,7 @@ impl Shape {
 }
 
 /// Which path a problem takes (the panel needs room for a row).
-pub(super) fn choose_path(cols: usize, tokens: usize) -> Path {
+pub(in crate::backend::cpu::kernels) fn choose_path(cols: usize, tokens: usize) -> Path {
     if tokens > GEMV_MAX_TOKENS && panel_rows_for(Shape::of(cols)) > 0 {
         Path::Panel
     } else {
@@ -99,7 +99,7 @@ fn panel_rows_for(shape: Shape) -> usize {
 /// Runs rows `rows` of an MXFP4 problem whose activations are `q`.
 /// Safety: AVX2+FMA; the job's shapes were checked; `q` is the job's `x`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn run_rows(
+pub(in crate::backend::cpu::kernels) unsafe fn run_rows(
     codes: &[u8],
     scales: &[u8],
     q: &QuantizedX,
@@ -508,7 +508,11 @@ unsafe fn panel(stream: &Stream, q: &QuantizedX, job: &Job, rows: Range<usize>) 
 /// Safety: AVX2+FMA; `x.len()` a multiple of 32, `codes` as long as `x`,
 /// `scales` holding `x.len() / 32` values.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn quantize_row(x: &[f32], codes: &mut [i16], scales: &mut [f32]) {
+pub(in crate::backend::cpu::kernels) unsafe fn quantize_row(
+    x: &[f32],
+    codes: &mut [i16],
+    scales: &mut [f32],
+) {
     let blocks = x.len() / BLOCK;
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
     // Within each 128-bit lane of 8 int16 (a, a+1, .., a+7): a a+4 | a+2
