@@ -8,11 +8,11 @@ mod kernels_common;
 use kernels_common::{Format, Rng, random_weight};
 use sparkrt::backend::cpu::kernels::formats::{E2M1, E8M0};
 use sparkrt::backend::cpu::kernels::quantize::{
-    DOUBLED_E2M1, block_scale, code_position, code_scale, quantize_row, quantize_rows,
-    scale_position,
+    DOUBLED_E2M1, block_scale, code_position, code_scale, quantize_row, scale_position,
 };
 use sparkrt::backend::cpu::kernels::{
-    ActivationScratch, GroupedProblem, Isa, KernelError, matmul_grouped_in, quantizes_activations,
+    ActivationScratch, GroupedProblem, Isa, KernelError, matmul_grouped_in, quantize_rows,
+    quantizes_activations,
 };
 
 const BLOCK_COUNTS: [usize; 9] = [1, 2, 3, 8, 9, 10, 17, 24, 90];

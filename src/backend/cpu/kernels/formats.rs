@@ -2,7 +2,7 @@
 //! bf16 rounding rule. Everything here reads bytes one at a time, so it works
 //! on misaligned slices; SIMD kernels use it for tails and as their oracle.
 
-use super::KernelError;
+use super::error::KernelError;
 use crate::checkpoint::linear::{LinearWeight, WeightData};
 
 /// E2M1 (FP4) code → value; bit 3 is the sign.

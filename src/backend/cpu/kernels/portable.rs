@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use super::formats::{E2M1, E4M3, E8M0, read_bf16, read_f32};
-use super::matmul::Job;
+use super::job::Job;
 use crate::checkpoint::linear::{LinearWeight, WeightData};
 
 /// Columns decoded at a time into a stack buffer.

@@ -1,5 +1,5 @@
 //! x86-64 AVX2 + FMA matmul kernels for F32, BF16 and NVFP4 (MXFP4 has its
-//! integer kernels in [`super::avx2_mxfp4`]).
+//! integer kernels in `avx2_mxfp4.rs`).
 //!
 //! **One summation order.** Every output `Σ_c W[r, c] · x[t, c]` is summed
 //! the same way whatever path computes it, however many tokens share the
@@ -32,14 +32,14 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::avx2_mxfp4;
+use super::lanes::{in_lockstep, reduce};
 use crate::backend::cpu::kernels::formats::{E2M1, E4M3, read_bf16, read_f32, read_nibble};
-use crate::backend::cpu::kernels::matmul::{Job, Path};
+use crate::backend::cpu::kernels::job::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
 
 /// Problems with at most this many tokens take the GEMV path: below it,
 /// decoding a panel first costs more than it saves.
-pub(in crate::backend::cpu::kernels) const GEMV_MAX_TOKENS: usize = 4;
+const GEMV_MAX_TOKENS: usize = 4;
 /// Tokens a GEMV tile holds (more tokens: several tiles per row set, while
 /// the rows are still in L1).
 const GEMV_TOKENS: usize = 4;
@@ -56,10 +56,7 @@ const KC: usize = 512;
 
 /// Which path a problem takes: the panel needs at least `MR` rows of the
 /// row's whole chunks in the panel buffer.
-pub(in crate::backend::cpu::kernels) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
-    if let WeightData::Mxfp4 { .. } = w.data {
-        return avx2_mxfp4::choose_path(w.cols, tokens);
-    }
+pub(super) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
     if tokens > GEMV_MAX_TOKENS && panel_rows_for(w) >= MR {
         Path::Panel
     } else {
@@ -87,7 +84,8 @@ fn whole_columns(w: &LinearWeight) -> usize {
     w.cols / chunk * chunk
 }
 
-pub(in crate::backend::cpu::kernels) fn run_rows(job: &Job, rows: Range<usize>) {
+/// Rows `rows` of a job in F32, BF16 or NVFP4.
+pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
     let w = &job.weight;
     let cols = w.cols;
     // SAFETY (all arms): Job shapes were checked by `check_problem`, and this
@@ -113,10 +111,7 @@ pub(in crate::backend::cpu::kernels) fn run_rows(job: &Job, rows: Range<usize>) 
                 };
                 run_format(&dec, job, rows)
             }
-            WeightData::Mxfp4 { blocks, scales } => match &job.quantized {
-                Some(q) => avx2_mxfp4::run_rows(blocks, scales, q, job, rows),
-                None => unreachable!("matmul quantizes the activations of MXFP4 on AVX2"),
-            },
+            WeightData::Mxfp4 { .. } => unreachable!("x86::run_rows sends MXFP4 to avx2_mxfp4"),
         }
     }
 }
@@ -297,18 +292,6 @@ impl Decoder for Nvfp4Dec<'_> {
     }
 }
 
-/// Step 2 of the order: `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-pub(in crate::backend::cpu::kernels) fn reduce(v: __m256) -> f32 {
-    let h = _mm256_hadd_ps(v, v); // l0+l1, l2+l3, .. | l4+l5, l6+l7, ..
-    let h = _mm256_hadd_ps(h, h);
-    _mm_cvtss_f32(_mm_add_ss(
-        _mm256_castps256_ps128(h),
-        _mm256_extractf128_ps(h, 1),
-    ))
-}
-
 /// Steps 2 and 3 for one output: the reduced accumulator plus the columns
 /// after the last whole chunk (`x` is the token's row).
 /// Safety: `x` holds `cols` values.
@@ -335,24 +318,6 @@ unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
         } else {
             gemv_streams::<D, 2>(dec, job, rows)
         }
-    }
-}
-
-/// The unit's rows cut into `R` contiguous shares walked in lockstep (each
-/// share one sequential stream the prefetchers follow): `set` gets row `i`
-/// of every share, then `single` each leftover row.
-#[inline]
-pub(in crate::backend::cpu::kernels) fn in_lockstep<const R: usize>(
-    rows: Range<usize>,
-    mut set: impl FnMut([usize; R]),
-    mut single: impl FnMut(usize),
-) {
-    let share = rows.len() / R;
-    for i in 0..share {
-        set(std::array::from_fn(|s| rows.start + s * share + i));
-    }
-    for r in rows.start + R * share..rows.end {
-        single(r);
     }
 }
 

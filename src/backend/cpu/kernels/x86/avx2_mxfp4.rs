@@ -18,7 +18,7 @@
 //!    fills lanes 0-3 (lanes 4-7 add zero). Pair by pair in ascending order,
 //!    one 8-lane accumulator takes `float(sums) · scales` by fused
 //!    multiply-add;
-//! 2. the 8 lanes are reduced as in [`super::avx2`].
+//! 2. the 8 lanes are reduced as in `avx2.rs` (`lanes::reduce`).
 //!
 //! Both paths run the same tile code and differ only in where the decoded
 //! weights come from: decoded as they stream from memory (GEMV, few tokens),
@@ -31,8 +31,8 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::avx2::{in_lockstep, reduce};
-use crate::backend::cpu::kernels::matmul::{Job, Path};
+use super::lanes::{in_lockstep, reduce};
+use crate::backend::cpu::kernels::job::{Job, Path};
 use crate::backend::cpu::kernels::quantize::{
     BLOCK, CODE_UNSCALE, DOUBLED_E2M1, QuantizedX, SCALE_GROUP, block_scale, code_position,
     code_scale, scale_position,
@@ -81,7 +81,7 @@ impl Shape {
 }
 
 /// Which path a problem takes (the panel needs room for a row).
-pub(in crate::backend::cpu::kernels) fn choose_path(cols: usize, tokens: usize) -> Path {
+pub(super) fn choose_path(cols: usize, tokens: usize) -> Path {
     if tokens > GEMV_MAX_TOKENS && panel_rows_for(Shape::of(cols)) > 0 {
         Path::Panel
     } else {
@@ -99,7 +99,7 @@ fn panel_rows_for(shape: Shape) -> usize {
 /// Runs rows `rows` of an MXFP4 problem whose activations are `q`.
 /// Safety: AVX2+FMA; the job's shapes were checked; `q` is the job's `x`.
 #[target_feature(enable = "avx2,fma")]
-pub(in crate::backend::cpu::kernels) unsafe fn run_rows(
+pub(super) unsafe fn run_rows(
     codes: &[u8],
     scales: &[u8],
     q: &QuantizedX,

@@ -1,10 +1,10 @@
-//! AVX2 + FMA versions of the small ops (see `ops.rs` for their meaning).
+//! AVX2 + FMA versions of the small ops (see `kernels/ops.rs` for their meaning).
 //! Every function requires AVX2 and FMA; lengths were checked by the caller.
 
 use std::arch::x86_64::*;
 
 use crate::backend::cpu::kernels::formats::{bf16_to_f32, read_bf16};
-use crate::backend::cpu::kernels::ops::{EXP_MAX, EXP_MIN, EXP_POLY, LN2_HI, LN2_LO, LOG2E, exp};
+use crate::backend::cpu::kernels::math::{EXP_MAX, EXP_MIN, EXP_POLY, LN2_HI, LN2_LO, LOG2E, exp};
 
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -31,7 +31,7 @@ unsafe fn load_bf16(p: *const u16) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(words), 16))
 }
 
-/// The same polynomial as `ops::exp`, 8 lanes at a time.
+/// The same polynomial as `math::exp`, 8 lanes at a time.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn exp8(x: __m256) -> __m256 {
