@@ -19,12 +19,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use rayon::prelude::*;
 
 use super::error::KernelError;
-use super::formats::{check_weight, read_bf16, weight_bytes};
 use super::isa::Isa;
 use super::job::{Job, OutPtr, Path};
 use super::portable;
 use super::quantize::{ActivationScratch, BLOCK, QuantizedX, quantize_row};
+use super::weights::{check_weight, weight_bytes};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
+use crate::formats::read_bf16;
 
 /// One independent `out = x · Wᵀ` of a grouped call: `x` is `[tokens, cols]`,
 /// `out` is `[tokens, rows]`, both row-major. `tokens` may be 0.

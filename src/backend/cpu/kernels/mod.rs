@@ -12,7 +12,8 @@
 //!
 //! Instruction sets are picked at run time ([`Isa::best`]): AVX2+FMA on
 //! x86-64, NEON on aarch64, portable scalar code elsewhere. [`reference`]
-//! holds the scalar definitions the tests compare every kernel with.
+//! holds the f64 oracles of the operations the tests compare every kernel
+//! with; the number formats themselves are defined in `crate::formats`.
 //!
 //! Threads: every call runs on the current rayon pool (`pool.install` to pick
 //! one). Memory: a call allocates nothing; the kernels read the weights and
@@ -33,7 +34,7 @@
 //!
 //! The folder is a tree. Leaves, which import no other kernel file but
 //! leaves: `isa`, `error`, `job` (what the dispatcher hands an
-//! instruction set), [`formats`] (weight shapes and the element-by-element
+//! instruction set), [`weights`] (weight shapes and the element-by-element
 //! definition, over `crate::formats`), [`quantize`] (the activation codes and
 //! their layout), `math` (the `exp` polynomial). One folder or file per
 //! instruction set, importing only leaves: `x86/` (AVX2), `arm/` (NEON),
@@ -42,7 +43,6 @@
 
 mod bandwidth;
 mod error;
-pub mod formats;
 mod isa;
 mod job;
 mod math;
@@ -51,6 +51,7 @@ pub mod ops;
 mod portable;
 pub mod quantize;
 pub mod reference;
+pub mod weights;
 
 #[cfg(target_arch = "aarch64")]
 mod arm;

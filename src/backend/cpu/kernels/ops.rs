@@ -7,12 +7,12 @@
 //!
 //! Every function panics on mismatched lengths (a caller bug, not data).
 
-use super::formats::{bf16_to_f32, f32_to_bf16, read_bf16};
 pub use super::math::exp;
 use super::portable::dot as dot_portable;
 use super::portable::fmadd;
 #[cfg(target_arch = "x86_64")]
 use super::{isa::Isa, x86::avx2_ops};
+use crate::formats::{bf16_to_f32, f32_to_bf16, read_bf16};
 
 #[cfg(target_arch = "x86_64")]
 #[inline]

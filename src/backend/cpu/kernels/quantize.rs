@@ -25,10 +25,10 @@
 //! [`scale_position`].
 
 use super::error::KernelError;
-use super::formats::E8M0;
+use crate::formats::{E8M0, MXFP4_GROUP};
 
 /// Values per block (the MXFP4 scale block).
-pub const BLOCK: usize = 32;
+pub const BLOCK: usize = MXFP4_GROUP;
 /// Blocks whose scales are stored as one group (one 8-lane vector).
 pub const SCALE_GROUP: usize = 8;
 /// Smallest block exponent used: blocks whose largest value is below

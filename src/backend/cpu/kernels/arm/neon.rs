@@ -14,9 +14,9 @@ use std::arch::aarch64::*;
 use std::ops::Range;
 
 use super::tiles::for_each_tile;
-use crate::backend::cpu::kernels::formats::{E2M1, E4M3, read_bf16, read_f32, read_nibble};
 use crate::backend::cpu::kernels::job::Job;
 use crate::checkpoint::linear::WeightData;
+use crate::formats::{E2M1, E4M3, NVFP4_GROUP, read_bf16, read_f32, read_nibble};
 
 /// bf16 low / high byte of each E2M1 code (see x86/avx2.rs for the derivation).
 static LOW_BYTES: [u8; 16] = [
@@ -49,7 +49,7 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
                     codes: packed,
                     scales,
                     cols,
-                    block: 16,
+                    block: NVFP4_GROUP,
                     table: &table,
                 };
                 gemv_rows(&dec, job, rows)

@@ -33,9 +33,9 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::lanes::{in_lockstep, reduce};
-use crate::backend::cpu::kernels::formats::{E2M1, E4M3, read_bf16, read_f32, read_nibble};
 use crate::backend::cpu::kernels::job::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
+use crate::formats::{E2M1, E4M3, NVFP4_GROUP, read_bf16, read_f32, read_nibble};
 
 /// Problems with at most this many tokens take the GEMV path: below it,
 /// decoding a panel first costs more than it saves.
@@ -279,7 +279,7 @@ impl Decoder for Nvfp4Dec<'_> {
         // SAFETY: in bounds per the contract.
         unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
         // Vectors 2b and 2b + 1 lie in 16-block b of the chunk.
-        let s = &self.scales[first / 16..first / 16 + 4];
+        let s = &self.scales[first / NVFP4_GROUP..][..Self::CHUNK / NVFP4_GROUP];
         for (b, &byte) in s.iter().enumerate() {
             let scale = _mm256_set1_ps(self.table[byte as usize]);
             out[2 * b] = _mm256_mul_ps(out[2 * b], scale);
@@ -287,7 +287,7 @@ impl Decoder for Nvfp4Dec<'_> {
         }
     }
     fn scalar(&self, row: usize, col: usize) -> f32 {
-        let scale = self.table[self.scales[(row * self.cols + col) / 16] as usize];
+        let scale = self.table[self.scales[(row * self.cols + col) / NVFP4_GROUP] as usize];
         E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
     }
 }

@@ -37,6 +37,7 @@ use crate::backend::cpu::kernels::quantize::{
     BLOCK, CODE_UNSCALE, DOUBLED_E2M1, QuantizedX, SCALE_GROUP, block_scale, code_position,
     code_scale, scale_position,
 };
+use crate::formats::E8M0_NAN;
 
 /// Problems with at most this many tokens take the GEMV path.
 const GEMV_MAX_TOKENS: usize = 4;
@@ -238,9 +239,10 @@ unsafe fn decode_block(p: *const u8) -> [__m128i; 4] {
     ]
 }
 
-/// 8 E8M0 bytes at `p` → their scales × 1/512, in lanes 0 2 4 6 1 3 5 7.
-/// The exponent byte shifted into place is the f32 2^(e − 127), except e = 0
-/// (2^-127 is a subnormal); × 1/512 is exact.
+/// 8 E8M0 bytes at `p` → their scales × 1/512, in lanes 0 2 4 6 1 3 5 7
+/// (`crate::formats::e8m0_to_f32`'s rule): the exponent byte shifted into
+/// place is the f32 2^(e − 127), except e = 0 (2^-127 is a subnormal) and
+/// e = 0xFF (NaN); × 1/512 is exact.
 /// Safety: 8 readable bytes at `p`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -252,6 +254,8 @@ unsafe fn decode_group_scales(p: *const u8) -> __m256 {
     let bits = _mm256_slli_epi32(e, 23);
     let is_zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
     let bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x0040_0000), is_zero);
+    let is_nan = _mm256_cmpeq_epi32(e, _mm256_set1_epi32(i32::from(E8M0_NAN)));
+    let bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(f32::NAN.to_bits() as i32), is_nan);
     _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(CODE_UNSCALE))
 }
 

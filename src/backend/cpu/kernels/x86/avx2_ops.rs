@@ -3,8 +3,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::backend::cpu::kernels::formats::{bf16_to_f32, read_bf16};
 use crate::backend::cpu::kernels::math::{EXP_MAX, EXP_MIN, EXP_POLY, LN2_HI, LN2_LO, LOG2E, exp};
+use crate::formats::{bf16_to_f32, read_bf16};
 
 #[target_feature(enable = "avx2,fma")]
 #[inline]
