@@ -9,9 +9,10 @@
 
 use std::time::Instant;
 
-use sparkrt::backend::cpu::kernels::formats::{f32_to_bf16, weight_bytes};
+use sparkrt::backend::cpu::kernels::weights::weight_bytes;
 use sparkrt::backend::cpu::kernels::{GroupedProblem, Isa, matmul_grouped, measure_read_bandwidth};
 use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
+use sparkrt::formats::f32_to_bf16;
 
 /// Bytes a working set must exceed to stay out of the last-level cache.
 const COLD_BYTES: usize = 192 << 20;

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod checkpoint;
 pub mod cli;
 pub mod engine;
+pub mod formats;
 pub mod host;
 pub mod model;
 pub mod plan;

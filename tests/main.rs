@@ -5,6 +5,7 @@
 mod common;
 mod cuda_common;
 mod fixture_runs;
+mod format_cases;
 mod kernels_common;
 #[path = "common/server.rs"]
 mod server;
@@ -20,6 +21,7 @@ mod cuda_fixtures;
 mod cuda_kernels;
 mod cuda_nvrtc;
 mod engine_fixtures;
+mod formats;
 mod generate_cli;
 mod install_script;
 mod k8s_manifests;
