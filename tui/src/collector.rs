@@ -12,7 +12,6 @@ use crate::host::HostSource;
 use crate::link::LinkTracker;
 use crate::processes::ProcessTable;
 use crate::rates::CounterRate;
-use crate::wire::{MemoryReport, ServingStats};
 
 // The sample is plain data in its own module, so the event channel can carry
 // it without importing the collector (which sends on that channel).
