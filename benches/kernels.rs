@@ -7,6 +7,9 @@
 //! RAYON_NUM_THREADS). Matrices are replicated so that each timed pass
 //! reads weights that are not in the last-level cache, as in a real model.
 
+// A benchmark that cannot set itself up stops with the reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Instant;
 
 use sparkrt::backend::cpu::kernels::weights::weight_bytes;

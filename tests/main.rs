@@ -2,6 +2,9 @@
 //! one test executable instead of one per file saves most of the link time.
 //! Each file below is one topic; the helper modules are shared by them.
 
+// A test that unwraps fails with the reason; that is what a test should do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 mod cuda_common;
 mod fixture_runs;

@@ -24,6 +24,7 @@ pub struct OutPtr(pub *mut f32);
 // problem (`out[t·rows + r]` for r in its range), so writes never overlap, and
 // the pointee outlives the parallel region (it is borrowed by the caller).
 unsafe impl Send for OutPtr {}
+// SAFETY: shared by reference for the same disjoint writes as above.
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {

@@ -30,7 +30,7 @@ static HIGH_BYTES: [u8; 16] = [
 pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
     let w = &job.weight;
     let cols = w.cols;
-    // SAFETY (all arms): shapes were checked by `check_problem`; NEON is part
+    // SAFETY: (all arms) shapes were checked by `check_problem`; NEON is part
     // of the aarch64 baseline.
     unsafe {
         match w.data {
@@ -189,12 +189,13 @@ unsafe fn gemv_block_rows<D: Decoder, const R: usize, const T: usize>(
     out_stride: usize,
 ) {
     let mut r = rows.start;
-    // SAFETY (both loops): rows inside the matrix, x/out cover T tokens.
     while r + R <= rows.end {
+        // SAFETY: rows r..r + R are inside the matrix, x/out cover T tokens.
         unsafe { gemv::<D, R, T>(dec, r, cols, x, out, out_stride) };
         r += R;
     }
     while r < rows.end {
+        // SAFETY: row r is inside the matrix, x/out cover T tokens.
         unsafe { gemv::<D, 1, T>(dec, r, cols, x, out, out_stride) };
         r += 1;
     }

@@ -88,7 +88,7 @@ fn whole_columns(w: &LinearWeight) -> usize {
 pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
     let w = &job.weight;
     let cols = w.cols;
-    // SAFETY (all arms): Job shapes were checked by `check_problem`, and this
+    // SAFETY: (all arms) Job shapes were checked by `check_problem`, and this
     // module is only reached through Isa::Avx2, i.e. with AVX2 and FMA present.
     unsafe {
         match w.data {

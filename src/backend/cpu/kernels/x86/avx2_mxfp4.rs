@@ -312,7 +312,7 @@ unsafe fn tile<W: Weights, const R: usize, const T: usize>(
     let codes: [*const i16; T] = std::array::from_fn(|t| q.codes_of(t0 + t).as_ptr());
     let scales: [&[f32]; T] = std::array::from_fn(|t| q.scales_of(t0 + t));
     let mut acc = [[_mm256_setzero_ps(); T]; R];
-    // SAFETY (whole body): pairs, blocks and groups are inside the rows of
+    // SAFETY: (whole body) pairs, blocks and groups are inside the rows of
     // `w` and the tokens' codes, per the shape of the checked problem.
     unsafe {
         for g in 0..shape.groups {
@@ -451,7 +451,7 @@ unsafe fn panel(stream: &Stream, q: &QuantizedX, job: &Job, rows: Range<usize>) 
     let mut block = rows.start;
     while block < rows.end {
         let nb = block_rows.min(rows.end - block);
-        // SAFETY (decoding): rows block..block + nb exist; nb × stride ≤
+        // SAFETY: (decoding) rows block..block + nb exist; nb × stride ≤
         // PANEL_VECTORS and nb × blocks ≤ PANEL_SCALES by `panel_rows_for`.
         unsafe {
             for r in 0..nb {

@@ -66,9 +66,9 @@ pub(in crate::backend::cpu::kernels) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
-    // SAFETY (loads): i + 32 <= n, resp. i + 8 <= n, inside both slices.
     while i + 32 <= n {
         for (j, acc_j) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 32 <= n, so both loads are inside both slices.
             let (x, y) = unsafe {
                 (
                     _mm256_loadu_ps(pa.add(i + 8 * j)),
@@ -80,6 +80,7 @@ pub(in crate::backend::cpu::kernels) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 
         i += 32;
     }
     while i + 8 <= n {
+        // SAFETY: i + 8 <= n, so both loads are inside both slices.
         let (x, y) = unsafe { (_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i))) };
         acc[0] = _mm256_fmadd_ps(x, y, acc[0]);
         i += 8;
@@ -97,9 +98,9 @@ pub(in crate::backend::cpu::kernels) unsafe fn dot_bf16(a: &[f32], b: &[u16]) ->
     let n = a.len();
     let mut acc = [_mm256_setzero_ps(); 2];
     let mut i = 0;
-    // SAFETY (loads): i + 16 <= n, resp. i + 8 <= n.
     while i + 16 <= n {
         for (j, acc_j) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 16 <= n, so both loads are inside both slices.
             let (x, y) = unsafe {
                 (
                     _mm256_loadu_ps(a.as_ptr().add(i + 8 * j)),
@@ -111,6 +112,7 @@ pub(in crate::backend::cpu::kernels) unsafe fn dot_bf16(a: &[f32], b: &[u16]) ->
         i += 16;
     }
     while i + 8 <= n {
+        // SAFETY: i + 8 <= n, so both loads are inside both slices.
         let (x, y) = unsafe {
             (
                 _mm256_loadu_ps(a.as_ptr().add(i)),
