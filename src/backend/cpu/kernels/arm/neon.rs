@@ -9,6 +9,14 @@
 //! of each chunk into accumulator `v % 2` by fused multiply-add, chunks in
 //! order; then `acc0 + acc1`, the lanes summed by `vaddvq_f32`, and the
 //! columns past the last whole chunk added one by one.
+//!
+//! Every `unsafe fn` here requires NEON, part of the aarch64 baseline (the
+//! module is entered only through `Isa::Neon`). Those that take a `job` also
+//! require **the job contract**: the job passed `check_problem` (its weight
+//! data holds `rows × cols` values of its format, `x` holds `tokens × cols`
+//! f32 and `out` is valid for writes of `tokens × rows` f32), the rows they
+//! are given lie inside `0..rows`, and no other thread writes those rows'
+//! outputs (`out[t · rows + r]`) meanwhile: each work unit owns its rows.
 
 use std::arch::aarch64::*;
 use std::ops::Range;
@@ -64,7 +72,14 @@ trait Decoder {
     /// Values per chunk (a multiple of 4).
     const CHUNK: usize;
     const VECS: usize = Self::CHUNK / 4;
-    /// Safety: the chunk lies inside the matrix.
+    /// Decodes chunk `chunk` of row `row` into `out[..VECS]`, columns in order.
+    ///
+    /// # Safety
+    ///
+    /// The CPU supports NEON (part of the aarch64 baseline; callers are reached
+    /// only through `Isa::Neon`). Chunk `chunk` of row `row` lies inside the
+    /// matrix the decoder reads: `row < rows`, `(chunk + 1) · CHUNK ≤ cols`,
+    /// and the data holds `rows × cols` values (as `check_problem` verified).
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [float32x4_t; 8]);
     fn scalar(&self, row: usize, col: usize) -> f32;
 }
@@ -76,6 +91,12 @@ struct F32Dec<'a> {
 
 impl Decoder for F32Dec<'_> {
     const CHUNK: usize = 4;
+    /// [`Decoder::decode`] for F32: one load of 4 values.
+    ///
+    /// # Safety
+    ///
+    /// As [`Decoder::decode`]: NEON, and the chunk inside the matrix, i.e. 16
+    /// readable bytes of `bytes` from byte `(row · cols + 4 · chunk) · 4`.
     #[target_feature(enable = "neon")]
     #[inline]
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [float32x4_t; 8]) {
@@ -95,6 +116,12 @@ struct Bf16Dec<'a> {
 
 impl Decoder for Bf16Dec<'_> {
     const CHUNK: usize = 8;
+    /// [`Decoder::decode`] for BF16: one load of 8 values, widened.
+    ///
+    /// # Safety
+    ///
+    /// As [`Decoder::decode`]: NEON, and the chunk inside the matrix, i.e. 16
+    /// readable bytes of `bytes` from byte `(row · cols + 8 · chunk) · 2`.
     #[target_feature(enable = "neon")]
     #[inline]
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [float32x4_t; 8]) {
@@ -121,6 +148,13 @@ struct Fp4Dec<'a> {
 
 impl Decoder for Fp4Dec<'_> {
     const CHUNK: usize = 32;
+    /// [`Decoder::decode`] for NVFP4: 32 codes, then their block scales.
+    ///
+    /// # Safety
+    ///
+    /// As [`Decoder::decode`]: NEON, and the chunk inside the matrix, i.e. 16
+    /// readable bytes of `codes` from byte `(row · cols + 32 · chunk) / 2` (the
+    /// scales are read bounds-checked).
     #[target_feature(enable = "neon")]
     #[inline]
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [float32x4_t; 8]) {
@@ -160,6 +194,14 @@ impl Decoder for Fp4Dec<'_> {
     }
 }
 
+/// GEMV over the unit's rows, in row blocks × token groups (see
+/// [`for_each_tile`]).
+///
+/// # Safety
+///
+/// The CPU supports NEON (part of the aarch64 baseline; callers are reached
+/// only through `Isa::Neon`). `dec` decodes `job.weight` (its data and its
+/// `cols`), and the job contract of the module docs holds for `job` and `rows`.
 #[target_feature(enable = "neon")]
 unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     let (cols, n_rows) = (job.weight.cols, job.weight.rows);
@@ -179,6 +221,17 @@ unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     });
 }
 
+/// Rows `rows` × `T` tokens, `R` rows at a time, then the leftover rows one by
+/// one.
+///
+/// # Safety
+///
+/// The CPU supports NEON (part of the aarch64 baseline; callers are reached
+/// only through `Isa::Neon`). Every row of `rows` is inside the matrix `dec`
+/// reads, whose columns are `cols`; `x` points to `T` token rows of `cols`
+/// readable f32 (stride `cols`); `out` is valid for writes at
+/// `t · out_stride + r` for `t < T` and `r` in `rows`, and no other thread
+/// writes those outputs meanwhile.
 #[target_feature(enable = "neon")]
 unsafe fn gemv_block_rows<D: Decoder, const R: usize, const T: usize>(
     dec: &D,
@@ -205,6 +258,15 @@ unsafe fn gemv_block_rows<D: Decoder, const R: usize, const T: usize>(
 const A: usize = 2;
 
 /// R rows × T tokens with A accumulators per pair; x is `[T][cols]`.
+///
+/// # Safety
+///
+/// The CPU supports NEON (part of the aarch64 baseline; callers are reached
+/// only through `Isa::Neon`). Rows `row0..row0 + R` are inside the matrix `dec`
+/// reads, whose columns are `cols`; `x` points to `T` token rows of `cols`
+/// readable f32 (stride `cols`); `out` is valid for writes at
+/// `t · out_stride + row0 + r` for `t < T`, `r < R`, and no other thread writes
+/// those outputs meanwhile.
 #[target_feature(enable = "neon")]
 #[inline]
 unsafe fn gemv<D: Decoder, const R: usize, const T: usize>(

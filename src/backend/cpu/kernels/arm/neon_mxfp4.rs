@@ -11,6 +11,15 @@
 //! (4 lanes) times `(E8M0_b / 512) · d_b` go into one 4-lane f32
 //! accumulator by fused multiply-add; then the lanes are summed by
 //! `vaddvq_f32`. Tokens are taken in groups of at most 4, rows in blocks.
+//!
+//! Every `unsafe fn` here requires NEON, part of the aarch64 baseline (the
+//! module is entered only through `Isa::Neon`). Those that take a `job` also
+//! require **the job contract** (as in `neon.rs`): the job passed
+//! `check_problem` (its MXFP4 data holds `rows × cols` codes and
+//! `rows × cols / 32` scales, `x` holds `tokens × cols` f32 and `out` is
+//! valid for writes of `tokens × rows` f32), the rows they are given lie
+//! inside `0..rows`, and no other thread writes those rows' outputs
+//! (`out[t · rows + r]`) meanwhile: each work unit owns its rows.
 
 use std::arch::aarch64::*;
 use std::ops::Range;
@@ -22,7 +31,14 @@ use crate::backend::cpu::kernels::quantize::{
 };
 
 /// Runs rows `rows` of an MXFP4 problem whose activations are `q`.
-/// Safety: the job's shapes were checked; `q` is the job's `x` quantized.
+///
+/// # Safety
+///
+/// The CPU supports NEON (part of the aarch64 baseline; callers are reached
+/// only through `Isa::Neon`). `codes` and `scales` are `job.weight`'s MXFP4
+/// data, `q` is `job.x` quantized (`q.cols == job.weight.cols`, all
+/// `job.tokens` tokens), and the job contract of the module docs holds for
+/// `job` and `rows`.
 #[target_feature(enable = "neon")]
 pub(super) unsafe fn run_rows(
     codes: &[u8],
@@ -71,7 +87,13 @@ struct Weights<'a> {
 impl Weights<'_> {
     /// Block `b` of row `r` as its 4 groups of 8 int16 codes (values ≡ 0,
     /// 2, 1, 3 mod 4, as `quantize::code_position` lays the activations).
-    /// Safety: the block lies inside the matrix.
+    ///
+    /// # Safety
+    ///
+    /// The CPU supports NEON (part of the aarch64 baseline; callers are reached
+    /// only through `Isa::Neon`). `r < rows` of the checked matrix and
+    /// `b < blocks`, i.e. 16 readable bytes of `codes` from
+    /// `(r · blocks + b) · 16`.
     #[target_feature(enable = "neon")]
     #[inline]
     unsafe fn block(&self, r: usize, b: usize) -> [int16x8_t; 4] {
@@ -103,6 +125,16 @@ impl Weights<'_> {
 }
 
 /// `R` rows from `row0` × `T` tokens from `t0`, every column.
+///
+/// # Safety
+///
+/// The CPU supports NEON (part of the aarch64 baseline; callers are reached
+/// only through `Isa::Neon`). `w` is `job.weight`'s MXFP4 data with
+/// `w.blocks == q.cols / 32`; `q` is `job.x` quantized with
+/// `q.cols == job.weight.cols`; tokens `t0..t0 + T` exist
+/// (`t0 + T ≤ job.tokens`); and the job contract of the module docs holds for
+/// rows `row0..row0 + R` (inside `0..rows`, their outputs owned by the caller's
+/// unit).
 #[target_feature(enable = "neon")]
 #[inline]
 unsafe fn tile<const R: usize, const T: usize>(

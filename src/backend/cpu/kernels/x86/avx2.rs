@@ -26,7 +26,13 @@
 //!   (12 accumulators, 3 + 4 loads per 12 FMAs) runs over every token.
 //!
 //! Every `unsafe fn` here requires AVX2 and FMA; the module is only entered
-//! through `Isa::Avx2`, which exists only after runtime detection.
+//! through `Isa::Avx2`, which exists only after runtime detection. Those
+//! that take a `job` also require **the job contract**: the job passed
+//! `check_problem` (its weight data holds `rows × cols` values of its
+//! format, `x` holds `tokens × cols` f32 and `out` is valid for writes of
+//! `tokens × rows` f32), the rows they are given lie inside `0..rows`, and
+//! no other thread writes those rows' outputs (`out[t · rows + r]`)
+//! meanwhile: each work unit owns its rows.
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -116,6 +122,14 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
     }
 }
 
+/// Runs rows `rows` of `job` on the path `job.path` chose, decoding with `dec`.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `dec` decodes `job.weight` (its
+/// data and its `cols`), and the job contract of the module docs holds for
+/// `job` and `rows`.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn run_format<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     // SAFETY: same contract as this function's.
@@ -134,7 +148,14 @@ trait Decoder {
     /// Vectors per chunk.
     const VECS: usize = Self::CHUNK / 8;
     /// Decodes chunk `chunk` of row `row` into `out[..VECS]`, columns in order.
-    /// Safety: AVX2+FMA, and the chunk lies inside the matrix.
+    ///
+    /// # Safety
+    ///
+    /// The CPU supports AVX2 and FMA (callers are reached only through
+    /// `Isa::Avx2`, which exists only after runtime detection). Chunk `chunk`
+    /// of row `row` lies inside the matrix the decoder reads: `row < rows`,
+    /// `(chunk + 1) · CHUNK ≤ cols`, and the data holds `rows × cols` values
+    /// (as `check_problem` verified).
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]);
     /// `W[row, col]`, for the columns after the last whole chunk.
     fn scalar(&self, row: usize, col: usize) -> f32;
@@ -147,6 +168,13 @@ struct F32Dec<'a> {
 
 impl Decoder for F32Dec<'_> {
     const CHUNK: usize = 8;
+    /// [`Decoder::decode`] for F32: one load of 8 values.
+    ///
+    /// # Safety
+    ///
+    /// As [`Decoder::decode`]: AVX2 and FMA, and the chunk inside the matrix,
+    /// i.e. 32 readable bytes of `bytes` from byte
+    /// `(row · cols + 8 · chunk) · 4`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) {
@@ -166,6 +194,13 @@ struct Bf16Dec<'a> {
 
 impl Decoder for Bf16Dec<'_> {
     const CHUNK: usize = 16;
+    /// [`Decoder::decode`] for BF16: one load of 16 values, widened.
+    ///
+    /// # Safety
+    ///
+    /// As [`Decoder::decode`]: AVX2 and FMA, and the chunk inside the matrix,
+    /// i.e. 32 readable bytes of `bytes` from byte
+    /// `(row · cols + 16 · chunk) · 2`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) {
@@ -193,6 +228,12 @@ impl Decoder for Bf16Dec<'_> {
 /// zips work within 128-bit halves, so the bytes are first arranged so
 /// that every half holds what its outputs need: 16-bit words (4 codes each)
 /// even ones in the low half, odd ones in the high half.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `p` points to at least 32
+/// readable bytes (no alignment needed).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn fp4_codes(p: *const u8, out: &mut [__m256; 8]) {
@@ -272,6 +313,13 @@ struct Nvfp4Dec<'a> {
 
 impl Decoder for Nvfp4Dec<'_> {
     const CHUNK: usize = 64;
+    /// [`Decoder::decode`] for NVFP4: 64 codes, then their 4 block scales.
+    ///
+    /// # Safety
+    ///
+    /// As [`Decoder::decode`]: AVX2 and FMA, and the chunk inside the matrix,
+    /// i.e. 32 readable bytes of `codes` from byte
+    /// `(row · cols + 64 · chunk) / 2` (the scales are read bounds-checked).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) {
@@ -294,7 +342,13 @@ impl Decoder for Nvfp4Dec<'_> {
 
 /// Steps 2 and 3 for one output: the reduced accumulator plus the columns
 /// after the last whole chunk (`x` is the token's row).
-/// Safety: `x` holds `cols` values.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `x` points to at least `cols`
+/// readable f32 (the token's row); `W[row, ..]` is read through the
+/// bounds-checked `scalar`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn finish<D: Decoder>(dec: &D, acc: __m256, row: usize, cols: usize, x: *const f32) -> f32 {
@@ -309,6 +363,12 @@ unsafe fn finish<D: Decoder>(dec: &D, acc: __m256, row: usize, cols: usize, x: *
 /// GEMV path: `R` rows at a time (4 for 1-2 tokens, else 2: enough
 /// independent chains to hide the FMA latency), tokens in tiles of at most
 /// `GEMV_TOKENS`.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `dec` decodes `job.weight`, and
+/// the job contract of the module docs holds for `job` and `rows`.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     // SAFETY: same contract as this function's.
@@ -321,6 +381,13 @@ unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     }
 }
 
+/// GEMV path with `R` rows in lockstep (see [`in_lockstep`]).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `dec` decodes `job.weight`, and
+/// the job contract of the module docs holds for `job` and `rows`.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gemv_streams<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: Range<usize>) {
     // SAFETY: the rows are inside the unit, which owns their outputs.
@@ -333,6 +400,13 @@ unsafe fn gemv_streams<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: Ran
 
 /// One set of rows against every token, a tile of tokens at a time (the
 /// rows stay in L1 between tiles).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `dec` decodes `job.weight`, and
+/// the job contract of the module docs holds for `job` and every row of `rows`
+/// (inside `0..rows`, its outputs owned by the caller's unit).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn gemv_set<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: [usize; R]) {
@@ -353,6 +427,14 @@ unsafe fn gemv_set<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: [usize;
 }
 
 /// `R` rows × `T` tokens from `t0`, every column, decoding as it goes.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `dec` decodes `job.weight`; the
+/// job contract of the module docs holds for `job` and every row of `rows`; and
+/// tokens `t0..t0 + T` exist (`t0 + T ≤ job.tokens`), so `x` holds their
+/// `T · cols` values and `out` their outputs.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn gemv_tile<D: Decoder, const R: usize, const T: usize>(
@@ -411,6 +493,13 @@ type TileAccs = [[[__m256; NT]; MR]; PANEL_MAX_ROWS / MR];
 /// the tokens' block of columns stays in L1 while the panel streams from L2.
 /// Accumulators are parked in `TileAccs` between column blocks (an exact
 /// store and reload: the summation order is unchanged).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `dec` decodes `job.weight`, and
+/// the job contract of the module docs holds for `job` and `rows` (the panel's
+/// size is derived from `job.weight`, so every block fits it).
 #[target_feature(enable = "avx2,fma")]
 unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     let (cols, n_rows, tokens) = (job.weight.cols, job.weight.rows, job.tokens);
@@ -503,7 +592,15 @@ struct Tile {
 impl Tile {
     /// `RM` panel rows × `NTOK` tokens over columns `k0..k1` (multiples of
     /// 8), accumulating into `acc[..RM][..NTOK]`.
-    /// Safety: the panel rows and token rows hold those columns.
+    ///
+    /// # Safety
+    ///
+    /// The CPU supports AVX2 and FMA (callers are reached only through
+    /// `Isa::Avx2`, which exists only after runtime detection). `k0 ≤ k1` with
+    /// `k1 − k0` a multiple of 8; for every `r < RM`,
+    /// `panel + r · whole + k0..k1` is readable and 32-byte aligned (aligned
+    /// loads: `panel` is, and `whole` is a multiple of 8); for every
+    /// `t < NTOK`, `x + t · cols + k0..k1` is readable.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn run<const RM: usize, const NTOK: usize>(

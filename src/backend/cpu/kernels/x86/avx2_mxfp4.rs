@@ -25,7 +25,13 @@
 //! or from a panel decoded once per block of rows (many tokens).
 //!
 //! Every `unsafe fn` here requires AVX2 and FMA (entered only through
-//! `Isa::Avx2`), and the shapes `check_problem` verified.
+//! `Isa::Avx2`), and the shapes `check_problem` verified. Those that take a
+//! `job` also require **the job contract** (as in `avx2.rs`): the job passed
+//! `check_problem` (its MXFP4 data holds `rows × cols` codes and
+//! `rows × cols / 32` scales, `x` holds `tokens × cols` f32 and `out` is
+//! valid for writes of `tokens × rows` f32), the rows they are given lie
+//! inside `0..rows`, and no other thread writes those rows' outputs
+//! (`out[t · rows + r]`) meanwhile: each work unit owns its rows.
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -98,7 +104,14 @@ fn panel_rows_for(shape: Shape) -> usize {
 }
 
 /// Runs rows `rows` of an MXFP4 problem whose activations are `q`.
-/// Safety: AVX2+FMA; the job's shapes were checked; `q` is the job's `x`.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `codes` and `scales` are
+/// `job.weight`'s MXFP4 data, `q` is `job.x` quantized
+/// (`q.cols == job.weight.cols`, all `job.tokens` tokens), and the job contract
+/// of the module docs holds for `job` and `rows`.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn run_rows(
     codes: &[u8],
@@ -135,12 +148,40 @@ pub(super) unsafe fn run_rows(
 trait Weights {
     /// Pair `p` of row `r`: four vectors of 8 + 8 int16 codes (group g of
     /// block 2p, then of block 2p + 1), matching the activation layout.
+    ///
+    /// # Safety
+    ///
+    /// The CPU supports AVX2 and FMA (callers are reached only through
+    /// `Isa::Avx2`, which exists only after runtime detection). `r` is a row
+    /// these weights hold (for a [`Panel`], one decoded into it) and
+    /// `p < shape.pairs`.
     unsafe fn pair(&self, r: usize, p: usize) -> [__m256i; 4];
     /// The lone last block of row `r`: its 4 groups of 8 codes.
+    ///
+    /// # Safety
+    ///
+    /// The CPU supports AVX2 and FMA (callers are reached only through
+    /// `Isa::Avx2`, which exists only after runtime detection). `r` is a row
+    /// these weights hold (for a [`Panel`], one decoded into it) and the shape
+    /// has a lone last block (`shape.lone`).
     unsafe fn lone(&self, r: usize) -> [__m128i; 4];
     /// Scales (× 1/512) of group `g` of row `r`, lanes 0 2 4 6 1 3 5 7.
+    ///
+    /// # Safety
+    ///
+    /// The CPU supports AVX2 and FMA (callers are reached only through
+    /// `Isa::Avx2`, which exists only after runtime detection). `r` is a row
+    /// these weights hold (for a [`Panel`], one decoded into it) and
+    /// `g < shape.groups`.
     unsafe fn group_scales(&self, r: usize, g: usize) -> __m256;
     /// Scale (× 1/512) of block `b` of row `r`, after the whole groups.
+    ///
+    /// # Safety
+    ///
+    /// The CPU supports AVX2 and FMA (callers are reached only through
+    /// `Isa::Avx2`, which exists only after runtime detection). `r` is a row
+    /// these weights hold (for a [`Panel`], one decoded into it) and
+    /// `b < shape.blocks`.
     unsafe fn block_scale(&self, r: usize, b: usize) -> f32;
 }
 
@@ -152,6 +193,13 @@ struct Stream<'a> {
 }
 
 impl Weights for Stream<'_> {
+    /// [`Weights::pair`], decoded from the mapped codes.
+    ///
+    /// # Safety
+    ///
+    /// As [`Weights::pair`]: AVX2 and FMA, `r < rows` of the checked matrix and
+    /// `p < pairs`, i.e. 32 readable bytes of `codes` from
+    /// `(r · blocks + 2p) · 16`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn pair(&self, r: usize, p: usize) -> [__m256i; 4] {
@@ -159,6 +207,13 @@ impl Weights for Stream<'_> {
         // SAFETY: the pair lies inside row r of the checked matrix.
         unsafe { decode_pair(self.codes.as_ptr().add(offset)) }
     }
+    /// [`Weights::lone`], decoded from the mapped codes.
+    ///
+    /// # Safety
+    ///
+    /// As [`Weights::lone`]: AVX2 and FMA, `r < rows` of the checked matrix and
+    /// `shape.lone`, i.e. 16 readable bytes of `codes` from
+    /// `(r · blocks + blocks − 1) · 16`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn lone(&self, r: usize) -> [__m128i; 4] {
@@ -166,6 +221,13 @@ impl Weights for Stream<'_> {
         // SAFETY: as above.
         unsafe { decode_block(self.codes.as_ptr().add(offset)) }
     }
+    /// [`Weights::group_scales`], decoded from the mapped scales.
+    ///
+    /// # Safety
+    ///
+    /// As [`Weights::group_scales`]: AVX2 and FMA, `r < rows` of the checked
+    /// matrix and `g < groups`, i.e. 8 readable bytes of `scales` from
+    /// `r · blocks + 8g`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn group_scales(&self, r: usize, g: usize) -> __m256 {
@@ -173,6 +235,12 @@ impl Weights for Stream<'_> {
         // SAFETY: as above.
         unsafe { decode_group_scales(self.scales.as_ptr().add(offset)) }
     }
+    /// [`Weights::block_scale`], decoded from the mapped scales.
+    ///
+    /// # Safety
+    ///
+    /// As [`Weights::block_scale`]: AVX2 and FMA (the scale byte itself is read
+    /// bounds-checked).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn block_scale(&self, r: usize, b: usize) -> f32 {
@@ -199,7 +267,12 @@ fn doubled_e2m1() -> __m256i {
 /// high one; shifting the low byte up (or masking it off) leaves one code
 /// in a word's high byte: an int16 worth 256 × the doubled code, i.e. 512
 /// × the E2M1 value. The high nibbles give elements 4k + 1 and 4k + 3.
-/// Safety: 32 readable bytes at `p`.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `p` points to at least 32
+/// readable bytes (no alignment needed).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn decode_pair(p: *const u8) -> [__m256i; 4] {
@@ -221,6 +294,12 @@ unsafe fn decode_pair(p: *const u8) -> [__m256i; 4] {
 }
 
 /// [`decode_pair`] for one block (16 bytes at `p`).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `p` points to at least 16
+/// readable bytes (no alignment needed).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn decode_block(p: *const u8) -> [__m128i; 4] {
@@ -243,7 +322,12 @@ unsafe fn decode_block(p: *const u8) -> [__m128i; 4] {
 /// (`crate::formats::e8m0_to_f32`'s rule): the exponent byte shifted into
 /// place is the f32 2^(e − 127), except e = 0 (2^-127 is a subnormal) and
 /// e = 0xFF (NaN); × 1/512 is exact.
-/// Safety: 8 readable bytes at `p`.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `p` points to at least 8
+/// readable bytes (no alignment needed).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn decode_group_scales(p: *const u8) -> __m256 {
@@ -272,7 +356,12 @@ fn pair_scales(s: __m256, k: usize) -> __m256 {
 }
 
 /// Integer partial sums of one pair against a token's codes at `x`.
-/// Safety: 64 readable codes at `x`.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `x` points to at least 64
+/// readable i16 (no alignment needed).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn pair_sums(w: &[__m256i; 4], x: *const i16) -> __m256i {
@@ -284,6 +373,12 @@ unsafe fn pair_sums(w: &[__m256i; 4], x: *const i16) -> __m256i {
 }
 
 /// [`pair_sums`] for the lone block (32 codes at `x`), in lanes 0-3.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `x` points to at least 32
+/// readable i16 (no alignment needed).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn lone_sums(w: &[__m128i; 4], x: *const i16) -> __m256i {
@@ -298,6 +393,17 @@ unsafe fn lone_sums(w: &[__m128i; 4], x: *const i16) -> __m256i {
 /// `R` rows × `T` tokens from `t0`, every column: the one summation order
 /// of the module. `rows[r]` is row r in `w`'s terms, `out_rows[r]` the
 /// output row it writes.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `w` holds rows `rows` in the
+/// shape of `q.cols` (its pairs, lone block, groups and scales, as the
+/// [`Weights`] methods require); `q` is `job.x` quantized with
+/// `q.cols == job.weight.cols`; tokens `t0..t0 + T` exist
+/// (`t0 + T ≤ job.tokens`); and the job contract of the module docs holds for
+/// every row of `out_rows` (inside `0..rows`, its outputs owned by the caller's
+/// unit).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn tile<W: Weights, const R: usize, const T: usize>(
@@ -377,6 +483,13 @@ unsafe fn tile<W: Weights, const R: usize, const T: usize>(
 
 /// GEMV path: one set of rows against every token, a tile of tokens at a
 /// time (the rows stay in L1 between tiles).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `w` streams `job.weight`'s MXFP4
+/// data, `q` is `job.x` quantized (`q.cols == job.weight.cols`), and the job
+/// contract of the module docs holds for `job` and every row of `rows`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn gemv<const R: usize>(w: &Stream, q: &QuantizedX, job: &Job, rows: [usize; R]) {
@@ -405,6 +518,13 @@ struct Panel {
 }
 
 impl Weights for Panel {
+    /// [`Weights::pair`], from the decoded panel (aligned loads).
+    ///
+    /// # Safety
+    ///
+    /// As [`Weights::pair`]: AVX2 and FMA, `r` one of the rows `panel` decoded
+    /// into `codes` (32-byte aligned, `panel_stride()` vectors a row) and
+    /// `p < pairs`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn pair(&self, r: usize, p: usize) -> [__m256i; 4] {
@@ -412,6 +532,13 @@ impl Weights for Panel {
         // SAFETY: decoded by `panel` for every row and pair of the block.
         std::array::from_fn(|g| unsafe { _mm256_load_si256(self.codes.add(base + g)) })
     }
+    /// [`Weights::lone`], from the decoded panel (aligned loads).
+    ///
+    /// # Safety
+    ///
+    /// As [`Weights::lone`]: AVX2 and FMA, `r` one of the rows `panel` decoded
+    /// into `codes` (32-byte aligned, `panel_stride()` vectors a row) and
+    /// `shape.lone`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn lone(&self, r: usize) -> [__m128i; 4] {
@@ -420,12 +547,24 @@ impl Weights for Panel {
         // SAFETY: as above (the lone block is two vectors after the pairs).
         std::array::from_fn(|g| unsafe { _mm_load_si128(p.offset(2 * base + g as isize)) })
     }
+    /// [`Weights::group_scales`], from the decoded panel.
+    ///
+    /// # Safety
+    ///
+    /// As [`Weights::group_scales`]: AVX2 and FMA, `r` one of the rows `panel`
+    /// decoded into `scales` (`blocks` values a row) and `g < groups`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn group_scales(&self, r: usize, g: usize) -> __m256 {
         // SAFETY: as above.
         unsafe { _mm256_loadu_ps(self.scales.add(r * self.shape.blocks + g * SCALE_GROUP)) }
     }
+    /// [`Weights::block_scale`], from the decoded panel.
+    ///
+    /// # Safety
+    ///
+    /// As [`Weights::block_scale`]: AVX2 and FMA, `r` one of the rows `panel`
+    /// decoded into `scales` (`blocks` values a row) and `b < blocks`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn block_scale(&self, r: usize, b: usize) -> f32 {
@@ -440,6 +579,14 @@ struct PanelCodes([MaybeUninit<__m256i>; PANEL_VECTORS]);
 /// Panel path: for each block of rows, decode it into the panel, then run
 /// 1 × `NT` tiles over every token (a token tile's codes stay in L1 while
 /// the panel streams from L2).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `stream` streams `job.weight`'s
+/// MXFP4 data, `q` is `job.x` quantized (`q.cols == job.weight.cols`), and the
+/// job contract of the module docs holds for `job` and `rows` (the panel's size
+/// is derived from the shape, so every block fits it).
 #[target_feature(enable = "avx2,fma")]
 unsafe fn panel(stream: &Stream, q: &QuantizedX, job: &Job, rows: Range<usize>) {
     let shape = stream.shape;
@@ -509,8 +656,15 @@ unsafe fn panel(stream: &Stream, q: &QuantizedX, job: &Job, rows: Range<usize>) 
 /// rounding (`vcvtps2dq` rounds to nearest even, as the scalar rounder
 /// does), the same saturation (`vpackssdw`, as the scalar `as i16`) and the
 /// same layout.
-/// Safety: AVX2+FMA; `x.len()` a multiple of 32, `codes` as long as `x`,
-/// `scales` holding `x.len() / 32` values.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (the caller checks
+/// `Isa::Avx2.is_available()`). That is the only obligation for memory: every
+/// access is bounds-checked against the slices or inside `x`'s whole blocks.
+/// For the result to be right, `x.len()` is a multiple of 32, `codes` as long
+/// as `x` and `scales` holding `x.len() / 32` values (a short `codes` or
+/// `scales` panics).
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::backend::cpu::kernels) unsafe fn quantize_row(
     x: &[f32],

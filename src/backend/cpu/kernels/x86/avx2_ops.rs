@@ -23,6 +23,12 @@ fn hmax(v: __m256) -> f32 {
 }
 
 /// 8 bf16 at p → f32.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `p` points to at least 8
+/// readable u16 (16 bytes, any alignment).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn load_bf16(p: *const u16) -> __m256 {
@@ -60,6 +66,13 @@ fn exp8(x: __m256) -> __m256 {
     _mm256_mul_ps(y, _mm256_castsi256_ps(two_n))
 }
 
+/// Σ a·b (see `ops::dot`).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (`ops` calls this only when `Isa::best()` is
+/// `Isa::Avx2`). `b` is at least as long as `a` (`ops::dot` asserts equal
+/// lengths).
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::backend::cpu::kernels) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len();
@@ -93,6 +106,13 @@ pub(in crate::backend::cpu::kernels) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 
     s
 }
 
+/// Σ a·b with `b` as bf16 (see `ops::dot_bf16`).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (`ops` calls this only when `Isa::best()` is
+/// `Isa::Avx2`). `b` is at least as long as `a` (`ops::dot_bf16` asserts equal
+/// lengths).
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::backend::cpu::kernels) unsafe fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
     let n = a.len();
@@ -129,6 +149,13 @@ pub(in crate::backend::cpu::kernels) unsafe fn dot_bf16(a: &[f32], b: &[u16]) ->
     s
 }
 
+/// y += alpha · x (see `ops::axpy`).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (`ops` calls this only when `Isa::best()` is
+/// `Isa::Avx2`). `y` is at least as long as `x` (`ops::axpy` asserts equal
+/// lengths).
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::backend::cpu::kernels) unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     let n = x.len();
@@ -148,6 +175,13 @@ pub(in crate::backend::cpu::kernels) unsafe fn axpy(alpha: f32, x: &[f32], y: &m
     }
 }
 
+/// y += alpha · x with `x` as bf16 (see `ops::axpy_bf16`).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (`ops` calls this only when `Isa::best()` is
+/// `Isa::Avx2`). `y` is at least as long as `x` (`ops::axpy_bf16` asserts equal
+/// lengths).
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::backend::cpu::kernels) unsafe fn axpy_bf16(alpha: f32, x: &[u16], y: &mut [f32]) {
     let n = x.len();
@@ -168,6 +202,12 @@ pub(in crate::backend::cpu::kernels) unsafe fn axpy_bf16(alpha: f32, x: &[u16], 
 }
 
 /// r += x; returns Σ r².
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (`ops` calls this only when `Isa::best()` is
+/// `Isa::Avx2`). `x` is at least as long as `r` (`ops::add_rmsnorm` passes rows
+/// of one `dim`).
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::backend::cpu::kernels) unsafe fn add_sum_squares(r: &mut [f32], x: &[f32]) -> f32 {
     let n = r.len();
@@ -192,6 +232,13 @@ pub(in crate::backend::cpu::kernels) unsafe fn add_sum_squares(r: &mut [f32], x:
 }
 
 /// out = (x · inv) · w, w as bf16 bytes (possibly misaligned).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (`ops` calls this only when `Isa::best()` is
+/// `Isa::Avx2`). `w` holds at least `2 · x.len()` bytes and `out` at least
+/// `x.len()` values (`ops::rmsnorm` and `ops::add_rmsnorm` pass rows of
+/// `dim = w.len() / 2`).
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::backend::cpu::kernels) unsafe fn scale_by_weight(
     x: &[f32],
@@ -216,6 +263,13 @@ pub(in crate::backend::cpu::kernels) unsafe fn scale_by_weight(
     }
 }
 
+/// out = silu(gate) · up (see `ops::silu_mul`).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (`ops` calls this only when `Isa::best()` is
+/// `Isa::Avx2`). `up` and `out` are at least as long as `gate` (`ops::silu_mul`
+/// asserts equal lengths).
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::backend::cpu::kernels) unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     let n = gate.len();
@@ -237,6 +291,12 @@ pub(in crate::backend::cpu::kernels) unsafe fn silu_mul(gate: &[f32], up: &[f32]
     }
 }
 
+/// Softmax of `x` in place (see `ops::softmax_inplace`).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (`ops` calls this only when `Isa::best()` is
+/// `Isa::Avx2`). Nothing else: every access stays inside `x`.
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::backend::cpu::kernels) unsafe fn softmax_inplace(x: &mut [f32]) {
     let n = x.len();
@@ -294,6 +354,13 @@ fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
 /// keys, 8-lane accumulators over the head dimension reduced by `reduce4`'s
 /// tree (a lone score takes the same tree), the dimensions past the last
 /// vector added one by one, then the scale.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (`ops` calls this only when `Isa::best()` is
+/// `Isa::Avx2`). Nothing else for memory: the tiles cover whole rows of `q` and
+/// `k` (`q.len() / hd`, `k.len() / hd` of them) and `out` is indexed
+/// bounds-checked; `ops::attention_scores` checks the lengths.
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::backend::cpu::kernels) unsafe fn attention_scores(
     q: &[f32],
@@ -325,6 +392,14 @@ pub(in crate::backend::cpu::kernels) unsafe fn attention_scores(
 
 /// `Q` queries from `qi` × keys `kj..kj + kn` (kn ≤ 4; missing keys are
 /// computed on key `kj` and dropped).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `1 ≤ kn`, and queries
+/// `qi..qi + Q` and keys `kj..kj + kn` are whole rows of `q` and `k`:
+/// `(qi + Q) · hd ≤ q.len()` and `(kj + kn) · hd ≤ k.len()` (`out` is indexed
+/// bounds-checked).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
@@ -380,6 +455,13 @@ unsafe fn scores_tile<const Q: usize>(
 /// `o += p · v` for a block (see `ops::attention_values`): tiles of 4
 /// queries × 16 dimensions held in registers over all keys, each element
 /// summed over the keys in order by fused multiply-add.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (`ops` calls this only when `Isa::best()` is
+/// `Isa::Avx2`). `p` holds at least `(o.len() / hd) · (v.len() / hd)` weights
+/// (`ops::attention_values` asserts exactly that many); `o` and `v` are
+/// accessed only as whole rows of `hd`.
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::backend::cpu::kernels) unsafe fn attention_values(
     p: &[f32],
@@ -405,6 +487,14 @@ pub(in crate::backend::cpu::kernels) unsafe fn attention_values(
     }
 }
 
+/// `o += p · v` for queries `qi..qi + Q` (see [`attention_values`]).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
+/// which exists only after runtime detection). `(qi + Q) · hd ≤ o.len()`,
+/// `nk · hd ≤ v.len()` and `(qi + Q) · nk ≤ p.len()`: every output row, value
+/// row and weight read is inside its slice.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn values_tile<const Q: usize>(
@@ -476,6 +566,11 @@ unsafe fn values_tile<const Q: usize>(
 
 /// `s := exp(s − max)` (0 where s is −∞), returning the sum: 8-lane
 /// partial sums in order, `reduce4`'s tree, then the tail one by one.
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA (`ops` calls this only when `Isa::best()` is
+/// `Isa::Avx2`). Nothing else: every access stays inside `s`.
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::backend::cpu::kernels) unsafe fn exp_block(s: &mut [f32], max: f32) -> f32 {
     let n = s.len();
