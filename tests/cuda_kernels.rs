@@ -15,8 +15,8 @@ use sparkrt::backend::{
     AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, KvLayout, Matmul, RouterKind,
 };
 use sparkrt::checkpoint::linear::{VectorData, VectorWeight};
-use sparkrt::engine::batch::{Logits, StepBatch};
 use sparkrt::plan::profile::KvCacheDtype;
+use sparkrt::step::{Logits, StepBatch};
 
 /// A bf16 vector (norm weight, bias, sinks) stored at `offset`.
 struct OwnedVector {

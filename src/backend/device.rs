@@ -11,9 +11,9 @@ use super::cuda::{
 };
 use super::{AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind};
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
-use crate::engine::batch::StepBatch;
 use crate::plan::ledger::Category;
 use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+use crate::step::StepBatch;
 
 pub enum DeviceBackend {
     Cpu(CpuBackend),

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
-use crate::engine::batch::StepBatch;
 use crate::plan::ledger::{Category, Charge, Ledger, LedgerError};
 use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+use crate::step::StepBatch;
 
 #[derive(Debug, Error)]
 pub enum BackendError {

@@ -18,13 +18,14 @@ use crate::backend::Backend;
 use crate::backend::cpu::kernels::measure_read_bandwidth_of;
 use crate::checkpoint::groups::group_of;
 use crate::checkpoint::{Checkpoint, PageCachePolicy};
-use crate::engine::sampling::{SamplingParams, SplitMix64};
+use crate::engine::sampling::SamplingParams;
 use crate::engine::{Event, Request};
+use crate::geometry::WeightGroup;
 use crate::plan::Plan;
-use crate::plan::memory::WeightGroup;
 use crate::plan::profile::{Profile, ServingSection};
 use crate::runtime::{HostSource, Loaded};
 use crate::units::format_size;
+use crate::util::rng::SplitMix64;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {

@@ -183,10 +183,17 @@ pub fn dummy_if_asked(args: &ModelArgs, dir: &Path) -> Result<(PathBuf, Option<T
     let out = std::env::temp_dir().join(format!("sparkrt-dummy-{}", std::process::id()));
     let guard = TempDir(out.clone());
     let bar = super::progress_bar("writing random weights");
-    crate::model::dummy::write_checkpoint(dir, &config, &out, 1, 0x5eed, &mut |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    })?;
+    crate::checkpoint::synthetic::write_checkpoint(
+        dir,
+        &config,
+        &out,
+        1,
+        0x5eed,
+        &mut |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        },
+    )?;
     bar.finish_and_clear();
     Ok((out, Some(guard)))
 }

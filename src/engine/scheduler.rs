@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
 
-use super::batch::{Logits, StepBatch};
 use super::kv_blocks::BlockAllocator;
 use super::sampling::{Sampler, SamplingError, SamplingWorkspace};
 use super::sequence::{Event, EventSink, FinishReason, Request, SeqId, Sequence, TextState};
 use crate::backend::Backend;
 use crate::model::{Buffers, ModelError, Transformer};
+use crate::step::{Logits, StepBatch};
 use crate::text::Tokenizer;
 
 #[derive(Debug, Error)]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::PlanDevice;
-use super::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
+use crate::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization, WeightGroup};
 
 /// Activations, workspace and logits are f32 on every backend.
 pub const ACTIVATION_BYTES: u64 = 4;
@@ -19,43 +19,6 @@ const INDEX_BYTES: u64 = 4;
 /// per value and an f32 scale per 32 values.
 const QUANTIZED_CODE_BYTES: u64 = 2;
 const QUANTIZED_BLOCK: u64 = 32;
-
-/// Groups the plan and `inspect` report weight bytes by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WeightGroup {
-    Embeddings,
-    Attention,
-    Router,
-    Experts,
-    DenseMlp,
-    Norms,
-    LmHead,
-}
-
-impl WeightGroup {
-    pub const ALL: [WeightGroup; 7] = [
-        WeightGroup::Embeddings,
-        WeightGroup::Attention,
-        WeightGroup::Router,
-        WeightGroup::Experts,
-        WeightGroup::DenseMlp,
-        WeightGroup::Norms,
-        WeightGroup::LmHead,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightGroup::Embeddings => "embeddings",
-            WeightGroup::Attention => "attention",
-            WeightGroup::Router => "router",
-            WeightGroup::Experts => "experts",
-            WeightGroup::DenseMlp => "dense_mlp",
-            WeightGroup::Norms => "norms",
-            WeightGroup::LmHead => "lm_head",
-        }
-    }
-}
 
 /// Weight bytes by group (every group present, zero when empty).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -264,7 +227,7 @@ pub fn activations(
     }
     buffers.push(buffer("logits", s * g.vocab_size as u64 * ACTIVATION_BYTES));
     // A token id and a position per token; per sequence its start, length,
-    // cached length, ring slot, logit row and block table (engine::batch).
+    // cached length, ring slot, logit row and block table (`step::StepBatch`).
     buffers.push(buffer(
         "step_metadata",
         (2 * t + s * (blocks_per_seq + 5)) * INDEX_BYTES,

@@ -4,7 +4,6 @@
 //! checkpoint's headers (when at hand) and a reading of the host. It says
 //! whether the model fits and, if not, by how much and which knob to turn.
 
-pub mod geometry;
 pub mod ledger;
 pub mod memory;
 pub mod profile;
@@ -13,10 +12,8 @@ pub mod report;
 use serde::Serialize;
 use thiserror::Error;
 
-use geometry::{Architecture, ModelGeometry};
-use memory::{
-    Activations, Headroom, HostFigures, MoeWorkspace, SlidingKv, WeightBytes, WeightGroup,
-};
+use crate::geometry::{self, Architecture, ModelGeometry, WeightGroup};
+use memory::{Activations, Headroom, HostFigures, MoeWorkspace, SlidingKv, WeightBytes};
 use profile::{
     DEFAULT_CPU_OVERHEAD, DEFAULT_CUDA_OVERHEAD, DeviceKind, KvCacheDtype, KvCacheSize, Profile,
 };

@@ -14,9 +14,9 @@ use rayon::prelude::*;
 
 use super::{AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind};
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
-use crate::engine::batch::StepBatch;
 use crate::plan::ledger::{Category, Charge, Ledger};
 use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+use crate::step::StepBatch;
 
 pub use kv::CpuKvCache;
 pub use moe::{CpuExperts, CpuWorkspace};

@@ -8,10 +8,10 @@ use std::sync::atomic::AtomicU64;
 
 use super::driver::{Device, DeviceMemory, HostMapped};
 use crate::backend::{BackendError, KvLayout, charge_workspace_buffer};
-use crate::engine::batch::StepBatch;
 use crate::plan::ledger::{Category, Charge, Ledger};
 use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
 use crate::plan::profile::KvCacheDtype;
+use crate::step::StepBatch;
 
 #[derive(Debug)]
 enum Memory {

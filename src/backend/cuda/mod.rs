@@ -34,10 +34,10 @@ use thiserror::Error;
 
 use super::{AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind};
 use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight, WeightData};
-use crate::engine::batch::StepBatch;
 use crate::host::gpu::GpuInfo;
 use crate::plan::ledger::{Category, Charge, Ledger, WeightsResidency};
 use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+use crate::step::StepBatch;
 use driver::{Device, DeviceMemory, guarded};
 use kernels::{Kernel, Kernels};
 use memory::check;
