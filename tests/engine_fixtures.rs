@@ -22,7 +22,7 @@ fn run(name: &str, profile: &Profile, prompts: &[Vec<u32>], max_tokens: usize) -
         kubelet_config: None,
     };
     let dir = common::fixture(name);
-    let loaded = Loaded::open(&dir, Some(profile), &host, PageCachePolicy::Keep).unwrap();
+    let loaded = Loaded::open_cpu(&dir, Some(profile), &host, PageCachePolicy::Keep).unwrap();
     let source = loaded.source();
     let mut engine = loaded.engine(&source).unwrap();
     serve_greedy(&mut engine, prompts, max_tokens)

@@ -10,11 +10,12 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use super::{EXIT_DOES_NOT_FIT, load_profile, model_dir};
+use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
 use crate::engine::sampling::SamplingParams;
 use crate::engine::{Event, FinishReason, Request};
 use crate::plan::profile::{DeviceKind, Profile};
-use crate::runtime::{DeviceOptions, HostSource, Loaded, RuntimeError};
+use crate::runtime::{DeviceOptions, HostSource, Loaded, LoadedModel, RuntimeError, WithBackend};
 use crate::text::ChatMessage;
 
 /// The profile used when neither `--model` nor `--profile` is given: the
@@ -206,7 +207,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         root: &args.model.host_root,
         kubelet_config: None,
     };
-    let loaded = match Loaded::open_with(
+    let loaded = match LoadedModel::open_with(
         &dir,
         profile.as_ref(),
         &host,
@@ -219,7 +220,22 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         }
         other => other?,
     };
-    let prompt = prompt_ids(args, &loaded)?;
+    loaded.run(Generate(args))
+}
+
+/// One prompt through an engine on the loaded model.
+struct Generate<'a>(&'a GenerateArgs);
+
+impl WithBackend for Generate<'_> {
+    type Output = Result<ExitCode>;
+
+    fn run<B: Backend>(self, loaded: &Loaded<B>) -> Result<ExitCode> {
+        generate(self.0, loaded)
+    }
+}
+
+fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitCode> {
+    let prompt = prompt_ids(args, loaded)?;
     let source = loaded.source();
     let mut engine = loaded.engine(&source)?;
 
@@ -328,7 +344,7 @@ fn rate(tokens: usize, seconds: f64) -> f64 {
     }
 }
 
-fn prompt_ids(args: &GenerateArgs, loaded: &Loaded) -> Result<Vec<u32>> {
+fn prompt_ids<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<Vec<u32>> {
     if let Some(ids) = &args.prompt_ids {
         return Ok(ids.clone());
     }

@@ -544,7 +544,7 @@ mod tests {
     use std::sync::mpsc;
 
     use super::*;
-    use crate::backend::device::DeviceBackend;
+    use crate::backend::cpu::CpuBackend;
     use crate::checkpoint::PageCachePolicy;
     use crate::engine::sampling::SamplingParams;
     use crate::plan::profile::{KvCacheSize, Profile};
@@ -554,7 +554,7 @@ mod tests {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
     }
 
-    fn loaded() -> Loaded {
+    fn loaded() -> Loaded<CpuBackend> {
         let mut profile = Profile::load(&repo().join("profiles/qwen3-moe-tiny.toml")).unwrap();
         profile.serving.max_model_len = 256;
         profile.serving.max_num_batched_tokens = 64;
@@ -566,7 +566,7 @@ mod tests {
             kubelet_config: None,
         };
         let dir = repo().join("tests/fixtures/qwen3-moe-tiny");
-        Loaded::open(&dir, Some(&profile), &host, PageCachePolicy::Keep).unwrap()
+        Loaded::open_cpu(&dir, Some(&profile), &host, PageCachePolicy::Keep).unwrap()
     }
 
     /// A greedy request of `prompt_len` made-up tokens that generates
@@ -583,7 +583,7 @@ mod tests {
     }
 
     /// Serves `requests` together; returns each one's generated tokens.
-    fn serve(engine: &mut Engine<'_, DeviceBackend>, requests: &[Request]) -> Vec<Vec<u32>> {
+    fn serve<B: Backend>(engine: &mut Engine<'_, B>, requests: &[Request]) -> Vec<Vec<u32>> {
         let receivers: Vec<_> = requests
             .iter()
             .map(|r| {
