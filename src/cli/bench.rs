@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use super::generate::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use super::common::{ModelArgs, dummy_if_asked, resolve, set_threads};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cpu::kernels::measure_read_bandwidth_of;

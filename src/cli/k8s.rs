@@ -33,8 +33,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
+use super::common::HostArgs;
 use super::plan::{PlanArgs, make_plan};
-use super::{EXIT_DOES_NOT_FIT, HostArgs, find_profile};
+use super::{EXIT_DOES_NOT_FIT, find_profile};
 use crate::plan::{Plan, report};
 use crate::units::format_gib;
 

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use super::{EXIT_DOES_NOT_FIT, HostArgs, load_profile, model_dir};
+use super::common::HostArgs;
+use super::{EXIT_DOES_NOT_FIT, load_profile, model_dir};
 use crate::host::gpu;
 use crate::plan::{self, Plan, PlanDevice, report};
 use crate::runtime::{HostSource, plan_checkpoint};

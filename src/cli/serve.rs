@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use super::EXIT_DOES_NOT_FIT;
-use super::generate::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use super::common::{ModelArgs, dummy_if_asked, resolve, set_threads};
 use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
 use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, WithBackend};
