@@ -25,7 +25,7 @@ use crate::engine::{Event, Request};
 use crate::geometry::WeightGroup;
 use crate::plan::Plan;
 use crate::plan::profile::{Profile, ServingSection};
-use crate::runtime::{HostSource, Loaded, LoadedModel};
+use crate::runtime::{Loaded, LoadedModel};
 use crate::units::format_size;
 use crate::util::rng::SplitMix64;
 
@@ -196,10 +196,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         }
         None => None,
     };
-    let host = HostSource {
-        root: &args.model.host_root,
-        kubelet_config: None,
-    };
+    let host = args.model.host();
     let loaded = LoadedModel::open_with(
         &dir,
         profile.as_ref(),

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use super::{load_profile, model_dir};
-use crate::host::{HostReading, KubeletSource};
+use crate::host::HostReading;
 use crate::plan::profile::{DeviceKind, KubeletMode, Profile};
-use crate::runtime::DeviceOptions;
+use crate::runtime::{DeviceOptions, HostSource};
 
 /// The profile used when neither `--model` nor `--profile` is given: the
 /// tiny reference model in tests/fixtures.
@@ -54,6 +54,14 @@ pub enum BackendChoice {
 }
 
 impl ModelArgs {
+    /// The host below `--host-root`, its kubelet found where it usually is.
+    pub fn host(&self) -> HostSource<'_> {
+        HostSource {
+            root: &self.host_root,
+            kubelet_config: None,
+        }
+    }
+
     /// The device choice these flags make.
     pub fn device_options(&self) -> DeviceOptions {
         DeviceOptions {
@@ -85,14 +93,18 @@ pub struct HostArgs {
 }
 
 impl HostArgs {
+    /// The host these flags name.
+    pub fn source(&self) -> HostSource<'_> {
+        HostSource {
+            root: &self.host_root,
+            kubelet_config: self.kubelet_config.as_deref(),
+        }
+    }
+
     /// Reads the host as a profile's `[host] kubelet` setting asks.
     pub fn read(&self, kubelet: KubeletMode) -> Result<HostReading> {
-        let source = match (kubelet, &self.kubelet_config) {
-            (KubeletMode::None, _) => KubeletSource::None,
-            (KubeletMode::Auto, Some(path)) => KubeletSource::File(path.clone()),
-            (KubeletMode::Auto, None) => KubeletSource::Auto,
-        };
-        crate::host::read_host(&self.host_root, &source)
+        self.source()
+            .read(kubelet)
             .with_context(|| format!("reading the host below {}", self.host_root.display()))
     }
 }

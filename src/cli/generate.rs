@@ -15,7 +15,7 @@ use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
 use crate::engine::sampling::SamplingParams;
 use crate::engine::{Event, FinishReason, Request};
-use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, WithBackend};
+use crate::runtime::{Loaded, LoadedModel, RuntimeError, WithBackend};
 use crate::text::ChatMessage;
 
 #[derive(Debug, clap::Args)]
@@ -72,10 +72,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     set_threads(args.model.threads)?;
     let (dir, profile) = resolve(&args.model)?;
     let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
-    let host = HostSource {
-        root: &args.model.host_root,
-        kubelet_config: None,
-    };
+    let host = args.model.host();
     let loaded = match LoadedModel::open_with(
         &dir,
         profile.as_ref(),

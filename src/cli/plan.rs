@@ -9,7 +9,7 @@ use super::common::HostArgs;
 use super::{EXIT_DOES_NOT_FIT, load_profile, model_dir};
 use crate::host::gpu;
 use crate::plan::{self, Plan, PlanDevice, report};
-use crate::runtime::{HostSource, plan_checkpoint};
+use crate::runtime::plan_checkpoint;
 
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
@@ -36,12 +36,10 @@ pub fn make_plan(args: &PlanArgs) -> Result<Plan> {
         // A profile's model.path that is not downloaded yet plans from the
         // geometry; an explicit --model must exist.
         if args.model.is_some() || dir.join("config.json").is_file() {
-            let host = HostSource {
-                root: &args.host.host_root,
-                kubelet_config: args.host.kubelet_config.as_deref(),
-            };
-            let (_, _, plan) = plan_checkpoint(&dir, Some(&profile), &host, device)
-                .with_context(|| format!("planning with the checkpoint in {}", dir.display()))?;
+            let (_, _, plan) = plan_checkpoint(&dir, Some(&profile), &args.host.source(), device)
+                .with_context(|| {
+                format!("planning with the checkpoint in {}", dir.display())
+            })?;
             return Ok(plan);
         }
     }
