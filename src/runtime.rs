@@ -161,6 +161,30 @@ pub fn plan_checkpoint(
     Ok((config, profile, plan))
 }
 
+/// Plans `profile` on the host `host` describes, for the device the profile
+/// names (`auto`: CUDA when a GPU is present): the weight bytes exact from
+/// the headers of the checkpoint in `checkpoint` when one is given, else
+/// estimated from the profile's geometry. What `plan` and `k8s` print.
+pub fn plan_profile(
+    profile: &Profile,
+    checkpoint: Option<&Path>,
+    host: &HostSource<'_>,
+) -> Result<Plan, RuntimeError> {
+    let gpu_present = crate::host::gpu::probe().first().is_some();
+    let device = PlanDevice::resolve(profile.backend.device, gpu_present);
+    if let Some(dir) = checkpoint {
+        let (_, _, plan) = plan_checkpoint(dir, Some(profile), host, device)?;
+        return Ok(plan);
+    }
+    let reading = host.read(profile.host.kubelet)?;
+    Ok(plan::compute(
+        profile,
+        &plan::host_figures(&reading),
+        None,
+        device,
+    ))
+}
+
 impl LoadedModel {
     /// Plans, refuses if the plan does not fit, then maps the checkpoint and
     /// loads the tokenizer, on the device the profile names.

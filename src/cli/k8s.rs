@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, Deployment, DeploymentSpec,
     DeploymentStrategy, RollingUpdateDaemonSet, RollingUpdateDeployment,
@@ -34,9 +34,11 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
 use super::common::HostArgs;
-use super::plan::{PlanArgs, make_plan};
+use super::plan::{checkpoint_to_plan_with, planning_what};
 use super::{EXIT_DOES_NOT_FIT, find_profile};
+use crate::plan::profile::Profile;
 use crate::plan::{Plan, report};
+use crate::runtime::plan_profile;
 use crate::units::format_gib;
 
 /// Node label set by NVIDIA GPU feature discovery (part of the GPU operator):
@@ -157,14 +159,16 @@ pub fn run(args: &K8sArgs) -> Result<ExitCode> {
         Some(dir) => dir.clone(),
         None => Path::new(DEFAULT_MODEL_ROOT).join(profile_stem(&profile_file)),
     };
-    let plan = make_plan(&PlanArgs {
-        profile: profile_path.display().to_string(),
-        // The folder is a node path; read its headers only where it also
-        // exists here (e.g. when run on a node), else plan from the geometry.
-        model: model_dir.is_dir().then(|| model_dir.clone()),
-        host: args.host.clone(),
-        json: false,
-    })?;
+    let profile = Profile::parse(&profile_text, &profile_path.display().to_string())?;
+    // The folder is a node path; read its headers only where it also
+    // exists here (e.g. when run on a node).
+    let checkpoint = checkpoint_to_plan_with(
+        model_dir.is_dir().then_some(model_dir.as_path()),
+        &profile,
+        &profile_path,
+    );
+    let plan = plan_profile(&profile, checkpoint.as_deref(), &args.host.source())
+        .with_context(|| planning_what(checkpoint.as_deref(), &args.host))?;
     if !plan.fits {
         eprint!("{}", report::render(&plan));
         eprintln!("refusing to write manifests: the plan does not fit this host");
