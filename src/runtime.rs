@@ -382,7 +382,7 @@ impl Loaded<CudaBackend> {
         )
         .map_err(BackendError::from)?;
         let checkpoint = &mapped.checkpoint;
-        let regions = weight_regions(checkpoint)?;
+        let regions = checkpoint.tensor_regions()?;
         let bar = weights_progress_bar(regions.iter().map(|r| r.len() as u64).sum());
         let residency =
             backend.attach_weights(&regions, WeightsPolicy::Auto, &mut |done, total| {
@@ -468,35 +468,6 @@ impl<B: Backend> Loaded<B> {
             self.eos.clone(),
         )?)
     }
-}
-
-/// The host byte ranges the checkpoint's tensors lie in: each tensor's
-/// bytes, adjacent ones of the same file merged (one range per file when
-/// the file has no gaps), so their total is exactly the plan's weight bytes.
-fn weight_regions(checkpoint: &Checkpoint) -> Result<Vec<&[u8]>, RuntimeError> {
-    let mut ranges: Vec<(usize, &[u8])> = Vec::new();
-    for info in &checkpoint.headers().tensors {
-        let bytes = checkpoint.tensor(&info.name)?.bytes();
-        if !bytes.is_empty() {
-            ranges.push((info.file, bytes));
-        }
-    }
-    ranges.sort_by_key(|(file, r)| (*file, r.as_ptr() as usize));
-    let mut merged: Vec<(usize, &[u8])> = Vec::new();
-    for (file, range) in ranges {
-        if let Some((last_file, last)) = merged.last_mut()
-            && *last_file == file
-            && last.as_ptr() as usize + last.len() == range.as_ptr() as usize
-        {
-            // SAFETY: both slices lie in the same file's one read-only
-            // mapping and are adjacent, so the joined range is inside that
-            // mapping, initialised, and lives as long as `checkpoint`.
-            *last = unsafe { std::slice::from_raw_parts(last.as_ptr(), last.len() + range.len()) };
-            continue;
-        }
-        merged.push((file, range));
-    }
-    Ok(merged.into_iter().map(|(_, r)| r).collect())
 }
 
 fn weights_progress_bar(total: u64) -> indicatif::ProgressBar {
