@@ -17,7 +17,7 @@ use crate::checkpoint::PageCachePolicy;
 use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, WithBackend};
 use crate::server::engine_loop::{self, EngineHandle, Gauges};
 use crate::server::guard::MemoryGuard;
-use crate::server::{ServerState, router};
+use crate::server::{ServerConfig, ServerState, router};
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -134,22 +134,22 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
 
     let (commands, receiver) = std::sync::mpsc::channel();
     let gauges = Arc::new(Gauges::default());
-    let state = Arc::new(ServerState::new(
+    let state = Arc::new(ServerState::new(ServerConfig {
         model_name,
         limits,
-        loaded.plan.clone(),
-        Arc::clone(&loaded.ledger),
-        Arc::clone(&guard),
-        EngineHandle {
+        plan: loaded.plan.clone(),
+        ledger: Arc::clone(&loaded.ledger),
+        guard: Arc::clone(&guard),
+        engine: EngineHandle {
             commands,
             gauges: Arc::clone(&gauges),
         },
         engine_counters,
-        loaded.tokenizer.clone(),
+        tokenizer: loaded.tokenizer.clone(),
         chat_template,
         api_key,
-        args.model.host_root.clone(),
-    ));
+        host_root: args.model.host_root.clone(),
+    }));
 
     let address: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
