@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod cli;
+pub mod deploy;
 pub mod engine;
 pub mod geometry;
 pub mod host;
