@@ -10,5 +10,5 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
 cargo test --release --target aarch64-unknown-linux-gnu \
-	--test kernels_batch_invariance --test kernels_matmul --test kernels_ops --test kernels_quantize \
-	--test engine_fixtures "$@"
+	--test integration "$@" -- \
+	kernels_batch_invariance:: kernels_matmul:: kernels_ops:: kernels_quantize:: engine_fixtures::

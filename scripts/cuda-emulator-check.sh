@@ -12,4 +12,4 @@ cd "$(dirname "$0")/.."
 emulator="target/cuda-emulator"
 kernels/emu/build.sh "$emulator"
 LD_LIBRARY_PATH="$PWD/$emulator${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-	cargo test --test cuda_kernels --test cuda_fixtures --test cuda_fallback "$@"
+	cargo test --test integration "$@" -- cuda_kernels:: cuda_fixtures:: cuda_fallback::

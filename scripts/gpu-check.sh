@@ -14,7 +14,8 @@ start=$SECONDS
 failed=()
 models="${SPARKRT_BENCH_DIR:-target/gpu-check-models}"
 sparkrt=./target/release/sparkrt
-cuda_tests=(--test cuda_kernels --test cuda_fixtures --test cuda_nvrtc --test cuda_fallback)
+# The CUDA topics of the one integration-test binary (tests/main.rs).
+cuda_tests=(cuda_kernels:: cuda_fixtures:: cuda_nvrtc:: cuda_fallback::)
 
 step() {
 	printf '\n== %s [%ds]\n' "$1" $((SECONDS - start))
@@ -35,12 +36,12 @@ nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
 	echo "nvidia-smi not found"
 
 run "release build" cargo build --release --quiet
-run "test binaries" cargo test --release --quiet --no-run "${cuda_tests[@]}"
+run "test binaries" cargo test --release --quiet --no-run --test integration
 run "kernels for this GPU (NVRTC, registers, spills)" "$sparkrt" kernels
 
 # The tests print their figures (logit differences, weights residency).
 cuda_test_run() {
-	cargo test --release "${cuda_tests[@]}" -- --nocapture --test-threads 1 2>&1 |
+	cargo test --release --test integration -- "${cuda_tests[@]}" --nocapture --test-threads 1 2>&1 |
 		grep -E '^test |differ|residency|skipping|panicked|test result'
 	return "${PIPESTATUS[0]}"
 }

@@ -10,17 +10,17 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{self, CudaBackend, CudaOptions, WeightsPolicy};
+use crate::backend::cuda::{CudaBackend, CudaOptions, WeightsPolicy};
 use crate::backend::{Backend, BackendError, KvLayout};
 use crate::checkpoint::config::ModelConfig;
 use crate::checkpoint::{self, Checkpoint, CheckpointError, PageCachePolicy};
 use crate::engine::{Engine, EngineError, EngineLimits};
-use crate::geometry::{LayerAttention, WeightGroup};
+use crate::geometry::WeightGroup;
 use crate::host::{HostError, HostReading, KubeletSource};
 use crate::model::source::CheckpointSource;
 use crate::model::{Buffers, ModelError, Transformer};
-use crate::plan::ledger::{Category, Charge, Ledger, WeightsResidency};
-use crate::plan::memory::WeightBytes;
+use crate::plan::ledger::{self, Category, Charge, Ledger, WeightsResidency};
+use crate::plan::memory::{self, WeightBytes};
 use crate::plan::profile::{DeviceKind, KubeletMode, Profile};
 use crate::plan::{self, Plan, PlanDevice, PlanError};
 use crate::text::{TextError, Tokenizer};
@@ -290,7 +290,7 @@ impl Mapped {
             PageCachePolicy::WillNeed => checkpoint.prefetch()?,
             PageCachePolicy::DontNeed => checkpoint.release()?,
         }
-        ledger.set_page_cache_policy(page_cache.name());
+        ledger.set_page_cache_policy(page_cache);
         Ok(Mapped {
             dir: dir.to_path_buf(),
             config,
@@ -346,13 +346,9 @@ impl Loaded<CpuBackend> {
         let weights = ledger.charge(
             Category::Weights,
             mapped.plan.weights.total,
-            "mapped checkpoint",
+            ledger::WEIGHTS,
         )?;
-        let overhead = ledger.charge(
-            Category::RuntimeOverhead,
-            mapped.plan.runtime_overhead.bytes,
-            "process, tokenizer, allocator slack",
-        )?;
+        let overhead = charge_process_overhead(ledger, &mapped.plan)?;
         let backend = CpuBackend::new(Arc::clone(ledger));
         mapped.with_backend(backend, vec![weights, overhead])
     }
@@ -393,7 +389,7 @@ impl Loaded<CudaBackend> {
         if residency == WeightsResidency::DeviceCopy {
             // The device has its copy: the page cache would hold it twice.
             checkpoint.release()?;
-            ledger.set_page_cache_policy(PageCachePolicy::DontNeed.name());
+            ledger.set_page_cache_policy(PageCachePolicy::DontNeed);
         }
         tracing::info!(
             "backend: cuda on {} ({}), weights {:?}",
@@ -403,16 +399,7 @@ impl Loaded<CudaBackend> {
         );
         // The backend charges its own tables to the runtime overhead; the
         // runtime charges the rest (context, modules, allocator slack).
-        let metadata = cuda::metadata_bytes(
-            plan.model.num_moe_layers,
-            mapped.config.num_experts,
-            max_seqs,
-        );
-        let overhead = ledger.charge(
-            Category::RuntimeOverhead,
-            plan.runtime_overhead.bytes.saturating_sub(metadata),
-            "CUDA context, modules, tokenizer, allocator slack",
-        )?;
+        let overhead = charge_process_overhead(ledger, plan)?;
         mapped.with_backend(backend, vec![overhead])
     }
 }
@@ -427,20 +414,7 @@ impl<B: Backend> Loaded<B> {
 
     /// The KV cache geometry of the plan.
     pub fn kv_layout(&self) -> KvLayout {
-        let g = self.profile.model.geometry();
-        let s = &self.plan.serving;
-        KvLayout {
-            kv_heads: g.num_kv_heads,
-            head_dim: g.head_dim,
-            block_size: s.kv_block_size,
-            blocks: self.plan.kv_cache.blocks as usize,
-            ring_slots: s.max_num_seqs,
-            window: self.plan.kv_cache.sliding.window_tokens as usize,
-            sliding_layers: (0..g.num_layers)
-                .map(|i| g.layer_attention(i) == LayerAttention::SlidingAttention)
-                .collect(),
-            dtype: s.kv_cache_dtype,
-        }
+        self.plan.kv_cache.layout.clone()
     }
 
     /// Builds the model over the mapped weights and allocates the plan's
@@ -451,6 +425,8 @@ impl<B: Backend> Loaded<B> {
     ) -> Result<Engine<'w, B>, RuntimeError> {
         let model = Transformer::load(&self.backend, &self.config, source)?;
         let buffers = Buffers::allocate(&self.backend, &self.plan, &self.kv_layout())?;
+        // Every start-up allocation is made: each must be exactly its plan.
+        self.ledger.verify_complete()?;
         let s = &self.plan.serving;
         let limits = EngineLimits {
             max_num_seqs: s.max_num_seqs,
@@ -468,6 +444,18 @@ impl<B: Backend> Loaded<B> {
             self.eos.clone(),
         )?)
     }
+}
+
+/// Charges the runtime overhead's `process` share: what the process itself
+/// takes beyond the buffers the backend allocates.
+fn charge_process_overhead(ledger: &Arc<Ledger>, plan: &Plan) -> Result<Charge, RuntimeError> {
+    let process = plan
+        .runtime_overhead
+        .buffers
+        .iter()
+        .find(|b| b.name == memory::PROCESS)
+        .map_or(0, |b| b.bytes);
+    Ok(ledger.charge(Category::RuntimeOverhead, process, memory::PROCESS)?)
 }
 
 fn weights_progress_bar(total: u64) -> indicatif::ProgressBar {

@@ -3,7 +3,7 @@
 //! ids, when there is); `--backend cuda` without a GPU is a clear error, not
 //! a panic.
 
-mod common;
+use crate::common;
 
 fn generate(backend: &str) -> std::process::Output {
     common::sparkrt(&[

@@ -4,9 +4,9 @@
 //! sliding window) and batches equal to one full pass; the ledger exactly
 //! the plan. Skipped, with the reason printed, without a usable GPU.
 
-mod common;
-mod cuda_common;
-mod fixture_runs;
+use crate::common;
+use crate::cuda_common;
+use crate::fixture_runs;
 
 use sparkrt::backend::Backend;
 use sparkrt::checkpoint::PageCachePolicy;

@@ -3,9 +3,8 @@
 //! every format, experts with few or no rows. Skipped, with the reason
 //! printed, on a machine without a usable GPU.
 
-mod cuda_common;
-#[path = "kernels_common/mod.rs"]
-mod kernels_common;
+use crate::cuda_common;
+use crate::kernels_common;
 
 use cuda_common::{Both, assert_close, workspace_plan};
 use kernels_common::{Format, OwnedWeight, Rng, random_weight, random_x};
@@ -13,6 +12,7 @@ use sparkrt::backend::cpu::kernels::{Isa, quantizes_activations};
 use sparkrt::backend::cuda::WeightsPolicy;
 use sparkrt::backend::{
     AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, KvLayout, Matmul, RouterKind,
+    StepMetadataPlan,
 };
 use sparkrt::checkpoint::linear::{VectorData, VectorWeight};
 use sparkrt::plan::profile::KvCacheDtype;
@@ -384,8 +384,14 @@ fn embedding_gather_compaction_and_argmax_match_the_cpu() {
     batch.push_seq(&[17], 3, 1, &[1], Logits::Last);
     batch.push_seq(&[1, 2, 3], 9, 2, &[2, 3, 4], Logits::Last);
     let rows = batch.rows();
-    let mut sc = b.cpu.step_storage(32, 4, 8).unwrap();
-    let mut sg = b.cuda.step_storage(32, 4, 8).unwrap();
+    let mut sc = b
+        .cpu
+        .step_storage(&StepMetadataPlan::new(32, 4, 8))
+        .unwrap();
+    let mut sg = b
+        .cuda
+        .step_storage(&StepMetadataPlan::new(32, 4, 8))
+        .unwrap();
     b.cpu.load_step(&batch, &mut sc).unwrap();
     b.cuda.load_step(&batch, &mut sg).unwrap();
     let (mut oc, mut og) = b.zeros(32 * width);
@@ -442,8 +448,14 @@ fn rope_and_qk_norm_match_the_cpu() {
         batch.push_seq(&[1], 4000, 1, &[1], Logits::Last);
         batch.push_seq(&[1; 3], 70_000, 2, &[2], Logits::Last);
         let rows = batch.rows();
-        let mut sc = b.cpu.step_storage(64, 4, 64).unwrap();
-        let mut sg = b.cuda.step_storage(64, 4, 64).unwrap();
+        let mut sc = b
+            .cpu
+            .step_storage(&StepMetadataPlan::new(64, 4, 64))
+            .unwrap();
+        let mut sg = b
+            .cuda
+            .step_storage(&StepMetadataPlan::new(64, 4, 64))
+            .unwrap();
         b.cpu.load_step(&batch, &mut sc).unwrap();
         b.cuda.load_step(&batch, &mut sg).unwrap();
         // YaRN-like frequencies and attention factor.
@@ -571,11 +583,11 @@ fn attention_over_paged_and_ring_caches_matches_the_cpu() {
         let (max_tokens, max_seqs, max_blocks) = (48usize, 3usize, 16usize);
         let mut step_c = b
             .cpu
-            .step_storage(max_tokens, max_seqs, max_blocks)
+            .step_storage(&StepMetadataPlan::new(max_tokens, max_seqs, max_blocks))
             .unwrap();
         let mut step_g = b
             .cuda
-            .step_storage(max_tokens, max_seqs, max_blocks)
+            .step_storage(&StepMetadataPlan::new(max_tokens, max_seqs, max_blocks))
             .unwrap();
         let plan = workspace_plan(max_tokens, 4, 8, 64, 32);
         let mut ws_c = b.cpu.workspace(&plan).unwrap();

@@ -3,19 +3,14 @@
 //! line; `sparkrt kernels` lists the kernels and fails on a bad arch.
 //! Skipped, with the reason printed, where libnvrtc cannot be found.
 
-mod common;
+use crate::common;
 
 use sparkrt::backend::cuda::kernels::{self, Kernel};
 use sparkrt::backend::cuda::nvrtc::{self, Source};
 
+/// NVRTC is a tool CI installs (`pip install nvidia-cuda-nvrtc`), unlike a GPU.
 fn nvrtc_or_skip(test: &str) -> bool {
-    match nvrtc::load() {
-        Ok(_) => true,
-        Err(e) => {
-            eprintln!("skipping {test}: {e}");
-            false
-        }
-    }
+    common::tool_present(test, nvrtc::load().err().map(|e| e.to_string()))
 }
 
 #[test]

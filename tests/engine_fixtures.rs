@@ -3,15 +3,15 @@
 //! prefill, one-token-at-a-time decoding and batches of different prompts
 //! giving the logits of a single full pass.
 
-mod common;
-mod fixture_runs;
+use crate::common;
+use crate::fixture_runs;
 
 use sparkrt::checkpoint::PageCachePolicy;
 use sparkrt::engine::FinishReason;
 use sparkrt::plan::profile::{KvCacheDtype, Profile};
 
 use fixture_runs::{FIXTURES, Outcome, max_abs_diff, profile, reference, serve_greedy};
-use sparkrt::runtime::{HostSource, Loaded};
+use sparkrt::runtime::{HostSource, Loaded, plan_checkpoint};
 
 /// Runs `prompts` together through an engine built from `profile`, greedy,
 /// `max_tokens` each, and returns each request's outcome.
@@ -26,6 +26,90 @@ fn run(name: &str, profile: &Profile, prompts: &[Vec<u32>], max_tokens: usize) -
     let source = loaded.source();
     let mut engine = loaded.engine(&source).unwrap();
     serve_greedy(&mut engine, prompts, max_tokens)
+}
+
+/// The CPU backend allocates exactly the plan's KV cache and step metadata
+/// (the figures checked by hand here), and a whole start-up leaves every
+/// planned buffer charged in full (`Loaded::engine` checks it).
+#[test]
+fn cpu_kv_and_step_allocations_are_the_plans_figures() {
+    use sparkrt::backend::Backend;
+    use sparkrt::backend::cpu::CpuBackend;
+    use sparkrt::plan::PlanDevice;
+    use sparkrt::plan::ledger::{Category, Ledger};
+    use std::sync::Arc;
+
+    let host_root = common::fixture("hosts/box24");
+    let host = HostSource {
+        root: &host_root,
+        kubelet_config: None,
+    };
+    for name in FIXTURES {
+        let dir = common::fixture(name);
+        let p = profile(name);
+        let (config, _, plan) = plan_checkpoint(&dir, Some(&p), &host, PlanDevice::Cpu).unwrap();
+        let kv = &plan.kv_cache;
+        let s = &p.serving;
+
+        // By hand: K and V of every full layer for every cached token, of
+        // every sliding layer for a window per running sequence.
+        let width = (config.num_key_value_heads * config.head_dim) as u64;
+        let dtype = s.kv_cache_dtype.bytes();
+        let sliding_layers = kv.sliding.layers;
+        let full_layers = config.num_hidden_layers as u64 - sliding_layers;
+        let window = kv.sliding.window_tokens;
+        assert_eq!(
+            kv.bytes_per_token,
+            2 * full_layers * width * dtype,
+            "{name}"
+        );
+        assert_eq!(
+            kv.block_bytes,
+            kv.bytes_per_token * s.kv_block_size as u64,
+            "{name}"
+        );
+        assert_eq!(kv.tokens, kv.blocks * s.kv_block_size as u64, "{name}");
+        let expected_kv = kv.blocks * kv.block_bytes
+            + sliding_layers * 2 * s.max_num_seqs as u64 * window * width * dtype;
+        assert_eq!(kv.bytes, expected_kv, "{name}");
+        // Token ids and positions; five fields and a block table per sequence.
+        let blocks_per_seq = s.max_model_len.div_ceil(s.kv_block_size) as u64;
+        let expected_step = (2 * s.max_num_batched_tokens as u64
+            + s.max_num_seqs as u64 * (blocks_per_seq + 5))
+            * 4;
+        assert_eq!(plan.step_metadata.bytes, expected_step, "{name}");
+        let planned_step = plan
+            .activations
+            .buffers
+            .iter()
+            .find(|b| b.name == "step_metadata")
+            .map(|b| b.bytes);
+        assert_eq!(planned_step, Some(expected_step), "{name}");
+
+        // What the CPU backend allocates for them.
+        let ledger = Ledger::from_plan(&plan);
+        let cpu = CpuBackend::new(Arc::clone(&ledger));
+        let cache = cpu.kv_cache(&kv.layout, config.num_hidden_layers).unwrap();
+        assert_eq!(cache.allocated_bytes(), expected_kv, "{name}");
+        assert_eq!(ledger.allocated(Category::KvCache), expected_kv, "{name}");
+        let _step = cpu.step_storage(&plan.step_metadata).unwrap();
+        assert_eq!(
+            ledger.allocated(Category::Activations),
+            expected_step,
+            "{name}"
+        );
+        // Only those two are charged: the rest of the plan is missing.
+        assert!(ledger.verify_complete().is_err(), "{name}");
+
+        // A whole start-up: every buffer exactly its plan.
+        let loaded = Loaded::open_cpu(&dir, Some(&p), &host, PageCachePolicy::Keep).unwrap();
+        let source = loaded.source();
+        let _engine = loaded.engine(&source).unwrap();
+        assert_eq!(loaded.ledger.verify_complete(), Ok(()), "{name}");
+        for row in loaded.ledger.snapshot().categories {
+            assert_eq!(row.allocated, row.planned, "{name}: {}", row.name);
+        }
+    }
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! `sparkrt generate` as a user runs it: text in, the reference tokens out.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -3,7 +3,7 @@
 //! `--uninstall`, `--dry-run`, a plan that does not fit, and the linters
 //! (shellcheck, `systemd-analyze verify`) where they are installed.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -440,12 +440,7 @@ fn bad_options_are_exit_2_and_write_nothing() {
 
 #[test]
 fn shellcheck_passes() {
-    if Command::new("shellcheck")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: shellcheck is not installed (scripts/ci-deps.sh installs it in CI)");
+    if !tool_present("shellcheck_passes", missing_command("shellcheck")) {
         return;
     }
     let out = Command::new("shellcheck")
@@ -458,12 +453,10 @@ fn shellcheck_passes() {
 
 #[test]
 fn systemd_analyze_verifies_the_unit() {
-    if Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: systemd-analyze is not installed");
+    if !tool_present(
+        "systemd_analyze_verifies_the_unit",
+        missing_command("systemd-analyze"),
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

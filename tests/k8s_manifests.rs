@@ -3,7 +3,7 @@
 //! the total `sparkrt plan --json` prints for the same host, and a plan that
 //! does not fit yields no manifest.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -4,7 +4,7 @@
 //! grouped call, and whatever the number of threads. Random (inexact) data,
 //! so that any difference in summation order shows in the last bits.
 
-mod kernels_common;
+use crate::kernels_common;
 
 use kernels_common::{FORMATS, Format, Rng, random_weight, random_x, run_grouped};
 use sparkrt::backend::cpu::kernels::{GroupedProblem, Isa, matmul_grouped_on};

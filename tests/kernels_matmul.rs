@@ -1,7 +1,7 @@
 //! matmul / matmul_grouped on every instruction set of this CPU against the
 //! scalar reference: awkward shapes, misaligned weight bytes, all FP4 codes.
 
-mod kernels_common;
+use crate::kernels_common;
 
 use kernels_common::{
     FORMATS, Format, OwnedWeight, Rng, quantization_bound, random_weight, random_x, run_grouped,

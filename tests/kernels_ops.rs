@@ -1,6 +1,6 @@
 //! The small ops against the scalar reference, on awkward lengths.
 
-mod kernels_common;
+use crate::kernels_common;
 
 use kernels_common::{Rng, tolerance};
 use sparkrt::backend::cpu::kernels::formats::{bf16_to_f32, f32_to_bf16};

@@ -3,7 +3,7 @@
 //! quantizer against the scalar definition bit for bit, and a scratch that
 //! is too small.
 
-mod kernels_common;
+use crate::kernels_common;
 
 use kernels_common::{Format, Rng, random_weight};
 use sparkrt::backend::cpu::kernels::formats::{E2M1, E8M0};

@@ -1,7 +1,7 @@
 //! `sparkrt probe` and `sparkrt plan` against fake host trees, with the
 //! expected figures derived by hand from the formulas in the issue.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -3,11 +3,13 @@
 //! streamed; bad input gets a 4xx OpenAI error object and the server keeps
 //! serving; a full queue gets 429; the API key guards all but `/health`.
 
-#[path = "common/server.rs"]
-mod server;
+use crate::server;
 
 use serde_json::{Value, json};
 use server::{Reply, Server, generate, ids, prompt_ids, tiny_profile};
+use sparkrt_tui::wire::{
+    MemoryReport, PageCachePolicy, RequestOutcomes, ServingStats, WeightsResidency,
+};
 
 /// Greedy continues for `max_tokens` on this prompt (checked against
 /// `generate` in the test, not assumed).
@@ -500,6 +502,34 @@ fn memory_and_metrics_follow_the_contract() {
         (23_068_672u64 * 1024) as f64
     );
     assert_eq!(m.get("sparkrt_guard_tripped"), 0.0);
+
+    // /v1/stats: the same figures as JSON, read with the monitor's types.
+    let reply = server.get("/v1/stats");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(
+        ServingStats::parse(&reply.body).unwrap(),
+        ServingStats {
+            requests: RequestOutcomes {
+                ok: 1,
+                error: 0,
+                rejected: 0
+            },
+            requests_running: 0,
+            requests_waiting: 0,
+            prompt_tokens_total: 5,
+            generation_tokens_total: 3,
+            preemptions_total: 0,
+            kv_blocks_used: 0,
+            kv_blocks_free: 512,
+            guard_tripped: false,
+        }
+    );
+    // The monitor reads /v1/memory with the types the server wrote it with.
+    let report = MemoryReport::parse(&server.get("/v1/memory").body).unwrap();
+    assert_eq!(report.ledger.page_cache_policy, PageCachePolicy::WillNeed);
+    assert_eq!(report.ledger.weights_residency, WeightsResidency::Mapped);
+    assert_eq!(report.kv.blocks_total, 512);
+    assert_eq!(report.runtime_allocated(), planned_sum);
 }
 
 /// What is sent, where, and the status and `param` expected back.
@@ -838,6 +868,7 @@ fn the_api_key_guards_every_route_but_health() {
             "/ready",
             "/metrics",
             "/v1/memory",
+            "/v1/stats",
             "/v1/models",
             "/v1/nothing",
         ] {
@@ -856,7 +887,14 @@ fn the_api_key_guards_every_route_but_health() {
 
     // With the key, everything answers.
     server.set_key(Some("s3cret-key-0123"));
-    for path in ["/health", "/ready", "/metrics", "/v1/memory", "/v1/models"] {
+    for path in [
+        "/health",
+        "/ready",
+        "/metrics",
+        "/v1/memory",
+        "/v1/stats",
+        "/v1/models",
+    ] {
         assert_eq!(server.get(path).status, 200, "{path}");
     }
     let reply = server.post_bytes("/v1/completions", body.as_bytes());

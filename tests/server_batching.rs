@@ -3,8 +3,7 @@
 //! run out) get exactly the tokens each gets alone, and every block comes
 //! back, also from clients that leave mid-stream.
 
-#[path = "common/server.rs"]
-mod server;
+use crate::server;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

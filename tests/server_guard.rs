@@ -3,8 +3,7 @@
 //! the server refuses new work (503 + Retry-After, `/ready` 503) and admits
 //! again only once MemAvailable is a safety margin above that line.
 
-#[path = "common/server.rs"]
-mod server;
+use crate::server;
 
 use std::path::Path;
 

@@ -3,8 +3,8 @@
 //! where python3 or the package is missing (CI installs it through
 //! `scripts/ci-deps.sh`).
 
-#[path = "common/server.rs"]
-mod server;
+use crate::common;
+use crate::server;
 
 use std::process::Command;
 
@@ -27,8 +27,7 @@ fn missing_client() -> Option<String> {
 
 #[test]
 fn the_official_openai_client_talks_to_the_server() {
-    if let Some(why) = missing_client() {
-        eprintln!("SKIPPED: {why} (pip install openai, or run scripts/ci-deps.sh)");
+    if !common::tool_present("the official openai client", missing_client()) {
         return;
     }
     let server = Server::start(&[]);

@@ -2,8 +2,8 @@
 //! `sparkrt serve` on the tiny model. Skips with a reason where tmux is
 //! missing (scripts/ci-deps.sh installs it in CI).
 
-#[path = "common/server.rs"]
-mod server;
+use crate::common;
+use crate::server;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -29,8 +29,7 @@ fn wait_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn top_shows_the_pool_and_the_ledger_of_a_running_server() {
-    if Command::new("tmux").arg("-V").output().is_err() {
-        eprintln!("skipped: tmux is not installed (scripts/ci-deps.sh installs it in CI)");
+    if !common::tool_present("top_tmux", common::missing_command("tmux")) {
         return;
     }
     let server = Server::start(&["--profile", "qwen3-moe-tiny"]);
@@ -39,12 +38,13 @@ fn top_shows_the_pool_and_the_ledger_of_a_running_server() {
     let socket = format!("sparkrt-test-{}", std::process::id());
     let done = std::env::temp_dir().join(format!("{session}.stty"));
     let _ = std::fs::remove_file(&done);
-    // After top exits, the shell records the terminal mode: `icanon` means restored.
+    // After top exits, the shell records the terminal mode: `icanon` means
+    // restored. Written aside and renamed, so the file appears complete.
     let command = format!(
-        "{} top --url {url} --host-root {} --interval 200ms; stty -a > {}; sleep 30",
+        "{} top --url {url} --host-root {} --interval 200ms; stty -a > {done}.tmp; mv {done}.tmp {done}; sleep 30",
         env!("CARGO_BIN_EXE_sparkrt"),
         server::box24().display(),
-        done.display()
+        done = done.display()
     );
     tmux(&[
         "-L",

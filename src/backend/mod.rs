@@ -22,6 +22,8 @@ use thiserror::Error;
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::plan::ledger::{Category, Charge, Ledger, LedgerError};
 use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+/// The plan's KV layout and step metadata, which the backends allocate.
+pub use crate::plan::memory::{KvLayout, StepMetadataPlan};
 use crate::step::StepBatch;
 
 #[derive(Debug, Error)]
@@ -76,7 +78,7 @@ pub(crate) fn charge_workspace_buffer(
         })?;
     let bytes = usize::try_from(planned.bytes)
         .map_err(|_| BackendError::Shape(format!("{name} is too large")))?;
-    let charge = ledger.charge(Category::MoeWorkspace, planned.bytes, "moe_workspace")?;
+    let charge = ledger.charge(Category::MoeWorkspace, planned.bytes, name)?;
     Ok((bytes, charge))
 }
 
@@ -143,25 +145,9 @@ pub struct AttentionShape {
     pub window: Option<usize>,
 }
 
-/// Geometry of the KV cache the backend allocates.
-#[derive(Clone, Debug)]
-pub struct KvLayout {
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
-    /// Blocks of the paged pool shared by full-attention layers.
-    pub blocks: usize,
-    /// Ring slots (one per running sequence) of sliding-window layers.
-    pub ring_slots: usize,
-    pub window: usize,
-    /// Per layer: `true` when the layer uses a sliding window (ring storage).
-    pub sliding_layers: Vec<bool>,
-    pub dtype: crate::plan::profile::KvCacheDtype,
-}
-
 /// Byte size of a buffer of `elements` f32 activations.
 pub fn f32_bytes(elements: usize) -> u64 {
-    elements as u64 * 4
+    elements as u64 * crate::plan::memory::ACTIVATION_BYTES
 }
 
 /// The operations the model needs. Implementations must be exact up to
@@ -204,14 +190,10 @@ pub trait Backend: Sync + Sized {
     fn experts<'w>(&self, spec: ExpertsSpec<'w>) -> Result<Self::Experts<'w>, BackendError>;
     /// The MoE workspace exactly as the plan lists it.
     fn workspace(&self, plan: &MoeWorkspacePlan) -> Result<Self::Workspace, BackendError>;
+    /// The KV cache of `layers` layers exactly as the plan's layout lists it.
     fn kv_cache(&self, layout: &KvLayout, layers: usize) -> Result<Self::KvCache, BackendError>;
-    /// Step metadata storage for up to `max_tokens` tokens and `max_seqs` sequences.
-    fn step_storage(
-        &self,
-        max_tokens: usize,
-        max_seqs: usize,
-        max_blocks_per_seq: usize,
-    ) -> Result<Self::Step, BackendError>;
+    /// Step metadata storage exactly as the plan sizes it.
+    fn step_storage(&self, plan: &StepMetadataPlan) -> Result<Self::Step, BackendError>;
 
     // ---- a forward step ----
 

@@ -8,41 +8,20 @@ use std::sync::atomic::Ordering;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use memmap2::{Advice, UncheckedAdvice};
-use serde::{Deserialize, Serialize};
 
 use super::Checkpoint;
 use super::error::CheckpointError;
 
-/// The page-cache policy applied to the checkpoint, as the ledger records it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[repr(u8)]
-pub enum PageCachePolicy {
-    /// Left to the kernel (pages come in on first touch).
-    #[default]
-    Keep = 0,
-    /// Read ahead with `madvise(MADV_WILLNEED)`.
-    WillNeed = 1,
-    /// Dropped with `posix_fadvise(POSIX_FADV_DONTNEED)`.
-    DontNeed = 2,
-}
+/// The page-cache policy applied to the checkpoint, as the ledger records
+/// it: a wire type (`/v1/memory` reports it), defined with the monitor's.
+pub use sparkrt_tui::wire::PageCachePolicy;
 
-impl PageCachePolicy {
-    pub fn name(self) -> &'static str {
-        match self {
-            PageCachePolicy::Keep => "keep",
-            PageCachePolicy::WillNeed => "willneed",
-            PageCachePolicy::DontNeed => "dontneed",
-        }
-    }
-
-    fn from_u8(value: u8) -> PageCachePolicy {
-        match value {
-            1 => PageCachePolicy::WillNeed,
-            2 => PageCachePolicy::DontNeed,
-            _ => PageCachePolicy::Keep,
-        }
-    }
+/// The policy stored in the checkpoint's `AtomicU8` (`policy as u8`).
+fn policy_from_u8(value: u8) -> PageCachePolicy {
+    [PageCachePolicy::WillNeed, PageCachePolicy::DontNeed]
+        .into_iter()
+        .find(|&p| p as u8 == value)
+        .unwrap_or(PageCachePolicy::Keep)
 }
 
 /// Prefetching advises this many bytes at a time, so the progress bar moves.
@@ -53,7 +32,7 @@ const PROGRESS_MIN_BYTES: u64 = 1 << 30;
 impl Checkpoint {
     /// The policy last applied (`Keep` until `prefetch` or `release`).
     pub fn page_cache_policy(&self) -> PageCachePolicy {
-        PageCachePolicy::from_u8(self.policy.load(Ordering::Relaxed))
+        policy_from_u8(self.policy.load(Ordering::Relaxed))
     }
 
     /// Asks the kernel to read every mapped file ahead (`MADV_WILLNEED`),

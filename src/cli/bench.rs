@@ -160,22 +160,6 @@ fn weight_regions<'c, B: Backend>(checkpoint: &'c Checkpoint, loaded: &Loaded<B>
     regions.into_iter().map(|(_, bytes)| bytes).collect()
 }
 
-/// Weight bytes read to decode one token at batch 1: every dense weight,
-/// `top_k` of each MoE layer's experts, one embedding row.
-pub fn decode_bytes_per_token(plan: &Plan) -> u64 {
-    let g = |group| plan.weights.groups.get(&group).copied().unwrap_or(0);
-    let m = &plan.model;
-    let experts = g(WeightGroup::Experts) * m.top_k as u64 / m.num_experts.max(1) as u64;
-    let embedding_row = g(WeightGroup::Embeddings) / m.vocab_size.max(1) as u64;
-    g(WeightGroup::Attention)
-        + g(WeightGroup::Router)
-        + g(WeightGroup::DenseMlp)
-        + g(WeightGroup::Norms)
-        + g(WeightGroup::LmHead)
-        + experts
-        + embedding_row
-}
-
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     set_threads(args.model.threads)?;
     if args.prompt_len == 0 || args.generate == 0 || args.repeats == 0 {
@@ -317,7 +301,7 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
             (measured, "measured, CPU reads of the mapped weights")
         }
     };
-    let bytes_per_token = decode_bytes_per_token(&loaded.plan);
+    let bytes_per_token = crate::plan::memory::decode_weight_bytes_per_token(&loaded.plan);
     let roofline = bandwidth / bytes_per_token.max(1) as f64;
     let per_step = |n: u64| n as f64 / decode_steps.max(1) as f64;
     let launches_per_decode_step = (gpu.is_some() && decode_steps > 0)

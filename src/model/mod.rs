@@ -15,6 +15,7 @@ use crate::checkpoint::config::ModelConfig;
 use crate::geometry::Architecture;
 use crate::plan::Plan;
 use crate::plan::ledger::Category;
+use crate::plan::memory::activation_elements;
 use crate::step::StepBatch;
 use rope::Rope;
 pub use source::WeightSource;
@@ -399,7 +400,7 @@ impl<B: Backend> Buffers<B> {
                 .buffers
                 .iter()
                 .find(|buf| buf.name == name)
-                .map(|buf| (buf.bytes / 4) as usize)
+                .map(|buf| activation_elements(buf.bytes))
         };
         let alloc = |name: &'static str| -> Result<B::Buffer, ModelError> {
             let elements = find(name).ok_or_else(|| {
@@ -408,10 +409,6 @@ impl<B: Backend> Buffers<B> {
             Ok(b.alloc(Category::Activations, name, elements)?)
         };
         let dense = find("dense_gate").is_some();
-        let blocks_per_seq = plan
-            .serving
-            .max_model_len
-            .div_ceil(plan.serving.kv_block_size);
         Ok(Buffers {
             max_rows: t,
             max_seqs: s,
@@ -435,7 +432,7 @@ impl<B: Backend> Buffers<B> {
                 None
             },
             logits: alloc("logits")?,
-            step: b.step_storage(t, s, blocks_per_seq)?,
+            step: b.step_storage(&plan.step_metadata)?,
             workspace: b.workspace(&plan.moe_workspace)?,
             kv: b.kv_cache(kv, plan.model.num_layers)?,
         })

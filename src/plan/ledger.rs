@@ -10,38 +10,13 @@ use thiserror::Error;
 
 use super::Plan;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Category {
-    Weights,
-    MoeWorkspace,
-    Activations,
-    KvCache,
-    RuntimeOverhead,
-}
+// The categories, the page-cache policy and where the weights live are on
+// the wire (`/v1/memory`): defined once, with the monitor's types.
+pub use sparkrt_tui::wire::{Category, PageCachePolicy, WeightsResidency};
 
-impl Category {
-    pub const ALL: [Category; 5] = [
-        Category::Weights,
-        Category::MoeWorkspace,
-        Category::Activations,
-        Category::KvCache,
-        Category::RuntimeOverhead,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Category::Weights => "weights",
-            Category::MoeWorkspace => "moe_workspace",
-            Category::Activations => "activations",
-            Category::KvCache => "kv_cache",
-            Category::RuntimeOverhead => "runtime_overhead",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
+/// A category's slot in the ledger's arrays ([`Category::ALL`]'s order).
+fn index(category: Category) -> usize {
+    category as usize
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -56,88 +31,187 @@ pub enum LedgerError {
         planned: u64,
         would_be: u64,
     },
+    #[error("the plan lists no {category} buffer {what}")]
+    Unplanned {
+        category: &'static str,
+        what: String,
+    },
+    #[error("the allocations differ from the plan: {}", list_mismatches(.0))]
+    Incomplete(Vec<BufferMismatch>),
 }
 
-/// Where the weights live (recorded for `/v1/memory`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WeightsResidency {
-    /// Read in place from the memory map (CPU backend).
-    Mapped,
-    /// The mapping registered with the GPU and read in place (unified memory).
-    HostRegistered,
-    /// Copied once to device memory, page cache released.
-    DeviceCopy,
+/// A planned buffer whose charges do not add up to its plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BufferMismatch {
+    pub category: &'static str,
+    pub name: String,
+    pub planned: u64,
+    pub charged: u64,
 }
 
+fn list_mismatches(mismatches: &[BufferMismatch]) -> String {
+    let rows: Vec<String> = mismatches
+        .iter()
+        .map(|m| {
+            format!(
+                "{}/{} charged {} bytes, planned {}",
+                m.category, m.name, m.charged, m.planned
+            )
+        })
+        .collect();
+    rows.join("; ")
+}
+
+/// One buffer the plan lists: what a charge names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlannedBuffer {
+    pub category: Category,
+    pub name: String,
+    pub bytes: u64,
+}
+
+impl PlannedBuffer {
+    pub fn new(category: Category, name: &str, bytes: u64) -> PlannedBuffer {
+        PlannedBuffer {
+            category,
+            name: name.to_string(),
+            bytes,
+        }
+    }
+}
+
+/// The name of the weights' one buffer and of the KV cache's.
+pub const WEIGHTS: &str = "weights";
+pub const KV_CACHE: &str = "kv_cache";
+
+/// Category budgets and, for a ledger made from a plan, the plan's buffers
+/// one by one: a charge names its buffer, and [`Ledger::verify_complete`]
+/// finds any buffer charged more or less than planned.
 #[derive(Debug)]
 pub struct Ledger {
     planned: [u64; 5],
     allocated: [AtomicU64; 5],
+    /// Empty for a ledger made from budgets alone (tests).
+    buffers: Vec<PlannedBuffer>,
+    /// Live bytes charged to each of `buffers`.
+    charged: Vec<AtomicU64>,
     notes: Mutex<LedgerNotes>,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default)]
 struct LedgerNotes {
-    page_cache_policy: Option<String>,
+    /// `Keep` until the runtime applies another (nothing advised yet).
+    page_cache_policy: PageCachePolicy,
     weights_residency: Option<WeightsResidency>,
 }
 
-/// One row of the ledger, as `/v1/memory` reports it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One row of the ledger.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LedgerRow {
     pub name: &'static str,
     pub planned: u64,
     pub allocated: u64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+/// The ledger at one instant (the server turns it into `wire::Ledger`).
+#[derive(Clone, Debug)]
 pub struct LedgerSnapshot {
     pub categories: Vec<LedgerRow>,
-    pub page_cache_policy: Option<String>,
+    pub page_cache_policy: PageCachePolicy,
+    /// `None` until a backend records where it put the weights.
     pub weights_residency: Option<WeightsResidency>,
 }
 
 impl Ledger {
-    /// A ledger whose budgets are the plan's categories.
+    /// A ledger whose budgets are the plan's categories and whose buffers
+    /// are the plan's buffers.
     pub fn from_plan(plan: &Plan) -> Arc<Ledger> {
-        Arc::new(Ledger::with_budgets([
+        let budgets = [
             plan.weights.total,
             plan.moe_workspace.bytes,
             plan.activations.bytes,
             plan.kv_cache.bytes,
             plan.runtime_overhead.bytes,
-        ]))
+        ];
+        Arc::new(Ledger::with_buffers(budgets, planned_buffers(plan)))
     }
 
-    /// Budgets in the order of [`Category::ALL`].
+    /// Budgets in the order of [`Category::ALL`], no buffers: any name may
+    /// be charged and [`Ledger::verify_complete`] has nothing to check.
     pub fn with_budgets(planned: [u64; 5]) -> Ledger {
+        Ledger::with_buffers(planned, Vec::new())
+    }
+
+    /// Budgets in the order of [`Category::ALL`] and the buffers charges
+    /// must name.
+    pub fn with_buffers(planned: [u64; 5], buffers: Vec<PlannedBuffer>) -> Ledger {
         Ledger {
             planned,
             allocated: Default::default(),
+            charged: buffers.iter().map(|_| AtomicU64::new(0)).collect(),
+            buffers,
             notes: Mutex::new(LedgerNotes::default()),
         }
     }
 
+    /// Checks that every planned buffer is charged exactly its planned
+    /// bytes: called once every allocation of start-up is made.
+    pub fn verify_complete(&self) -> Result<(), LedgerError> {
+        let mismatches: Vec<BufferMismatch> = self
+            .buffers
+            .iter()
+            .zip(&self.charged)
+            .map(|(b, charged)| BufferMismatch {
+                category: b.category.name(),
+                name: b.name.clone(),
+                planned: b.bytes,
+                charged: charged.load(Ordering::Acquire),
+            })
+            .filter(|m| m.charged != m.planned)
+            .collect();
+        if mismatches.is_empty() {
+            Ok(())
+        } else {
+            Err(LedgerError::Incomplete(mismatches))
+        }
+    }
+
+    /// The planned buffer `what` of `category`: None for a ledger without
+    /// buffers, an error when the plan does not list it.
+    fn buffer_index(&self, category: Category, what: &str) -> Result<Option<usize>, LedgerError> {
+        if self.buffers.is_empty() {
+            return Ok(None);
+        }
+        self.buffers
+            .iter()
+            .position(|b| b.category == category && b.name == what)
+            .map(Some)
+            .ok_or_else(|| LedgerError::Unplanned {
+                category: category.name(),
+                what: what.to_string(),
+            })
+    }
+
     pub fn planned(&self, category: Category) -> u64 {
-        self.planned[category.index()]
+        self.planned[index(category)]
     }
 
     pub fn allocated(&self, category: Category) -> u64 {
-        self.allocated[category.index()].load(Ordering::Acquire)
+        self.allocated[index(category)].load(Ordering::Acquire)
     }
 
-    /// Charges `bytes` to `category`; fails, charging nothing, if the
-    /// category would exceed its plan. The charge is returned when the
-    /// [`Charge`] is dropped.
+    /// Charges `bytes` to the buffer `what` of `category`; fails, charging
+    /// nothing, if the plan lists no such buffer or the category would
+    /// exceed its plan. The charge is returned when the [`Charge`] is dropped.
     pub fn charge(
         self: &Arc<Self>,
         category: Category,
         bytes: u64,
         what: &str,
     ) -> Result<Charge, LedgerError> {
-        let slot = &self.allocated[category.index()];
-        let planned = self.planned[category.index()];
+        let buffer = self.buffer_index(category, what)?;
+        let slot = &self.allocated[index(category)];
+        let planned = self.planned[index(category)];
         slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
             current.checked_add(bytes).filter(|&sum| sum <= planned)
         })
@@ -148,16 +222,20 @@ impl Ledger {
             planned,
             would_be: current.saturating_add(bytes),
         })?;
+        if let Some(i) = buffer {
+            self.charged[i].fetch_add(bytes, Ordering::AcqRel);
+        }
         Ok(Charge {
             ledger: Arc::clone(self),
             category,
+            buffer,
             bytes,
         })
     }
 
-    pub fn set_page_cache_policy(&self, policy: &str) {
+    pub fn set_page_cache_policy(&self, policy: PageCachePolicy) {
         if let Ok(mut notes) = self.notes.lock() {
-            notes.page_cache_policy = Some(policy.to_string());
+            notes.page_cache_policy = policy;
         }
     }
 
@@ -184,11 +262,41 @@ impl Ledger {
     }
 }
 
+/// Every buffer of `plan`, by category: the weights as one, the MoE
+/// workspace's and the activations' as listed, the KV cache as one, the
+/// runtime overhead's as listed.
+pub fn planned_buffers(plan: &Plan) -> Vec<PlannedBuffer> {
+    let listed = |category: Category, buffers: &[super::memory::Buffer]| {
+        buffers
+            .iter()
+            .map(move |b| PlannedBuffer::new(category, &b.name, b.bytes))
+            .collect::<Vec<_>>()
+    };
+    let mut all = vec![PlannedBuffer::new(
+        Category::Weights,
+        WEIGHTS,
+        plan.weights.total,
+    )];
+    all.extend(listed(Category::MoeWorkspace, &plan.moe_workspace.buffers));
+    all.extend(listed(Category::Activations, &plan.activations.buffers));
+    all.push(PlannedBuffer::new(
+        Category::KvCache,
+        KV_CACHE,
+        plan.kv_cache.bytes,
+    ));
+    all.extend(listed(
+        Category::RuntimeOverhead,
+        &plan.runtime_overhead.buffers,
+    ));
+    all
+}
+
 /// A charge held against the ledger; released when dropped.
 #[derive(Debug)]
 pub struct Charge {
     ledger: Arc<Ledger>,
     category: Category,
+    buffer: Option<usize>,
     bytes: u64,
 }
 
@@ -200,13 +308,23 @@ impl Charge {
 
 impl Drop for Charge {
     fn drop(&mut self) {
-        self.ledger.allocated[self.category.index()].fetch_sub(self.bytes, Ordering::AcqRel);
+        self.ledger.allocated[index(self.category)].fetch_sub(self.bytes, Ordering::AcqRel);
+        if let Some(i) = self.buffer {
+            self.ledger.charged[i].fetch_sub(self.bytes, Ordering::AcqRel);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_follow_the_contract_order() {
+        for (slot, &category) in Category::ALL.iter().enumerate() {
+            assert_eq!(index(category), slot, "{category:?}");
+        }
+    }
 
     #[test]
     fn charges_up_to_the_plan_and_no_further() {
@@ -231,5 +349,70 @@ mod tests {
         let rows = ledger.snapshot().categories;
         assert_eq!(rows[0].allocated, 40);
         assert_eq!(rows[1].planned, 50);
+    }
+
+    fn itemised() -> Arc<Ledger> {
+        Arc::new(Ledger::with_buffers(
+            [100, 0, 30, 0, 0],
+            vec![
+                PlannedBuffer::new(Category::Weights, "weights", 100),
+                PlannedBuffer::new(Category::Activations, "hidden", 10),
+                PlannedBuffer::new(Category::Activations, "logits", 20),
+            ],
+        ))
+    }
+
+    #[test]
+    fn a_charge_below_plan_is_caught_by_the_completeness_check() {
+        let ledger = itemised();
+        let _w = ledger.charge(Category::Weights, 100, "weights").unwrap();
+        let _h = ledger.charge(Category::Activations, 10, "hidden").unwrap();
+        // Under its plan: the category check alone lets it through.
+        let _l = ledger.charge(Category::Activations, 19, "logits").unwrap();
+        assert_eq!(
+            ledger.verify_complete(),
+            Err(LedgerError::Incomplete(vec![BufferMismatch {
+                category: "activations",
+                name: "logits".into(),
+                planned: 20,
+                charged: 19,
+            }]))
+        );
+    }
+
+    #[test]
+    fn an_uncharged_buffer_is_caught_and_an_exact_ledger_passes() {
+        let ledger = itemised();
+        let w = ledger.charge(Category::Weights, 100, "weights").unwrap();
+        let _h = ledger.charge(Category::Activations, 10, "hidden").unwrap();
+        let err = ledger.verify_complete().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("activations/logits charged 0 bytes, planned 20")
+        );
+        // Two charges of one buffer add up.
+        let _a = ledger.charge(Category::Activations, 15, "logits").unwrap();
+        let _b = ledger.charge(Category::Activations, 5, "logits").unwrap();
+        assert_eq!(ledger.verify_complete(), Ok(()));
+        // A released charge is no longer counted.
+        drop(w);
+        assert!(ledger.verify_complete().is_err());
+    }
+
+    #[test]
+    fn a_charge_must_name_a_planned_buffer() {
+        let ledger = itemised();
+        assert_eq!(
+            ledger
+                .charge(Category::Activations, 1, "scratch")
+                .unwrap_err(),
+            LedgerError::Unplanned {
+                category: "activations",
+                what: "scratch".into()
+            }
+        );
+        // The right name in the wrong category is not the buffer either.
+        assert!(ledger.charge(Category::Weights, 1, "hidden").is_err());
+        assert_eq!(ledger.allocated(Category::Activations), 0);
     }
 }

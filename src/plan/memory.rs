@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::PlanDevice;
+use super::profile::{KvCacheDtype, ServingSection};
 use crate::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization, WeightGroup};
 
 /// Activations, workspace and logits are f32 on every backend.
@@ -14,10 +15,10 @@ pub const ACTIVATION_BYTES: u64 = 4;
 /// bf16 bytes, for weights that are never quantized.
 const BF16: u64 = 2;
 /// i32 ids, offsets and positions.
-const INDEX_BYTES: u64 = 4;
+pub const INDEX_BYTES: u64 = 4;
 /// Quantized activations (`backend::cpu::kernels::quantize`): an int16 code
 /// per value and an f32 scale per 32 values.
-const QUANTIZED_CODE_BYTES: u64 = 2;
+pub const QUANTIZED_CODE_BYTES: u64 = 2;
 const QUANTIZED_BLOCK: u64 = 32;
 
 /// Weight bytes by group (every group present, zero when empty).
@@ -113,6 +114,22 @@ pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
         }
     }
     w
+}
+
+/// Weight bytes read to decode one token at batch 1 (bench's roofline):
+/// every dense weight, `top_k` of each MoE layer's experts, one embedding row.
+pub fn decode_weight_bytes_per_token(plan: &super::Plan) -> u64 {
+    let g = |group| plan.weights.groups.get(&group).copied().unwrap_or(0);
+    let m = &plan.model;
+    let experts = g(WeightGroup::Experts) * m.top_k as u64 / m.num_experts.max(1) as u64;
+    let embedding_row = g(WeightGroup::Embeddings) / m.vocab_size.max(1) as u64;
+    g(WeightGroup::Attention)
+        + g(WeightGroup::Router)
+        + g(WeightGroup::DenseMlp)
+        + g(WeightGroup::Norms)
+        + g(WeightGroup::LmHead)
+        + experts
+        + embedding_row
 }
 
 /// One named buffer of a plan category.
@@ -226,15 +243,128 @@ pub fn activations(
         buffers.push(buffer("dense_up", t * i * ACTIVATION_BYTES));
     }
     buffers.push(buffer("logits", s * g.vocab_size as u64 * ACTIVATION_BYTES));
-    // A token id and a position per token; per sequence its start, length,
-    // cached length, ring slot, logit row and block table (`step::StepBatch`).
-    buffers.push(buffer(
-        "step_metadata",
-        (2 * t + s * (blocks_per_seq + 5)) * INDEX_BYTES,
-    ));
+    let step = StepMetadataPlan::new(tokens, seqs, blocks_per_seq as usize);
+    buffers.push(buffer(STEP_METADATA, step.bytes));
     Activations {
         bytes: buffers.iter().map(|b| b.bytes).sum(),
         buffers,
+    }
+}
+
+/// The name of the step metadata's activation buffer.
+pub const STEP_METADATA: &str = "step_metadata";
+/// Fields per sequence in the step metadata: start, length, cached length,
+/// ring slot and block-table start (`kernels/common.cuh`, StepView).
+pub const STEP_SEQ_FIELDS: usize = 5;
+
+/// The step metadata one forward step reads: a token id and a position per
+/// token (the second word is the token's logit row on CUDA); per sequence
+/// its [`STEP_SEQ_FIELDS`] fields and a block table. All i32 words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct StepMetadataPlan {
+    pub max_tokens: usize,
+    pub max_seqs: usize,
+    pub max_blocks_per_seq: usize,
+    /// 4-byte words: `2 × tokens + seqs × (blocks_per_seq + 5)`.
+    pub words: usize,
+    pub bytes: u64,
+}
+
+impl StepMetadataPlan {
+    pub fn new(max_tokens: usize, max_seqs: usize, max_blocks_per_seq: usize) -> StepMetadataPlan {
+        let words = 2 * max_tokens + max_seqs * (max_blocks_per_seq + STEP_SEQ_FIELDS);
+        StepMetadataPlan {
+            max_tokens,
+            max_seqs,
+            max_blocks_per_seq,
+            words,
+            bytes: words as u64 * INDEX_BYTES,
+        }
+    }
+
+    /// The step metadata of a profile's serving limits.
+    pub fn for_serving(s: &ServingSection) -> StepMetadataPlan {
+        StepMetadataPlan::new(
+            s.max_num_batched_tokens,
+            s.max_num_seqs,
+            s.max_model_len.div_ceil(s.kv_block_size.max(1)),
+        )
+    }
+}
+
+/// Elements of an f32 activation buffer of `bytes`.
+pub fn activation_elements(bytes: u64) -> usize {
+    (bytes / ACTIVATION_BYTES) as usize
+}
+
+/// Geometry of the KV cache a backend allocates, and the bytes it takes:
+/// a paged pool of `blocks × block_size` slots per full-attention layer,
+/// `ring_slots × window` slots per sliding-window layer; a slot holds
+/// `kv_heads × head_dim` values of K and as many of V.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    /// Blocks of the paged pool shared by full-attention layers.
+    pub blocks: usize,
+    /// Ring slots (one per running sequence) of sliding-window layers.
+    pub ring_slots: usize,
+    pub window: usize,
+    /// Per layer: `true` when the layer uses a sliding window (ring storage).
+    pub sliding_layers: Vec<bool>,
+    pub dtype: KvCacheDtype,
+}
+
+impl KvLayout {
+    /// The layout of geometry `g` with `blocks` paged blocks and the
+    /// sliding layers' `window` (plan::compute fills both).
+    pub fn new(g: &ModelGeometry, s: &ServingSection, blocks: u64, window: u64) -> KvLayout {
+        KvLayout {
+            kv_heads: g.num_kv_heads,
+            head_dim: g.head_dim,
+            block_size: s.kv_block_size,
+            blocks: blocks as usize,
+            ring_slots: s.max_num_seqs,
+            window: window as usize,
+            sliding_layers: (0..g.num_layers)
+                .map(|i| g.layer_attention(i) == LayerAttention::SlidingAttention)
+                .collect(),
+            dtype: s.kv_cache_dtype,
+        }
+    }
+
+    /// Values of one K (or V) row: `kv_heads × head_dim`.
+    pub fn width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    pub fn is_sliding(&self, layer: usize) -> bool {
+        self.sliding_layers.get(layer).copied().unwrap_or(false)
+    }
+
+    /// Slots of `layer`: the paged pool, or the rings of a sliding layer.
+    pub fn layer_slots(&self, layer: usize) -> usize {
+        if self.is_sliding(layer) {
+            self.ring_slots * self.window
+        } else {
+            self.blocks * self.block_size
+        }
+    }
+
+    /// Values of `layer`'s K (its V holds as many).
+    pub fn layer_elements(&self, layer: usize) -> usize {
+        self.layer_slots(layer) * self.width()
+    }
+
+    /// Bytes of `layer`'s K and V together.
+    pub fn layer_bytes(&self, layer: usize) -> u64 {
+        2 * self.layer_elements(layer) as u64 * self.dtype.bytes()
+    }
+
+    /// Bytes of the whole cache of `layers` layers.
+    pub fn bytes(&self, layers: usize) -> u64 {
+        (0..layers).map(|l| self.layer_bytes(l)).sum()
     }
 }
 
@@ -298,6 +428,50 @@ pub fn kv_tokens_for(
         bpt => (budget / (bpt * block)).min(cap_blocks),
     };
     blocks * block
+}
+
+/// Bytes of one CUDA expert-table entry (`backend::cuda::params::ExpertWeights`,
+/// asserted there): three weight descriptors and two bias pointers.
+pub const CUDA_EXPERT_TABLE_ENTRY_BYTES: u64 = 112;
+
+/// Names of the runtime overhead's buffers.
+pub const EXPERT_TABLES: &str = "expert_tables";
+pub const SAMPLED_IDS: &str = "sampled_ids";
+/// What the process itself takes (CPU: process, tokenizer, allocator slack;
+/// CUDA: context, NVRTC modules, tokenizer, allocator slack).
+pub const PROCESS: &str = "process";
+
+/// The runtime overhead: the profile's (or the device's default) figure,
+/// split into the buffers the runtime charges. On CUDA the backend's
+/// device tables (an expert table per MoE layer, the sampled ids) come out
+/// of it and the process takes the rest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RuntimeOverhead {
+    pub bytes: u64,
+    pub buffers: Vec<Buffer>,
+}
+
+pub fn runtime_overhead(
+    g: &ModelGeometry,
+    max_num_seqs: usize,
+    device: PlanDevice,
+    bytes: u64,
+) -> RuntimeOverhead {
+    let buffers = match device {
+        PlanDevice::Cpu => vec![buffer(PROCESS, bytes)],
+        PlanDevice::Cuda => {
+            let tables =
+                g.num_moe_layers() as u64 * g.num_experts as u64 * CUDA_EXPERT_TABLE_ENTRY_BYTES;
+            // argmax writes one id per sampled row, at least one row.
+            let sampled = max_num_seqs.max(1) as u64 * INDEX_BYTES;
+            vec![
+                buffer(EXPERT_TABLES, tables),
+                buffer(SAMPLED_IDS, sampled),
+                buffer(PROCESS, bytes.saturating_sub(tables + sampled)),
+            ]
+        }
+    };
+    RuntimeOverhead { bytes, buffers }
 }
 
 /// The host's headroom: what the plan may use.

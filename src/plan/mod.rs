@@ -13,7 +13,10 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::geometry::{self, Architecture, ModelGeometry, WeightGroup};
-use memory::{Activations, Headroom, HostFigures, MoeWorkspace, SlidingKv, WeightBytes};
+use memory::{
+    Activations, Headroom, HostFigures, KvLayout, MoeWorkspace, RuntimeOverhead, SlidingKv,
+    StepMetadataPlan, WeightBytes,
+};
 use profile::{
     DEFAULT_CPU_OVERHEAD, DEFAULT_CUDA_OVERHEAD, DeviceKind, KvCacheDtype, KvCacheSize, Profile,
 };
@@ -72,11 +75,6 @@ pub struct WeightsPlan {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Bytes {
-    pub bytes: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct KvPlan {
     pub dtype: KvCacheDtype,
     pub block_size: usize,
@@ -85,10 +83,15 @@ pub struct KvPlan {
     /// Full-attention tokens the cache holds (whole blocks).
     pub tokens: u64,
     pub blocks: u64,
+    /// Bytes of one block: `block_size × bytes_per_token`.
+    pub block_bytes: u64,
     /// Sliding-window layers' fixed share (zero without such layers).
     pub sliding: SlidingKv,
-    /// `tokens × bytes_per_token + sliding.bytes`.
+    /// `tokens × bytes_per_token + sliding.bytes` (the layout's bytes).
     pub bytes: u64,
+    /// What the backend allocates: the pool and rings layer by layer.
+    #[serde(skip)]
+    pub layout: KvLayout,
 }
 
 /// Why a plan does not fit and what would make it fit.
@@ -110,8 +113,11 @@ pub struct Plan {
     pub weights: WeightsPlan,
     pub moe_workspace: MoeWorkspace,
     pub activations: Activations,
-    pub runtime_overhead: Bytes,
+    pub runtime_overhead: RuntimeOverhead,
     pub kv_cache: KvPlan,
+    /// The step metadata (also the activation buffer `step_metadata`).
+    #[serde(skip)]
+    pub step_metadata: StepMetadataPlan,
     pub total: u64,
     pub shortfall: Option<Shortfall>,
     /// max_model_len and friends, echoed so the plan reads on its own.
@@ -191,7 +197,11 @@ pub fn compute(
         s.max_num_seqs,
         s.max_model_len,
     );
-    let kv_bytes = tokens * bytes_per_token + sliding.bytes;
+    let blocks = tokens / s.kv_block_size.max(1) as u64;
+    let layout = KvLayout::new(&g, s, blocks, sliding.window_tokens);
+    // The cache's bytes are the layout's, layer by layer: `tokens ×
+    // bytes_per_token + sliding.bytes`.
+    let kv_bytes = layout.bytes(g.num_layers);
     let total = fixed - sliding.bytes + kv_bytes;
 
     // One sequence of max_model_len tokens must fit in the cache.
@@ -248,16 +258,19 @@ pub fn compute(
         },
         moe_workspace: workspace,
         activations,
-        runtime_overhead: Bytes { bytes: overhead },
+        runtime_overhead: memory::runtime_overhead(&g, s.max_num_seqs, device, overhead),
         kv_cache: KvPlan {
             dtype: s.kv_cache_dtype,
             block_size: s.kv_block_size,
             bytes_per_token,
             tokens,
-            blocks: tokens / s.kv_block_size.max(1) as u64,
+            blocks,
+            block_bytes: bytes_per_token * s.kv_block_size as u64,
             sliding,
             bytes: kv_bytes,
+            layout,
         },
+        step_metadata: StepMetadataPlan::for_serving(s),
         total,
         shortfall,
         serving: s.clone(),

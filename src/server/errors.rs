@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
 
 /// An error answered as `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug)]
@@ -92,14 +92,32 @@ impl ApiError {
         }
     }
 
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.code,
-        }})
+    pub fn body(&self) -> ErrorBody<'_> {
+        ErrorBody {
+            error: ErrorObject {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param,
+                code: self.code,
+            },
+        }
     }
+}
+
+/// What an error answers: `{"error": {...}}`.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody<'a> {
+    pub error: ErrorObject<'a>,
+}
+
+/// OpenAI's error object; `param` and `code` are `null` when not set.
+#[derive(Debug, Serialize)]
+pub struct ErrorObject<'a> {
+    pub message: &'a str,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
 }
 
 impl IntoResponse for ApiError {

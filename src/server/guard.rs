@@ -7,10 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
-
 use crate::host::{self, MemInfo};
 use crate::plan::memory::guard_threshold;
+pub use sparkrt_tui::wire::GuardState;
 
 #[derive(Debug)]
 pub struct MemoryGuard {
@@ -22,13 +21,6 @@ pub struct MemoryGuard {
     tripped: AtomicBool,
     latest: Mutex<Option<MemInfo>>,
     last_error: Mutex<Option<String>>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct GuardState {
-    pub tripped: bool,
-    pub threshold_bytes: u64,
-    pub resume_bytes: u64,
 }
 
 impl MemoryGuard {

@@ -143,6 +143,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/ready", get(observe::ready))
         .route("/metrics", get(observe::metrics))
         .route("/v1/memory", get(observe::memory))
+        .route("/v1/stats", get(observe::stats))
         .route("/v1/models", get(openai::models))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))

@@ -1,5 +1,7 @@
-//! `/health`, `/ready`, `/metrics` (Prometheus text) and `/v1/memory` (the
-//! plan, the ledger and the latest host reading; the monitor reads it).
+//! `/health`, `/ready`, `/metrics` (Prometheus text), and the typed JSON the
+//! monitor reads: `/v1/stats` (the serving gauges) and `/v1/memory` (the
+//! plan, the ledger and the latest host reading). The JSON types are
+//! `sparkrt_tui::wire`'s, shared with the monitor.
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -9,34 +11,76 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde::Serialize;
+use sparkrt_tui::wire::{
+    self, HostSnapshot, KvState, MemoryReport, RequestOutcomes, ServingStats, WeightsResidency,
+};
 
 use super::ServerState;
+use super::errors::ApiError;
+use crate::plan::ledger::LedgerSnapshot;
 
 pub async fn health() -> &'static str {
     "ok"
+}
+
+/// The answer of `/ready`.
+#[derive(Serialize)]
+struct Readiness {
+    ready: bool,
+    loaded: bool,
+    memory_guard_tripped: bool,
 }
 
 /// 200 once the model is loaded and while the memory guard admits work.
 pub async fn ready(State(state): State<Arc<ServerState>>) -> Response {
     let loaded = state.engine.gauges.loaded.load(Ordering::Acquire);
     let tripped = state.guard.tripped();
-    let status = if loaded && !tripped {
+    let ready = loaded && !tripped;
+    let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (
-        status,
-        Json(json!({"ready": status == StatusCode::OK, "loaded": loaded, "memory_guard_tripped": tripped})),
-    )
-        .into_response()
+    let body = Readiness {
+        ready,
+        loaded,
+        memory_guard_tripped: tripped,
+    };
+    (status, Json(body)).into_response()
 }
 
-pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
+/// The serving figures at this instant; `/v1/stats` and `/metrics` both
+/// answer from it.
+fn serving_stats(state: &ServerState) -> ServingStats {
     let g = &state.engine.gauges;
     let c = &state.counters;
     let e = &state.engine_counters;
+    let kv_used = g.kv_blocks_used.load(Ordering::Relaxed) as u64;
+    let kv_total = g.kv_blocks_total.load(Ordering::Relaxed) as u64;
+    ServingStats {
+        requests: RequestOutcomes {
+            ok: c.ok.load(Ordering::Relaxed),
+            error: c.error.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
+        },
+        requests_running: g.running.load(Ordering::Relaxed) as u64,
+        requests_waiting: g.waiting.load(Ordering::Relaxed) as u64,
+        prompt_tokens_total: e.prompt_tokens.load(Ordering::Relaxed),
+        generation_tokens_total: e.generation_tokens.load(Ordering::Relaxed),
+        preemptions_total: e.preemptions.load(Ordering::Relaxed),
+        kv_blocks_used: kv_used,
+        kv_blocks_free: kv_total.saturating_sub(kv_used),
+        guard_tripped: state.guard.tripped(),
+    }
+}
+
+pub async fn stats(State(state): State<Arc<ServerState>>) -> Json<ServingStats> {
+    Json(serving_stats(&state))
+}
+
+pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
+    let stats = serving_stats(&state);
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, u64)]| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -50,62 +94,52 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
         "counter",
         "Requests by outcome.",
         &[
-            ("{outcome=\"ok\"}".into(), c.ok.load(Ordering::Relaxed)),
-            (
-                "{outcome=\"error\"}".into(),
-                c.error.load(Ordering::Relaxed),
-            ),
-            (
-                "{outcome=\"rejected\"}".into(),
-                c.rejected.load(Ordering::Relaxed),
-            ),
+            ("{outcome=\"ok\"}".into(), stats.requests.ok),
+            ("{outcome=\"error\"}".into(), stats.requests.error),
+            ("{outcome=\"rejected\"}".into(), stats.requests.rejected),
         ],
     );
     metric(
         "sparkrt_requests_running",
         "gauge",
         "Sequences being served.",
-        &plain(g.running.load(Ordering::Relaxed) as u64),
+        &plain(stats.requests_running),
     );
     metric(
         "sparkrt_requests_waiting",
         "gauge",
         "Sequences queued.",
-        &plain(g.waiting.load(Ordering::Relaxed) as u64),
+        &plain(stats.requests_waiting),
     );
     metric(
         "sparkrt_prompt_tokens_total",
         "counter",
         "Prompt tokens processed.",
-        &plain(e.prompt_tokens.load(Ordering::Relaxed)),
+        &plain(stats.prompt_tokens_total),
     );
     metric(
         "sparkrt_generation_tokens_total",
         "counter",
         "Tokens generated.",
-        &plain(e.generation_tokens.load(Ordering::Relaxed)),
+        &plain(stats.generation_tokens_total),
     );
     metric(
         "sparkrt_preemptions_total",
         "counter",
         "Sequences preempted for KV blocks.",
-        &plain(e.preemptions.load(Ordering::Relaxed)),
-    );
-    let (used, total) = (
-        g.kv_blocks_used.load(Ordering::Relaxed) as u64,
-        g.kv_blocks_total.load(Ordering::Relaxed) as u64,
+        &plain(stats.preemptions_total),
     );
     metric(
         "sparkrt_kv_blocks_used",
         "gauge",
         "KV cache blocks in use.",
-        &plain(used),
+        &plain(stats.kv_blocks_used),
     );
     metric(
         "sparkrt_kv_blocks_free",
         "gauge",
         "KV cache blocks free.",
-        &plain(total.saturating_sub(used)),
+        &plain(stats.kv_blocks_free),
     );
     let ledger = state.ledger.snapshot();
     let mut lines = Vec::new();
@@ -137,36 +171,78 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
         "sparkrt_guard_tripped",
         "gauge",
         "1 while the memory guard refuses new work.",
-        &plain(u64::from(state.guard.tripped())),
+        &plain(u64::from(stats.guard_tripped)),
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
-pub async fn memory(State(state): State<Arc<ServerState>>) -> Json<Value> {
-    let g = &state.engine.gauges;
+/// `/v1/memory`. 503 while the guard has no host reading (it reads once
+/// before the server listens, so only an unreadable `/proc/meminfo` gets it).
+pub async fn memory(State(state): State<Arc<ServerState>>) -> Result<Response, ApiError> {
     let plan = &state.plan;
-    let host = state.guard.latest().map(|m| {
-        json!({
-            "mem_total": m.mem_total, "mem_available": m.mem_available, "mem_free": m.mem_free,
-            "cached": m.cached, "buffers": m.buffers, "shmem": m.shmem,
-            "swap_total": m.swap_total, "swap_free": m.swap_free,
-            "kubepods_current": state.kubepods_current(), "kubepods_max": state.kubepods_max(),
-            "system_reserved": plan.host.system_reserved, "kube_reserved": plan.host.kube_reserved,
-            "eviction_hard": plan.host.eviction_hard,
-        })
-    });
-    let block_bytes = plan.kv_cache.bytes_per_token * plan.kv_cache.block_size as u64;
-    Json(json!({
-        "plan": plan,
-        "ledger": state.ledger.snapshot(),
-        "kv": {
-            "block_size_tokens": plan.kv_cache.block_size,
-            "block_bytes": block_bytes,
-            "blocks_total": g.kv_blocks_total.load(Ordering::Relaxed),
-            "blocks_used": g.kv_blocks_used.load(Ordering::Relaxed),
-        },
-        "host": host,
-        "guard": state.guard.state(),
-        "process_rss": crate::host::process::rss_bytes(),
-    }))
+    let host = host_snapshot(&state).ok_or_else(|| {
+        ApiError::internal("the memory guard has no host reading yet")
+            .with_status(StatusCode::SERVICE_UNAVAILABLE)
+    })?;
+    let g = &state.engine.gauges;
+    let kv = KvState {
+        block_size_tokens: plan.kv_cache.block_size as u64,
+        block_bytes: plan.kv_cache.block_bytes,
+        blocks_total: g.kv_blocks_total.load(Ordering::Relaxed) as u64,
+        blocks_used: g.kv_blocks_used.load(Ordering::Relaxed) as u64,
+    };
+    let report = MemoryReport {
+        plan,
+        ledger: ledger_report(state.ledger.snapshot()),
+        kv,
+        host,
+        guard: state.guard.state(),
+        process_rss: crate::host::process::rss_bytes(),
+    };
+    // Serialized here, while `report` can still borrow the plan.
+    Ok(Json(report).into_response())
+}
+
+/// The guard's latest reading with the cgroup and the plan's kubelet figures.
+fn host_snapshot(state: &ServerState) -> Option<HostSnapshot> {
+    let m = state.guard.latest()?;
+    let plan_host = &state.plan.host;
+    Some(HostSnapshot {
+        mem_total: m.mem_total,
+        mem_available: m.mem_available,
+        mem_free: m.mem_free,
+        cached: m.cached,
+        buffers: m.buffers,
+        shmem: m.shmem,
+        swap_total: m.swap_total,
+        swap_free: m.swap_free,
+        kubepods_current: state.kubepods_current(),
+        kubepods_max: state.kubepods_max(),
+        system_reserved: plan_host.system_reserved,
+        kube_reserved: plan_host.kube_reserved,
+        eviction_hard: plan_host.eviction_hard,
+        // Monitor-side figures, not on the wire.
+        usable: None,
+        gpu_processes: Vec::new(),
+    })
+}
+
+fn ledger_report(snapshot: LedgerSnapshot) -> wire::Ledger {
+    wire::Ledger {
+        categories: snapshot
+            .categories
+            .into_iter()
+            .map(|row| wire::LedgerEntry {
+                name: row.name.to_string(),
+                planned: row.planned,
+                allocated: row.allocated,
+            })
+            .collect(),
+        page_cache_policy: snapshot.page_cache_policy,
+        // Until a backend records otherwise the weights are read where the
+        // checkpoint is mapped (the server only listens once it has).
+        weights_residency: snapshot
+            .weights_residency
+            .unwrap_or(WeightsResidency::Mapped),
+    }
 }

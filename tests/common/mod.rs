@@ -17,6 +17,30 @@ pub fn profile(name: &str) -> PathBuf {
     repo().join("profiles").join(format!("{name}.toml"))
 }
 
+/// Whether a test that needs a tool may run: `missing` is why the tool is
+/// not here (`None` when it is). Locally the test then skips, printing the
+/// reason; under CI (`CI` set, where `scripts/ci-deps.sh` installs every
+/// tool) a missing tool fails the test, so a skip never passes for a check.
+pub fn tool_present(test: &str, missing: Option<String>) -> bool {
+    let Some(why) = missing else {
+        return true;
+    };
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: {why}, and CI must have it (scripts/ci-deps.sh installs it)"
+    );
+    eprintln!("skipped {test}: {why} (scripts/ci-deps.sh installs it)");
+    false
+}
+
+/// Why the command `program` cannot be run with `--version`, if it cannot.
+pub fn missing_command(program: &str) -> Option<String> {
+    match Command::new(program).arg("--version").output() {
+        Ok(_) => None,
+        Err(e) => Some(format!("{program} is not installed ({e})")),
+    }
+}
+
 /// Runs the `sparkrt` binary with `args`.
 pub fn sparkrt(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sparkrt"))

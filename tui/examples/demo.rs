@@ -3,7 +3,8 @@
 //! Runs the monitor on made-up data: a host whose MemAvailable swings towards
 //! the eviction line and back (so the pool turns yellow, then red), and a
 //! stand-in `sparkrt serve` on 127.0.0.1 that answers `/v1/memory` and
-//! `/metrics` with a filling KV cache and growing token counters. With
+//! `/v1/stats` (the wire types, as the server writes them) with a filling KV
+//! cache and growing token counters. With
 //! `--no-server` nothing listens, and the screen shows the host panels only.
 
 use std::f64::consts::TAU;
@@ -12,6 +13,10 @@ use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use sparkrt_tui::wire::{
+    Category, GuardState, KvState, Ledger, LedgerEntry, MEMORY_PATH, MemoryReport, PageCachePolicy,
+    RequestOutcomes, STATS_PATH, ServingStats, WeightsResidency,
+};
 use sparkrt_tui::{GpuProcess, HostSnapshot, HostSource, TopOptions};
 
 const GIB: u64 = 1 << 30;
@@ -64,65 +69,63 @@ fn host_at(t: f64) -> HostSnapshot {
     }
 }
 
-fn memory_json(t: f64) -> String {
+fn memory_at(t: f64) -> MemoryReport {
     let blocks_total = 20_480u64;
     let blocks_used = (blocks_total as f64 * kv_fill(t)) as u64;
     let host = host_at(t);
-    let category = |name: &str, planned: u64, allocated: u64| serde_json::json!({"name": name, "planned": planned, "allocated": allocated});
-    serde_json::json!({
-        "plan": {"model": "demo"},
-        "ledger": {
-            "categories": [
-                category("weights", 60 * GIB, 60 * GIB),
-                category("moe_workspace", 2 * GIB, 2 * GIB),
-                category("activations", GIB, GIB),
-                category("kv_cache", 20 * GIB, 20 * GIB),
-                category("runtime_overhead", 2 * GIB, GIB + GIB / 2),
+    let entry = |category: Category, planned: u64, allocated: u64| LedgerEntry {
+        name: category.name().to_string(),
+        planned,
+        allocated,
+    };
+    MemoryReport {
+        plan: serde_json::json!({"model": "demo"}),
+        ledger: Ledger {
+            categories: vec![
+                entry(Category::Weights, 60 * GIB, 60 * GIB),
+                entry(Category::MoeWorkspace, 2 * GIB, 2 * GIB),
+                entry(Category::Activations, GIB, GIB),
+                entry(Category::KvCache, 20 * GIB, 20 * GIB),
+                entry(Category::RuntimeOverhead, 2 * GIB, GIB + GIB / 2),
             ],
-            "page_cache_policy": "dontneed",
-            "weights_residency": "host_registered",
+            page_cache_policy: PageCachePolicy::DontNeed,
+            weights_residency: WeightsResidency::HostRegistered,
         },
-        "kv": {"block_size_tokens": 16, "block_bytes": 1 << 20,
-               "blocks_total": blocks_total, "blocks_used": blocks_used},
-        "host": {
-            "mem_total": host.mem_total, "mem_available": host.mem_available,
-            "mem_free": host.mem_free, "cached": host.cached, "buffers": host.buffers,
-            "shmem": host.shmem, "swap_total": 0, "swap_free": 0,
-            "kubepods_current": host.kubepods_current, "kubepods_max": host.kubepods_max,
-            "system_reserved": host.system_reserved, "kube_reserved": host.kube_reserved,
-            "eviction_hard": host.eviction_hard,
+        kv: KvState {
+            block_size_tokens: 16,
+            block_bytes: 1 << 20,
+            blocks_total,
+            blocks_used,
         },
-        "guard": {"tripped": host.mem_available < 20 * GIB,
-                  "threshold_bytes": 20 * GIB, "resume_bytes": 24 * GIB},
-        "process_rss": 62 * GIB,
-    })
-    .to_string()
+        guard: GuardState {
+            tripped: host.mem_available < 20 * GIB,
+            threshold_bytes: 20 * GIB,
+            resume_bytes: 24 * GIB,
+        },
+        host,
+        process_rss: 62 * GIB,
+    }
 }
 
-fn metrics_text(t: f64) -> String {
+fn stats_at(t: f64) -> ServingStats {
     let blocks_total = 20_480u64;
     let used = (blocks_total as f64 * kv_fill(t)) as u64;
     let running = (8.0 * kv_fill(t)).round() as u64;
-    let tripped = u8::from(mem_available(t) < 20 * GIB);
-    format!(
-        "# TYPE sparkrt_requests_total counter\n\
-         sparkrt_requests_total{{outcome=\"ok\"}} {ok}\n\
-         sparkrt_requests_total{{outcome=\"error\"}} 1\n\
-         sparkrt_requests_total{{outcome=\"rejected\"}} {rejected}\n\
-         sparkrt_requests_running {running}\n\
-         sparkrt_requests_waiting {waiting}\n\
-         sparkrt_prompt_tokens_total {prompt:.0}\n\
-         sparkrt_generation_tokens_total {generated:.0}\n\
-         sparkrt_kv_blocks_used {used}\n\
-         sparkrt_kv_blocks_free {free}\n\
-         sparkrt_guard_tripped {tripped}\n",
-        ok = (t / 3.0) as u64,
-        rejected = (t / 30.0) as u64,
-        waiting = running / 3,
-        prompt = 800.0 * t,
-        generated = 55.0 * t,
-        free = blocks_total - used,
-    )
+    ServingStats {
+        requests: RequestOutcomes {
+            ok: (t / 3.0) as u64,
+            error: 1,
+            rejected: (t / 30.0) as u64,
+        },
+        requests_running: running,
+        requests_waiting: running / 3,
+        prompt_tokens_total: (800.0 * t) as u64,
+        generation_tokens_total: (55.0 * t) as u64,
+        preemptions_total: (t / 20.0) as u64,
+        kv_blocks_used: used,
+        kv_blocks_free: blocks_total - used,
+        guard_tripped: mem_available(t) < 20 * GIB,
+    }
 }
 
 fn serve(listener: TcpListener, start: Instant) {
@@ -143,10 +146,15 @@ fn answer(stream: TcpStream, t: f64) {
         header.clear();
     }
     let path = request_line.split_whitespace().nth(1).unwrap_or("");
-    let (status, body) = match path {
-        "/v1/memory" => ("200 OK", memory_json(t)),
-        "/metrics" => ("200 OK", metrics_text(t)),
-        _ => ("404 Not Found", String::new()),
+    let body = match path {
+        MEMORY_PATH => serde_json::to_string(&memory_at(t)),
+        STATS_PATH => serde_json::to_string(&stats_at(t)),
+        _ => Ok(String::new()),
+    };
+    let (status, body) = match body {
+        Ok(body) if !body.is_empty() => ("200 OK", body),
+        Ok(_) => ("404 Not Found", String::new()),
+        Err(e) => ("500 Internal Server Error", e.to_string()),
     };
     let mut stream = stream;
     let _ = write!(

@@ -7,9 +7,9 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 use crate::collector::Sample;
 use crate::history::{History, HistoryPoint};
-use crate::memory::LedgerEntry;
 use crate::processes::ProcessRow;
 use crate::units::Units;
+use crate::wire::LedgerEntry;
 
 /// The panel `tab` selects; `s` sorts the focused one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,14 +5,12 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::memory::{MemoryParseError, ServerMemory};
-use crate::metrics::{MetricsParseError, ServingMetrics};
+use crate::memory::MemoryParseError;
+use crate::stats::StatsParseError;
+use crate::wire::{MEMORY_PATH, MemoryReport, STATS_PATH, ServingStats};
 
 /// A larger answer than this is not one of ours (the ledger is a few KiB).
 const MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
-
-pub const MEMORY_PATH: &str = "/v1/memory";
-pub const METRICS_PATH: &str = "/metrics";
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum UrlError {
@@ -33,7 +31,7 @@ pub enum FetchError {
     #[error(transparent)]
     Memory(#[from] MemoryParseError),
     #[error(transparent)]
-    Metrics(#[from] MetricsParseError),
+    Stats(#[from] StatsParseError),
 }
 
 /// Talks to one `sparkrt serve`.
@@ -62,14 +60,14 @@ impl ServerClient {
         &self.base_url
     }
 
-    pub fn memory(&self) -> Result<ServerMemory, FetchError> {
+    pub fn memory(&self) -> Result<MemoryReport, FetchError> {
         let body = self.get_text(MEMORY_PATH)?;
-        Ok(ServerMemory::parse(&body)?)
+        Ok(MemoryReport::parse(&body)?)
     }
 
-    pub fn metrics(&self) -> Result<ServingMetrics, FetchError> {
-        let body = self.get_text(METRICS_PATH)?;
-        Ok(ServingMetrics::parse(&body)?)
+    pub fn stats(&self) -> Result<ServingStats, FetchError> {
+        let body = self.get_text(STATS_PATH)?;
+        Ok(ServingStats::parse(&body)?)
     }
 
     fn get_text(&self, path: &str) -> Result<String, FetchError> {

@@ -10,10 +10,9 @@ use crate::client::ServerClient;
 use crate::event::AppEvent;
 use crate::host::{HostSnapshot, HostSource};
 use crate::link::{LinkTracker, ServerLink};
-use crate::memory::ServerMemory;
-use crate::metrics::ServingMetrics;
 use crate::processes::{ProcessRow, ProcessTable};
 use crate::rates::CounterRate;
+use crate::wire::{MemoryReport, ServingStats};
 
 /// Everything read in one round.
 #[derive(Debug, Clone)]
@@ -24,9 +23,9 @@ pub struct Sample {
     pub processes: Vec<ProcessRow>,
     pub link: ServerLink,
     /// `/v1/memory`, while connected.
-    pub server: Option<ServerMemory>,
-    /// `/metrics` (or why it could not be read), while connected.
-    pub metrics: Option<Result<ServingMetrics, String>>,
+    pub server: Option<MemoryReport>,
+    /// `/v1/stats` (or why it could not be read), while connected.
+    pub stats: Option<Result<ServingStats, String>>,
     pub generation_tokens_per_s: Option<f64>,
     pub prompt_tokens_per_s: Option<f64>,
 }
@@ -40,8 +39,8 @@ impl Sample {
             .or_else(|| self.server.as_ref().map(|s| &s.host))
     }
 
-    pub fn serving(&self) -> Option<&ServingMetrics> {
-        self.metrics.as_ref().and_then(|m| m.as_ref().ok())
+    pub fn serving(&self) -> Option<&ServingStats> {
+        self.stats.as_ref().and_then(|m| m.as_ref().ok())
     }
 }
 
@@ -74,7 +73,7 @@ impl Collector {
     }
 
     /// One round: host, processes, then the server (each request bounded by
-    /// the client's timeout). `/metrics` is only asked once `/v1/memory`
+    /// the client's timeout). `/v1/stats` is only asked once `/v1/memory`
     /// answered, so a dead server costs one timeout per round, not two.
     pub fn collect(&mut self) -> Sample {
         let host = self.host.read();
@@ -87,11 +86,11 @@ impl Collector {
             None => Vec::new(),
         };
 
-        let (server, metrics) = match self.client.memory() {
+        let (server, stats) = match self.client.memory() {
             Ok(memory) => {
                 self.link.record_success();
-                let metrics = self.client.metrics().map_err(|e| e.to_string());
-                (Some(memory), Some(metrics))
+                let stats = self.client.stats().map_err(|e| e.to_string());
+                (Some(memory), Some(stats))
             }
             Err(error) => {
                 self.link.record_failure(error.to_string());
@@ -99,13 +98,13 @@ impl Collector {
             }
         };
         let taken_at = Instant::now();
-        let serving = metrics.as_ref().and_then(|m| m.as_ref().ok());
+        let serving = stats.as_ref().and_then(|m| m.as_ref().ok());
         let generation_tokens_per_s = self
             .generation_rate
-            .update(taken_at, serving.and_then(|m| m.generation_tokens_total));
+            .update(taken_at, serving.map(|m| m.generation_tokens_total as f64));
         let prompt_tokens_per_s = self
             .prompt_rate
-            .update(taken_at, serving.and_then(|m| m.prompt_tokens_total));
+            .update(taken_at, serving.map(|m| m.prompt_tokens_total as f64));
 
         Sample {
             taken_at,
@@ -113,7 +112,7 @@ impl Collector {
             processes,
             link: self.link.link(),
             server,
-            metrics,
+            stats,
             generation_tokens_per_s,
             prompt_tokens_per_s,
         }

@@ -1,83 +1,9 @@
-//! `GET /v1/memory`: the server's plan, live ledger, KV fill, host reading and
-//! guard state (shape fixed in docs/ARCHITECTURE.md, "Contracts").
+//! Reading `GET /v1/memory` ([`MemoryReport`], shape in [`crate::wire`]):
+//! parse, refuse impossible figures, and the sums the panels draw.
 
-use serde::Deserialize;
 use thiserror::Error;
 
-use crate::host::HostSnapshot;
-
-/// Ledger category names, as the contract spells them.
-pub mod category {
-    pub const WEIGHTS: &str = "weights";
-    pub const MOE_WORKSPACE: &str = "moe_workspace";
-    pub const ACTIVATIONS: &str = "activations";
-    pub const KV_CACHE: &str = "kv_cache";
-    pub const RUNTIME_OVERHEAD: &str = "runtime_overhead";
-}
-
-/// The parsed answer of `GET /v1/memory`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct ServerMemory {
-    /// What `sparkrt plan --json` prints; the monitor does not read into it.
-    #[serde(default)]
-    pub plan: serde_json::Value,
-    pub ledger: Ledger,
-    pub kv: KvState,
-    pub host: HostSnapshot,
-    pub guard: GuardState,
-    /// Resident set of the server process.
-    pub process_rss: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Ledger {
-    pub categories: Vec<LedgerEntry>,
-    pub page_cache_policy: PageCachePolicy,
-    pub weights_residency: WeightsResidency,
-}
-
-/// One ledger row: what the plan set aside and what is held now.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct LedgerEntry {
-    pub name: String,
-    pub planned: u64,
-    pub allocated: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PageCachePolicy {
-    Keep,
-    Willneed,
-    Dontneed,
-}
-
-/// Where the weights live; `mapped` weights are page cache, not private memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WeightsResidency {
-    Mapped,
-    HostRegistered,
-    DeviceCopy,
-}
-
-/// The paged KV cache's fill.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub struct KvState {
-    pub block_size_tokens: u64,
-    pub block_bytes: u64,
-    pub blocks_total: u64,
-    pub blocks_used: u64,
-}
-
-/// The memory guard: it refuses new work while MemAvailable is below
-/// `threshold_bytes`, until it climbs back above `resume_bytes`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub struct GuardState {
-    pub tripped: bool,
-    pub threshold_bytes: u64,
-    pub resume_bytes: u64,
-}
+use crate::wire::{Category, LedgerEntry, MemoryReport};
 
 #[derive(Debug, Error)]
 pub enum MemoryParseError {
@@ -89,11 +15,11 @@ pub enum MemoryParseError {
     AvailableAboveTotal { available: u64, total: u64 },
 }
 
-impl ServerMemory {
+impl MemoryReport {
     /// Parses and checks the answer. Sizes must be non-negative integers;
     /// a missing field, a wrong type or an impossible figure is an error.
-    pub fn parse(body: &str) -> Result<ServerMemory, MemoryParseError> {
-        let memory: ServerMemory = serde_json::from_str(body)?;
+    pub fn parse(body: &str) -> Result<MemoryReport, MemoryParseError> {
+        let memory: MemoryReport = serde_json::from_str(body)?;
         if memory.kv.blocks_used > memory.kv.blocks_total {
             return Err(MemoryParseError::KvOverfull {
                 used: memory.kv.blocks_used,
@@ -109,9 +35,12 @@ impl ServerMemory {
         Ok(memory)
     }
 
-    /// The ledger row of `name`, if the server reports one.
-    pub fn category(&self, name: &str) -> Option<&LedgerEntry> {
-        self.ledger.categories.iter().find(|c| c.name == name)
+    /// The ledger row of `category`, if the server reports one.
+    pub fn category(&self, category: Category) -> Option<&LedgerEntry> {
+        self.ledger
+            .categories
+            .iter()
+            .find(|c| c.name == category.name())
     }
 
     /// Everything the runtime holds now, all categories together.

@@ -2,33 +2,33 @@
 //! its eviction and usable lines fall. Pure arithmetic on one sample.
 
 use crate::host::HostSnapshot;
-use crate::memory::{ServerMemory, WeightsResidency, category};
+use crate::wire::{Category, MemoryReport, WeightsResidency};
 
-/// Headroom (MemAvailable − evictionHard) below this share of MemTotal turns
-/// the pool yellow: on a 128 GiB Spark that is ~12.8 GiB, about what one more
-/// long-context request can take.
-pub const HEADROOM_WARNING_FRACTION: f64 = 0.10;
+/// The eviction margin (MemAvailable − evictionHard) below this share of
+/// MemTotal turns the pool yellow: on a 128 GiB Spark that is ~12.8 GiB,
+/// about what one more long-context request can take.
+pub const MARGIN_WARNING_FRACTION: f64 = 0.10;
 /// Below this share it turns red: ~6.4 GiB on a Spark; the guard should be
 /// refusing work by now.
-pub const HEADROOM_CRITICAL_FRACTION: f64 = 0.05;
+pub const MARGIN_CRITICAL_FRACTION: f64 = 0.05;
 
 /// How close MemAvailable is to the eviction line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HeadroomLevel {
+pub enum MarginLevel {
     Comfortable,
     Warning,
     Critical,
 }
 
-impl HeadroomLevel {
-    pub fn of(headroom: i128, mem_total: u64) -> HeadroomLevel {
-        let share = headroom as f64 / mem_total.max(1) as f64;
-        if share < HEADROOM_CRITICAL_FRACTION {
-            HeadroomLevel::Critical
-        } else if share < HEADROOM_WARNING_FRACTION {
-            HeadroomLevel::Warning
+impl MarginLevel {
+    pub fn of(eviction_margin: i128, mem_total: u64) -> MarginLevel {
+        let share = eviction_margin as f64 / mem_total.max(1) as f64;
+        if share < MARGIN_CRITICAL_FRACTION {
+            MarginLevel::Critical
+        } else if share < MARGIN_WARNING_FRACTION {
+            MarginLevel::Warning
         } else {
-            HeadroomLevel::Comfortable
+            MarginLevel::Comfortable
         }
     }
 }
@@ -81,7 +81,7 @@ pub struct Segment {
 /// Order: the runtime's categories, other processes, page cache, free. The
 /// memory that is not available (runtime + others) thus fills the bar from
 /// the left up to MemTotal − MemAvailable, and the gap from there to the
-/// eviction line is exactly the headroom.
+/// eviction line is exactly the eviction margin.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolBreakdown {
     pub mem_total: u64,
@@ -92,15 +92,16 @@ pub struct PoolBreakdown {
     /// Offset of the eviction line: MemTotal − evictionHard. Used memory
     /// reaching it means MemAvailable reached evictionHard.
     pub eviction_at: u64,
-    /// Offset of the plan's usable line, when the host source knows it.
+    /// Offset of the plan's usable line (the plan's headroom), when the
+    /// host source knows it.
     pub usable_at: Option<u64>,
-    /// MemAvailable − evictionHard.
-    pub headroom: i128,
-    pub level: HeadroomLevel,
+    /// [`HostSnapshot::eviction_margin`]: MemAvailable − evictionHard.
+    pub eviction_margin: i128,
+    pub level: MarginLevel,
 }
 
 impl PoolBreakdown {
-    pub fn new(host: &HostSnapshot, server: Option<&ServerMemory>) -> PoolBreakdown {
+    pub fn new(host: &HostSnapshot, server: Option<&MemoryReport>) -> PoolBreakdown {
         let total = host.mem_total;
         let runtime = server.map(runtime_segments).unwrap_or_default();
         let runtime_total = runtime
@@ -113,7 +114,7 @@ impl PoolBreakdown {
         // weights segment. Count them once.
         let mapped_weights = server
             .filter(|s| s.ledger.weights_residency == WeightsResidency::Mapped)
-            .and_then(|s| s.category(category::WEIGHTS))
+            .and_then(|s| s.category(Category::Weights))
             .map_or(0, |w| w.allocated);
         let page_cache = host.page_cache().saturating_sub(mapped_weights);
 
@@ -143,15 +144,15 @@ impl PoolBreakdown {
             bytes: remaining,
         });
 
-        let headroom = host.headroom();
+        let eviction_margin = host.eviction_margin();
         PoolBreakdown {
             mem_total: total,
             segments,
             runtime_total,
             eviction_at: total.saturating_sub(host.eviction_hard),
             usable_at: host.usable.map(|u| u.min(total)),
-            headroom,
-            level: HeadroomLevel::of(headroom, total),
+            eviction_margin,
+            level: MarginLevel::of(eviction_margin, total),
         }
     }
 
@@ -166,20 +167,14 @@ impl PoolBreakdown {
 
 /// The runtime's categories from the ledger, the KV cache split by the `kv`
 /// fill. Categories the monitor does not know are drawn as overhead.
-fn runtime_segments(server: &ServerMemory) -> Vec<Segment> {
-    let allocated = |name| server.category(name).map_or(0, |c| c.allocated);
-    let kv_allocated = server.category(category::KV_CACHE).map_or_else(
+fn runtime_segments(server: &MemoryReport) -> Vec<Segment> {
+    let allocated = |category| server.category(category).map_or(0, |c| c.allocated);
+    let kv_allocated = server.category(Category::KvCache).map_or_else(
         || server.kv.blocks_total.saturating_mul(server.kv.block_bytes),
         |c| c.allocated,
     );
     let kv_used = server.kv_used_bytes().min(kv_allocated);
-    let known = [
-        category::WEIGHTS,
-        category::MOE_WORKSPACE,
-        category::KV_CACHE,
-        category::ACTIVATIONS,
-        category::RUNTIME_OVERHEAD,
-    ];
+    let known = Category::ALL.map(Category::name);
     let unknown: u64 = server
         .ledger
         .categories
@@ -189,11 +184,11 @@ fn runtime_segments(server: &ServerMemory) -> Vec<Segment> {
     vec![
         Segment {
             kind: SegmentKind::Weights,
-            bytes: allocated(category::WEIGHTS),
+            bytes: allocated(Category::Weights),
         },
         Segment {
             kind: SegmentKind::MoeWorkspace,
-            bytes: allocated(category::MOE_WORKSPACE),
+            bytes: allocated(Category::MoeWorkspace),
         },
         Segment {
             kind: SegmentKind::KvUsed,
@@ -205,11 +200,11 @@ fn runtime_segments(server: &ServerMemory) -> Vec<Segment> {
         },
         Segment {
             kind: SegmentKind::Activations,
-            bytes: allocated(category::ACTIVATIONS),
+            bytes: allocated(Category::Activations),
         },
         Segment {
             kind: SegmentKind::Overhead,
-            bytes: allocated(category::RUNTIME_OVERHEAD).saturating_add(unknown),
+            bytes: allocated(Category::RuntimeOverhead).saturating_add(unknown),
         },
     ]
 }

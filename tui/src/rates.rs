@@ -1,4 +1,4 @@
-//! Per-second rates from Prometheus counters sampled at known instants.
+//! Per-second rates from counters sampled at known instants.
 
 use std::time::Instant;
 

@@ -46,7 +46,7 @@ impl Units {
         format!("{:.1} {}", self.value(bytes as f64), self.suffix())
     }
 
-    /// A signed quantity (headroom can be negative): `-1.5 GiB`.
+    /// A signed quantity (the eviction margin can be negative): `-1.5 GiB`.
     pub fn format_signed(self, bytes: i128) -> String {
         format!("{:.1} {}", self.value(bytes as f64), self.suffix())
     }

@@ -2,7 +2,7 @@
 //! slowly, not at all, or with garbage. Time bounds are generous: they only
 //! catch a collector that hangs, they do not measure it.
 
-mod common;
+use crate::common;
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -48,15 +48,15 @@ fn disconnect_reason(sample: &Sample) -> &str {
 }
 
 #[test]
-fn healthy_server_gives_memory_and_metrics() {
+fn healthy_server_gives_memory_and_stats() {
     let server = TestServer::start(Mode::healthy());
     let mut collector = collector_for(&server.url());
     let sample = collector.collect();
     assert_eq!(sample.link, ServerLink::Connected { reconnects: 0 });
     let memory = sample.server.as_ref().expect("memory");
     assert_eq!(memory.runtime_allocated(), 84 * GIB);
-    let metrics = sample.serving().expect("metrics");
-    assert_eq!(metrics.requests_running, Some(3));
+    let stats = sample.serving().expect("stats");
+    assert_eq!(stats.requests_running, 3);
     assert_eq!(sample.host.as_ref().unwrap().mem_total, 128 * GIB);
     // One reading of a counter gives no rate yet.
     assert_eq!(sample.generation_tokens_per_s, None);
@@ -71,7 +71,7 @@ fn no_server_is_disconnected_with_host_readings_kept() {
     let sample = collector.collect();
     let reason = disconnect_reason(&sample);
     assert!(reason.contains("/v1/memory"), "{reason}");
-    assert!(sample.server.is_none() && sample.metrics.is_none());
+    assert!(sample.server.is_none() && sample.stats.is_none());
     assert_eq!(sample.host_reading(), Some(&canned_host()));
 }
 
@@ -140,7 +140,7 @@ fn error_status_is_disconnected_and_named() {
 fn garbage_memory_body_is_disconnected_with_the_parse_error() {
     let server = TestServer::start(Mode::Serve {
         memory: "{\"plan\": {}, \"ledger\": {\"categ".to_string(),
-        metrics: common::METRICS_OK.to_string(),
+        stats: common::STATS_OK.to_string(),
     });
     let mut collector = collector_for(&server.url());
     let sample = collector.collect();
@@ -152,18 +152,21 @@ fn garbage_memory_body_is_disconnected_with_the_parse_error() {
 }
 
 #[test]
-fn garbage_metrics_keep_the_link_and_report_the_error() {
+fn garbage_stats_keep_the_link_and_report_the_error() {
     let server = TestServer::start(Mode::Serve {
         memory: common::MEMORY_OK.to_string(),
-        metrics: "sparkrt_requests_running NaN\n".to_string(),
+        stats: common::STATS_OK.replace("\"requests_running\": 3", "\"requests_running\": NaN"),
     });
     let mut collector = collector_for(&server.url());
     let sample = collector.collect();
     assert_eq!(sample.link, ServerLink::Connected { reconnects: 0 });
     assert!(sample.server.is_some());
-    match &sample.metrics {
-        Some(Err(error)) => assert!(error.contains("sparkrt_requests_running"), "{error}"),
-        other => panic!("expected a metrics error, got {other:?}"),
+    match &sample.stats {
+        Some(Err(error)) => assert!(
+            error.contains("/v1/stats is not the expected JSON"),
+            "{error}"
+        ),
+        other => panic!("expected a stats error, got {other:?}"),
     }
 }
 

@@ -1,6 +1,6 @@
 //! What each key does to the monitor's state.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

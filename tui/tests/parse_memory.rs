@@ -1,12 +1,11 @@
 //! `GET /v1/memory` parsing against the canned answer and broken ones.
 
-mod common;
+use crate::common;
 
 use common::{GIB, MEMORY_OK};
 use serde_json::error::Category;
-use sparkrt_tui::memory::{
-    KvState, MemoryParseError, PageCachePolicy, ServerMemory, WeightsResidency,
-};
+use sparkrt_tui::memory::MemoryParseError;
+use sparkrt_tui::wire::{self, KvState, MemoryReport, PageCachePolicy, WeightsResidency};
 
 /// The canned answer with one JSON value replaced (by its pointer path).
 fn with(pointer: &str, value: serde_json::Value) -> String {
@@ -27,7 +26,7 @@ fn without(parent: &str, key: &str) -> String {
 }
 
 fn json_error(body: &str) -> serde_json::Error {
-    match ServerMemory::parse(body) {
+    match MemoryReport::parse(body) {
         Err(MemoryParseError::Json(e)) => e,
         other => panic!("expected a JSON error, got {other:?}"),
     }
@@ -35,7 +34,7 @@ fn json_error(body: &str) -> serde_json::Error {
 
 #[test]
 fn canned_answer_parses_to_its_figures() {
-    let memory = ServerMemory::parse(MEMORY_OK).unwrap();
+    let memory = MemoryReport::parse(MEMORY_OK).unwrap();
     let names: Vec<&str> = memory
         .ledger
         .categories
@@ -52,9 +51,9 @@ fn canned_answer_parses_to_its_figures() {
             "runtime_overhead"
         ]
     );
-    let overhead = memory.category("runtime_overhead").unwrap();
+    let overhead = memory.category(wire::Category::RuntimeOverhead).unwrap();
     assert_eq!((overhead.planned, overhead.allocated), (2 * GIB, GIB));
-    assert_eq!(memory.ledger.page_cache_policy, PageCachePolicy::Dontneed);
+    assert_eq!(memory.ledger.page_cache_policy, PageCachePolicy::DontNeed);
     assert_eq!(
         memory.ledger.weights_residency,
         WeightsResidency::HostRegistered
@@ -92,7 +91,7 @@ fn extra_fields_are_ignored() {
     doc["guard"]["extra"] = serde_json::json!({"anything": [1, 2]});
     doc["new_section"] = serde_json::json!(7);
     let body = doc.to_string();
-    assert!(ServerMemory::parse(&body).is_ok());
+    assert!(MemoryReport::parse(&body).is_ok());
 }
 
 #[test]
@@ -160,9 +159,9 @@ fn missing_fields_are_errors_that_name_them() {
 
 #[test]
 fn absent_plan_and_null_kubepods_are_fine() {
-    let memory = ServerMemory::parse(&without("", "plan")).unwrap();
+    let memory = MemoryReport::parse(&without("", "plan")).unwrap();
     assert!(memory.plan.is_null());
-    let memory = ServerMemory::parse(&without("/host", "kubepods_current")).unwrap();
+    let memory = MemoryReport::parse(&without("/host", "kubepods_current")).unwrap();
     assert_eq!(memory.host.kubepods_current, None);
 }
 
@@ -170,7 +169,7 @@ fn absent_plan_and_null_kubepods_are_fine() {
 fn impossible_figures_are_errors() {
     let body = with("/kv/blocks_used", serde_json::json!(20481));
     assert!(matches!(
-        ServerMemory::parse(&body),
+        MemoryReport::parse(&body),
         Err(MemoryParseError::KvOverfull {
             used: 20481,
             total: 20480
@@ -178,7 +177,16 @@ fn impossible_figures_are_errors() {
     ));
     let body = with("/host/mem_available", serde_json::json!(129 * GIB));
     assert!(matches!(
-        ServerMemory::parse(&body),
+        MemoryReport::parse(&body),
         Err(MemoryParseError::AvailableAboveTotal { .. })
     ));
+}
+
+#[test]
+fn the_canned_answer_is_exactly_what_the_wire_type_writes() {
+    // Parsed and written back, nothing is lost or added: the fixture has the
+    // shape the server serializes (the server builds the same type).
+    let recorded: serde_json::Value = serde_json::from_str(MEMORY_OK).unwrap();
+    let written = serde_json::to_value(MemoryReport::parse(MEMORY_OK).unwrap()).unwrap();
+    assert_eq!(written, recorded);
 }

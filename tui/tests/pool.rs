@@ -2,14 +2,14 @@
 //! host (128 GiB total, 40 GiB available, Cached+Buffers 25 GiB, evictionHard
 //! 16 GiB, usable 96 GiB) and ledger (84 GiB held, KV 5 of 20 GiB used).
 
-mod common;
+use crate::common;
 
 use common::{GIB, canned_host, canned_memory};
-use sparkrt_tui::memory::WeightsResidency;
 use sparkrt_tui::pool::{
-    HEADROOM_CRITICAL_FRACTION, HEADROOM_WARNING_FRACTION, HeadroomLevel, PoolBreakdown,
-    SegmentKind, boundary, marker_column,
+    MARGIN_CRITICAL_FRACTION, MARGIN_WARNING_FRACTION, MarginLevel, PoolBreakdown, SegmentKind,
+    boundary, marker_column,
 };
+use sparkrt_tui::wire::{LedgerEntry, WeightsResidency};
 
 fn layout(pool: &PoolBreakdown) -> Vec<(SegmentKind, u64)> {
     pool.segments.iter().map(|s| (s.kind, s.bytes)).collect()
@@ -37,15 +37,15 @@ fn canned_pool_splits_as_worked_out_by_hand() {
     assert_eq!(pool.runtime_total, 84 * GIB);
     assert_eq!(pool.eviction_at, 112 * GIB);
     assert_eq!(pool.usable_at, Some(96 * GIB));
-    assert_eq!(pool.headroom, i128::from(24 * GIB));
+    assert_eq!(pool.eviction_margin, i128::from(24 * GIB));
     // 24 / 128 = 18.75 % ≥ 10 %.
-    assert_eq!(pool.level, HeadroomLevel::Comfortable);
+    assert_eq!(pool.level, MarginLevel::Comfortable);
 }
 
 #[test]
-fn used_memory_ends_where_headroom_begins() {
+fn used_memory_ends_where_the_eviction_margin_begins() {
     // Runtime + others end at MemTotal − MemAvailable = 88 GiB; the eviction
-    // line is at 112 GiB; the gap is the 24 GiB headroom.
+    // line is at 112 GiB; the gap is the 24 GiB eviction margin.
     let pool = PoolBreakdown::new(&canned_host(), Some(&canned_memory()));
     let used: u64 = pool
         .segments
@@ -54,7 +54,7 @@ fn used_memory_ends_where_headroom_begins() {
         .map(|s| s.bytes)
         .sum();
     assert_eq!(used, 88 * GIB);
-    assert_eq!(i128::from(pool.eviction_at - used), pool.headroom);
+    assert_eq!(i128::from(pool.eviction_at - used), pool.eviction_margin);
 }
 
 #[test]
@@ -124,42 +124,36 @@ fn kv_split_follows_the_fill_within_the_allocation() {
 #[test]
 fn unknown_categories_are_drawn_as_overhead() {
     let mut memory = canned_memory();
-    memory
-        .ledger
-        .categories
-        .push(sparkrt_tui::memory::LedgerEntry {
-            name: "future_thing".to_string(),
-            planned: 3 * GIB,
-            allocated: 3 * GIB,
-        });
+    memory.ledger.categories.push(LedgerEntry {
+        name: "future_thing".to_string(),
+        planned: 3 * GIB,
+        allocated: 3 * GIB,
+    });
     let pool = PoolBreakdown::new(&canned_host(), Some(&memory));
     assert_eq!(pool.bytes_of(SegmentKind::Overhead), 4 * GIB);
     assert_eq!(pool.runtime_total, 87 * GIB);
 }
 
 #[test]
-fn headroom_levels_change_at_the_thresholds() {
+fn margin_levels_change_at_the_thresholds() {
     let total = 1000u64;
-    let warn = (HEADROOM_WARNING_FRACTION * total as f64) as i128;
-    let critical = (HEADROOM_CRITICAL_FRACTION * total as f64) as i128;
-    assert_eq!(HeadroomLevel::of(warn, total), HeadroomLevel::Comfortable);
-    assert_eq!(HeadroomLevel::of(warn - 1, total), HeadroomLevel::Warning);
-    assert_eq!(HeadroomLevel::of(critical, total), HeadroomLevel::Warning);
-    assert_eq!(
-        HeadroomLevel::of(critical - 1, total),
-        HeadroomLevel::Critical
-    );
-    assert_eq!(HeadroomLevel::of(-5, total), HeadroomLevel::Critical);
-    assert_eq!(HeadroomLevel::of(0, 0), HeadroomLevel::Critical);
+    let warn = (MARGIN_WARNING_FRACTION * total as f64) as i128;
+    let critical = (MARGIN_CRITICAL_FRACTION * total as f64) as i128;
+    assert_eq!(MarginLevel::of(warn, total), MarginLevel::Comfortable);
+    assert_eq!(MarginLevel::of(warn - 1, total), MarginLevel::Warning);
+    assert_eq!(MarginLevel::of(critical, total), MarginLevel::Warning);
+    assert_eq!(MarginLevel::of(critical - 1, total), MarginLevel::Critical);
+    assert_eq!(MarginLevel::of(-5, total), MarginLevel::Critical);
+    assert_eq!(MarginLevel::of(0, 0), MarginLevel::Critical);
 }
 
 #[test]
-fn headroom_past_the_line_is_negative_and_critical() {
+fn margin_past_the_line_is_negative_and_critical() {
     let mut host = canned_host();
     host.mem_available = 10 * GIB;
     let pool = PoolBreakdown::new(&host, None);
-    assert_eq!(pool.headroom, -i128::from(6 * GIB));
-    assert_eq!(pool.level, HeadroomLevel::Critical);
+    assert_eq!(pool.eviction_margin, -i128::from(6 * GIB));
+    assert_eq!(pool.level, MarginLevel::Critical);
 }
 
 #[test]

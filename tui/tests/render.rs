@@ -6,7 +6,7 @@
 //! the eviction marker row 5 and the usable marker row 6. The bar spans the
 //! inner width (terminal width − 2) from column 1.
 
-mod common;
+use crate::common;
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -134,10 +134,7 @@ fn headline_legend_and_panels_show_the_figures() {
     let buffer = render(&app_with(connected_sample()), 160, 44);
     let text = screen(&buffer);
     let headline = row(&buffer, HEADLINE_ROW);
-    assert!(
-        headline.contains("headroom 24.0 GiB to eviction"),
-        "{headline}"
-    );
+    assert!(headline.contains("eviction margin 24.0 GiB"), "{headline}");
     assert!(headline.contains("MemAvailable 40.0 GiB"), "{headline}");
     assert!(
         headline.contains("runtime 84.0 GiB / usable 96.0 GiB"),
@@ -210,20 +207,20 @@ fn ledger_rows_show_planned_allocated_and_share() {
 }
 
 #[test]
-fn headroom_colour_turns_yellow_then_red() {
-    let colour_of_headroom = |available: u64| {
+fn eviction_margin_colour_turns_yellow_then_red() {
+    let colour_of_margin = |available: u64| {
         let mut sample = connected_sample();
         if let Ok(host) = &mut sample.host {
             host.mem_available = available;
         }
         let buffer = render(&app_with(sample), 122, 40);
-        let x = find_on_row(&buffer, HEADLINE_ROW, "headroom ").unwrap() + 9;
+        let x = find_on_row(&buffer, HEADLINE_ROW, "eviction margin ").unwrap() + 16;
         buffer[(x, HEADLINE_ROW)].fg
     };
-    // Headroom 24 GiB of 128 (18.8 %), 10 GiB (7.8 %), 4 GiB (3.1 %).
-    assert_eq!(colour_of_headroom(40 * GIB), Color::Green);
-    assert_eq!(colour_of_headroom(26 * GIB), Color::Yellow);
-    assert_eq!(colour_of_headroom(20 * GIB), Color::Red);
+    // Margin 24 GiB of 128 (18.8 %), 10 GiB (7.8 %), 4 GiB (3.1 %).
+    assert_eq!(colour_of_margin(40 * GIB), Color::Green);
+    assert_eq!(colour_of_margin(26 * GIB), Color::Yellow);
+    assert_eq!(colour_of_margin(20 * GIB), Color::Red);
 }
 
 #[test]
@@ -233,7 +230,7 @@ fn units_key_switches_to_decimal_gigabytes() {
     let buffer = render(&app, 160, 44);
     // 128 GiB = 137.44 GB; 24 GiB = 25.77 GB.
     assert!(row(&buffer, 1).contains("MemTotal 137.4 GB"));
-    assert!(row(&buffer, HEADLINE_ROW).contains("headroom 25.8 GB"));
+    assert!(row(&buffer, HEADLINE_ROW).contains("eviction margin 25.8 GB"));
 }
 
 #[test]
@@ -324,7 +321,7 @@ fn draw_loop_applies_samples_and_quits_on_q() {
     draw_loop(&mut terminal, &mut app, &rx, || true).unwrap();
     assert!(app.latest.is_some());
     let last = screen(terminal.backend().buffer());
-    assert!(last.contains("headroom 24.0 GiB"));
+    assert!(last.contains("eviction margin 24.0 GiB"));
 }
 
 #[test]
@@ -342,17 +339,17 @@ fn draw_loop_ends_when_the_collector_is_gone() {
 }
 
 #[test]
-fn broken_metrics_and_host_readings_are_shown_not_hidden() {
+fn broken_stats_and_host_readings_are_shown_not_hidden() {
     let mut sample = connected_sample();
-    sample.metrics = Some(Err("/metrics: sparkrt_requests_running is NaN".to_string()));
+    sample.stats = Some(Err("/v1/stats: requests_running is NaN".to_string()));
     sample.host = Err("/proc/meminfo: permission denied".to_string());
     let buffer = render(&app_with(sample), 160, 44);
     let text = screen(&buffer);
-    assert!(text.contains("metrics: /metrics: sparkrt_requests_running is NaN"));
+    assert!(text.contains("stats: /v1/stats: requests_running is NaN"));
     assert!(text.contains("host reading failed: /proc/meminfo: permission denied"));
     // The server's host object stands in: the pool is still drawn, without
     // the usable line the server does not report.
-    assert!(row(&buffer, HEADLINE_ROW).contains("headroom 24.0 GiB"));
+    assert!(row(&buffer, HEADLINE_ROW).contains("eviction margin 24.0 GiB"));
     assert!(!row(&buffer, HEADLINE_ROW).contains("usable"));
     assert!(text.contains("plan usable    –"));
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::BackendError;
 use crate::backend::KvLayout;
-use crate::plan::ledger::{Category, Charge, Ledger};
+use crate::plan::ledger::{Category, Charge, KV_CACHE, Ledger};
 use crate::plan::profile::KvCacheDtype;
 use crate::step::StepBatch;
 
@@ -22,6 +22,14 @@ impl KvData {
             KvCacheDtype::F32 => KvData::F32(vec![0.0; elements]),
             KvCacheDtype::Bf16 => KvData::Bf16(vec![0; elements]),
         }
+    }
+
+    fn bytes(&self) -> u64 {
+        let bytes = match self {
+            KvData::F32(d) => std::mem::size_of_val(d.as_slice()),
+            KvData::Bf16(d) => std::mem::size_of_val(d.as_slice()),
+        };
+        bytes as u64
     }
 
     fn write(&mut self, start: usize, values: &[f32]) {
@@ -53,36 +61,23 @@ pub struct CpuKvCache {
 }
 
 impl CpuKvCache {
+    /// Allocates `layers` layers exactly as the plan's `layout` lists them
+    /// and charges what it allocates to the plan's `kv_cache`.
     pub(crate) fn allocate(
         layout: &KvLayout,
         layers: usize,
         ledger: &Arc<Ledger>,
     ) -> Result<CpuKvCache, BackendError> {
-        let width = layout.kv_heads * layout.head_dim;
-        let paged_slots = layout.blocks * layout.block_size;
-        let ring_slots = layout.ring_slots * layout.window;
-        let mut elements = 0usize;
-        let mut stores = Vec::with_capacity(layers);
-        for layer in 0..layers {
-            let sliding = layout.sliding_layers.get(layer).copied().unwrap_or(false);
-            let slots = if sliding { ring_slots } else { paged_slots };
-            elements += 2 * slots * width;
-            stores.push((sliding, slots));
-        }
         // Charge first: nothing is allocated unless the plan has room.
-        let charge = ledger.charge(
-            Category::KvCache,
-            elements as u64 * layout.dtype.bytes(),
-            "kv_cache",
-        )?;
-        let layers = stores
-            .into_iter()
-            .map(|(sliding, slots)| {
+        let charge = ledger.charge(Category::KvCache, layout.bytes(layers), KV_CACHE)?;
+        let layers = (0..layers)
+            .map(|layer| {
+                let elements = layout.layer_elements(layer);
                 let (k, v) = (
-                    KvData::zeroed(layout.dtype, slots * width),
-                    KvData::zeroed(layout.dtype, slots * width),
+                    KvData::zeroed(layout.dtype, elements),
+                    KvData::zeroed(layout.dtype, elements),
                 );
-                if sliding {
+                if layout.is_sliding(layer) {
                     LayerStore::Ring {
                         k,
                         v,
@@ -96,10 +91,20 @@ impl CpuKvCache {
         Ok(CpuKvCache {
             layers,
             block_size: layout.block_size,
-            width,
+            width: layout.width(),
             dtype: layout.dtype,
             _charge: charge,
         })
+    }
+
+    /// Bytes the cache's K and V stores hold (tests compare it with the plan).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|layer| match layer {
+                LayerStore::Paged { k, v } | LayerStore::Ring { k, v, .. } => k.bytes() + v.bytes(),
+            })
+            .sum()
     }
 
     /// Cache slot of `position` of sequence `seq` of `batch` in layer `layer`.

@@ -12,10 +12,13 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::{AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind};
+use super::{
+    AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind,
+    StepMetadataPlan,
+};
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::plan::ledger::{Category, Charge, Ledger};
-use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+use crate::plan::memory::{MoeWorkspace as MoeWorkspacePlan, STEP_METADATA};
 use crate::step::StepBatch;
 
 pub use kv::CpuKvCache;
@@ -119,18 +122,15 @@ impl Backend for CpuBackend {
         CpuKvCache::allocate(layout, layers, &self.ledger)
     }
 
-    fn step_storage(
-        &self,
-        max_tokens: usize,
-        max_seqs: usize,
-        max_blocks_per_seq: usize,
-    ) -> Result<CpuStep, BackendError> {
-        // Token ids and positions per token; five fields, a logit row and a
-        // block table per sequence (plan::memory::activations).
-        let bytes = (2 * max_tokens + max_seqs * (max_blocks_per_seq + 5)) as u64 * 4;
+    fn step_storage(&self, plan: &StepMetadataPlan) -> Result<CpuStep, BackendError> {
+        // The host batch is the metadata: charge what the plan sizes it at.
         Ok(CpuStep {
-            batch: StepBatch::with_capacity(max_tokens, max_seqs, max_blocks_per_seq),
-            _charge: self.charge(Category::Activations, bytes, "step_metadata")?,
+            batch: StepBatch::with_capacity(
+                plan.max_tokens,
+                plan.max_seqs,
+                plan.max_blocks_per_seq,
+            ),
+            _charge: self.charge(Category::Activations, plan.bytes, STEP_METADATA)?,
         })
     }
 

@@ -13,7 +13,9 @@ use super::{BackendError, check_len, ops};
 use crate::backend::{ExpertActivation, ExpertsSpec, GateUp, RouterKind, charge_workspace_buffer};
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::plan::ledger::{Charge, Ledger};
-use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+use crate::plan::memory::{
+    ACTIVATION_BYTES, MoeWorkspace as MoeWorkspacePlan, QUANTIZED_CODE_BYTES,
+};
 
 /// Most experts a router may choose from (the selection's stack buffer).
 const MAX_EXPERTS: usize = 1024;
@@ -120,13 +122,14 @@ impl CpuWorkspace {
         };
         let quantized = if plan.buffers.iter().any(|b| b.name == "quantized_input") {
             ActivationScratch::from_buffers(
-                vec![0; bytes("quantized_input")? / 2],
-                vec![0.0; bytes("quantized_scales")? / 4],
+                vec![0; bytes("quantized_input")? / QUANTIZED_CODE_BYTES as usize],
+                vec![0.0; bytes("quantized_scales")? / ACTIVATION_BYTES as usize],
             )
         } else {
             ActivationScratch::from_buffers(Vec::new(), Vec::new())
         };
-        let mut elements = |name: &str| bytes(name).map(|b| b / 4);
+        // Every other buffer holds 4-byte values (f32 or i32).
+        let mut elements = |name: &str| bytes(name).map(|b| b / ACTIVATION_BYTES as usize);
         let ws = CpuWorkspace {
             topk_ids: vec![0; elements("topk_ids")?],
             topk_weights: vec![0.0; elements("topk_weights")?],

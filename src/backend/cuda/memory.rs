@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use super::driver::{Device, DeviceMemory, HostMapped};
-use crate::backend::{BackendError, KvLayout, charge_workspace_buffer};
-use crate::plan::ledger::{Category, Charge, Ledger};
-use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+use crate::backend::{BackendError, KvLayout, StepMetadataPlan, charge_workspace_buffer};
+use crate::plan::ledger::{Category, Charge, KV_CACHE, Ledger};
+use crate::plan::memory::{
+    ACTIVATION_BYTES, MoeWorkspace as MoeWorkspacePlan, STEP_METADATA, STEP_SEQ_FIELDS,
+};
 use crate::plan::profile::KvCacheDtype;
 use crate::step::StepBatch;
 
@@ -35,7 +37,7 @@ impl CudaBuffer {
         elements: usize,
         host_mapped: bool,
     ) -> Result<CudaBuffer, BackendError> {
-        let bytes = elements * 4;
+        let bytes = elements * ACTIVATION_BYTES as usize;
         let memory = if host_mapped {
             Memory::Host(HostMapped::zeroed(device, bytes)?)
         } else {
@@ -65,7 +67,7 @@ impl CudaBuffer {
 
     /// Address of element `index`.
     pub(crate) fn at(&self, index: usize) -> u64 {
-        self.ptr() + 4 * index as u64
+        self.ptr() + ACTIVATION_BYTES * index as u64
     }
 
     /// Copies `values` into the buffer (tests and set-up; not in a step).
@@ -133,30 +135,27 @@ pub struct CudaStep {
     _charge: Charge,
 }
 
-/// Fields per sequence in the metadata (start, len, past, ring slot, table start).
-const SEQ_FIELDS: usize = 5;
-
 impl CudaStep {
+    /// The plan's step metadata: its words in device memory and a host
+    /// staging copy.
     pub(crate) fn allocate(
         device: &Arc<Device>,
         ledger: &Arc<Ledger>,
-        max_tokens: usize,
-        max_seqs: usize,
-        max_blocks_per_seq: usize,
+        plan: &StepMetadataPlan,
     ) -> Result<CudaStep, BackendError> {
-        // The plan's step_metadata: 2 per token, 5 + a block table per sequence.
-        let words = 2 * max_tokens + max_seqs * (max_blocks_per_seq + SEQ_FIELDS);
-        let charge = ledger.charge(Category::Activations, words as u64 * 4, "step_metadata")?;
+        let bytes = usize::try_from(plan.bytes)
+            .map_err(|_| BackendError::Shape("the step metadata is too large".to_string()))?;
+        let charge = ledger.charge(Category::Activations, plan.bytes, STEP_METADATA)?;
         Ok(CudaStep {
-            memory: DeviceMemory::zeroed(device, words * 4)?,
-            staging: vec![0; words],
-            max_tokens,
-            max_seqs,
-            max_table_entries: max_seqs * max_blocks_per_seq,
+            memory: DeviceMemory::zeroed(device, bytes)?,
+            staging: vec![0; plan.words],
+            max_tokens: plan.max_tokens,
+            max_seqs: plan.max_seqs,
+            max_table_entries: plan.max_seqs * plan.max_blocks_per_seq,
             rows: 0,
             num_seqs: 0,
-            logit_rows: Vec::with_capacity(max_tokens),
-            tokens: Vec::with_capacity(max_tokens),
+            logit_rows: Vec::with_capacity(plan.max_tokens),
+            tokens: Vec::with_capacity(plan.max_tokens),
             tiles: 0,
             max_context: 0,
             decode_only: true,
@@ -230,8 +229,8 @@ impl CudaStep {
             self.max_context = self.max_context.max(context);
             self.decode_only &= c.len == 1;
             self.max_ring_slot = self.max_ring_slot.max(c.ring_slot);
-            let at = seq_base + SEQ_FIELDS * i;
-            self.staging[at..at + SEQ_FIELDS].copy_from_slice(&[
+            let at = seq_base + STEP_SEQ_FIELDS * i;
+            self.staging[at..at + STEP_SEQ_FIELDS].copy_from_slice(&[
                 c.start,
                 c.len,
                 c.past,
@@ -253,11 +252,11 @@ impl CudaStep {
         }
         self.staging[..rows].copy_from_slice(&batch.tokens);
         self.staging[t..t + batch.logit_rows.len()].copy_from_slice(&batch.logit_rows);
-        let tables = seq_base + SEQ_FIELDS * s;
+        let tables = seq_base + STEP_SEQ_FIELDS * s;
         self.staging[tables..tables + batch.block_tables.len()]
             .copy_from_slice(&batch.block_tables);
 
-        let n_seq = SEQ_FIELDS * batch.seqs.len();
+        let n_seq = STEP_SEQ_FIELDS * batch.seqs.len();
         self.memory.upload_at(0, &self.staging[..rows])?;
         self.memory
             .upload_at(4 * t, &self.staging[t..t + batch.logit_rows.len()])?;
@@ -306,38 +305,31 @@ pub struct CudaKvCache {
 }
 
 impl CudaKvCache {
+    /// Allocates `layers` layers exactly as the plan's `layout` lists them,
+    /// one allocation, each layer's K then V.
     pub(crate) fn allocate(
         device: &Arc<Device>,
         ledger: &Arc<Ledger>,
         layout: &KvLayout,
         layers: usize,
     ) -> Result<CudaKvCache, BackendError> {
-        let width = layout.kv_heads * layout.head_dim;
-        let paged_slots = layout.blocks * layout.block_size;
-        let ring_slots = layout.ring_slots * layout.window;
-        let dtype_bytes = layout.dtype.bytes() as usize;
-        let mut elements = 0usize;
-        let mut plan = Vec::with_capacity(layers);
-        for layer in 0..layers {
-            let ring = layout.sliding_layers.get(layer).copied().unwrap_or(false);
-            let slots = if ring { ring_slots } else { paged_slots };
-            plan.push((ring, elements, slots * width));
-            elements += 2 * slots * width;
-        }
+        let total = layout.bytes(layers);
+        let bytes = usize::try_from(total)
+            .map_err(|_| BackendError::Shape("the KV cache is too large".to_string()))?;
         // Charge first: nothing is allocated unless the plan has room.
-        let charge = ledger.charge(
-            Category::KvCache,
-            (elements * dtype_bytes) as u64,
-            "kv_cache",
-        )?;
-        let memory = DeviceMemory::zeroed(device, elements * dtype_bytes)?;
-        let base = memory.ptr();
-        let layers = plan
-            .into_iter()
-            .map(|(ring, offset, len)| KvLayer {
-                k: base + (offset * dtype_bytes) as u64,
-                v: base + ((offset + len) * dtype_bytes) as u64,
-                ring,
+        let charge = ledger.charge(Category::KvCache, total, KV_CACHE)?;
+        let memory = DeviceMemory::zeroed(device, bytes)?;
+        let mut next = memory.ptr();
+        let layers = (0..layers)
+            .map(|layer| {
+                let k = next;
+                let v = k + layout.layer_bytes(layer) / 2;
+                next += layout.layer_bytes(layer);
+                KvLayer {
+                    k,
+                    v,
+                    ring: layout.is_sliding(layer),
+                }
             })
             .collect();
         Ok(CudaKvCache {
@@ -347,7 +339,7 @@ impl CudaKvCache {
             blocks: layout.blocks,
             ring_slots: layout.ring_slots,
             ring_window: layout.window,
-            width,
+            width: layout.width(),
             bf16: layout.dtype == KvCacheDtype::Bf16,
             appended: AtomicU64::new(0),
             _charge: charge,

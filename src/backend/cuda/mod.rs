@@ -32,11 +32,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use thiserror::Error;
 
-use super::{AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind};
+use super::{
+    AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind,
+    StepMetadataPlan,
+};
 use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight, WeightData};
 use crate::host::gpu::GpuInfo;
 use crate::plan::ledger::{Category, Charge, Ledger, WeightsResidency};
-use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
+use crate::plan::memory::{MoeWorkspace as MoeWorkspacePlan, SAMPLED_IDS};
 use crate::step::StepBatch;
 use driver::{Device, DeviceMemory, guarded};
 use kernels::{Kernel, Kernels};
@@ -83,14 +86,6 @@ pub struct CudaOptions {
     pub cache_dir: Option<PathBuf>,
     /// Most rows [`Backend::argmax`] samples at once (the plan's max_num_seqs).
     pub max_sample_rows: usize,
-}
-
-/// Device bytes the backend charges to the runtime overhead besides the
-/// context and modules: the expert tables of every MoE layer and the
-/// sampled ids. The runtime charges the rest of the planned overhead.
-pub fn metadata_bytes(moe_layers: usize, num_experts: usize, max_sample_rows: usize) -> u64 {
-    (moe_layers * num_experts * std::mem::size_of::<p::ExpertWeights>() + max_sample_rows * 4)
-        as u64
 }
 
 pub struct CudaBackend {
@@ -150,10 +145,11 @@ impl CudaBackend {
             let attention_shared = wanted.min(device.shared_optin_bytes.max(48 << 10));
             kernels.allow_shared(Kernel::Attention, attention_shared)?;
             let rows = options.max_sample_rows.max(1);
+            let bytes = rows * std::mem::size_of::<u32>();
             let sampled_charge = ledger
-                .charge(Category::RuntimeOverhead, rows as u64 * 4, "sampled ids")
+                .charge(Category::RuntimeOverhead, bytes as u64, SAMPLED_IDS)
                 .map_err(|e| CudaError::Bounds(e.to_string()))?;
-            let sampled_ids = DeviceMemory::zeroed(&device, rows * 4)?;
+            let sampled_ids = DeviceMemory::zeroed(&device, bytes)?;
             let backend = CudaBackend {
                 device: Arc::clone(&device),
                 kernels,
@@ -400,20 +396,9 @@ impl Backend for CudaBackend {
         CudaKvCache::allocate(&self.device, &self.ledger, layout, layers)
     }
 
-    fn step_storage(
-        &self,
-        max_tokens: usize,
-        max_seqs: usize,
-        max_blocks_per_seq: usize,
-    ) -> Result<CudaStep, BackendError> {
+    fn step_storage(&self, plan: &StepMetadataPlan) -> Result<CudaStep, BackendError> {
         self.device.bind()?;
-        CudaStep::allocate(
-            &self.device,
-            &self.ledger,
-            max_tokens,
-            max_seqs,
-            max_blocks_per_seq,
-        )
+        CudaStep::allocate(&self.device, &self.ledger, plan)
     }
 
     fn load_step(&self, batch: &StepBatch, step: &mut CudaStep) -> Result<(), BackendError> {

@@ -11,6 +11,7 @@ use super::{CudaBackend, CudaBuffer, CudaWorkspace, Kernel, u32_of};
 use crate::backend::{BackendError, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight};
 use crate::plan::ledger::{Category, Charge};
+use crate::plan::memory::EXPERT_TABLES;
 
 /// One MoE layer's experts: their weights stay where the checkpoint put
 /// them; the table of their device addresses is uploaded once.
@@ -128,7 +129,7 @@ impl<'w> CudaExperts<'w> {
         let bytes = std::mem::size_of_val(table.as_slice());
         let charge = b
             .ledger
-            .charge(Category::RuntimeOverhead, bytes as u64, "expert tables")?;
+            .charge(Category::RuntimeOverhead, bytes as u64, EXPERT_TABLES)?;
         let memory = DeviceMemory::uninit(&b.device, bytes)?;
         memory.upload(&table)?;
         Ok(CudaExperts {

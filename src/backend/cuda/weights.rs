@@ -58,7 +58,11 @@ impl WeightStore {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<WeightStore, BackendError> {
         let total: usize = regions.iter().map(|r| r.len()).sum();
-        let charge = ledger.charge(Category::Weights, total as u64, "weights, device-readable")?;
+        let charge = ledger.charge(
+            Category::Weights,
+            total as u64,
+            crate::plan::ledger::WEIGHTS,
+        )?;
         let mut sorted: Vec<&[u8]> = regions.iter().copied().filter(|r| !r.is_empty()).collect();
         sorted.sort_by_key(|r| r.as_ptr() as usize);
         if sorted

@@ -7,8 +7,8 @@ use ratatui::widgets::{Cell, Paragraph, Row, Table};
 
 use super::style::{bold, dim, panel};
 use crate::app::App;
-use crate::memory::{PageCachePolicy, WeightsResidency};
 use crate::units::Units;
+use crate::wire::WeightsResidency;
 
 /// Below this width the headers are abbreviated.
 const NARROW: u16 = 44;
@@ -69,7 +69,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, focused: bool) {
     let notes = vec![
         Line::raw(format!(
             "page cache: {} · weights: {}",
-            policy_name(memory.ledger.page_cache_policy),
+            memory.ledger.page_cache_policy.name(),
             residency_name(memory.ledger.weights_residency)
         )),
         Line::raw(format!("server RSS {}", units.format(memory.process_rss))),
@@ -95,14 +95,7 @@ fn numeric(text: String) -> Cell<'static> {
     Cell::from(Line::from(text).right_aligned())
 }
 
-fn policy_name(policy: PageCachePolicy) -> &'static str {
-    match policy {
-        PageCachePolicy::Keep => "keep",
-        PageCachePolicy::Willneed => "willneed",
-        PageCachePolicy::Dontneed => "dontneed",
-    }
-}
-
+/// In words, for people (the wire names have underscores).
 fn residency_name(residency: WeightsResidency) -> &'static str {
     match residency {
         WeightsResidency::Mapped => "mapped",

@@ -1,5 +1,6 @@
 //! The pool panel: one bar for MemTotal, split by owner, with the eviction
-//! line and the plan's usable line on it and the headroom above it.
+//! line and the plan's usable line (the plan's headroom) on it, and the
+//! eviction margin above it.
 
 use ratatui::Frame;
 use ratatui::buffer::Buffer;
@@ -8,7 +9,7 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
-use super::style::{dim, level_colour, panel, segment_colour, segment_fill};
+use super::style::{level_colour, panel, segment_colour, segment_fill};
 use crate::app::App;
 use crate::pool::{PoolBreakdown, boundary, marker_column};
 use crate::units::Units;
@@ -62,12 +63,11 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
 fn headline_text(pool: &PoolBreakdown, mem_available: u64, units: Units) -> Line<'static> {
     let colour = level_colour(pool.level);
     let mut spans = vec![
-        Span::raw("headroom "),
+        Span::raw("eviction margin "),
         Span::styled(
-            units.format_signed(pool.headroom),
+            units.format_signed(pool.eviction_margin),
             Style::new().fg(colour).add_modifier(Modifier::BOLD),
         ),
-        Span::styled(" to eviction", dim()),
         Span::raw(format!(" · MemAvailable {}", units.format(mem_available))),
         Span::raw(format!(" · runtime {}", units.format(pool.runtime_total))),
     ];

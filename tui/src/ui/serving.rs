@@ -1,5 +1,5 @@
 //! The serving panel: requests, token rates, KV blocks and the guard, from
-//! `/metrics` (and the guard's thresholds from `/v1/memory`).
+//! `/v1/stats` (and the guard's thresholds from `/v1/memory`).
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -10,10 +10,6 @@ use ratatui::widgets::{Paragraph, Wrap};
 use super::style::{dim, panel};
 use crate::app::App;
 use crate::units::Units;
-
-fn count<T: std::fmt::Display>(value: Option<T>) -> String {
-    value.map_or_else(|| "–".to_string(), |v| v.to_string())
-}
 
 fn rate(value: Option<f64>) -> String {
     value.map_or_else(|| "–".to_string(), |v| format!("{v:.1}"))
@@ -31,12 +27,11 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         return;
     };
     let mut lines = Vec::new();
-    match &sample.metrics {
+    match &sample.stats {
         Some(Ok(m)) => {
             lines.push(Line::raw(format!(
                 "requests  running {} · queued {}",
-                count(m.requests_running),
-                count(m.requests_waiting)
+                m.requests_running, m.requests_waiting
             )));
             lines.push(Line::raw(format!(
                 "tokens/s  gen {} · prompt {}",
@@ -46,14 +41,12 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
             lines.push(Line::raw(kv_line(m.kv_blocks_used, m.kv_blocks_free)));
             lines.push(Line::raw(format!(
                 "done      ok {} · error {} · rejected {}",
-                count(m.requests_ok),
-                count(m.requests_error),
-                count(m.requests_rejected)
+                m.requests.ok, m.requests.error, m.requests.rejected
             )));
         }
         Some(Err(error)) => {
             lines.push(Line::styled(
-                format!("metrics: {error}"),
+                format!("stats: {error}"),
                 Style::new().fg(Color::Red),
             ));
         }
@@ -62,8 +55,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
     if let Some(memory) = &sample.server {
         let tripped = sample
             .serving()
-            .and_then(|m| m.guard_tripped)
-            .unwrap_or(memory.guard.tripped);
+            .map_or(memory.guard.tripped, |m| m.guard_tripped);
         lines.push(guard_line(
             tripped,
             memory.guard.threshold_bytes,
@@ -77,16 +69,14 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
     );
 }
 
-fn kv_line(used: Option<u64>, free: Option<u64>) -> String {
-    let share = match (used, free) {
-        (Some(u), Some(f)) if u + f > 0 => format!(" ({:.0}%)", 100.0 * u as f64 / (u + f) as f64),
-        _ => String::new(),
+fn kv_line(used: u64, free: u64) -> String {
+    let total = used.saturating_add(free);
+    let share = if total > 0 {
+        format!(" ({:.0}%)", 100.0 * used as f64 / total as f64)
+    } else {
+        String::new()
     };
-    format!(
-        "kv blocks used {} · free {}{share}",
-        count(used),
-        count(free)
-    )
+    format!("kv blocks used {used} · free {free}{share}")
 }
 
 fn guard_line(tripped: bool, threshold: u64, resume: u64, units: Units) -> Line<'static> {

@@ -4,7 +4,7 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::Block;
 
-use crate::pool::{HeadroomLevel, SegmentKind};
+use crate::pool::{MarginLevel, SegmentKind};
 
 pub fn panel<'a>(title: impl Into<Line<'a>>, focused: bool) -> Block<'a> {
     let border = if focused {
@@ -15,15 +15,15 @@ pub fn panel<'a>(title: impl Into<Line<'a>>, focused: bool) -> Block<'a> {
     Block::bordered().title(title).border_style(border)
 }
 
-pub fn level_colour(level: HeadroomLevel) -> Color {
+pub fn level_colour(level: MarginLevel) -> Color {
     match level {
-        HeadroomLevel::Comfortable => Color::Green,
-        HeadroomLevel::Warning => Color::Yellow,
-        HeadroomLevel::Critical => Color::Red,
+        MarginLevel::Comfortable => Color::Green,
+        MarginLevel::Warning => Color::Yellow,
+        MarginLevel::Critical => Color::Red,
     }
 }
 
-/// Yellow and red are kept for the headroom warning, so no segment uses them.
+/// Yellow and red are kept for the eviction margin warning, so no segment uses them.
 pub fn segment_colour(kind: SegmentKind) -> Color {
     match kind {
         SegmentKind::Weights => Color::Blue,

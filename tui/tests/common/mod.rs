@@ -10,13 +10,12 @@ use std::time::{Duration, Instant};
 use sparkrt_tui::HostSnapshot;
 use sparkrt_tui::collector::Sample;
 use sparkrt_tui::link::ServerLink;
-use sparkrt_tui::memory::ServerMemory;
-use sparkrt_tui::metrics::ServingMetrics;
 use sparkrt_tui::processes::ProcessRow;
+use sparkrt_tui::wire::{MemoryReport, ServingStats};
 
 pub const GIB: u64 = 1 << 30;
 pub const MEMORY_OK: &str = include_str!("../data/memory_ok.json");
-pub const METRICS_OK: &str = include_str!("../data/metrics_ok.txt");
+pub const STATS_OK: &str = include_str!("../data/stats_ok.json");
 
 /// The host of `memory_ok.json`, plus a plan usable figure of 96 GiB.
 pub fn canned_host() -> HostSnapshot {
@@ -39,12 +38,12 @@ pub fn canned_host() -> HostSnapshot {
     }
 }
 
-pub fn canned_memory() -> ServerMemory {
-    ServerMemory::parse(MEMORY_OK).expect("canned /v1/memory parses")
+pub fn canned_memory() -> MemoryReport {
+    MemoryReport::parse(MEMORY_OK).expect("canned /v1/memory parses")
 }
 
-pub fn canned_metrics() -> ServingMetrics {
-    ServingMetrics::parse(METRICS_OK).expect("canned /metrics parses")
+pub fn canned_stats() -> ServingStats {
+    ServingStats::parse(STATS_OK).expect("canned /v1/stats parses")
 }
 
 pub fn canned_processes() -> Vec<ProcessRow> {
@@ -72,7 +71,7 @@ pub fn connected_sample() -> Sample {
         processes: canned_processes(),
         link: ServerLink::Connected { reconnects: 0 },
         server: Some(canned_memory()),
-        metrics: Some(Ok(canned_metrics())),
+        stats: Some(Ok(canned_stats())),
         generation_tokens_per_s: Some(54.5),
         prompt_tokens_per_s: Some(812.0),
     }
@@ -85,7 +84,7 @@ pub fn disconnected_sample() -> Sample {
             reason: "connection refused".to_string(),
         },
         server: None,
-        metrics: None,
+        stats: None,
         generation_tokens_per_s: None,
         prompt_tokens_per_s: None,
         ..connected_sample()
@@ -95,8 +94,8 @@ pub fn disconnected_sample() -> Sample {
 /// How the test server answers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Mode {
-    /// 200 with these bodies for /v1/memory and /metrics.
-    Serve { memory: String, metrics: String },
+    /// 200 with these bodies for /v1/memory and /v1/stats.
+    Serve { memory: String, stats: String },
     /// Reads the request, then says nothing until the mode changes.
     Stall,
     /// Closes the connection as soon as the request is read.
@@ -111,7 +110,7 @@ impl Mode {
     pub fn healthy() -> Mode {
         Mode::Serve {
             memory: MEMORY_OK.to_string(),
-            metrics: METRICS_OK.to_string(),
+            stats: STATS_OK.to_string(),
         }
     }
 }
@@ -174,11 +173,11 @@ fn answer(mut stream: TcpStream, mode: &Mutex<Mode>) {
     };
     let current = mode.lock().expect("mode lock").clone();
     match current {
-        Mode::Serve { memory, metrics } => {
+        Mode::Serve { memory, stats } => {
             let body = if path == "/v1/memory" {
                 memory
-            } else if path == "/metrics" {
-                metrics
+            } else if path == "/v1/stats" {
+                stats
             } else {
                 return respond(&mut stream, 404, "");
             };

@@ -1,41 +1,43 @@
-//! OpenAI-compatible routes: `/v1/models`, `/v1/completions`,
-//! `/v1/chat/completions`, streamed (SSE) or not.
+//! The axum handlers of the OpenAI routes: parse and validate the body,
+//! submit to the engine, then answer at once ([`collect`]) or stream
+//! ([`super::stream`]).
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
-use super::ServerState;
-use super::engine_loop::{Command, SubmitError};
-use super::errors::ApiError;
+use super::types::{
+    ASSISTANT, AssistantMessage, ChatChoice, ChatContent, ChatRequest, CommonParams,
+    CompletionRequest, CompletionResponse, ModelCard, ModelList, OneOrMany, Prompt, TextChoice,
+};
+use super::{ResponseMeta, Route, stream};
 use crate::engine::sampling::SamplingParams;
 use crate::engine::{AdmissionError, Event, Request};
+use crate::server::ServerState;
+use crate::server::engine_loop::{Command, SubmitError};
+use crate::server::errors::ApiError;
 use crate::text::ChatMessage;
 
 /// Seconds a client is told to wait after a 429 or 503.
 const RETRY_AFTER_SECONDS: u64 = 2;
 
-pub async fn models(State(state): State<Arc<ServerState>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.model_name,
-            "object": "model",
-            "created": state.started_unix,
-            "owned_by": "sparkrt",
-            "max_model_len": state.limits.max_model_len,
-        }]
-    }))
+pub async fn models(State(state): State<Arc<ServerState>>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![ModelCard {
+            id: state.model_name.clone(),
+            object: "model",
+            created: state.started_unix,
+            owned_by: "sparkrt",
+            max_model_len: state.limits.max_model_len,
+        }],
+    })
 }
 
 /// Unknown routes answer in OpenAI's error shape too.
@@ -49,100 +51,11 @@ pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri
         .with_status(axum::http::StatusCode::METHOD_NOT_ALLOWED)
 }
 
-/// Either one string or a list of strings (`stop`, `prompt`).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
-
-/// A prompt: text, or token ids.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Prompt {
-    Text(String),
-    Texts(Vec<String>),
-    Ids(Vec<u32>),
-}
-
-/// Fields common to both routes. Unknown fields are ignored, as OpenAI's
-/// clients send more than a server needs.
-#[derive(Deserialize)]
-struct Common {
-    model: Option<String>,
-    max_tokens: Option<i64>,
-    max_completion_tokens: Option<i64>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<i64>,
-    seed: Option<u64>,
-    stop: Option<OneOrMany>,
-    #[serde(default)]
-    stream: bool,
-    stream_options: Option<StreamOptions>,
-    n: Option<u32>,
-    /// vLLM's extension: keep generating past end-of-sequence tokens
-    /// (benchmarks with fixed output lengths).
-    #[serde(default)]
-    ignore_eos: bool,
-    /// vLLM's extension: also answer the prompt's and the output's token ids.
-    #[serde(default)]
-    return_token_ids: bool,
-}
-
-#[derive(Deserialize)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
-#[derive(Deserialize)]
-struct CompletionBody {
-    #[serde(flatten)]
-    common: Common,
-    prompt: Prompt,
-}
-
-#[derive(Deserialize)]
-struct ChatBody {
-    #[serde(flatten)]
-    common: Common,
-    messages: Vec<ChatInput>,
-}
-
-#[derive(Deserialize)]
-struct ChatInput {
-    role: String,
-    content: ChatContent,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum ChatContent {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Deserialize)]
-struct ContentPart {
-    #[serde(rename = "type")]
-    kind: String,
-    text: Option<String>,
-}
-
-/// Which route a request came from (response shapes differ).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Route {
-    Completion,
-    Chat,
-}
-
 pub async fn completions(
     State(state): State<Arc<ServerState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body: CompletionBody = parse_body(body)?;
+    let body: CompletionRequest = parse_body(body)?;
     let prompt = match body.prompt {
         Prompt::Ids(ids) => ids,
         Prompt::Text(text) => encode(&state, &text)?,
@@ -167,7 +80,7 @@ pub async fn chat_completions(
     State(state): State<Arc<ServerState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body: ChatBody = parse_body(body)?;
+    let body: ChatRequest = parse_body(body)?;
     if body.messages.is_empty() {
         return Err(ApiError::invalid(
             "`messages` must not be empty",
@@ -230,7 +143,7 @@ fn encode(state: &ServerState, text: &str) -> Result<Vec<u32>, ApiError> {
 
 /// Validates the sampling fields against the prompt and the model's limits.
 fn sampling(
-    common: &Common,
+    common: &CommonParams,
     prompt_len: usize,
     max_model_len: usize,
     route: Route,
@@ -300,7 +213,7 @@ fn sampling(
 
 async fn serve(
     state: Arc<ServerState>,
-    common: Common,
+    common: CommonParams,
     prompt: Vec<u32>,
     route: Route,
 ) -> Result<Response, ApiError> {
@@ -366,7 +279,7 @@ async fn serve(
         include_usage: common.stream_options.is_some_and(|o| o.include_usage),
     };
     if common.stream {
-        Ok(stream(state, meta, events).into_response())
+        Ok(stream::sse(state, meta, events).into_response())
     } else {
         collect(state, meta, events).await
     }
@@ -380,84 +293,7 @@ fn admission_error(e: AdmissionError) -> ApiError {
     ApiError::invalid(e.to_string(), param)
 }
 
-struct ResponseMeta {
-    id: String,
-    created: u64,
-    model: String,
-    route: Route,
-    prompt_len: usize,
-    /// The prompt's token ids when the client asked for token ids
-    /// (`return_token_ids`); output ids are then reported too.
-    prompt_ids: Option<Vec<u32>>,
-    include_usage: bool,
-}
-
-impl ResponseMeta {
-    fn usage(&self, completion: usize) -> Value {
-        json!({
-            "prompt_tokens": self.prompt_len,
-            "completion_tokens": completion,
-            "total_tokens": self.prompt_len + completion,
-        })
-    }
-
-    fn object(&self) -> &'static str {
-        match self.route {
-            Route::Completion => "text_completion",
-            Route::Chat => "chat.completion",
-        }
-    }
-
-    /// The one choice of a blocking answer.
-    fn choice(&self, text: &str, ids: &[u32], finish: &str) -> Value {
-        let mut choice = match self.route {
-            Route::Completion => json!({"index": 0, "text": text, "logprobs": null,
-                                        "finish_reason": finish}),
-            Route::Chat => json!({"index": 0,
-                                  "message": {"role": "assistant", "content": text},
-                                  "logprobs": null, "finish_reason": finish}),
-        };
-        if let Some(prompt_ids) = &self.prompt_ids {
-            choice["prompt_token_ids"] = json!(prompt_ids);
-            choice["token_ids"] = json!(ids);
-        }
-        choice
-    }
-
-    /// One streamed chunk carrying `text` and the ids of the tokens it
-    /// came from (and the finish reason at the end).
-    fn chunk(&self, text: Option<&str>, ids: &[u32], finish: Option<&str>, first: bool) -> Value {
-        let mut choice = match self.route {
-            Route::Completion => json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null,
-                                        "finish_reason": finish}),
-            Route::Chat => {
-                let mut delta = serde_json::Map::new();
-                if first {
-                    delta.insert("role".into(), json!("assistant"));
-                }
-                if let Some(t) = text {
-                    delta.insert("content".into(), json!(t));
-                }
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
-            }
-        };
-        if let Some(prompt_ids) = &self.prompt_ids {
-            if first {
-                choice["prompt_token_ids"] = json!(prompt_ids);
-            }
-            choice["token_ids"] = json!(ids);
-        }
-        let object = match self.route {
-            Route::Completion => "text_completion",
-            Route::Chat => "chat.completion.chunk",
-        };
-        json!({
-            "id": self.id, "object": object, "created": self.created, "model": self.model,
-            "choices": [choice],
-        })
-    }
-}
-
+/// The blocking answer: waits for the whole text, then answers once.
 async fn collect(
     state: Arc<ServerState>,
     meta: ResponseMeta,
@@ -480,13 +316,14 @@ async fn collect(
             } => {
                 text.push_str(&rest);
                 state.counters.finished(true);
-                return Ok(Json(json!({
-                    "id": meta.id, "object": meta.object(), "created": meta.created,
-                    "model": meta.model,
-                    "choices": [meta.choice(&text, &ids, reason.as_str())],
-                    "usage": meta.usage(completion_tokens.max(ids.len())),
-                }))
-                .into_response());
+                let completion = completion_tokens.max(ids.len());
+                return Ok(blocking_answer(
+                    meta,
+                    text,
+                    &ids,
+                    reason.as_str(),
+                    completion,
+                ));
             }
             Event::Failed { message } => {
                 state.counters.finished(false);
@@ -498,69 +335,51 @@ async fn collect(
     Err(ApiError::internal("the engine dropped the request"))
 }
 
-fn stream(
-    state: Arc<ServerState>,
+/// The one answer of a blocking request, in its route's shape.
+fn blocking_answer(
     meta: ResponseMeta,
-    mut events: mpsc::UnboundedReceiver<Event>,
-) -> Sse<impl futures_core::Stream<Item = Result<SseEvent, Infallible>>> {
-    let body = async_stream::stream! {
-        let mut first = true;
-        if meta.route == Route::Chat {
-            yield Ok(data(&meta.chunk(Some(""), &[], None, true)));
-            first = false;
-        }
-        // Ids of tokens whose text is still held back (partial characters,
-        // possible stop strings): they go out with the next text. Without a
-        // tokenizer there is no text at all: every token gets its chunk.
-        let mut ids = Vec::new();
-        let chunk_per_token = state.tokenizer.is_none();
-        let mut ended = false;
-        while let Some(event) = events.recv().await {
-            match event {
-                Event::Token { id, text } => {
-                    ids.push(id);
-                    if !text.is_empty() || chunk_per_token {
-                        yield Ok(data(&meta.chunk(Some(&text), &ids, None, first)));
-                        ids.clear();
-                        first = false;
-                    }
-                }
-                Event::PromptLogits { .. } => {}
-                Event::Finished { reason, text, completion_tokens, .. } => {
-                    state.counters.finished(true);
-                    if !text.is_empty() || !ids.is_empty() {
-                        yield Ok(data(&meta.chunk(Some(&text), &ids, None, first)));
-                        first = false;
-                    }
-                    yield Ok(data(&meta.chunk(None, &[], Some(reason.as_str()), first)));
-                    if meta.include_usage {
-                        let mut usage = meta.chunk(None, &[], None, false);
-                        usage["choices"] = json!([]);
-                        usage["usage"] = meta.usage(completion_tokens);
-                        yield Ok(data(&usage));
-                    }
-                    ended = true;
-                    break;
-                }
-                Event::Failed { message } => {
-                    state.counters.finished(false);
-                    yield Ok(data(&ApiError::internal(message).body()));
-                    ended = true;
-                    break;
-                }
-            }
-        }
-        if !ended {
-            state.counters.finished(false);
-            yield Ok(data(&ApiError::internal("the engine dropped the request").body()));
-        }
-        yield Ok(SseEvent::default().data("[DONE]"));
-    };
-    Sse::new(body).keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
-}
-
-fn data(value: &Value) -> SseEvent {
-    SseEvent::default().data(value.to_string())
+    text: String,
+    ids: &[u32],
+    finish: &'static str,
+    completion_tokens: usize,
+) -> Response {
+    let usage = meta.usage(completion_tokens);
+    let ids = meta.token_ids(ids, true);
+    match meta.route {
+        Route::Completion => Json(CompletionResponse {
+            id: meta.id,
+            object: "text_completion",
+            created: meta.created,
+            model: meta.model,
+            choices: vec![TextChoice {
+                index: 0,
+                text,
+                logprobs: None,
+                finish_reason: Some(finish),
+                ids,
+            }],
+            usage,
+        })
+        .into_response(),
+        Route::Chat => Json(CompletionResponse {
+            id: meta.id,
+            object: "chat.completion",
+            created: meta.created,
+            model: meta.model,
+            choices: vec![ChatChoice {
+                index: 0,
+                message: AssistantMessage {
+                    role: ASSISTANT,
+                    content: text,
+                },
+                logprobs: None,
+                finish_reason: finish,
+                ids,
+            }],
+            usage,
+        })
+        .into_response(),
+    }
 }
 
 fn unix_now() -> u64 {

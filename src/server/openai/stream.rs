@@ -1,0 +1,148 @@
+//! The SSE stream of a `stream: true` request: one chunk per piece of text
+//! as the engine produces it, the finish reason, the usage when asked for,
+//! then `[DONE]`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::types::{ASSISTANT, ChatChunkChoice, ChatDelta, CompletionChunk, TextChoice, Usage};
+use super::{ResponseMeta, Route};
+use crate::engine::Event;
+use crate::server::ServerState;
+use crate::server::errors::ApiError;
+
+/// Seconds between keep-alive comments while the engine is silent.
+const KEEP_ALIVE_SECONDS: u64 = 10;
+
+pub(super) fn sse(
+    state: Arc<ServerState>,
+    meta: ResponseMeta,
+    mut events: mpsc::UnboundedReceiver<Event>,
+) -> Sse<impl futures_core::Stream<Item = Result<SseEvent, Infallible>>> {
+    let body = async_stream::stream! {
+        let mut first = true;
+        if meta.route == Route::Chat {
+            yield Ok(meta.choice_chunk(Some(""), &[], None, true));
+            first = false;
+        }
+        // Ids of tokens whose text is still held back (partial characters,
+        // possible stop strings): they go out with the next text. Without a
+        // tokenizer there is no text at all: every token gets its chunk.
+        let mut ids = Vec::new();
+        let chunk_per_token = state.tokenizer.is_none();
+        let mut ended = false;
+        while let Some(event) = events.recv().await {
+            match event {
+                Event::Token { id, text } => {
+                    ids.push(id);
+                    if !text.is_empty() || chunk_per_token {
+                        yield Ok(meta.choice_chunk(Some(&text), &ids, None, first));
+                        ids.clear();
+                        first = false;
+                    }
+                }
+                Event::PromptLogits { .. } => {}
+                Event::Finished { reason, text, completion_tokens, .. } => {
+                    state.counters.finished(true);
+                    if !text.is_empty() || !ids.is_empty() {
+                        yield Ok(meta.choice_chunk(Some(&text), &ids, None, first));
+                        first = false;
+                    }
+                    yield Ok(meta.choice_chunk(None, &[], Some(reason.as_str()), first));
+                    if meta.include_usage {
+                        yield Ok(meta.usage_chunk(meta.usage(completion_tokens)));
+                    }
+                    ended = true;
+                    break;
+                }
+                Event::Failed { message } => {
+                    state.counters.finished(false);
+                    yield Ok(data(&ApiError::internal(message).body()));
+                    ended = true;
+                    break;
+                }
+            }
+        }
+        if !ended {
+            state.counters.finished(false);
+            yield Ok(data(&ApiError::internal("the engine dropped the request").body()));
+        }
+        yield Ok(SseEvent::default().data("[DONE]"));
+    };
+    Sse::new(body).keep_alive(KeepAlive::new().interval(Duration::from_secs(KEEP_ALIVE_SECONDS)))
+}
+
+impl ResponseMeta {
+    /// A chunk of `C` choices with this request's id, object and model.
+    fn chunk<C>(&self, choices: Vec<C>, usage: Option<Usage>) -> CompletionChunk<C> {
+        CompletionChunk {
+            id: self.id.clone(),
+            object: match self.route {
+                Route::Completion => "text_completion",
+                Route::Chat => "chat.completion.chunk",
+            },
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    /// One chunk carrying `text` and the ids of the tokens it came from (and
+    /// the finish reason at the end). The first chunk also carries the
+    /// chat role and the prompt's ids.
+    fn choice_chunk(
+        &self,
+        text: Option<&str>,
+        ids: &[u32],
+        finish: Option<&'static str>,
+        first: bool,
+    ) -> SseEvent {
+        let ids = self.token_ids(ids, first);
+        match self.route {
+            Route::Completion => data(&self.chunk(
+                vec![TextChoice {
+                    index: 0,
+                    text: text.unwrap_or("").to_string(),
+                    logprobs: None,
+                    finish_reason: finish,
+                    ids,
+                }],
+                None,
+            )),
+            Route::Chat => data(&self.chunk(
+                vec![ChatChunkChoice {
+                    index: 0,
+                    delta: ChatDelta {
+                        role: first.then_some(ASSISTANT),
+                        content: text.map(str::to_string),
+                    },
+                    logprobs: None,
+                    finish_reason: finish,
+                    ids,
+                }],
+                None,
+            )),
+        }
+    }
+
+    /// The chunk after the last choice when the client asked for usage: no
+    /// choices, the usage.
+    fn usage_chunk(&self, usage: Usage) -> SseEvent {
+        data(&self.chunk(Vec::<TextChoice>::new(), Some(usage)))
+    }
+}
+
+fn data(value: &impl Serialize) -> SseEvent {
+    match serde_json::to_string(value) {
+        Ok(json) => SseEvent::default().data(json),
+        // Not reached with these types (no maps with non-string keys); an
+        // event a client can see beats a panic in the stream.
+        Err(e) => SseEvent::default().event("error").data(e.to_string()),
+    }
+}

@@ -1,0 +1,286 @@
+//! The OpenAI wire types: request bodies (deserialized) and answers and
+//! stream chunks (serialized). Only shapes live here; the handlers and the
+//! stream fill them in.
+//!
+//! To add a field: add it to the struct; optional answer fields carry
+//! `#[serde(skip_serializing_if = "Option::is_none")]` so clients that did not
+//! ask see the same bytes as before.
+
+use serde::{Deserialize, Serialize};
+
+// ---------------------------------------------------------------- requests
+
+/// Either one string or a list of strings (`stop`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A prompt: text, or token ids.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+}
+
+/// Fields common to both routes. Unknown fields are ignored, as OpenAI's
+/// clients send more than a server needs.
+#[derive(Deserialize)]
+pub struct CommonParams {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub seed: Option<u64>,
+    pub stop: Option<OneOrMany>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u32>,
+    /// vLLM's extension: keep generating past end-of-sequence tokens
+    /// (benchmarks with fixed output lengths).
+    #[serde(default)]
+    pub ignore_eos: bool,
+    /// vLLM's extension: also answer the prompt's and the output's token ids.
+    #[serde(default)]
+    pub return_token_ids: bool,
+}
+
+#[derive(Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The body of `POST /v1/completions`.
+#[derive(Deserialize)]
+pub struct CompletionRequest {
+    #[serde(flatten)]
+    pub common: CommonParams,
+    pub prompt: Prompt,
+}
+
+/// The body of `POST /v1/chat/completions`.
+#[derive(Deserialize)]
+pub struct ChatRequest {
+    #[serde(flatten)]
+    pub common: CommonParams,
+    pub messages: Vec<ChatInput>,
+}
+
+/// One message of a chat request.
+#[derive(Deserialize)]
+pub struct ChatInput {
+    pub role: String,
+    pub content: ChatContent,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum ChatContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+// ----------------------------------------------------------------- answers
+
+/// The answer of `GET /v1/models`.
+#[derive(Serialize)]
+pub struct ModelList {
+    /// Always `"list"`.
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}
+
+#[derive(Serialize)]
+pub struct ModelCard {
+    pub id: String,
+    /// Always `"model"`.
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    pub max_model_len: usize,
+}
+
+#[derive(Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Usage {
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+/// Token log-probabilities. None are computed yet, so a choice's
+/// `logprobs` is always `null`; this type has no values until they are.
+#[derive(Serialize)]
+pub enum Logprobs {}
+
+/// A blocking answer: `C` is [`TextChoice`] (`object: "text_completion"`) or
+/// [`ChatChoice`] (`object: "chat.completion"`).
+#[derive(Serialize)]
+pub struct CompletionResponse<C> {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<C>,
+    pub usage: Usage,
+}
+
+/// One streamed chunk: `C` is [`TextChoice`] (`object: "text_completion"`)
+/// or [`ChatChunkChoice`] (`object: "chat.completion.chunk"`). The last chunk
+/// before `[DONE]`, when the client asked for usage, has no choices and the
+/// usage.
+#[derive(Serialize)]
+pub struct CompletionChunk<C> {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<C>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// Token ids on a choice, when the request asked for them
+/// (`return_token_ids`); absent otherwise.
+#[derive(Serialize, Default)]
+pub struct ChoiceTokenIds {
+    /// The prompt's ids: on the blocking answer, and on a stream's first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// The ids of the tokens this choice's text came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
+}
+
+/// A `/v1/completions` choice, blocking or streamed (where `finish_reason`
+/// is `null` until the last chunk).
+#[derive(Serialize)]
+pub struct TextChoice {
+    pub index: u32,
+    pub text: String,
+    pub logprobs: Option<Logprobs>,
+    pub finish_reason: Option<&'static str>,
+    #[serde(flatten)]
+    pub ids: ChoiceTokenIds,
+}
+
+/// A blocking `/v1/chat/completions` choice.
+#[derive(Serialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub logprobs: Option<Logprobs>,
+    pub finish_reason: &'static str,
+    #[serde(flatten)]
+    pub ids: ChoiceTokenIds,
+}
+
+#[derive(Serialize)]
+pub struct AssistantMessage {
+    /// Always `"assistant"`.
+    pub role: &'static str,
+    pub content: String,
+}
+
+/// A streamed `/v1/chat/completions` choice.
+#[derive(Serialize)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: ChatDelta,
+    pub logprobs: Option<Logprobs>,
+    pub finish_reason: Option<&'static str>,
+    #[serde(flatten)]
+    pub ids: ChoiceTokenIds,
+}
+
+/// What a chat chunk adds: the role on the first chunk, then content; the
+/// last chunk (with the finish reason) has neither: `{}`.
+#[derive(Serialize, Default)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// The one role answers come from.
+pub const ASSISTANT: &str = "assistant";
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn optional_fields_are_absent_and_logprobs_null() {
+        let choice = TextChoice {
+            index: 0,
+            text: "hi".into(),
+            logprobs: None,
+            finish_reason: None,
+            ids: ChoiceTokenIds::default(),
+        };
+        assert_eq!(
+            serde_json::to_value(&choice).unwrap(),
+            json!({"index": 0, "text": "hi", "logprobs": null, "finish_reason": null})
+        );
+        let last = ChatChunkChoice {
+            index: 0,
+            delta: ChatDelta::default(),
+            logprobs: None,
+            finish_reason: Some("stop"),
+            ids: ChoiceTokenIds {
+                prompt_token_ids: None,
+                token_ids: Some(vec![]),
+            },
+        };
+        assert_eq!(
+            serde_json::to_value(&last).unwrap(),
+            json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "stop",
+                   "token_ids": []})
+        );
+    }
+
+    #[test]
+    fn usage_chunk_has_no_choices_and_the_usage() {
+        let chunk = CompletionChunk::<TextChoice> {
+            id: "cmpl-1".into(),
+            object: "text_completion",
+            created: 7,
+            model: "m".into(),
+            choices: vec![],
+            usage: Some(Usage::new(5, 3)),
+        };
+        assert_eq!(
+            serde_json::to_value(&chunk).unwrap(),
+            json!({"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m",
+                   "choices": [],
+                   "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
+        );
+    }
+}

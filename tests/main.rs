@@ -1,0 +1,40 @@
+//! Every integration test in one binary: on a 2-core CI machine linking
+//! one test executable instead of one per file saves most of the link time.
+//! Each file below is one topic; the helper modules are shared by them.
+
+mod common;
+mod cuda_common;
+mod fixture_runs;
+mod kernels_common;
+#[path = "common/server.rs"]
+mod server;
+
+mod checkpoint_config;
+mod checkpoint_fixtures;
+mod checkpoint_fuzz_corpus;
+mod checkpoint_hostile;
+mod checkpoint_inspect;
+mod checkpoint_quant;
+mod cuda_fallback;
+mod cuda_fixtures;
+mod cuda_kernels;
+mod cuda_nvrtc;
+mod engine_fixtures;
+mod engine_scheduler;
+mod generate_cli;
+mod install_script;
+mod k8s_manifests;
+mod kernels_batch_invariance;
+mod kernels_matmul;
+mod kernels_ops;
+mod kernels_quantize;
+mod plan_cli;
+mod server_api;
+mod server_batching;
+mod server_guard;
+mod server_openai_client;
+mod text_chat;
+mod text_kv_blocks;
+mod text_sampling;
+mod text_tokenizer;
+mod top_tmux;

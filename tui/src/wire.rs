@@ -1,0 +1,234 @@
+//! The JSON the server sends and the monitor reads, defined once: the server
+//! (root crate) builds these structs and serializes them, the monitor
+//! deserializes them. Shapes in docs/ARCHITECTURE.md, "Contracts".
+//!
+//! - `GET /v1/memory`: [`MemoryReport`] (plan, ledger, KV fill, host, guard).
+//! - `GET /v1/stats`: [`ServingStats`] (the serving gauges and counters that
+//!   `/metrics` also gives Prometheus).
+//!
+//! Sizes are integers in bytes. Every field is required on reading: an
+//! answer missing one (a server of another version) is refused, not guessed
+//! at. Fields the reader does not know are ignored, so adding one is safe.
+
+use serde::{Deserialize, Serialize};
+
+pub const MEMORY_PATH: &str = "/v1/memory";
+pub const STATS_PATH: &str = "/v1/stats";
+
+/// The plan's memory categories: every byte the runtime owns is charged to
+/// one of them. [`Category::ALL`] is the contract's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    Weights,
+    MoeWorkspace,
+    Activations,
+    KvCache,
+    RuntimeOverhead,
+}
+
+impl Category {
+    pub const ALL: [Category; 5] = [
+        Category::Weights,
+        Category::MoeWorkspace,
+        Category::Activations,
+        Category::KvCache,
+        Category::RuntimeOverhead,
+    ];
+
+    /// The name on the wire (a test checks it is serde's).
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Weights => "weights",
+            Category::MoeWorkspace => "moe_workspace",
+            Category::Activations => "activations",
+            Category::KvCache => "kv_cache",
+            Category::RuntimeOverhead => "runtime_overhead",
+        }
+    }
+}
+
+/// What the kernel's page cache was told to do with the checkpoint's pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PageCachePolicy {
+    /// Left to the kernel (pages come in on first touch).
+    #[default]
+    Keep,
+    /// Read ahead with `madvise(MADV_WILLNEED)`.
+    WillNeed,
+    /// Dropped with `posix_fadvise(POSIX_FADV_DONTNEED)`.
+    DontNeed,
+}
+
+impl PageCachePolicy {
+    /// The name on the wire (a test checks it is serde's).
+    pub fn name(self) -> &'static str {
+        match self {
+            PageCachePolicy::Keep => "keep",
+            PageCachePolicy::WillNeed => "willneed",
+            PageCachePolicy::DontNeed => "dontneed",
+        }
+    }
+}
+
+/// Where the weights live; `mapped` weights are page cache, not private memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightsResidency {
+    /// Read in place from the memory map (CPU backend).
+    Mapped,
+    /// The mapping registered with the GPU and read in place (unified memory).
+    HostRegistered,
+    /// Copied once to device memory, page cache released.
+    DeviceCopy,
+}
+
+/// The answer of `GET /v1/memory`.
+///
+/// `P` is the plan: the server sends its `Plan` (what `sparkrt plan --json`
+/// prints); the monitor keeps it as untyped JSON and does not read into it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryReport<P = serde_json::Value> {
+    #[serde(default)]
+    pub plan: P,
+    pub ledger: Ledger,
+    pub kv: KvState,
+    pub host: HostSnapshot,
+    pub guard: GuardState,
+    /// Resident set of the server process.
+    pub process_rss: u64,
+}
+
+/// The live ledger: per category, what the plan set aside and what is held.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ledger {
+    pub categories: Vec<LedgerEntry>,
+    pub page_cache_policy: PageCachePolicy,
+    pub weights_residency: WeightsResidency,
+}
+
+/// One ledger row. `name` is a [`Category::name`]; it stays a string so a
+/// monitor can show a category added by a newer server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    pub name: String,
+    pub planned: u64,
+    pub allocated: u64,
+}
+
+/// The paged KV cache's fill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvState {
+    pub block_size_tokens: u64,
+    pub block_bytes: u64,
+    pub blocks_total: u64,
+    pub blocks_used: u64,
+}
+
+/// The memory guard: it refuses new work while MemAvailable is below
+/// `threshold_bytes`, until it climbs back above `resume_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuardState {
+    pub tripped: bool,
+    pub threshold_bytes: u64,
+    pub resume_bytes: u64,
+}
+
+/// One reading of the host's memory, in bytes: the `host` object of
+/// `/v1/memory`, and what a monitor's own host source reads.
+///
+/// `usable` and `gpu_processes` are not on the wire: only a monitor's host
+/// source fills them.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct HostSnapshot {
+    pub mem_total: u64,
+    pub mem_available: u64,
+    pub mem_free: u64,
+    pub cached: u64,
+    pub buffers: u64,
+    pub shmem: u64,
+    pub swap_total: u64,
+    pub swap_free: u64,
+    /// `memory.current` of the kubepods cgroup, when there is one.
+    pub kubepods_current: Option<u64>,
+    /// `memory.max` of the kubepods cgroup, when it is not `max`.
+    pub kubepods_max: Option<u64>,
+    /// kubelet `systemReserved.memory`.
+    pub system_reserved: u64,
+    /// kubelet `kubeReserved.memory`.
+    pub kube_reserved: u64,
+    /// kubelet `evictionHard["memory.available"]`, resolved to bytes: the
+    /// kubelet starts evicting when MemAvailable falls below it.
+    pub eviction_hard: u64,
+    /// The plan's headroom (`plan::memory::Headroom::usable`) for this
+    /// reading: what the plan lets the runtime hold. The pool bar draws a
+    /// line this many bytes from its left end, where the runtime's
+    /// categories start.
+    #[serde(skip)]
+    pub usable: Option<u64>,
+    /// Per-process GPU memory, where NVML reports it (empty elsewhere).
+    #[serde(skip)]
+    pub gpu_processes: Vec<GpuProcess>,
+}
+
+/// GPU memory NVML attributes to one process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub bytes: u64,
+}
+
+/// The answer of `GET /v1/stats`: the serving figures, read at one instant.
+/// Counters (`*_total`, `requests`) count since the server started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServingStats {
+    pub requests: RequestOutcomes,
+    /// Sequences being served.
+    pub requests_running: u64,
+    /// Sequences queued.
+    pub requests_waiting: u64,
+    pub prompt_tokens_total: u64,
+    pub generation_tokens_total: u64,
+    /// Sequences preempted for KV blocks.
+    pub preemptions_total: u64,
+    pub kv_blocks_used: u64,
+    pub kv_blocks_free: u64,
+    /// Whether the memory guard refuses new work.
+    pub guard_tripped: bool,
+}
+
+/// Finished requests by outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestOutcomes {
+    pub ok: u64,
+    pub error: u64,
+    /// Refused before they started (queue full, memory guard, admission).
+    pub rejected: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serde_name(value: impl Serialize) -> String {
+        serde_json::to_value(value)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn names_are_serdes() {
+        for category in Category::ALL {
+            assert_eq!(category.name(), serde_name(category));
+        }
+        for policy in [
+            PageCachePolicy::Keep,
+            PageCachePolicy::WillNeed,
+            PageCachePolicy::DontNeed,
+        ] {
+            assert_eq!(policy.name(), serde_name(policy));
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! `GET /v1/stats` parsing against the canned answer and broken ones.
+
+use crate::common;
+
+use common::STATS_OK;
+use serde_json::error::Category;
+use sparkrt_tui::stats::StatsParseError;
+use sparkrt_tui::wire::{RequestOutcomes, ServingStats};
+
+/// The canned answer with one JSON value replaced (by its pointer path).
+fn with(pointer: &str, value: serde_json::Value) -> String {
+    let mut doc: serde_json::Value = serde_json::from_str(STATS_OK).unwrap();
+    *doc.pointer_mut(pointer).unwrap() = value;
+    doc.to_string()
+}
+
+fn json_error(body: &str) -> serde_json::Error {
+    match ServingStats::parse(body) {
+        Err(StatsParseError::Json(e)) => e,
+        Ok(stats) => panic!("expected a JSON error, got {stats:?}"),
+    }
+}
+
+#[test]
+fn canned_answer_parses_to_its_figures() {
+    let stats = ServingStats::parse(STATS_OK).unwrap();
+    assert_eq!(
+        stats,
+        ServingStats {
+            requests: RequestOutcomes {
+                ok: 120,
+                error: 2,
+                rejected: 5,
+            },
+            requests_running: 3,
+            requests_waiting: 1,
+            prompt_tokens_total: 51200,
+            generation_tokens_total: 8000,
+            preemptions_total: 4,
+            kv_blocks_used: 5120,
+            kv_blocks_free: 15360,
+            guard_tripped: false,
+        }
+    );
+}
+
+#[test]
+fn the_canned_answer_is_exactly_what_the_wire_type_writes() {
+    let recorded: serde_json::Value = serde_json::from_str(STATS_OK).unwrap();
+    let written = serde_json::to_value(ServingStats::parse(STATS_OK).unwrap()).unwrap();
+    assert_eq!(written, recorded);
+}
+
+#[test]
+fn missing_figures_are_errors_that_name_them() {
+    for key in [
+        "requests_running",
+        "requests_waiting",
+        "generation_tokens_total",
+        "kv_blocks_free",
+        "guard_tripped",
+    ] {
+        let mut doc: serde_json::Value = serde_json::from_str(STATS_OK).unwrap();
+        doc.as_object_mut().unwrap().remove(key);
+        let error = json_error(&doc.to_string()).to_string();
+        assert!(error.contains(&format!("missing field `{key}`")), "{error}");
+    }
+    assert!(json_error("{}").to_string().contains("missing field"));
+}
+
+#[test]
+fn guard_tripped_reads_true() {
+    let stats = ServingStats::parse(&with("/guard_tripped", serde_json::json!(true))).unwrap();
+    assert!(stats.guard_tripped);
+}
+
+#[test]
+fn non_numbers_in_figures_are_errors() {
+    // JSON has no NaN or infinities: a server that means them must send
+    // something else, and that is refused.
+    for (pointer, value) in [
+        ("/requests_running", serde_json::json!("NaN")),
+        ("/generation_tokens_total", serde_json::json!(null)),
+        ("/prompt_tokens_total", serde_json::json!("+Inf")),
+        ("/kv_blocks_free", serde_json::json!(f64::MAX)),
+        ("/requests/ok", serde_json::json!("NaN")),
+        ("/guard_tripped", serde_json::json!("NaN")),
+    ] {
+        let error = json_error(&with(pointer, value.clone()));
+        assert_eq!(error.classify(), Category::Data, "{pointer} = {value}");
+    }
+    let error =
+        json_error(&STATS_OK.replace("\"requests_running\": 3", "\"requests_running\": NaN"));
+    assert_eq!(error.classify(), Category::Syntax);
+}
+
+#[test]
+fn extra_fields_are_ignored() {
+    let mut doc: serde_json::Value = serde_json::from_str(STATS_OK).unwrap();
+    doc["host_mem_available_bytes"] = serde_json::json!("NaN");
+    doc["requests"]["other_thing"] = serde_json::json!([1]);
+    assert_eq!(
+        ServingStats::parse(&doc.to_string()).unwrap(),
+        ServingStats::parse(STATS_OK).unwrap()
+    );
+}
+
+#[test]
+fn impossible_values_are_errors() {
+    for (pointer, value) in [
+        ("/requests_running", serde_json::json!(-1)),
+        ("/kv_blocks_used", serde_json::json!(2.5)),
+        ("/guard_tripped", serde_json::json!(2)),
+        ("/generation_tokens_total", serde_json::json!(-3)),
+    ] {
+        let error = json_error(&with(pointer, value.clone()));
+        assert_eq!(error.classify(), Category::Data, "{pointer} = {value}");
+    }
+}
+
+#[test]
+fn garbage_is_a_syntax_error_with_its_line_number() {
+    let html = "<html><body>502 Bad Gateway</body></html>";
+    let error = json_error(html);
+    assert_eq!((error.classify(), error.line()), (Category::Syntax, 1));
+    // Cut inside a line: the canned answer's 9th line is
+    // `"prompt_tokens_total": 51200,`, cut after its name.
+    let cut = STATS_OK.find("\"prompt_tokens_total\"").unwrap() + 21;
+    let error = json_error(&STATS_OK[..cut]);
+    assert_eq!((error.classify(), error.line()), (Category::Eof, 9));
+    let error = json_error("{\"requests_running\": three}");
+    assert_eq!(error.classify(), Category::Syntax);
+    assert!(error.to_string().contains("line 1"), "{error}");
+}
