@@ -12,6 +12,9 @@
 //!
 //! Run: `cargo bench --bench checkpoint_open`.
 
+// A benchmark that cannot set itself up stops with the reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsRawFd;

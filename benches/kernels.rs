@@ -7,11 +7,15 @@
 //! RAYON_NUM_THREADS). Matrices are replicated so that each timed pass
 //! reads weights that are not in the last-level cache, as in a real model.
 
+// A benchmark that cannot set itself up stops with the reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Instant;
 
-use sparkrt::backend::cpu::kernels::formats::{f32_to_bf16, weight_bytes};
+use sparkrt::backend::cpu::kernels::weights::weight_bytes;
 use sparkrt::backend::cpu::kernels::{GroupedProblem, Isa, matmul_grouped, measure_read_bandwidth};
 use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
+use sparkrt::formats::f32_to_bf16;
 
 /// Bytes a working set must exceed to stay out of the last-level cache.
 const COLD_BYTES: usize = 192 << 20;

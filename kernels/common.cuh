@@ -43,6 +43,15 @@ __device__ __forceinline__ u16 f32_to_bf16(float x) {
 }
 
 // ---- FP4 E2M1, FP8 E4M3, E8M0 ------------------------------------------------
+// Mirrors src/formats.rs (the crate's one definition of these formats, see
+// docs/FORMATS.md) constant for constant and rule for rule; the case table of
+// tests/format_cases is checked against both (tests/formats.rs, and on the
+// GPU or its emulator tests/cuda_kernels.rs).
+
+#define NVFP4_GROUP 16u        // elements per E4M3 scale
+#define MXFP4_GROUP 32u        // elements per E8M0 scale
+#define MXFP4_BLOCK_BYTES 16u  // packed codes per MXFP4 block
+#define E8M0_NAN 0xffu         // the one E8M0 byte that is not a power of two
 
 // Codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign.
 __device__ __forceinline__ float e2m1_to_f32(u32 code) {
@@ -64,9 +73,9 @@ __device__ __forceinline__ float e4m3_to_f32(u32 byte) {
     return (byte & 0x80u) ? -magnitude : magnitude;
 }
 
-// 2^(s - 127); 0xff is NaN; s = 0 is the subnormal 2^-127.
+// 2^(s - 127); 0xff is NaN (OCP MX v1.0); s = 0 is the subnormal 2^-127.
 __device__ __forceinline__ float e8m0_to_f32(u32 byte) {
-    if (byte == 0xffu) {
+    if (byte == E8M0_NAN) {
         return f32_nan();
     }
     return __uint_as_float(byte == 0u ? 0x00400000u : (byte << 23));
@@ -155,7 +164,7 @@ __device__ __forceinline__ float vector_get(u64 data, u32 is_bf16, u32 i) {
 // A [rows, cols] weight in device-readable memory, in its checkpoint format.
 struct Weight {
     u64 data;    // values (F32 / BF16) or packed E2M1 codes, low nibble first
-    u64 scales;  // NVFP4: E4M3 [rows, cols/16]; MXFP4: E8M0 [rows, cols/32]
+    u64 scales;  // NVFP4: E4M3 [rows, cols/NVFP4_GROUP]; MXFP4: E8M0 [rows, cols/MXFP4_GROUP]
     u32 format;  // FMT_*
     float global;  // NVFP4 weight_scale_2
     u32 rows;
@@ -177,13 +186,13 @@ __device__ __forceinline__ float weight_element(const Weight& w, u32 row, u32 co
     case FMT_NVFP4: {
         u32 byte = data[index >> 1];
         u32 code = (index & 1ull) ? (byte >> 4) : (byte & 15u);
-        float scale = e4m3_to_f32(scales[(u64)row * (w.cols / 16u) + col / 16u]) * w.global;
+        float scale = e4m3_to_f32(scales[(u64)row * (w.cols / NVFP4_GROUP) + col / NVFP4_GROUP]) * w.global;
         return e2m1_to_f32(code) * scale;
     }
     default: {
         u32 byte = data[index >> 1];
         u32 code = (index & 1ull) ? (byte >> 4) : (byte & 15u);
-        return e2m1_to_f32(code) * e8m0_to_f32(scales[(u64)row * (w.cols / 32u) + col / 32u]);
+        return e2m1_to_f32(code) * e8m0_to_f32(scales[(u64)row * (w.cols / MXFP4_GROUP) + col / MXFP4_GROUP]);
     }
     }
 }

@@ -81,33 +81,34 @@ __device__ __forceinline__ void dot_row_partial(const Weight& w, u32 n, const fl
         break;
     }
     case FMT_NVFP4: {
-        // 16 elements per group: 8 bytes of codes and one E4M3 scale.
+        // NVFP4_GROUP (16) elements per group: 8 bytes of codes and one E4M3 scale.
         const u8* row = data + (u64)n * (K / 2u);
-        const u8* scales = (const u8*)w.scales + (u64)n * (K / 16u);
-        for (u32 c = lane; c < K / 16u; c += WARP) {
+        const u8* scales = (const u8*)w.scales + (u64)n * (K / NVFP4_GROUP);
+        for (u32 c = lane; c < K / NVFP4_GROUP; c += WARP) {
             uint2 codes = load8_any(row + 8u * c);
             float scale = e4m3_to_f32(scales[c]) * w.global;
             float v[8];
             unpack_fp4x8(codes.x, scale, v);
-            fma_run<TT, 8>(v, x, 16u * c, ntok, acc);
+            fma_run<TT, 8>(v, x, NVFP4_GROUP * c, ntok, acc);
             unpack_fp4x8(codes.y, scale, v);
-            fma_run<TT, 8>(v, x, 16u * c + 8u, ntok, acc);
+            fma_run<TT, 8>(v, x, NVFP4_GROUP * c + 8u, ntok, acc);
         }
         break;
     }
     default: {
-        // MXFP4: 32 elements per block: 16 bytes of codes and one E8M0 scale.
+        // MXFP4: MXFP4_GROUP (32) elements per block: 16 bytes of codes and
+        // one E8M0 scale.
         const u8* row = data + (u64)n * (K / 2u);
-        const u8* scales = (const u8*)w.scales + (u64)n * (K / 32u);
-        for (u32 c = lane; c < K / 32u; c += WARP) {
-            uint4 codes = load16_any(row + 16u * c);
+        const u8* scales = (const u8*)w.scales + (u64)n * (K / MXFP4_GROUP);
+        for (u32 c = lane; c < K / MXFP4_GROUP; c += WARP) {
+            uint4 codes = load16_any(row + MXFP4_BLOCK_BYTES * c);
             float scale = e8m0_to_f32(scales[c]);
             u32 words[4] = {codes.x, codes.y, codes.z, codes.w};
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 float v[8];
                 unpack_fp4x8(words[i], scale, v);
-                fma_run<TT, 8>(v, x, 32u * c + 8u * i, ntok, acc);
+                fma_run<TT, 8>(v, x, MXFP4_GROUP * c + 8u * i, ntok, acc);
             }
         }
         break;

@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod deploy;
 pub mod engine;
+pub mod formats;
 pub mod geometry;
 pub mod host;
 pub mod model;

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use half::bf16;
 use safetensors::SafeTensors;
-use sparkrt::checkpoint::quant::e4m3_to_f32;
 use sparkrt::checkpoint::{
     Checkpoint, CheckpointError, Dtype, ModelConfig, PageCachePolicy, WeightData, read_headers,
 };
+use sparkrt::formats::e4m3_to_f32;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -492,10 +492,7 @@ fn mxfp4_experts_are_zero_copy_slices_of_the_stacked_tensors() {
             let scale = 2f32.powi(i32::from(scales[127 * 2 + k / 32]) - 127);
             let byte = blocks[127 * 32 + k / 2];
             let code = if k % 2 == 0 { byte & 0xF } else { byte >> 4 };
-            assert_eq!(
-                *value,
-                sparkrt::checkpoint::quant::e2m1_to_f32(code) * scale
-            );
+            assert_eq!(*value, sparkrt::formats::e2m1_to_f32(code) * scale);
         }
     }
     let down = checkpoint

@@ -1,10 +1,10 @@
-//! The scalar reference decoders against values computed by hand from the
-//! format definitions (FORMATS.md, OCP MX v1.0, float8_e4m3fn).
+//! The scalar decoders (`sparkrt::formats`) and the checkpoint's row
+//! decoders against values computed by hand from the format definitions
+//! (docs/FORMATS.md, OCP MX v1.0, float8_e4m3fn).
 
-use sparkrt::checkpoint::quant::{
-    QuantError, decode_mxfp4_row, decode_nvfp4_row, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32,
-};
+use sparkrt::checkpoint::quant::{QuantError, decode_mxfp4_row, decode_nvfp4_row};
 use sparkrt::checkpoint::{LinearWeight, WeightData};
+use sparkrt::formats::{e2m1_to_f32, e4m3_to_f32, e8m0_to_f32};
 
 #[test]
 fn e2m1_codes() {

@@ -4,6 +4,7 @@
 //! printed, on a machine without a usable GPU.
 
 use crate::cuda_common;
+use crate::format_cases;
 use crate::kernels_common;
 
 use cuda_common::{Both, assert_close, workspace_plan};
@@ -425,6 +426,61 @@ fn embedding_gather_compaction_and_argmax_match_the_cpu() {
     b.cuda.argmax(&lg, 5, vocab, &mut ig).unwrap();
     assert_eq!(ic, ig, "argmax");
     assert_eq!((ic[1], ic[2]), (10, 96));
+}
+
+/// The case table of tests/format_cases through the CUDA decoders of
+/// kernels/common.cuh (the embedding gather decodes element by element), and
+/// the CPU's gather (the checkpoint's row decoders) beside them.
+#[test]
+fn embedding_gather_decodes_the_format_cases() {
+    use format_cases::{CASE_COLS, CaseWeight, Kind, same};
+    for kind in [Kind::E2M1, Kind::E4M3, Kind::E8M0] {
+        let table = CaseWeight::new(kind);
+        let Some(b) = Both::new(
+            "format cases",
+            &[&table.codes, &table.scales],
+            WeightsPolicy::Copy,
+        ) else {
+            return;
+        };
+        let (tc, tg) = (
+            b.cpu.linear(table.view()).unwrap(),
+            b.cuda.linear(table.view()).unwrap(),
+        );
+        let rows = table.rows();
+        let ids: Vec<u32> = (0..rows as u32).collect();
+        // At most 32 cases per format: one sequence of 32 tokens at most.
+        let mut batch = StepBatch::with_capacity(32, 4, 8);
+        batch.push_seq(&ids, 0, 0, &[0, 1], Logits::Last);
+        let mut sc = b
+            .cpu
+            .step_storage(&StepMetadataPlan::new(32, 4, 8))
+            .unwrap();
+        let mut sg = b
+            .cuda
+            .step_storage(&StepMetadataPlan::new(32, 4, 8))
+            .unwrap();
+        b.cpu.load_step(&batch, &mut sc).unwrap();
+        b.cuda.load_step(&batch, &mut sg).unwrap();
+        let (mut oc, mut og) = b.zeros(32 * CASE_COLS);
+        b.cpu.embed(&tc, &sc, &mut oc).unwrap();
+        b.cuda.embed(&tg, &sg, &mut og).unwrap();
+        let (cpu, cuda) = (
+            b.read_cpu(&oc, rows * CASE_COLS),
+            b.read_cuda(&og, rows * CASE_COLS),
+        );
+        for (r, case) in table.cases.iter().enumerate() {
+            for (side, out) in [("cpu", &cpu), ("cuda", &cuda)] {
+                let got = out[r * CASE_COLS];
+                assert!(
+                    same(got, case.value),
+                    "{side}: {kind:?} byte {:#04x} gave {got}, expected {}",
+                    case.byte,
+                    case.value
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -7,12 +7,12 @@ use kernels_common::{
     FORMATS, Format, OwnedWeight, Rng, quantization_bound, random_weight, random_x, run_grouped,
     tolerance,
 };
-use sparkrt::backend::cpu::kernels::formats::{E2M1, E4M3, E8M0, bf16_to_f32, f32_to_bf16};
 use sparkrt::backend::cpu::kernels::{
     GroupedProblem, Isa, KernelError, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_on,
     quantizes_activations, reference,
 };
 use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
+use sparkrt::formats::{E2M1, E4M3, E8M0, bf16_to_f32, f32_to_bf16};
 
 /// Column counts that are legal for a format and not multiples of the SIMD
 /// chunk (8 / 16 / 64), plus one above the kernels' 2048-column panel.

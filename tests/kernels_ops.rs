@@ -3,12 +3,12 @@
 use crate::kernels_common;
 
 use kernels_common::{Rng, tolerance};
-use sparkrt::backend::cpu::kernels::formats::{bf16_to_f32, f32_to_bf16};
 use sparkrt::backend::cpu::kernels::ops::{
     add_rmsnorm, argmax, axpy, axpy_bf16, bf16_to_f32_row, dot, dot_bf16, exp, f32_to_bf16_row,
     rmsnorm, silu_mul, softmax_inplace,
 };
 use sparkrt::backend::cpu::kernels::reference;
+use sparkrt::formats::{bf16_to_f32, f32_to_bf16};
 
 const LENGTHS: [usize; 9] = [1, 7, 8, 9, 31, 33, 100, 128, 2051];
 const EPS: f32 = f32::EPSILON;

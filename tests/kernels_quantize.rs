@@ -6,14 +6,14 @@
 use crate::kernels_common;
 
 use kernels_common::{Format, Rng, random_weight};
-use sparkrt::backend::cpu::kernels::formats::{E2M1, E8M0};
 use sparkrt::backend::cpu::kernels::quantize::{
-    DOUBLED_E2M1, block_scale, code_position, code_scale, quantize_row, quantize_rows,
-    scale_position,
+    DOUBLED_E2M1, block_scale, code_position, code_scale, quantize_row, scale_position,
 };
 use sparkrt::backend::cpu::kernels::{
-    ActivationScratch, GroupedProblem, Isa, KernelError, matmul_grouped_in, quantizes_activations,
+    ActivationScratch, GroupedProblem, Isa, KernelError, matmul_grouped_in, quantize_rows,
+    quantizes_activations,
 };
+use sparkrt::formats::{E2M1, E8M0};
 
 const BLOCK_COUNTS: [usize; 9] = [1, 2, 3, 8, 9, 10, 17, 24, 90];
 
@@ -65,7 +65,12 @@ fn weight_codes_and_scales_match_the_format_tables() {
         assert_eq!(doubled as f32, 2.0 * E2M1[code], "code {code}");
     }
     for byte in 0..=255u8 {
-        assert_eq!(code_scale(byte) * 512.0, E8M0[byte as usize], "byte {byte}");
+        // Bit patterns, so that the NaN of byte 0xFF compares too.
+        assert_eq!(
+            (code_scale(byte) * 512.0).to_bits(),
+            E8M0[byte as usize].to_bits(),
+            "byte {byte}"
+        );
     }
 }
 

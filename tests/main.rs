@@ -2,9 +2,13 @@
 //! one test executable instead of one per file saves most of the link time.
 //! Each file below is one topic; the helper modules are shared by them.
 
+// A test that unwraps fails with the reason; that is what a test should do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 mod cuda_common;
 mod fixture_runs;
+mod format_cases;
 mod kernels_common;
 #[path = "common/server.rs"]
 mod server;
@@ -21,6 +25,7 @@ mod cuda_kernels;
 mod cuda_nvrtc;
 mod engine_fixtures;
 mod engine_scheduler;
+mod formats;
 mod generate_cli;
 mod install_script;
 mod k8s_manifests;

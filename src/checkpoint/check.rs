@@ -6,8 +6,8 @@ use std::path::Path;
 use super::config::ModelConfig;
 use super::dtype::Dtype;
 use super::error::{CheckpointError, TensorProblem};
-use super::quant::{MXFP4_GROUP, NVFP4_GROUP};
 use super::{Checkpoint, HeaderSet, TensorInfo};
+use crate::formats::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
 use crate::geometry::{Architecture, Quantization};
 
 /// Anything that can list a checkpoint's tensors: the headers alone or an
@@ -291,7 +291,7 @@ impl Expectations<'_> {
                 let groups = cols / MXFP4_GROUP;
                 self.u8(
                     &format!("{name}_blocks"),
-                    &[e, rows, groups, MXFP4_GROUP / 2],
+                    &[e, rows, groups, MXFP4_BLOCK_BYTES],
                 );
                 self.u8(&format!("{name}_scales"), &[e, rows, groups]);
             } else {

@@ -57,7 +57,7 @@ pub struct ModelConfig {
     pub quantization: Option<QuantizationConfig>,
 }
 
-/// YaRN RoPE parameters (see FORMATS.md, gpt_oss).
+/// YaRN RoPE parameters (see docs/FORMATS.md, "RoPE of gpt_oss").
 #[derive(Clone, Debug, PartialEq)]
 pub struct YarnScaling {
     pub factor: f64,

@@ -26,7 +26,8 @@ pub enum Dtype {
     F8E4M3,
     /// FP8 with 5 exponent and 2 mantissa bits.
     F8E5M2,
-    /// OCP MX scale: an 8-bit exponent, value 2^(byte − 127).
+    /// OCP MX scale: an 8-bit exponent, value 2^(byte − 127), 0xFF NaN
+    /// (`crate::formats::e8m0_to_f32`).
     F8E8M0,
 }
 

@@ -5,6 +5,7 @@
 //! every weight. Slices may be misaligned; readers use unaligned loads.
 
 use super::quant::{self, QuantError, check_len};
+use crate::formats::{MXFP4_GROUP, NVFP4_GROUP, read_bf16, read_f32};
 
 /// Storage format and bytes of a `[rows, cols]` weight matrix (PyTorch layout:
 /// `y = x · Wᵀ`, one row per output feature, `cols` = input features).
@@ -49,21 +50,21 @@ impl<'a> LinearWeight<'a> {
             WeightData::F32(bytes) => check_len("F32 weight", elements * 4, bytes.len())?,
             WeightData::Bf16(bytes) => check_len("BF16 weight", elements * 2, bytes.len())?,
             WeightData::Nvfp4 { packed, scales, .. } => {
-                ensure_grouped(cols, quant::NVFP4_GROUP)?;
+                ensure_grouped(cols, NVFP4_GROUP)?;
                 check_len("NVFP4 packed codes", elements / 2, packed.len())?;
-                check_len("NVFP4 scales", elements / quant::NVFP4_GROUP, scales.len())?;
+                check_len("NVFP4 scales", elements / NVFP4_GROUP, scales.len())?;
             }
             WeightData::Mxfp4 { blocks, scales } => {
-                ensure_grouped(cols, quant::MXFP4_GROUP)?;
+                ensure_grouped(cols, MXFP4_GROUP)?;
                 check_len("MXFP4 blocks", elements / 2, blocks.len())?;
-                check_len("MXFP4 scales", elements / quant::MXFP4_GROUP, scales.len())?;
+                check_len("MXFP4 scales", elements / MXFP4_GROUP, scales.len())?;
             }
         }
         Ok(weight)
     }
 
     /// Decodes row `row` (one output feature, `cols` values) into `out` in
-    /// f32: the reference the matmul kernels are checked against.
+    /// f32 (the rules of `crate::formats`).
     pub fn decode_row(&self, row: usize, out: &mut [f32]) -> Result<(), QuantError> {
         if row >= self.rows {
             return Err(QuantError::RowOutOfRange {
@@ -76,14 +77,14 @@ impl<'a> LinearWeight<'a> {
         match self.data {
             WeightData::F32(bytes) => {
                 let row_bytes = row_slice(bytes, row, cols * 4, "F32 weight")?;
-                for (value, b) in out.iter_mut().zip(row_bytes.chunks_exact(4)) {
-                    *value = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                for (i, value) in out.iter_mut().enumerate() {
+                    *value = read_f32(row_bytes, i);
                 }
             }
             WeightData::Bf16(bytes) => {
                 let row_bytes = row_slice(bytes, row, cols * 2, "BF16 weight")?;
-                for (value, b) in out.iter_mut().zip(row_bytes.chunks_exact(2)) {
-                    *value = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                for (i, value) in out.iter_mut().enumerate() {
+                    *value = read_bf16(row_bytes, i);
                 }
             }
             WeightData::Nvfp4 {
@@ -91,13 +92,13 @@ impl<'a> LinearWeight<'a> {
                 scales,
                 global,
             } => {
-                let groups = cols / quant::NVFP4_GROUP;
+                let groups = cols / NVFP4_GROUP;
                 let packed = row_slice(packed, row, cols / 2, "NVFP4 packed codes")?;
                 let scales = row_slice(scales, row, groups, "NVFP4 scales")?;
                 quant::decode_nvfp4_row(packed, scales, global, out)?;
             }
             WeightData::Mxfp4 { blocks, scales } => {
-                let groups = cols / quant::MXFP4_GROUP;
+                let groups = cols / MXFP4_GROUP;
                 let blocks = row_slice(blocks, row, cols / 2, "MXFP4 blocks")?;
                 let scales = row_slice(scales, row, groups, "MXFP4 scales")?;
                 quant::decode_mxfp4_row(blocks, scales, out)?;
@@ -155,12 +156,8 @@ impl VectorWeight<'_> {
     /// Element `i` as f32 (`i < len`).
     pub fn get(&self, i: usize) -> f32 {
         match self.data {
-            VectorData::F32(b) => {
-                f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
-            }
-            VectorData::Bf16(b) => {
-                f32::from_bits(u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16)
-            }
+            VectorData::F32(b) => read_f32(b, i),
+            VectorData::Bf16(b) => read_bf16(b, i),
         }
     }
 }

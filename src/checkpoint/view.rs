@@ -14,7 +14,6 @@ use half::{bf16, f16};
 use super::TensorInfo;
 use super::dtype::Dtype;
 use super::error::CheckpointError;
-use super::quant;
 
 /// One tensor's bytes, borrowed from the checkpoint's mapping.
 #[derive(Clone, Copy, Debug)]
@@ -180,7 +179,7 @@ pub struct F8E4M3(pub u8);
 
 impl F8E4M3 {
     pub fn to_f32(self) -> f32 {
-        quant::e4m3_to_f32(self.0)
+        crate::formats::e4m3_to_f32(self.0)
     }
 }
 

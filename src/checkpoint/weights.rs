@@ -6,8 +6,8 @@ use super::config::ModelConfig;
 use super::dtype::Dtype;
 use super::error::CheckpointError;
 use super::linear::{LinearWeight, WeightData};
-use super::quant::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
 use super::view::TensorView;
+use crate::formats::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
 use crate::geometry::Quantization;
 
 impl Checkpoint {

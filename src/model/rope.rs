@@ -5,7 +5,7 @@
 
 use std::f64::consts::PI;
 
-/// YaRN parameters (FORMATS.md, gpt_oss).
+/// YaRN parameters (docs/FORMATS.md, "RoPE of gpt_oss").
 #[derive(Clone, Debug, PartialEq)]
 pub struct Yarn {
     pub factor: f64,

@@ -19,7 +19,7 @@ pub const INDEX_BYTES: u64 = 4;
 /// Quantized activations (`backend::cpu::kernels::quantize`): an int16 code
 /// per value and an f32 scale per 32 values.
 pub const QUANTIZED_CODE_BYTES: u64 = 2;
-const QUANTIZED_BLOCK: u64 = 32;
+const QUANTIZED_BLOCK: u64 = crate::formats::MXFP4_GROUP as u64;
 
 /// Weight bytes by group (every group present, zero when empty).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -51,10 +51,11 @@ impl WeightBytes {
 /// NVFP4 = packed codes + one F8 scale per 16 + `weight_scale_2` + `input_scale`;
 /// MXFP4 = packed codes + one E8M0 scale per 32.
 pub fn linear_bytes(rows: u64, cols: u64, format: Quantization) -> u64 {
+    let group = format.group_size() as u64;
     match format {
         Quantization::Bf16 => rows * cols * BF16,
-        Quantization::Nvfp4 => rows * cols / 2 + rows * cols.div_ceil(16) + 4 + 4,
-        Quantization::Mxfp4 => rows * cols / 2 + rows * cols.div_ceil(32),
+        Quantization::Nvfp4 => rows * cols / 2 + rows * cols.div_ceil(group) + 4 + 4,
+        Quantization::Mxfp4 => rows * cols / 2 + rows * cols.div_ceil(group),
     }
 }
 

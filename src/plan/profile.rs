@@ -473,11 +473,7 @@ impl Profile {
                 ),
             ));
         }
-        let block = match m.quantization {
-            Quantization::Bf16 => 1,
-            Quantization::Nvfp4 => 16,
-            Quantization::Mxfp4 => 32,
-        };
+        let block = m.quantization.group_size();
         for (key, value) in [
             ("hidden_size", m.hidden_size),
             ("moe_intermediate_size", m.moe_intermediate_size),

@@ -3,8 +3,8 @@
 //! kernels see misaligned slices like the ones a memory map hands out.
 #![allow(dead_code)]
 
-use sparkrt::backend::cpu::kernels::formats::f32_to_bf16;
 use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
+use sparkrt::formats::f32_to_bf16;
 
 /// SplitMix64: small, seeded, good enough for test data.
 pub struct Rng(u64);
@@ -205,7 +205,7 @@ pub fn quantization_bound(x: &[f32], w: &LinearWeight, row: usize) -> f32 {
             };
             (0..32)
                 .map(|i| {
-                    sparkrt::backend::cpu::kernels::formats::weight_at(w, row, 32 * b + i).abs()
+                    sparkrt::backend::cpu::kernels::weights::weight_at(w, row, 32 * b + i).abs()
                         * step
                 })
                 .sum::<f32>()

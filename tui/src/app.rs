@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use crate::collector::Sample;
 use crate::history::{History, HistoryPoint};
 use crate::processes::ProcessRow;
+use crate::sample::Sample;
 use crate::units::Units;
 use crate::wire::LedgerEntry;
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crossterm::event::{self, Event, KeyEvent, KeyEventKind};
 
-use crate::collector::Sample;
+use crate::sample::Sample;
 
 #[derive(Debug)]
 pub enum AppEvent {

@@ -23,6 +23,7 @@ pub mod pool;
 pub mod processes;
 pub mod rates;
 pub mod run;
+pub mod sample;
 pub mod stats;
 mod terminal;
 pub mod ui;

@@ -51,6 +51,7 @@ struct OutPtr(*mut f32);
 // queries, which no other task has, and the buffer outlives the parallel
 // region (it is borrowed by `attention`).
 unsafe impl Send for OutPtr {}
+// SAFETY: shared by reference for the same disjoint writes as above.
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {

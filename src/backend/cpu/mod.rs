@@ -102,7 +102,7 @@ impl Backend for CpuBackend {
     }
 
     fn linear<'w>(&self, w: LinearWeight<'w>) -> Result<LinearWeight<'w>, BackendError> {
-        kernels::formats::check_weight(&w).map_err(|e| BackendError::Kernel(e.to_string()))?;
+        kernels::weights::check_weight(&w).map_err(|e| BackendError::Kernel(e.to_string()))?;
         Ok(w)
     }
 

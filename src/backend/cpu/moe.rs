@@ -41,7 +41,7 @@ impl<'w> CpuExperts<'w> {
                     w.rows, w.cols
                 )));
             }
-            kernels::formats::check_weight(w).map_err(|e| BackendError::Kernel(e.to_string()))
+            kernels::weights::check_weight(w).map_err(|e| BackendError::Kernel(e.to_string()))
         };
         match &spec.gate_up {
             GateUp::Split { gate, up } => {

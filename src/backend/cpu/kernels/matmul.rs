@@ -1,4 +1,6 @@
-//! `out = x · Wᵀ` for one or many problems in one parallel region.
+//! `out = x · Wᵀ` for one or many problems in one parallel region: the
+//! dispatcher, the one file that picks an instruction set's matmul kernels
+//! (`x86/`, `arm/`, `portable.rs`) and activation quantizer.
 //!
 //! A call is cut into work units of whole output rows of one problem; the
 //! threads of the current rayon pool pull units from a shared counter until
@@ -16,10 +18,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
-use super::formats::{check_weight, read_bf16, weight_bytes};
-use super::quantize::{ActivationScratch, BLOCK, QuantizedX, quantize_rows};
-use super::{Isa, KernelError, portable};
+use super::error::KernelError;
+use super::isa::Isa;
+use super::job::{Job, OutPtr, Path};
+use super::portable;
+use super::quantize::{ActivationScratch, BLOCK, QuantizedX, quantize_row};
+use super::weights::{check_weight, weight_bytes};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
+use crate::formats::read_bf16;
 
 /// One independent `out = x · Wᵀ` of a grouped call: `x` is `[tokens, cols]`,
 /// `out` is `[tokens, rows]`, both row-major. `tokens` may be 0.
@@ -158,47 +164,9 @@ fn check_problem(p: &GroupedProblem) -> Result<(), KernelError> {
     length("out", w.rows, p.out.len())
 }
 
-/// How a problem is computed on a SIMD instruction set (only AVX2 has a
-/// panel path so far; the others always run as GEMV).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(super) enum Path {
-    /// Few tokens: stream each weight row once, dot it with every token.
-    Gemv,
-    /// Many tokens: decode a few rows into a cache-resident f32 panel and run a
-    /// register-blocked microkernel over token groups.
-    Panel,
-}
-
-/// Raw output pointer shared by the workers of one call.
-#[derive(Clone, Copy)]
-pub(super) struct OutPtr(pub *mut f32);
-// SAFETY: each work unit writes only the outputs of its own rows of its own
-// problem (`out[t·rows + r]` for r in its range), so writes never overlap, and
-// the pointee outlives the parallel region (it is borrowed by the caller).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The pointer (a method, so closures capture the Sync wrapper, not the field).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
-/// A problem as scheduled, with its share of the work units.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(super) struct Job<'a> {
-    pub weight: LinearWeight<'a>,
-    pub tokens: usize,
-    pub path: Path,
-    /// The activations, `[tokens, cols]`.
-    pub x: &'a [f32],
-    /// The same, quantized, where the instruction set multiplies this
-    /// format with quantized activations.
-    pub quantized: Option<QuantizedX<'a>>,
-    pub out: OutPtr,
+/// A job as scheduled: its share of the work units of the whole call.
+struct Scheduled<'a> {
+    job: Job<'a>,
     unit_rows: usize,
     /// Work units of this job are `unit_start..unit_end` of the whole call.
     unit_start: usize,
@@ -208,7 +176,7 @@ pub(super) struct Job<'a> {
 thread_local! {
     /// The job list of a call: always empty between calls, kept only for
     /// its allocation.
-    static JOBS: RefCell<Vec<Job<'static>>> = const { RefCell::new(Vec::new()) };
+    static JOBS: RefCell<Vec<Scheduled<'static>>> = const { RefCell::new(Vec::new()) };
     /// The activation scratch of calls that bring none.
     static SCRATCH: RefCell<ActivationScratch> = RefCell::new(ActivationScratch::growable());
 }
@@ -225,12 +193,12 @@ fn run(
     isa: Isa,
     problems: &mut [GroupedProblem],
     scratch: &mut ActivationScratch,
-    job_cache: &mut Vec<Job<'static>>,
+    job_cache: &mut Vec<Scheduled<'static>>,
 ) -> Result<(), KernelError> {
     let threads = rayon::current_num_threads().max(1);
     // Reuse the job list's allocation for this call's lifetime (the in-place
-    // collect keeps the buffer because `Job` has one layout for every lifetime).
-    let mut jobs: Vec<Job> = std::mem::take(job_cache)
+    // collect keeps the buffer because `Scheduled` has one layout for every lifetime).
+    let mut jobs: Vec<Scheduled> = std::mem::take(job_cache)
         .into_iter()
         .map(|_| unreachable!("the job list is empty between calls"))
         .collect();
@@ -282,13 +250,15 @@ fn run(
         } else {
             rows.div_ceil(unit_rows)
         };
-        jobs.push(Job {
-            weight: p.weight,
-            tokens: p.tokens,
-            path,
-            x: p.x,
-            quantized,
-            out: OutPtr(p.out.as_mut_ptr()),
+        jobs.push(Scheduled {
+            job: Job {
+                weight: p.weight,
+                tokens: p.tokens,
+                path,
+                x: p.x,
+                quantized,
+                out: OutPtr(p.out.as_mut_ptr()),
+            },
             unit_rows,
             unit_start: units,
             unit_end: units + n_units,
@@ -304,10 +274,10 @@ fn run(
                 break;
             }
             let j = jobs.partition_point(|job| job.unit_end <= unit);
-            let job = &jobs[j];
-            let first = (unit - job.unit_start) * job.unit_rows;
-            let rows = first..(first + job.unit_rows).min(job.weight.rows);
-            run_rows(isa, job, rows);
+            let scheduled = &jobs[j];
+            let first = (unit - scheduled.unit_start) * scheduled.unit_rows;
+            let rows = first..(first + scheduled.unit_rows).min(scheduled.job.weight.rows);
+            run_rows(isa, &scheduled.job, rows);
         }
     };
     let workers = threads.min(units);
@@ -325,6 +295,60 @@ fn run(
     Ok(())
 }
 
+/// Values from which a call quantizes its rows on the rayon pool.
+const PARALLEL_VALUES: usize = 1 << 16;
+
+/// Quantizes `tokens` rows of `cols` values (`cols` a multiple of 32).
+pub fn quantize_rows(
+    x: &[f32],
+    cols: usize,
+    codes: &mut [i16],
+    scales: &mut [f32],
+) -> Result<(), KernelError> {
+    if x.is_empty() {
+        return Ok(());
+    }
+    if cols == 0 || !cols.is_multiple_of(BLOCK) {
+        return Err(KernelError::ColsNotBlockMultiple {
+            format: "quantized activations",
+            multiple: BLOCK,
+            cols,
+        });
+    }
+    let tokens = x.len() / cols;
+    let blocks = cols / BLOCK;
+    if codes.len() < tokens * cols || scales.len() < tokens * blocks {
+        return Err(KernelError::ScratchTooSmall {
+            needed: tokens * cols,
+            capacity: codes.len().min(scales.len() * BLOCK),
+        });
+    }
+    let quantize = |((row, c), s): ((&[f32], &mut [i16]), &mut [f32])| {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::Avx2.is_available() {
+            // SAFETY: AVX2 and FMA are present; the row, its codes and its
+            // scales have the lengths the function needs.
+            unsafe { super::x86::quantize_row(row, c, s) };
+            return;
+        }
+        quantize_row(row, c, s)
+    };
+    // Parallel only when there is enough work to pay for it (a decode step's
+    // few rows are quantized in a microsecond or two on the calling thread).
+    if tokens * cols >= PARALLEL_VALUES {
+        x.par_chunks_exact(cols)
+            .zip(codes.par_chunks_exact_mut(cols))
+            .zip(scales.par_chunks_exact_mut(blocks))
+            .for_each(quantize);
+    } else {
+        x.chunks_exact(cols)
+            .zip(codes.chunks_exact_mut(cols))
+            .zip(scales.chunks_exact_mut(blocks))
+            .for_each(quantize);
+    }
+    Ok(())
+}
+
 /// Rough cost of one output row, in the unit of "bytes of weights streamed":
 /// the weight bytes plus the arithmetic, which dominates with many tokens.
 fn row_cost(path: Path, w: &LinearWeight, tokens: usize) -> f64 {
@@ -339,7 +363,7 @@ fn row_cost(path: Path, w: &LinearWeight, tokens: usize) -> f64 {
 fn choose_path(isa: Isa, w: &LinearWeight, tokens: usize) -> Path {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => super::avx2::choose_path(w, tokens),
+        Isa::Avx2 => super::x86::choose_path(w, tokens),
         _ => {
             let _ = (w, tokens);
             Path::Gemv
@@ -350,9 +374,9 @@ fn choose_path(isa: Isa, w: &LinearWeight, tokens: usize) -> Path {
 fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => super::avx2::run_rows(job, rows),
+        Isa::Avx2 => super::x86::run_rows(job, rows),
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => super::neon::run_rows(job, rows),
+        Isa::Neon => super::arm::run_rows(job, rows),
         _ => portable::run_rows(job, rows),
     }
 }

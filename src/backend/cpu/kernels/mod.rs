@@ -12,7 +12,8 @@
 //!
 //! Instruction sets are picked at run time ([`Isa::best`]): AVX2+FMA on
 //! x86-64, NEON on aarch64, portable scalar code elsewhere. [`reference`]
-//! holds the scalar definitions the tests compare every kernel with.
+//! holds the f64 oracles of the operations the tests compare every kernel
+//! with; the number formats themselves are defined in `crate::formats`.
 //!
 //! Threads: every call runs on the current rayon pool (`pool.install` to pick
 //! one). Memory: a call allocates nothing; the kernels read the weights and
@@ -30,108 +31,38 @@
 //! (last-bit differences would otherwise be amplified by a bf16 KV cache).
 //! The instruction sets may differ from each other.
 
+//!
+//! The folder is a tree. Leaves, which import no other kernel file but
+//! leaves: `isa`, `error`, `job` (what the dispatcher hands an
+//! instruction set), [`weights`] (weight shapes and the element-by-element
+//! definition, over `crate::formats`), [`quantize`] (the activation codes and
+//! their layout), `math` (the `exp` polynomial). One folder or file per
+//! instruction set, importing only leaves: `x86/` (AVX2), `arm/` (NEON),
+//! `portable.rs`. Only the dispatchers pick an instruction set: `matmul.rs`
+//! for the matmuls and the activation quantizer, [`ops`] for the small ops.
+
 mod bandwidth;
-pub mod formats;
+mod error;
+mod isa;
+mod job;
+mod math;
 mod matmul;
 pub mod ops;
 mod portable;
 pub mod quantize;
 pub mod reference;
+pub mod weights;
 
-#[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx2_mxfp4;
-#[cfg(target_arch = "x86_64")]
-mod avx2_ops;
 #[cfg(target_arch = "aarch64")]
-mod neon;
-#[cfg(target_arch = "aarch64")]
-mod neon_mxfp4;
+mod arm;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use bandwidth::{measure_read_bandwidth, measure_read_bandwidth_of};
+pub use error::KernelError;
+pub use isa::Isa;
 pub use matmul::{
     GroupedProblem, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_in, matmul_grouped_on,
-    quantizes_activations,
+    quantize_rows, quantizes_activations,
 };
 pub use quantize::ActivationScratch;
-
-use std::sync::OnceLock;
-
-/// Errors of the matmul entry points: shapes that do not fit together.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum KernelError {
-    #[error("{format} weight [{rows}, {cols}]: {part} has {got} bytes, expected {expected}")]
-    WeightBytes {
-        format: &'static str,
-        part: &'static str,
-        rows: usize,
-        cols: usize,
-        expected: usize,
-        got: usize,
-    },
-    #[error("{format} weight needs cols to be a multiple of {multiple}, got {cols}")]
-    ColsNotBlockMultiple {
-        format: &'static str,
-        multiple: usize,
-        cols: usize,
-    },
-    #[error("weight shape [{rows}, {cols}] overflows usize")]
-    ShapeOverflow { rows: usize, cols: usize },
-    #[error("{what} has {got} values, expected {tokens} tokens × {width} = {expected}")]
-    Length {
-        what: &'static str,
-        tokens: usize,
-        width: usize,
-        expected: usize,
-        got: usize,
-    },
-    #[error("quantized activations need room for {needed} values, the scratch holds {capacity}")]
-    ScratchTooSmall { needed: usize, capacity: usize },
-    #[error("instruction set {0:?} is not available on this CPU")]
-    IsaUnavailable(Isa),
-}
-
-/// An instruction set the kernels can run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    /// Portable Rust, no explicit SIMD.
-    Scalar,
-    /// x86-64 with AVX2 and FMA.
-    Avx2,
-    /// aarch64 Advanced SIMD.
-    Neon,
-}
-
-impl Isa {
-    /// The fastest instruction set this CPU supports (detected once).
-    pub fn best() -> Isa {
-        *Isa::detected().last().unwrap_or(&Isa::Scalar)
-    }
-
-    /// Every instruction set usable here, slowest first (always has `Scalar`).
-    pub fn available() -> Vec<Isa> {
-        Isa::detected().to_vec()
-    }
-
-    /// Whether this CPU can run it.
-    pub fn is_available(self) -> bool {
-        Isa::detected().contains(&self)
-    }
-
-    fn detected() -> &'static [Isa] {
-        static DETECTED: OnceLock<Vec<Isa>> = OnceLock::new();
-        DETECTED.get_or_init(|| {
-            let mut isas = vec![Isa::Scalar];
-            #[cfg(target_arch = "x86_64")]
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                isas.push(Isa::Avx2);
-            }
-            #[cfg(target_arch = "aarch64")]
-            if std::arch::is_aarch64_feature_detected!("neon") {
-                isas.push(Isa::Neon);
-            }
-            isas
-        })
-    }
-}

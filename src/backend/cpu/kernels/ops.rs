@@ -2,17 +2,17 @@
 //! AVX2 on x86-64 when present; the portable versions are written with
 //! fixed-width lanes so the compiler vectorises them (NEON on aarch64).
 //!
-//! `exp` is a Cephes-style polynomial (≈1 ulp over the range used, inputs
-//! clamped to [-87, 88]) shared by the SIMD and portable paths.
+//! `exp` (in `math.rs`) is a Cephes-style polynomial shared by the SIMD and
+//! portable paths.
 //!
 //! Every function panics on mismatched lengths (a caller bug, not data).
 
-use super::formats::{bf16_to_f32, f32_to_bf16, read_bf16};
+pub use super::math::exp;
+use super::portable::dot as dot_portable;
 use super::portable::fmadd;
 #[cfg(target_arch = "x86_64")]
-use super::{Isa, avx2_ops};
-
-use super::portable::dot as dot_portable;
+use super::{isa::Isa, x86::avx2_ops};
+use crate::formats::{bf16_to_f32, f32_to_bf16, read_bf16};
 
 #[cfg(target_arch = "x86_64")]
 #[inline]
@@ -280,31 +280,4 @@ pub fn exp_block(s: &mut [f32], max: f32) -> f32 {
         }
         sum
     })
-}
-
-pub(super) const EXP_MIN: f32 = -87.0;
-pub(super) const EXP_MAX: f32 = 88.0;
-pub(super) const LOG2E: f32 = std::f32::consts::LOG2_E;
-pub(super) const LN2_HI: f32 = 0.693_359_4;
-pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
-pub(super) const EXP_POLY: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    0.166_666_65,
-    0.5,
-];
-
-/// e^x by range reduction (x = n·ln2 + r) and a degree-7 polynomial in r.
-pub fn exp(x: f32) -> f32 {
-    let x = x.clamp(EXP_MIN, EXP_MAX);
-    let n = (x * LOG2E).round_ties_even();
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let mut p = EXP_POLY[0];
-    for &c in &EXP_POLY[1..] {
-        p = p * r + c;
-    }
-    let y = p * r * r + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }

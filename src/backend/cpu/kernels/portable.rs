@@ -4,9 +4,9 @@
 
 use std::ops::Range;
 
-use super::formats::{E2M1, E4M3, E8M0, read_bf16, read_f32};
-use super::matmul::Job;
+use super::job::Job;
 use crate::checkpoint::linear::{LinearWeight, WeightData};
+use crate::formats::{E2M1, E4M3, E8M0, MXFP4_GROUP, NVFP4_GROUP, read_bf16, read_f32};
 
 /// Columns decoded at a time into a stack buffer.
 const BLOCK: usize = 256;
@@ -63,10 +63,10 @@ pub fn decode_row(w: &LinearWeight, row: usize, start: usize, out: &mut [f32]) {
             scales,
             global,
         } => decode_fp4(packed, base, out, |c| {
-            E4M3[scales[row * (w.cols / 16) + (start + c) / 16] as usize] * global
+            E4M3[scales[row * (w.cols / NVFP4_GROUP) + (start + c) / NVFP4_GROUP] as usize] * global
         }),
         WeightData::Mxfp4 { blocks, scales } => decode_fp4(blocks, base, out, |c| {
-            E8M0[scales[row * (w.cols / 32) + (start + c) / 32] as usize]
+            E8M0[scales[row * (w.cols / MXFP4_GROUP) + (start + c) / MXFP4_GROUP] as usize]
         }),
     }
 }

@@ -24,13 +24,11 @@
 //! out, so its loads need no shuffles: see [`code_position`] and
 //! [`scale_position`].
 
-use rayon::prelude::*;
-
-use super::KernelError;
-use super::formats::E8M0;
+use super::error::KernelError;
+use crate::formats::{E8M0, MXFP4_GROUP};
 
 /// Values per block (the MXFP4 scale block).
-pub const BLOCK: usize = 32;
+pub const BLOCK: usize = MXFP4_GROUP;
 /// Blocks whose scales are stored as one group (one 8-lane vector).
 pub const SCALE_GROUP: usize = 8;
 /// Smallest block exponent used: blocks whose largest value is below
@@ -38,8 +36,6 @@ pub const SCALE_GROUP: usize = 8;
 /// every scale a normal f32 (those values are far below anything a model
 /// produces).
 const MIN_EXPONENT: i32 = -95;
-/// Values from which a call quantizes its rows on the rayon pool.
-const PARALLEL_VALUES: usize = 1 << 16;
 /// Significant bits below the block's top bit kept by the codes.
 const CODE_BITS: i32 = 14;
 
@@ -199,7 +195,7 @@ const ROUNDER: f32 = 12_582_912.0;
 
 /// Quantizes one token row (`x.len()` a multiple of 32) into `codes` and
 /// `scales` in the kernels' layout: the definition, which the AVX2 version
-/// [`quantize_rows`] runs matches bit for bit.
+/// that `kernels::quantize_rows` runs matches bit for bit.
 pub fn quantize_row(x: &[f32], codes: &mut [i16], scales: &mut [f32]) {
     let blocks = x.len() / BLOCK;
     for (b, block) in x.chunks_exact(BLOCK).enumerate() {
@@ -231,55 +227,4 @@ pub fn quantize_row(x: &[f32], codes: &mut [i16], scales: &mut [f32]) {
             codes[offset] = q;
         }
     }
-}
-
-/// Quantizes `tokens` rows of `cols` values (`cols` a multiple of 32).
-pub fn quantize_rows(
-    x: &[f32],
-    cols: usize,
-    codes: &mut [i16],
-    scales: &mut [f32],
-) -> Result<(), KernelError> {
-    if x.is_empty() {
-        return Ok(());
-    }
-    if cols == 0 || !cols.is_multiple_of(BLOCK) {
-        return Err(KernelError::ColsNotBlockMultiple {
-            format: "quantized activations",
-            multiple: BLOCK,
-            cols,
-        });
-    }
-    let tokens = x.len() / cols;
-    let blocks = cols / BLOCK;
-    if codes.len() < tokens * cols || scales.len() < tokens * blocks {
-        return Err(KernelError::ScratchTooSmall {
-            needed: tokens * cols,
-            capacity: codes.len().min(scales.len() * BLOCK),
-        });
-    }
-    let quantize = |((row, c), s): ((&[f32], &mut [i16]), &mut [f32])| {
-        #[cfg(target_arch = "x86_64")]
-        if super::Isa::Avx2.is_available() {
-            // SAFETY: AVX2 and FMA are present; the row, its codes and its
-            // scales have the lengths the function needs.
-            unsafe { super::avx2_mxfp4::quantize_row(row, c, s) };
-            return;
-        }
-        quantize_row(row, c, s)
-    };
-    // Parallel only when there is enough work to pay for it (a decode step's
-    // few rows are quantized in a microsecond or two on the calling thread).
-    if tokens * cols >= PARALLEL_VALUES {
-        x.par_chunks_exact(cols)
-            .zip(codes.par_chunks_exact_mut(cols))
-            .zip(scales.par_chunks_exact_mut(blocks))
-            .for_each(quantize);
-    } else {
-        x.chunks_exact(cols)
-            .zip(codes.chunks_exact_mut(cols))
-            .zip(scales.chunks_exact_mut(blocks))
-            .for_each(quantize);
-    }
-    Ok(())
 }

@@ -1,9 +1,12 @@
-//! Scalar reference implementations: the oracle the tests hold every kernel
-//! to. Written straight from the definitions, element by element, summing in
-//! f64 so that their own rounding is far below the kernels'.
+//! Oracles of the kernels' operations (matmul, RMSNorm, SiLU·mul, softmax)
+//! that the tests hold every kernel to. Written straight from the
+//! definitions, element by element, summing in f64 so that their own
+//! rounding is far below the kernels'. Weight elements come from
+//! [`weight_at`], i.e. from `crate::formats`.
 
-use super::formats::{read_bf16, weight_at};
+use super::weights::weight_at;
 use crate::checkpoint::linear::LinearWeight;
+use crate::formats::read_bf16;
 
 /// `out[t·rows + r] = Σ_c x[t·cols + c] · W[r, c]`, plus for each output the
 /// sum of |x·w| (the scale a summation-order error bound is relative to).

@@ -1,10 +1,10 @@
 //! x86-64 AVX2 + FMA matmul kernels for F32, BF16 and NVFP4 (MXFP4 has its
-//! integer kernels in [`super::avx2_mxfp4`]).
+//! integer kernels in `avx2_mxfp4.rs`).
 //!
 //! **One summation order.** Every output `Σ_c W[r, c] · x[t, c]` is summed
 //! the same way whatever path computes it, however many tokens share the
 //! call and however rows are split between threads, so a token's outputs are
-//! bitwise the same alone or in a batch (see [`super`] for why that matters):
+//! bitwise the same alone or in a batch (see [`crate::backend::cpu::kernels`] for why that matters):
 //!
 //! 1. the columns of the whole chunks (8 values for F32, 16 for BF16, 64 for
 //!    NVFP4) are taken as vectors of 8 consecutive columns; lane
@@ -32,14 +32,14 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::avx2_mxfp4;
-use super::formats::{E2M1, E4M3, read_bf16, read_f32, read_nibble};
-use super::matmul::{Job, Path};
+use super::lanes::{in_lockstep, reduce};
+use crate::backend::cpu::kernels::job::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
+use crate::formats::{E2M1, E4M3, NVFP4_GROUP, read_bf16, read_f32, read_nibble};
 
 /// Problems with at most this many tokens take the GEMV path: below it,
 /// decoding a panel first costs more than it saves.
-pub(super) const GEMV_MAX_TOKENS: usize = 4;
+const GEMV_MAX_TOKENS: usize = 4;
 /// Tokens a GEMV tile holds (more tokens: several tiles per row set, while
 /// the rows are still in L1).
 const GEMV_TOKENS: usize = 4;
@@ -57,9 +57,6 @@ const KC: usize = 512;
 /// Which path a problem takes: the panel needs at least `MR` rows of the
 /// row's whole chunks in the panel buffer.
 pub(super) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
-    if let WeightData::Mxfp4 { .. } = w.data {
-        return avx2_mxfp4::choose_path(w.cols, tokens);
-    }
     if tokens > GEMV_MAX_TOKENS && panel_rows_for(w) >= MR {
         Path::Panel
     } else {
@@ -87,10 +84,11 @@ fn whole_columns(w: &LinearWeight) -> usize {
     w.cols / chunk * chunk
 }
 
+/// Rows `rows` of a job in F32, BF16 or NVFP4.
 pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
     let w = &job.weight;
     let cols = w.cols;
-    // SAFETY (all arms): Job shapes were checked by `check_problem`, and this
+    // SAFETY: (all arms) Job shapes were checked by `check_problem`, and this
     // module is only reached through Isa::Avx2, i.e. with AVX2 and FMA present.
     unsafe {
         match w.data {
@@ -113,10 +111,7 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
                 };
                 run_format(&dec, job, rows)
             }
-            WeightData::Mxfp4 { blocks, scales } => match &job.quantized {
-                Some(q) => avx2_mxfp4::run_rows(blocks, scales, q, job, rows),
-                None => unreachable!("matmul quantizes the activations of MXFP4 on AVX2"),
-            },
+            WeightData::Mxfp4 { .. } => unreachable!("x86::run_rows sends MXFP4 to avx2_mxfp4"),
         }
     }
 }
@@ -284,7 +279,7 @@ impl Decoder for Nvfp4Dec<'_> {
         // SAFETY: in bounds per the contract.
         unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
         // Vectors 2b and 2b + 1 lie in 16-block b of the chunk.
-        let s = &self.scales[first / 16..first / 16 + 4];
+        let s = &self.scales[first / NVFP4_GROUP..][..Self::CHUNK / NVFP4_GROUP];
         for (b, &byte) in s.iter().enumerate() {
             let scale = _mm256_set1_ps(self.table[byte as usize]);
             out[2 * b] = _mm256_mul_ps(out[2 * b], scale);
@@ -292,21 +287,9 @@ impl Decoder for Nvfp4Dec<'_> {
         }
     }
     fn scalar(&self, row: usize, col: usize) -> f32 {
-        let scale = self.table[self.scales[(row * self.cols + col) / 16] as usize];
+        let scale = self.table[self.scales[(row * self.cols + col) / NVFP4_GROUP] as usize];
         E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
     }
-}
-
-/// Step 2 of the order: `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-pub(super) fn reduce(v: __m256) -> f32 {
-    let h = _mm256_hadd_ps(v, v); // l0+l1, l2+l3, .. | l4+l5, l6+l7, ..
-    let h = _mm256_hadd_ps(h, h);
-    _mm_cvtss_f32(_mm_add_ss(
-        _mm256_castps256_ps128(h),
-        _mm256_extractf128_ps(h, 1),
-    ))
 }
 
 /// Steps 2 and 3 for one output: the reduced accumulator plus the columns
@@ -335,24 +318,6 @@ unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
         } else {
             gemv_streams::<D, 2>(dec, job, rows)
         }
-    }
-}
-
-/// The unit's rows cut into `R` contiguous shares walked in lockstep (each
-/// share one sequential stream the prefetchers follow): `set` gets row `i`
-/// of every share, then `single` each leftover row.
-#[inline]
-pub(super) fn in_lockstep<const R: usize>(
-    rows: Range<usize>,
-    mut set: impl FnMut([usize; R]),
-    mut single: impl FnMut(usize),
-) {
-    let share = rows.len() / R;
-    for i in 0..share {
-        set(std::array::from_fn(|s| rows.start + s * share + i));
-    }
-    for r in rows.start + R * share..rows.end {
-        single(r);
     }
 }
 

@@ -1,6 +1,6 @@
 //! aarch64 NEON MXFP4 kernel: FP4 codes times int16 activations, as
-//! integers (activations quantized by [`super::quantize`]; see
-//! [`super::avx2_mxfp4`] for why).
+//! integers (activations quantized by [`crate::backend::cpu::kernels::quantize`];
+//! see `x86/avx2_mxfp4.rs` for why).
 //!
 //! A code becomes an int16 worth 512 × its E2M1 value with a table lookup
 //! and a shift or a mask (the same decode as AVX2, 16 bytes at a time), and
@@ -15,9 +15,11 @@
 use std::arch::aarch64::*;
 use std::ops::Range;
 
-use super::matmul::Job;
-use super::neon::for_each_tile;
-use super::quantize::{BLOCK, DOUBLED_E2M1, QuantizedX, code_position, code_scale, scale_position};
+use super::tiles::for_each_tile;
+use crate::backend::cpu::kernels::job::Job;
+use crate::backend::cpu::kernels::quantize::{
+    BLOCK, DOUBLED_E2M1, QuantizedX, code_position, code_scale, scale_position,
+};
 
 /// Runs rows `rows` of an MXFP4 problem whose activations are `q`.
 /// Safety: the job's shapes were checked; `q` is the job's `x` quantized.

@@ -13,16 +13,12 @@
 use std::arch::aarch64::*;
 use std::ops::Range;
 
-use super::formats::{E2M1, E4M3, read_bf16, read_f32, read_nibble};
-use super::matmul::Job;
+use super::tiles::for_each_tile;
+use crate::backend::cpu::kernels::job::Job;
 use crate::checkpoint::linear::WeightData;
+use crate::formats::{E2M1, E4M3, NVFP4_GROUP, read_bf16, read_f32, read_nibble};
 
-/// Tokens per pass over a block of rows.
-const TOKEN_GROUP: usize = 4;
-/// Rows that share a pass over the token groups (they stay in cache).
-const ROW_BLOCK: usize = 12;
-
-/// bf16 low / high byte of each E2M1 code (see avx2.rs for the derivation).
+/// bf16 low / high byte of each E2M1 code (see x86/avx2.rs for the derivation).
 static LOW_BYTES: [u8; 16] = [
     0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0, 0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0,
 ];
@@ -30,10 +26,11 @@ static HIGH_BYTES: [u8; 16] = [
     0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0,
 ];
 
+/// Rows `rows` of a job in F32, BF16 or NVFP4.
 pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
     let w = &job.weight;
     let cols = w.cols;
-    // SAFETY (all arms): shapes were checked by `check_problem`; NEON is part
+    // SAFETY: (all arms) shapes were checked by `check_problem`; NEON is part
     // of the aarch64 baseline.
     unsafe {
         match w.data {
@@ -52,15 +49,12 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
                     codes: packed,
                     scales,
                     cols,
-                    block: 16,
+                    block: NVFP4_GROUP,
                     table: &table,
                 };
                 gemv_rows(&dec, job, rows)
             }
-            WeightData::Mxfp4 { blocks, scales } => match &job.quantized {
-                Some(q) => super::neon_mxfp4::run_rows(blocks, scales, q, job, rows),
-                None => unreachable!("matmul quantizes the activations of MXFP4 on NEON"),
-            },
+            WeightData::Mxfp4 { .. } => unreachable!("arm::run_rows sends MXFP4 to neon_mxfp4"),
         }
     }
 }
@@ -185,28 +179,6 @@ unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     });
 }
 
-/// The unit's rows in blocks of `ROW_BLOCK`, and within each block the
-/// tokens in groups of at most `TOKEN_GROUP` (the block's rows stay in cache
-/// across the groups): `tile(block rows, first token, tokens)`.
-#[inline]
-pub(super) fn for_each_tile(
-    rows: Range<usize>,
-    tokens: usize,
-    mut tile: impl FnMut(Range<usize>, usize, usize),
-) {
-    let mut block = rows.start;
-    while block < rows.end {
-        let block_end = (block + ROW_BLOCK).min(rows.end);
-        let mut t0 = 0;
-        while t0 < tokens {
-            let tn = (tokens - t0).min(TOKEN_GROUP);
-            tile(block..block_end, t0, tn);
-            t0 += tn;
-        }
-        block = block_end;
-    }
-}
-
 #[target_feature(enable = "neon")]
 unsafe fn gemv_block_rows<D: Decoder, const R: usize, const T: usize>(
     dec: &D,
@@ -217,12 +189,13 @@ unsafe fn gemv_block_rows<D: Decoder, const R: usize, const T: usize>(
     out_stride: usize,
 ) {
     let mut r = rows.start;
-    // SAFETY (both loops): rows inside the matrix, x/out cover T tokens.
     while r + R <= rows.end {
+        // SAFETY: rows r..r + R are inside the matrix, x/out cover T tokens.
         unsafe { gemv::<D, R, T>(dec, r, cols, x, out, out_stride) };
         r += R;
     }
     while r < rows.end {
+        // SAFETY: row r is inside the matrix, x/out cover T tokens.
         unsafe { gemv::<D, 1, T>(dec, r, cols, x, out, out_stride) };
         r += 1;
     }

@@ -1,5 +1,5 @@
 //! x86-64 AVX2 MXFP4 kernels: FP4 codes times int16 activations, as
-//! integers (activations quantized by [`super::quantize`]).
+//! integers (activations quantized by [`crate::backend::cpu::kernels::quantize`]).
 //!
 //! Why integers: decoding FP4 to f32 costs about 40 vector instructions per
 //! 64 weights, more than two cores issue at the memory bandwidth. Here 64
@@ -18,7 +18,7 @@
 //!    fills lanes 0-3 (lanes 4-7 add zero). Pair by pair in ascending order,
 //!    one 8-lane accumulator takes `float(sums) · scales` by fused
 //!    multiply-add;
-//! 2. the 8 lanes are reduced as in [`super::avx2`].
+//! 2. the 8 lanes are reduced as in `avx2.rs` (`lanes::reduce`).
 //!
 //! Both paths run the same tile code and differ only in where the decoded
 //! weights come from: decoded as they stream from memory (GEMV, few tokens),
@@ -31,12 +31,13 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::avx2::{in_lockstep, reduce};
-use super::matmul::{Job, Path};
-use super::quantize::{
+use super::lanes::{in_lockstep, reduce};
+use crate::backend::cpu::kernels::job::{Job, Path};
+use crate::backend::cpu::kernels::quantize::{
     BLOCK, CODE_UNSCALE, DOUBLED_E2M1, QuantizedX, SCALE_GROUP, block_scale, code_position,
     code_scale, scale_position,
 };
+use crate::formats::E8M0_NAN;
 
 /// Problems with at most this many tokens take the GEMV path.
 const GEMV_MAX_TOKENS: usize = 4;
@@ -238,9 +239,10 @@ unsafe fn decode_block(p: *const u8) -> [__m128i; 4] {
     ]
 }
 
-/// 8 E8M0 bytes at `p` → their scales × 1/512, in lanes 0 2 4 6 1 3 5 7.
-/// The exponent byte shifted into place is the f32 2^(e − 127), except e = 0
-/// (2^-127 is a subnormal); × 1/512 is exact.
+/// 8 E8M0 bytes at `p` → their scales × 1/512, in lanes 0 2 4 6 1 3 5 7
+/// (`crate::formats::e8m0_to_f32`'s rule): the exponent byte shifted into
+/// place is the f32 2^(e − 127), except e = 0 (2^-127 is a subnormal) and
+/// e = 0xFF (NaN); × 1/512 is exact.
 /// Safety: 8 readable bytes at `p`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -252,6 +254,8 @@ unsafe fn decode_group_scales(p: *const u8) -> __m256 {
     let bits = _mm256_slli_epi32(e, 23);
     let is_zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
     let bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x0040_0000), is_zero);
+    let is_nan = _mm256_cmpeq_epi32(e, _mm256_set1_epi32(i32::from(E8M0_NAN)));
+    let bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(f32::NAN.to_bits() as i32), is_nan);
     _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(CODE_UNSCALE))
 }
 
@@ -308,7 +312,7 @@ unsafe fn tile<W: Weights, const R: usize, const T: usize>(
     let codes: [*const i16; T] = std::array::from_fn(|t| q.codes_of(t0 + t).as_ptr());
     let scales: [&[f32]; T] = std::array::from_fn(|t| q.scales_of(t0 + t));
     let mut acc = [[_mm256_setzero_ps(); T]; R];
-    // SAFETY (whole body): pairs, blocks and groups are inside the rows of
+    // SAFETY: (whole body) pairs, blocks and groups are inside the rows of
     // `w` and the tokens' codes, per the shape of the checked problem.
     unsafe {
         for g in 0..shape.groups {
@@ -447,7 +451,7 @@ unsafe fn panel(stream: &Stream, q: &QuantizedX, job: &Job, rows: Range<usize>) 
     let mut block = rows.start;
     while block < rows.end {
         let nb = block_rows.min(rows.end - block);
-        // SAFETY (decoding): rows block..block + nb exist; nb × stride ≤
+        // SAFETY: (decoding) rows block..block + nb exist; nb × stride ≤
         // PANEL_VECTORS and nb × blocks ≤ PANEL_SCALES by `panel_rows_for`.
         unsafe {
             for r in 0..nb {
@@ -508,7 +512,11 @@ unsafe fn panel(stream: &Stream, q: &QuantizedX, job: &Job, rows: Range<usize>) 
 /// Safety: AVX2+FMA; `x.len()` a multiple of 32, `codes` as long as `x`,
 /// `scales` holding `x.len() / 32` values.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn quantize_row(x: &[f32], codes: &mut [i16], scales: &mut [f32]) {
+pub(in crate::backend::cpu::kernels) unsafe fn quantize_row(
+    x: &[f32],
+    codes: &mut [i16],
+    scales: &mut [f32],
+) {
     let blocks = x.len() / BLOCK;
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
     // Within each 128-bit lane of 8 int16 (a, a+1, .., a+7): a a+4 | a+2

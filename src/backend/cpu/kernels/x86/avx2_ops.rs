@@ -1,10 +1,10 @@
-//! AVX2 + FMA versions of the small ops (see `ops.rs` for their meaning).
+//! AVX2 + FMA versions of the small ops (see `kernels/ops.rs` for their meaning).
 //! Every function requires AVX2 and FMA; lengths were checked by the caller.
 
 use std::arch::x86_64::*;
 
-use super::formats::{bf16_to_f32, read_bf16};
-use super::ops::{EXP_MAX, EXP_MIN, EXP_POLY, LN2_HI, LN2_LO, LOG2E, exp};
+use crate::backend::cpu::kernels::math::{EXP_MAX, EXP_MIN, EXP_POLY, LN2_HI, LN2_LO, LOG2E, exp};
+use crate::formats::{bf16_to_f32, read_bf16};
 
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -31,7 +31,7 @@ unsafe fn load_bf16(p: *const u16) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(words), 16))
 }
 
-/// The same polynomial as `ops::exp`, 8 lanes at a time.
+/// The same polynomial as `math::exp`, 8 lanes at a time.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn exp8(x: __m256) -> __m256 {
@@ -61,14 +61,14 @@ fn exp8(x: __m256) -> __m256 {
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(in crate::backend::cpu::kernels) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len();
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
-    // SAFETY (loads): i + 32 <= n, resp. i + 8 <= n, inside both slices.
     while i + 32 <= n {
         for (j, acc_j) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 32 <= n, so both loads are inside both slices.
             let (x, y) = unsafe {
                 (
                     _mm256_loadu_ps(pa.add(i + 8 * j)),
@@ -80,6 +80,7 @@ pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         i += 32;
     }
     while i + 8 <= n {
+        // SAFETY: i + 8 <= n, so both loads are inside both slices.
         let (x, y) = unsafe { (_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i))) };
         acc[0] = _mm256_fmadd_ps(x, y, acc[0]);
         i += 8;
@@ -93,13 +94,13 @@ pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
+pub(in crate::backend::cpu::kernels) unsafe fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
     let n = a.len();
     let mut acc = [_mm256_setzero_ps(); 2];
     let mut i = 0;
-    // SAFETY (loads): i + 16 <= n, resp. i + 8 <= n.
     while i + 16 <= n {
         for (j, acc_j) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 16 <= n, so both loads are inside both slices.
             let (x, y) = unsafe {
                 (
                     _mm256_loadu_ps(a.as_ptr().add(i + 8 * j)),
@@ -111,6 +112,7 @@ pub(super) unsafe fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
         i += 16;
     }
     while i + 8 <= n {
+        // SAFETY: i + 8 <= n, so both loads are inside both slices.
         let (x, y) = unsafe {
             (
                 _mm256_loadu_ps(a.as_ptr().add(i)),
@@ -128,7 +130,7 @@ pub(super) unsafe fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+pub(in crate::backend::cpu::kernels) unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     let n = x.len();
     let va = _mm256_set1_ps(alpha);
     let mut i = 0;
@@ -147,7 +149,7 @@ pub(super) unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn axpy_bf16(alpha: f32, x: &[u16], y: &mut [f32]) {
+pub(in crate::backend::cpu::kernels) unsafe fn axpy_bf16(alpha: f32, x: &[u16], y: &mut [f32]) {
     let n = x.len();
     let va = _mm256_set1_ps(alpha);
     let mut i = 0;
@@ -167,7 +169,7 @@ pub(super) unsafe fn axpy_bf16(alpha: f32, x: &[u16], y: &mut [f32]) {
 
 /// r += x; returns Σ r².
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn add_sum_squares(r: &mut [f32], x: &[f32]) -> f32 {
+pub(in crate::backend::cpu::kernels) unsafe fn add_sum_squares(r: &mut [f32], x: &[f32]) -> f32 {
     let n = r.len();
     let mut acc = [_mm256_setzero_ps(); 2];
     let mut i = 0;
@@ -191,7 +193,12 @@ pub(super) unsafe fn add_sum_squares(r: &mut [f32], x: &[f32]) -> f32 {
 
 /// out = (x · inv) · w, w as bf16 bytes (possibly misaligned).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn scale_by_weight(x: &[f32], inv: f32, w: &[u8], out: &mut [f32]) {
+pub(in crate::backend::cpu::kernels) unsafe fn scale_by_weight(
+    x: &[f32],
+    inv: f32,
+    w: &[u8],
+    out: &mut [f32],
+) {
     let n = x.len();
     let vinv = _mm256_set1_ps(inv);
     let mut i = 0;
@@ -210,7 +217,7 @@ pub(super) unsafe fn scale_by_weight(x: &[f32], inv: f32, w: &[u8], out: &mut [f
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+pub(in crate::backend::cpu::kernels) unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     let n = gate.len();
     let one = _mm256_set1_ps(1.0);
     let mut i = 0;
@@ -231,7 +238,7 @@ pub(super) unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn softmax_inplace(x: &mut [f32]) {
+pub(in crate::backend::cpu::kernels) unsafe fn softmax_inplace(x: &mut [f32]) {
     let n = x.len();
     let p = x.as_mut_ptr();
     let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
@@ -288,7 +295,7 @@ fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
 /// tree (a lone score takes the same tree), the dimensions past the last
 /// vector added one by one, then the scale.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn attention_scores(
+pub(in crate::backend::cpu::kernels) unsafe fn attention_scores(
     q: &[f32],
     k: &[f32],
     hd: usize,
@@ -374,7 +381,12 @@ unsafe fn scores_tile<const Q: usize>(
 /// queries × 16 dimensions held in registers over all keys, each element
 /// summed over the keys in order by fused multiply-add.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn attention_values(p: &[f32], v: &[f32], hd: usize, o: &mut [f32]) {
+pub(in crate::backend::cpu::kernels) unsafe fn attention_values(
+    p: &[f32],
+    v: &[f32],
+    hd: usize,
+    o: &mut [f32],
+) {
     let nq = o.len() / hd;
     let nk = v.len() / hd;
     let mut qi = 0;
@@ -465,7 +477,7 @@ unsafe fn values_tile<const Q: usize>(
 /// `s := exp(s − max)` (0 where s is −∞), returning the sum: 8-lane
 /// partial sums in order, `reduce4`'s tree, then the tail one by one.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn exp_block(s: &mut [f32], max: f32) -> f32 {
+pub(in crate::backend::cpu::kernels) unsafe fn exp_block(s: &mut [f32], max: f32) -> f32 {
     let n = s.len();
     let p = s.as_mut_ptr();
     let vm = _mm256_set1_ps(max);

@@ -1,0 +1,113 @@
+//! A weight matrix as the kernels see it: its shape checks, its size, and
+//! its element `W[row, col]` straight from the format's definition (in
+//! `crate::formats`), which the tests hold every kernel to.
+
+use super::error::KernelError;
+use crate::checkpoint::linear::{LinearWeight, WeightData};
+use crate::formats::{
+    MXFP4_GROUP, NVFP4_GROUP, mxfp4_value, nvfp4_value, read_bf16, read_f32, read_nibble,
+};
+
+/// Weight element `W[row, col]` as f32, straight from the format's definition.
+pub fn weight_at(w: &LinearWeight, row: usize, col: usize) -> f32 {
+    let index = row * w.cols + col;
+    match w.data {
+        WeightData::F32(bytes) => read_f32(bytes, index),
+        WeightData::Bf16(bytes) => read_bf16(bytes, index),
+        WeightData::Nvfp4 {
+            packed,
+            scales,
+            global,
+        } => {
+            let scale = scales[row * (w.cols / NVFP4_GROUP) + col / NVFP4_GROUP];
+            nvfp4_value(read_nibble(packed, index) as u8, scale, global)
+        }
+        WeightData::Mxfp4 { blocks, scales } => {
+            let scale = scales[row * (w.cols / MXFP4_GROUP) + col / MXFP4_GROUP];
+            mxfp4_value(read_nibble(blocks, index) as u8, scale)
+        }
+    }
+}
+
+/// Short name of a format, for errors and benchmark tables.
+pub fn format_name(data: &WeightData) -> &'static str {
+    match data {
+        WeightData::F32(_) => "F32",
+        WeightData::Bf16(_) => "BF16",
+        WeightData::Nvfp4 { .. } => "NVFP4",
+        WeightData::Mxfp4 { .. } => "MXFP4",
+    }
+}
+
+/// Bytes of weight data (codes and scales) the matrix occupies.
+pub fn weight_bytes(w: &LinearWeight) -> usize {
+    match w.data {
+        WeightData::F32(b) | WeightData::Bf16(b) => b.len(),
+        WeightData::Nvfp4 { packed, scales, .. } => packed.len() + scales.len(),
+        WeightData::Mxfp4 { blocks, scales } => blocks.len() + scales.len(),
+    }
+}
+
+/// Checks that the byte slices hold exactly a `[rows, cols]` matrix of the
+/// format and that `cols` fits the format's block size.
+pub fn check_weight(w: &LinearWeight) -> Result<(), KernelError> {
+    let format = format_name(&w.data);
+    let elements = w
+        .rows
+        .checked_mul(w.cols)
+        .ok_or(KernelError::ShapeOverflow {
+            rows: w.rows,
+            cols: w.cols,
+        })?;
+    let expect = |part: &'static str, expected: usize, got: usize| {
+        if expected == got {
+            Ok(())
+        } else {
+            Err(KernelError::WeightBytes {
+                format,
+                part,
+                rows: w.rows,
+                cols: w.cols,
+                expected,
+                got,
+            })
+        }
+    };
+    let block = |multiple: usize| {
+        if w.cols.is_multiple_of(multiple) {
+            Ok(())
+        } else {
+            Err(KernelError::ColsNotBlockMultiple {
+                format,
+                multiple,
+                cols: w.cols,
+            })
+        }
+    };
+    let overflow = KernelError::ShapeOverflow {
+        rows: w.rows,
+        cols: w.cols,
+    };
+    match w.data {
+        WeightData::F32(bytes) => expect(
+            "data",
+            elements.checked_mul(4).ok_or(overflow)?,
+            bytes.len(),
+        ),
+        WeightData::Bf16(bytes) => expect(
+            "data",
+            elements.checked_mul(2).ok_or(overflow)?,
+            bytes.len(),
+        ),
+        WeightData::Nvfp4 { packed, scales, .. } => {
+            block(NVFP4_GROUP)?;
+            expect("packed codes", elements / 2, packed.len())?;
+            expect("scales", elements / NVFP4_GROUP, scales.len())
+        }
+        WeightData::Mxfp4 { blocks, scales } => {
+            block(MXFP4_GROUP)?;
+            expect("blocks", elements / 2, blocks.len())?;
+            expect("scales", elements / MXFP4_GROUP, scales.len())
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! x86-64 kernels: AVX2 + FMA, entered only through `Isa::Avx2` (which
+//! exists only after run-time detection). `avx2.rs` holds the f32-decoding
+//! matmul kernels (F32, BF16, NVFP4), `avx2_mxfp4.rs` the integer MXFP4
+//! kernels and the activation quantizer, `avx2_ops.rs` the small ops;
+//! `lanes.rs` what the two matmul files share. This file sends each format
+//! to its kernels.
+
+mod avx2;
+mod avx2_mxfp4;
+pub(super) mod avx2_ops;
+mod lanes;
+
+use std::ops::Range;
+
+use super::job::{Job, Path};
+use crate::checkpoint::linear::{LinearWeight, WeightData};
+
+pub(super) use avx2_mxfp4::quantize_row;
+
+/// Which path a problem takes on AVX2.
+pub(super) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
+    match w.data {
+        WeightData::Mxfp4 { .. } => avx2_mxfp4::choose_path(w.cols, tokens),
+        _ => avx2::choose_path(w, tokens),
+    }
+}
+
+/// Computes rows `rows` of a job on AVX2.
+pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
+    match (job.weight.data, &job.quantized) {
+        (WeightData::Mxfp4 { blocks, scales }, Some(q)) => {
+            // SAFETY: Job shapes were checked by `check_problem`, `q` is the
+            // job's x quantized, and this module is only reached through
+            // Isa::Avx2, i.e. with AVX2 and FMA present.
+            unsafe { avx2_mxfp4::run_rows(blocks, scales, q, job, rows) }
+        }
+        (WeightData::Mxfp4 { .. }, None) => {
+            unreachable!("matmul quantizes the activations of MXFP4 on AVX2")
+        }
+        _ => avx2::run_rows(job, rows),
+    }
+}

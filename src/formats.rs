@@ -1,0 +1,169 @@
+//! The number formats of the checkpoints, defined once: the NVFP4 and MXFP4
+//! group sizes, FP4 (E2M1) codes, the FP8 (E4M3) and E8M0 scales, and bf16.
+//! `docs/FORMATS.md` describes the byte layouts and the specifications they
+//! follow.
+//!
+//! Every decoder in the crate follows these rules: the checkpoint's row
+//! decoders, the CPU kernels (which look values up in the tables here), and
+//! the CUDA kernels, whose `kernels/common.cuh` mirrors this file constant
+//! for constant. `tests/formats.rs` holds one table of byte → value cases
+//! that all of them pass.
+//!
+//! Everything here reads bytes one at a time (it works on misaligned
+//! slices), and every value it decodes is exact in f32.
+
+use crate::geometry::Quantization;
+
+/// Elements sharing one NVFP4 scale (an E4M3 byte).
+pub const NVFP4_GROUP: usize = 16;
+/// Elements sharing one MXFP4 scale (an E8M0 byte): one block of codes.
+pub const MXFP4_GROUP: usize = 32;
+/// Bytes of packed codes per MXFP4 block (two codes per byte).
+pub const MXFP4_BLOCK_BYTES: usize = MXFP4_GROUP / 2;
+
+impl Quantization {
+    /// Elements that share one scale: 16 for NVFP4, 32 for MXFP4, and 1 for
+    /// bf16 (every value stands alone).
+    pub fn group_size(self) -> usize {
+        match self {
+            Quantization::Bf16 => 1,
+            Quantization::Nvfp4 => NVFP4_GROUP,
+            Quantization::Mxfp4 => MXFP4_GROUP,
+        }
+    }
+}
+
+// ---- FP4 E2M1 -----------------------------------------------------------------
+
+/// E2M1 (FP4) code → value: codes 0..=7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6;
+/// bit 3 is the sign (so code 8 is −0).
+pub const E2M1: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// Decodes an FP4 E2M1 code (the low 4 bits of `code`; higher bits ignored).
+#[inline]
+pub fn e2m1_to_f32(code: u8) -> f32 {
+    E2M1[usize::from(code & 0x0F)]
+}
+
+/// FP4 code of element `index` of a nibble-packed slice: the low nibble of a
+/// byte is the even element, the high nibble the odd one.
+#[inline]
+pub fn read_nibble(bytes: &[u8], index: usize) -> usize {
+    let byte = bytes[index / 2];
+    (if index.is_multiple_of(2) {
+        byte & 0x0F
+    } else {
+        byte >> 4
+    }) as usize
+}
+
+// ---- FP8 E4M3 -------------------------------------------------------------------
+
+/// Decodes FP8 E4M3 as ModelOpt stores it (`float8_e4m3fn`): exponent bias
+/// 7, no infinities, `S.1111.111` is NaN, largest finite value 448,
+/// exponent 0 is subnormal (`0.mmm × 2^-6`).
+pub const fn e4m3_to_f32(byte: u8) -> f32 {
+    let negative = byte & 0x80 != 0;
+    let exponent = ((byte >> 3) & 0x0F) as u32;
+    let mantissa = (byte & 0x07) as u32;
+    if exponent == 0x0F && mantissa == 0x07 {
+        return f32::NAN;
+    }
+    let magnitude = if exponent == 0 {
+        // Subnormal: mantissa / 8 × 2^-6 = mantissa × 2^-9, exact in f32.
+        mantissa as f32 / 512.0
+    } else {
+        // Normal: rebias the exponent (−7 + 127) and widen the mantissa.
+        f32::from_bits(((exponent + 120) << 23) | (mantissa << 20))
+    };
+    if negative { -magnitude } else { magnitude }
+}
+
+/// [`e4m3_to_f32`] of every byte, for kernels that look scales up.
+pub static E4M3: [f32; 256] = {
+    let mut table = [0.0f32; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        table[byte] = e4m3_to_f32(byte as u8);
+        byte += 1;
+    }
+    table
+};
+
+// ---- E8M0 ---------------------------------------------------------------------------
+
+/// The E8M0 byte that is not a power of two: NaN (OCP Microscaling Formats (MX) v1.0).
+pub const E8M0_NAN: u8 = 0xFF;
+
+/// Decodes an E8M0 scale: 2^(byte − 127), and [`E8M0_NAN`] is NaN (the OCP
+/// MX specification's rule; 2^128 would not fit in f32 anyway). Byte 0 is
+/// 2^-127, a subnormal f32.
+pub const fn e8m0_to_f32(byte: u8) -> f32 {
+    match byte {
+        E8M0_NAN => f32::NAN,
+        0 => f32::from_bits(0x0040_0000),
+        _ => f32::from_bits((byte as u32) << 23),
+    }
+}
+
+/// [`e8m0_to_f32`] of every byte, for kernels that look scales up.
+pub static E8M0: [f32; 256] = {
+    let mut table = [0.0f32; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        table[byte] = e8m0_to_f32(byte as u8);
+        byte += 1;
+    }
+    table
+};
+
+// ---- quantized elements -------------------------------------------------------------
+
+/// An NVFP4 element: `e2m1(code) × e4m3(scale) × global`. The first product
+/// is exact in f32 (2 + 4 significant bits), so the multiply by the global
+/// scale (`weight_scale_2`) is the only rounding.
+#[inline]
+pub fn nvfp4_value(code: u8, scale: u8, global: f32) -> f32 {
+    e2m1_to_f32(code) * E4M3[usize::from(scale)] * global
+}
+
+/// An MXFP4 element: `e2m1(code) × e8m0(scale)`, exact.
+#[inline]
+pub fn mxfp4_value(code: u8, scale: u8) -> f32 {
+    e2m1_to_f32(code) * E8M0[usize::from(scale)]
+}
+
+// ---- bf16 and f32 -------------------------------------------------------------------
+
+/// bf16 bits → f32 (exact: bf16 is the top half of an f32).
+#[inline]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// f32 → bf16 bits, rounding to nearest even (as PyTorch does); NaN stays a
+/// quiet NaN.
+#[inline]
+pub fn f32_to_bf16(value: f32) -> u16 {
+    let bits = value.to_bits();
+    if value.is_nan() {
+        return ((bits >> 16) | 0x0040) as u16;
+    }
+    let rounding = 0x7FFF + ((bits >> 16) & 1);
+    (bits.wrapping_add(rounding) >> 16) as u16
+}
+
+/// Little-endian bf16 at element `index` of a byte slice, as f32.
+#[inline]
+pub fn read_bf16(bytes: &[u8], index: usize) -> f32 {
+    bf16_to_f32(u16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]]))
+}
+
+/// Little-endian f32 at element `index` of a byte slice.
+#[inline]
+pub fn read_f32(bytes: &[u8], index: usize) -> f32 {
+    let b = &bytes[4 * index..4 * index + 4];
+    f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}

@@ -1,0 +1,158 @@
+//! The one table of byte → value cases every decoder of the number formats
+//! must pass (`sparkrt::formats`, the checkpoint's row decoders, the CPU
+//! kernels, the CUDA kernels): tests/formats.rs runs the CPU side,
+//! tests/cuda_kernels.rs the CUDA side. Values by hand from the definitions
+//! (docs/FORMATS.md): E2M1 codes, FP8 E4M3 (`float8_e4m3fn`) with its
+//! zeros, subnormals, largest value and NaN, and E8M0 with both ends and
+//! its NaN byte.
+#![allow(dead_code)]
+
+use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
+
+/// The format a case's byte is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    E2M1,
+    E4M3,
+    E8M0,
+}
+
+/// A byte and the f32 it decodes to (NaN: any NaN).
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub kind: Kind,
+    pub byte: u8,
+    pub value: f32,
+}
+
+const fn case(kind: Kind, byte: u8, value: f32) -> Case {
+    Case { kind, byte, value }
+}
+
+use Kind::{E2M1, E4M3, E8M0};
+
+pub const CASES: &[Case] = &[
+    // E2M1: every code; bit 3 is the sign, so code 8 is −0.
+    case(E2M1, 0x0, 0.0),
+    case(E2M1, 0x1, 0.5),
+    case(E2M1, 0x2, 1.0),
+    case(E2M1, 0x3, 1.5),
+    case(E2M1, 0x4, 2.0),
+    case(E2M1, 0x5, 3.0),
+    case(E2M1, 0x6, 4.0),
+    case(E2M1, 0x7, 6.0),
+    case(E2M1, 0x8, -0.0),
+    case(E2M1, 0x9, -0.5),
+    case(E2M1, 0xA, -1.0),
+    case(E2M1, 0xB, -1.5),
+    case(E2M1, 0xC, -2.0),
+    case(E2M1, 0xD, -3.0),
+    case(E2M1, 0xE, -4.0),
+    case(E2M1, 0xF, -6.0),
+    // E4M3: S.EEEE.MMM, bias 7, exponent 0 subnormal (m × 2^-9), no
+    // infinities, S.1111.111 NaN.
+    case(E4M3, 0x00, 0.0),
+    case(E4M3, 0x80, -0.0),
+    case(E4M3, 0x01, 0.001_953_125),  // 2^-9, the smallest subnormal
+    case(E4M3, 0x07, 0.013_671_875),  // 7 × 2^-9, the largest subnormal
+    case(E4M3, 0x87, -0.013_671_875), // its negative
+    case(E4M3, 0x08, 0.015_625),      // 2^-6, the smallest normal
+    case(E4M3, 0x38, 1.0),
+    case(E4M3, 0x3C, 1.5),
+    case(E4M3, 0x40, 2.0),
+    case(E4M3, 0xB8, -1.0),
+    case(E4M3, 0x77, 240.0),
+    case(E4M3, 0x7E, 448.0), // the largest finite value
+    case(E4M3, 0xFE, -448.0),
+    case(E4M3, 0x7F, f32::NAN),
+    case(E4M3, 0xFF, f32::NAN),
+    // E8M0: 2^(s − 127); 0x00 is 2^-127 (an f32 subnormal); 0xFF is NaN.
+    case(E8M0, 0x00, f32::from_bits(0x0040_0000)),
+    case(E8M0, 0x01, f32::from_bits(0x0080_0000)), // 2^-126
+    case(E8M0, 0x7E, 0.5),
+    case(E8M0, 0x7F, 1.0),
+    case(E8M0, 0x80, 2.0),
+    case(E8M0, 0x85, 64.0),
+    case(E8M0, 0xFE, f32::from_bits(0x7F00_0000)), // 2^127
+    case(E8M0, 0xFF, f32::NAN),
+];
+
+/// The cases of one format, in table order.
+pub fn cases(kind: Kind) -> Vec<Case> {
+    CASES.iter().copied().filter(|c| c.kind == kind).collect()
+}
+
+/// Whether a decoder's `got` is the case's value: the same bits (so −0 is
+/// not 0), or both NaN (a GPU's NaN need not have the CPU's bits).
+pub fn same(got: f32, want: f32) -> bool {
+    if want.is_nan() {
+        got.is_nan()
+    } else {
+        got.to_bits() == want.to_bits()
+    }
+}
+
+/// Columns of a case weight: several NVFP4 groups and MXFP4 blocks, and a
+/// whole chunk of every SIMD decoder (64 for AVX2's NVFP4, 8 MXFP4 scales
+/// for its grouped scale decoder).
+pub const CASE_COLS: usize = 256;
+
+/// A weight whose row `r` shows case `r` of one format as its element 0
+/// (all other elements are code 0):
+/// - E2M1: NVFP4, code = the case's byte, every scale 1.0 (E4M3 0x38);
+/// - E4M3: NVFP4, code 2 (1.0), every scale of the row the case's byte;
+/// - E8M0: MXFP4, code 2 (1.0), every scale of the row the case's byte.
+///
+/// The global scale is 1, so element 0 of row r is exactly the case's value.
+pub struct CaseWeight {
+    pub kind: Kind,
+    pub cases: Vec<Case>,
+    pub codes: Vec<u8>,
+    pub scales: Vec<u8>,
+}
+
+impl CaseWeight {
+    pub fn new(kind: Kind) -> CaseWeight {
+        let cases = cases(kind);
+        let group = if kind == E8M0 { 32 } else { 16 };
+        let mut codes = Vec::new();
+        let mut scales = Vec::new();
+        for c in &cases {
+            let mut row = vec![0u8; CASE_COLS / 2];
+            // The low nibble of byte 0 is element 0.
+            row[0] = if kind == E2M1 { c.byte } else { 0x2 };
+            codes.extend(row);
+            let scale = if kind == E2M1 { 0x38 } else { c.byte };
+            scales.extend(std::iter::repeat_n(scale, CASE_COLS / group));
+        }
+        CaseWeight {
+            kind,
+            cases,
+            codes,
+            scales,
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.cases.len()
+    }
+
+    pub fn view(&self) -> LinearWeight<'_> {
+        let data = match self.kind {
+            E8M0 => WeightData::Mxfp4 {
+                blocks: &self.codes,
+                scales: &self.scales,
+            },
+            _ => WeightData::Nvfp4 {
+                packed: &self.codes,
+                scales: &self.scales,
+                global: 1.0,
+            },
+        };
+        LinearWeight {
+            rows: self.rows(),
+            cols: CASE_COLS,
+            data,
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The case table of tests/format_cases against every CPU-side decoder:
+//! `sparkrt::formats` (functions and tables), the checkpoint's row decoders,
+//! the kernels' element definition and integer MXFP4 scale, and the matmul
+//! kernels of every instruction set of this CPU (tests/cuda_kernels.rs runs
+//! the same table on the CUDA kernels).
+
+use crate::format_cases;
+
+use format_cases::{CASE_COLS, CASES, Case, CaseWeight, Kind, same};
+use sparkrt::backend::cpu::kernels::quantize::code_scale;
+use sparkrt::backend::cpu::kernels::weights::weight_at;
+use sparkrt::backend::cpu::kernels::{GroupedProblem, Isa, matmul_grouped_on};
+use sparkrt::checkpoint::quant::{decode_mxfp4_row, decode_nvfp4_row};
+use sparkrt::formats::{E2M1, E4M3, E8M0, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32};
+
+const KINDS: [Kind; 3] = [Kind::E2M1, Kind::E4M3, Kind::E8M0];
+
+fn check(what: &str, case: &Case, got: f32) {
+    assert!(
+        same(got, case.value),
+        "{what}: {:?} byte {:#04x} gave {got} ({:#010x}), expected {}",
+        case.kind,
+        case.byte,
+        got.to_bits(),
+        case.value
+    );
+}
+
+#[test]
+fn the_scalar_decoders_and_tables_pass_the_table() {
+    for case in CASES {
+        let (function, table) = match case.kind {
+            Kind::E2M1 => (e2m1_to_f32(case.byte), E2M1[usize::from(case.byte)]),
+            Kind::E4M3 => (e4m3_to_f32(case.byte), E4M3[usize::from(case.byte)]),
+            Kind::E8M0 => (e8m0_to_f32(case.byte), E8M0[usize::from(case.byte)]),
+        };
+        check("formats function", case, function);
+        check("formats table", case, table);
+        if case.kind == Kind::E8M0 {
+            // The integer MXFP4 kernels' scale: E8M0 / 512, exactly.
+            check(
+                "quantize::code_scale × 512",
+                case,
+                code_scale(case.byte) * 512.0,
+            );
+        }
+    }
+}
+
+#[test]
+fn the_checkpoint_decoders_pass_the_table() {
+    for kind in KINDS {
+        let weight = CaseWeight::new(kind);
+        let view = weight.view();
+        let groups = CASE_COLS / if kind == Kind::E8M0 { 32 } else { 16 };
+        let mut out = vec![0.0f32; CASE_COLS];
+        for (r, case) in weight.cases.iter().enumerate() {
+            let codes = &weight.codes[r * CASE_COLS / 2..(r + 1) * CASE_COLS / 2];
+            let scales = &weight.scales[r * groups..(r + 1) * groups];
+            match kind {
+                Kind::E8M0 => decode_mxfp4_row(codes, scales, &mut out).unwrap(),
+                _ => decode_nvfp4_row(codes, scales, 1.0, &mut out).unwrap(),
+            }
+            check("checkpoint row decoder", case, out[0]);
+            view.decode_row(r, &mut out).unwrap();
+            check("LinearWeight::decode_row", case, out[0]);
+            check("kernels::weights::weight_at", case, weight_at(&view, r, 0));
+        }
+    }
+}
+
+/// A power of two that keeps `value × x` (and every step of the integer
+/// MXFP4 kernels) inside f32's normal range, so the product is exact.
+fn input_for(case: &Case) -> f32 {
+    if case.kind == Kind::E8M0 && case.byte != 0xFF {
+        let exponent = (127 - i32::from(case.byte)).clamp(-60, 60);
+        2f32.powi(exponent)
+    } else {
+        1.0
+    }
+}
+
+#[test]
+fn the_matmul_kernels_pass_the_table_on_every_instruction_set() {
+    for isa in Isa::available() {
+        for kind in KINDS {
+            let weight = CaseWeight::new(kind);
+            let rows = weight.rows();
+            for (r, case) in weight.cases.iter().enumerate() {
+                let scale = input_for(case);
+                // 1 token: the GEMV paths; 8: AVX2's panel paths.
+                for tokens in [1, 8] {
+                    let mut x = vec![0.0f32; tokens * CASE_COLS];
+                    for t in 0..tokens {
+                        x[t * CASE_COLS] = scale;
+                    }
+                    let mut out = vec![0.0f32; tokens * rows];
+                    matmul_grouped_on(
+                        isa,
+                        &mut [GroupedProblem {
+                            x: &x,
+                            tokens,
+                            weight: weight.view(),
+                            out: &mut out,
+                        }],
+                    )
+                    .unwrap();
+                    let want = case.value * scale;
+                    for t in 0..tokens {
+                        // A sum starting from +0 gives +0 for −0.
+                        let got = out[t * rows + r];
+                        assert!(
+                            (want.is_nan() && got.is_nan()) || got == want,
+                            "{isa:?} {tokens} tokens: {kind:?} byte {:#04x} × {scale} gave {got}, expected {want}",
+                            case.byte
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
