@@ -12,7 +12,7 @@
 //! Everything here reads bytes one at a time (it works on misaligned
 //! slices), and every value it decodes is exact in f32.
 
-use crate::plan::geometry::Quantization;
+use crate::geometry::Quantization;
 
 /// Elements sharing one NVFP4 scale (an E4M3 byte).
 pub const NVFP4_GROUP: usize = 16;

@@ -5,12 +5,16 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod cli;
+pub mod deploy;
 pub mod engine;
 pub mod formats;
+pub mod geometry;
 pub mod host;
 pub mod model;
 pub mod plan;
 pub mod runtime;
 pub mod server;
+pub mod step;
 pub mod text;
 pub mod units;
+pub mod util;

@@ -11,16 +11,16 @@ use thiserror::Error;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaOptions, WeightsPolicy};
-use crate::backend::device::DeviceBackend;
-use crate::backend::{BackendError, KvLayout};
+use crate::backend::{Backend, BackendError, KvLayout};
 use crate::checkpoint::config::ModelConfig;
 use crate::checkpoint::{self, Checkpoint, CheckpointError, PageCachePolicy};
 use crate::engine::{Engine, EngineError, EngineLimits};
+use crate::geometry::WeightGroup;
 use crate::host::{HostError, HostReading, KubeletSource};
 use crate::model::source::CheckpointSource;
 use crate::model::{Buffers, ModelError, Transformer};
-use crate::plan::ledger::{self, Category, Ledger, WeightsResidency};
-use crate::plan::memory::{self, WeightBytes, WeightGroup};
+use crate::plan::ledger::{self, Category, Charge, Ledger, WeightsResidency};
+use crate::plan::memory::{self, WeightBytes};
 use crate::plan::profile::{DeviceKind, KubeletMode, Profile};
 use crate::plan::{self, Plan, PlanDevice, PlanError};
 use crate::text::{TextError, Tokenizer};
@@ -47,18 +47,34 @@ pub enum RuntimeError {
     Ledger(#[from] crate::plan::ledger::LedgerError),
 }
 
-/// A model folder, planned and mapped: everything an engine borrows from.
-pub struct Loaded {
+/// A model folder, planned and mapped, on backend `B`: everything an
+/// engine borrows from.
+pub struct Loaded<B: Backend> {
     pub dir: PathBuf,
     pub config: ModelConfig,
     pub profile: Profile,
     pub plan: Plan,
     pub ledger: Arc<Ledger>,
-    pub backend: DeviceBackend,
+    pub backend: B,
     pub checkpoint: Checkpoint,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub eos: Vec<u32>,
-    _charges: Vec<crate::plan::ledger::Charge>,
+    _charges: Vec<Charge>,
+}
+
+/// The model on the backend chosen at start-up. This is the one place the
+/// CPU / CUDA choice is made: past it, everything is written once over
+/// `B: Backend` and handed its backend's own buffers and weights, so a mix-up
+/// cannot compile. Run generic work on it with [`LoadedModel::run`].
+pub enum LoadedModel {
+    Cpu(Box<Loaded<CpuBackend>>),
+    Cuda(Box<Loaded<CudaBackend>>),
+}
+
+/// Work done with the loaded model on whichever backend it runs on.
+pub trait WithBackend {
+    type Output;
+    fn run<B: Backend>(self, loaded: &Loaded<B>) -> Self::Output;
 }
 
 /// Where the model runs: `--backend` over the profile's `[backend] device`,
@@ -145,7 +161,31 @@ pub fn plan_checkpoint(
     Ok((config, profile, plan))
 }
 
-impl Loaded {
+/// Plans `profile` on the host `host` describes, for the device the profile
+/// names (`auto`: CUDA when a GPU is present): the weight bytes exact from
+/// the headers of the checkpoint in `checkpoint` when one is given, else
+/// estimated from the profile's geometry. What `plan` and `k8s` print.
+pub fn plan_profile(
+    profile: &Profile,
+    checkpoint: Option<&Path>,
+    host: &HostSource<'_>,
+) -> Result<Plan, RuntimeError> {
+    let gpu_present = crate::host::gpu::probe().first().is_some();
+    let device = PlanDevice::resolve(profile.backend.device, gpu_present);
+    if let Some(dir) = checkpoint {
+        let (_, _, plan) = plan_checkpoint(dir, Some(profile), host, device)?;
+        return Ok(plan);
+    }
+    let reading = host.read(profile.host.kubelet)?;
+    Ok(plan::compute(
+        profile,
+        &plan::host_figures(&reading),
+        None,
+        device,
+    ))
+}
+
+impl LoadedModel {
     /// Plans, refuses if the plan does not fit, then maps the checkpoint and
     /// loads the tokenizer, on the device the profile names.
     pub fn open(
@@ -153,42 +193,50 @@ impl Loaded {
         profile: Option<&Profile>,
         host: &HostSource<'_>,
         page_cache: PageCachePolicy,
-    ) -> Result<Loaded, RuntimeError> {
-        Loaded::open_with(dir, profile, host, page_cache, &DeviceOptions::default())
+    ) -> Result<LoadedModel, RuntimeError> {
+        LoadedModel::open_with(dir, profile, host, page_cache, &DeviceOptions::default())
     }
 
-    /// [`Loaded::open`] with the device chosen by `options`. `auto` takes
-    /// CUDA when a GPU is present and its backend starts, else the CPU,
-    /// saying why in one log line; `cuda` fails with the reason instead.
+    /// [`LoadedModel::open`] with the device chosen by `options`. `auto`
+    /// takes CUDA when a GPU is present and its backend starts, else the
+    /// CPU, saying why in one log line; `cuda` fails with the reason instead.
     pub fn open_with(
         dir: &Path,
         profile: Option<&Profile>,
         host: &HostSource<'_>,
         page_cache: PageCachePolicy,
         options: &DeviceOptions,
-    ) -> Result<Loaded, RuntimeError> {
+    ) -> Result<LoadedModel, RuntimeError> {
         let kind = options
             .device
             .or(profile.map(|p| p.backend.device))
             .unwrap_or(DeviceKind::Auto);
+        let cpu = || {
+            Loaded::open_cpu(dir, profile, host, page_cache)
+                .map(|loaded| LoadedModel::Cpu(Box::new(loaded)))
+        };
+        let cuda = || {
+            Loaded::open_cuda(dir, profile, host, page_cache, options)
+                .map(|loaded| LoadedModel::Cuda(Box::new(loaded)))
+        };
         match kind {
-            DeviceKind::Cpu => Loaded::open_on(dir, profile, host, page_cache, None),
+            DeviceKind::Cpu => cpu(),
             DeviceKind::Cuda => {
                 cuda_present()
                     .map_err(|why| RuntimeError::Backend(BackendError::Unavailable(why)))?;
-                Loaded::open_on(dir, profile, host, page_cache, Some(options))
+                cuda()
             }
             DeviceKind::Auto => {
                 if let Err(why) = cuda_present() {
                     tracing::info!("backend auto: running on the CPU ({why})");
-                    return Loaded::open_on(dir, profile, host, page_cache, None);
+                    return cpu();
                 }
-                match Loaded::open_on(dir, profile, host, page_cache, Some(options)) {
+                match cuda() {
                     Err(RuntimeError::Backend(why)) => {
                         tracing::info!(
                             "backend auto: running on the CPU (CUDA did not start: {why})"
                         );
-                        Loaded::open_on(dir, profile, host, page_cache, None)
+                        cpu()
                     }
                     other => other,
                 }
@@ -196,19 +244,36 @@ impl Loaded {
         }
     }
 
-    /// Opens on the CPU (`cuda` = None) or CUDA.
-    fn open_on(
+    /// Runs `work` over the model, on its backend.
+    pub fn run<W: WithBackend>(&self, work: W) -> W::Output {
+        match self {
+            LoadedModel::Cpu(loaded) => work.run(loaded.as_ref()),
+            LoadedModel::Cuda(loaded) => work.run(loaded.as_ref()),
+        }
+    }
+}
+
+/// A checkpoint planned for a device and mapped, its ledger made: what is
+/// done before a backend exists.
+struct Mapped {
+    dir: PathBuf,
+    config: ModelConfig,
+    profile: Profile,
+    plan: Plan,
+    ledger: Arc<Ledger>,
+    checkpoint: Checkpoint,
+}
+
+impl Mapped {
+    /// Plans for `device`, refuses if the plan does not fit, maps the
+    /// checkpoint and applies the page cache policy.
+    fn open(
         dir: &Path,
         profile: Option<&Profile>,
         host: &HostSource<'_>,
         page_cache: PageCachePolicy,
-        cuda: Option<&DeviceOptions>,
-    ) -> Result<Loaded, RuntimeError> {
-        let device = if cuda.is_some() {
-            PlanDevice::Cuda
-        } else {
-            PlanDevice::Cpu
-        };
+        device: PlanDevice,
+    ) -> Result<Mapped, RuntimeError> {
         let (config, profile, plan) = plan_checkpoint(dir, profile, host, device)?;
         if !plan.fits {
             let advice = plan
@@ -226,31 +291,120 @@ impl Loaded {
             PageCachePolicy::DontNeed => checkpoint.release()?,
         }
         ledger.set_page_cache_policy(page_cache);
-        let (backend, charges) = match cuda {
-            None => cpu_backend(&ledger, &plan)?,
-            Some(options) => cuda_backend(&ledger, &plan, &checkpoint, options)?,
-        };
+        Ok(Mapped {
+            dir: dir.to_path_buf(),
+            config,
+            profile,
+            plan,
+            ledger,
+            checkpoint,
+        })
+    }
+
+    /// The loaded model: the mapping, `backend`, and the tokenizer.
+    fn with_backend<B: Backend>(
+        self,
+        backend: B,
+        charges: Vec<Charge>,
+    ) -> Result<Loaded<B>, RuntimeError> {
+        let dir = self.dir;
         let (tokenizer, eos) = if dir.join("tokenizer.json").is_file() {
-            let t = Tokenizer::from_dir(dir)?;
+            let t = Tokenizer::from_dir(&dir)?;
             let eos = t.eos_token_ids().to_vec();
             (Some(Arc::new(t)), eos)
         } else {
             (None, Vec::new())
         };
         Ok(Loaded {
-            dir: dir.to_path_buf(),
+            dir,
             backend,
-            config,
-            profile,
-            plan,
-            ledger,
-            checkpoint,
+            config: self.config,
+            profile: self.profile,
+            plan: self.plan,
+            ledger: self.ledger,
+            checkpoint: self.checkpoint,
             tokenizer,
             eos,
             _charges: charges,
         })
     }
+}
 
+impl Loaded<CpuBackend> {
+    /// [`LoadedModel::open`] on the CPU: the weights are read in place from
+    /// the mapping.
+    pub fn open_cpu(
+        dir: &Path,
+        profile: Option<&Profile>,
+        host: &HostSource<'_>,
+        page_cache: PageCachePolicy,
+    ) -> Result<Self, RuntimeError> {
+        let mapped = Mapped::open(dir, profile, host, page_cache, PlanDevice::Cpu)?;
+        let ledger = &mapped.ledger;
+        ledger.set_weights_residency(WeightsResidency::Mapped);
+        // The mapped weights are the plan's weights: charge exactly them.
+        let weights = ledger.charge(
+            Category::Weights,
+            mapped.plan.weights.total,
+            ledger::WEIGHTS,
+        )?;
+        let overhead = charge_process_overhead(ledger, &mapped.plan)?;
+        let backend = CpuBackend::new(Arc::clone(ledger));
+        mapped.with_backend(backend, vec![weights, overhead])
+    }
+}
+
+impl Loaded<CudaBackend> {
+    /// [`LoadedModel::open`] on CUDA: kernels loaded, weights made
+    /// device-readable (in place on unified memory, else copied once and
+    /// the page cache released).
+    pub fn open_cuda(
+        dir: &Path,
+        profile: Option<&Profile>,
+        host: &HostSource<'_>,
+        page_cache: PageCachePolicy,
+        options: &DeviceOptions,
+    ) -> Result<Self, RuntimeError> {
+        let mapped = Mapped::open(dir, profile, host, page_cache, PlanDevice::Cuda)?;
+        let (ledger, plan) = (&mapped.ledger, &mapped.plan);
+        let max_seqs = plan.serving.max_num_seqs;
+        let mut backend = CudaBackend::new(
+            Arc::clone(ledger),
+            &CudaOptions {
+                ordinal: 0,
+                cache_dir: options.cache_dir.clone(),
+                max_sample_rows: max_seqs,
+            },
+        )
+        .map_err(BackendError::from)?;
+        let checkpoint = &mapped.checkpoint;
+        let regions = checkpoint.tensor_regions()?;
+        let bar = weights_progress_bar(regions.iter().map(|r| r.len() as u64).sum());
+        let residency =
+            backend.attach_weights(&regions, WeightsPolicy::Auto, &mut |done, total| {
+                bar.set_length(total);
+                bar.set_position(done);
+            })?;
+        bar.finish_and_clear();
+        if residency == WeightsResidency::DeviceCopy {
+            // The device has its copy: the page cache would hold it twice.
+            checkpoint.release()?;
+            ledger.set_page_cache_policy(PageCachePolicy::DontNeed);
+        }
+        tracing::info!(
+            "backend: cuda on {} ({}), weights {:?}",
+            backend.info().name,
+            backend.info().arch(),
+            residency
+        );
+        // The backend charges its own tables to the runtime overhead; the
+        // runtime charges the rest (context, modules, allocator slack).
+        let overhead = charge_process_overhead(ledger, plan)?;
+        mapped.with_backend(backend, vec![overhead])
+    }
+}
+
+impl<B: Backend> Loaded<B> {
     pub fn source(&self) -> CheckpointSource<'_> {
         CheckpointSource {
             checkpoint: &self.checkpoint,
@@ -268,7 +422,7 @@ impl Loaded {
     pub fn engine<'w>(
         &'w self,
         source: &'w CheckpointSource<'w>,
-    ) -> Result<Engine<'w, DeviceBackend>, RuntimeError> {
+    ) -> Result<Engine<'w, B>, RuntimeError> {
         let model = Transformer::load(&self.backend, &self.config, source)?;
         let buffers = Buffers::allocate(&self.backend, &self.plan, &self.kv_layout())?;
         // Every start-up allocation is made: each must be exactly its plan.
@@ -292,69 +446,9 @@ impl Loaded {
     }
 }
 
-/// The CPU backend: the weights are read in place from the mapping.
-fn cpu_backend(
-    ledger: &Arc<Ledger>,
-    plan: &Plan,
-) -> Result<(DeviceBackend, Vec<crate::plan::ledger::Charge>), RuntimeError> {
-    ledger.set_weights_residency(WeightsResidency::Mapped);
-    // The mapped weights are the plan's weights: charge exactly them.
-    let weights = ledger.charge(Category::Weights, plan.weights.total, ledger::WEIGHTS)?;
-    let overhead = charge_process_overhead(ledger, plan)?;
-    Ok((
-        DeviceBackend::Cpu(CpuBackend::new(Arc::clone(ledger))),
-        vec![weights, overhead],
-    ))
-}
-
-/// The CUDA backend: kernels loaded, weights made device-readable (in place
-/// on unified memory, else copied once and the page cache released).
-fn cuda_backend(
-    ledger: &Arc<Ledger>,
-    plan: &Plan,
-    checkpoint: &Checkpoint,
-    options: &DeviceOptions,
-) -> Result<(DeviceBackend, Vec<crate::plan::ledger::Charge>), RuntimeError> {
-    let max_seqs = plan.serving.max_num_seqs;
-    let mut backend = CudaBackend::new(
-        Arc::clone(ledger),
-        &CudaOptions {
-            ordinal: 0,
-            cache_dir: options.cache_dir.clone(),
-            max_sample_rows: max_seqs,
-        },
-    )
-    .map_err(BackendError::from)?;
-    let regions = weight_regions(checkpoint)?;
-    let bar = weights_progress_bar(regions.iter().map(|r| r.len() as u64).sum());
-    let residency = backend.attach_weights(&regions, WeightsPolicy::Auto, &mut |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    })?;
-    bar.finish_and_clear();
-    if residency == WeightsResidency::DeviceCopy {
-        // The device has its copy: the page cache would hold it twice.
-        checkpoint.release()?;
-        ledger.set_page_cache_policy(PageCachePolicy::DontNeed);
-    }
-    tracing::info!(
-        "backend: cuda on {} ({}), weights {:?}",
-        backend.info().name,
-        backend.info().arch(),
-        residency
-    );
-    // The backend charges its own tables to the runtime overhead; the
-    // runtime charges the rest (context, modules, allocator slack).
-    let overhead = charge_process_overhead(ledger, plan)?;
-    Ok((DeviceBackend::Cuda(Box::new(backend)), vec![overhead]))
-}
-
 /// Charges the runtime overhead's `process` share: what the process itself
 /// takes beyond the buffers the backend allocates.
-fn charge_process_overhead(
-    ledger: &Arc<Ledger>,
-    plan: &Plan,
-) -> Result<crate::plan::ledger::Charge, RuntimeError> {
+fn charge_process_overhead(ledger: &Arc<Ledger>, plan: &Plan) -> Result<Charge, RuntimeError> {
     let process = plan
         .runtime_overhead
         .buffers
@@ -362,35 +456,6 @@ fn charge_process_overhead(
         .find(|b| b.name == memory::PROCESS)
         .map_or(0, |b| b.bytes);
     Ok(ledger.charge(Category::RuntimeOverhead, process, memory::PROCESS)?)
-}
-
-/// The host byte ranges the checkpoint's tensors lie in: each tensor's
-/// bytes, adjacent ones of the same file merged (one range per file when
-/// the file has no gaps), so their total is exactly the plan's weight bytes.
-fn weight_regions(checkpoint: &Checkpoint) -> Result<Vec<&[u8]>, RuntimeError> {
-    let mut ranges: Vec<(usize, &[u8])> = Vec::new();
-    for info in &checkpoint.headers().tensors {
-        let bytes = checkpoint.tensor(&info.name)?.bytes();
-        if !bytes.is_empty() {
-            ranges.push((info.file, bytes));
-        }
-    }
-    ranges.sort_by_key(|(file, r)| (*file, r.as_ptr() as usize));
-    let mut merged: Vec<(usize, &[u8])> = Vec::new();
-    for (file, range) in ranges {
-        if let Some((last_file, last)) = merged.last_mut()
-            && *last_file == file
-            && last.as_ptr() as usize + last.len() == range.as_ptr() as usize
-        {
-            // SAFETY: both slices lie in the same file's one read-only
-            // mapping and are adjacent, so the joined range is inside that
-            // mapping, initialised, and lives as long as `checkpoint`.
-            *last = unsafe { std::slice::from_raw_parts(last.as_ptr(), last.len() + range.len()) };
-            continue;
-        }
-        merged.push((file, range));
-    }
-    Ok(merged.into_iter().map(|(_, r)| r).collect())
 }
 
 fn weights_progress_bar(total: u64) -> indicatif::ProgressBar {

@@ -10,8 +10,7 @@ use sparkrt::checkpoint::groups::{bytes_by_group, group_of};
 use sparkrt::checkpoint::{
     CheckpointError, HeaderSet, ModelConfig, TensorProblem, check_tensors, read_headers,
 };
-use sparkrt::plan::geometry::{Architecture, LayerAttention, Quantization};
-use sparkrt::plan::memory::WeightGroup;
+use sparkrt::geometry::{Architecture, LayerAttention, Quantization, WeightGroup};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -204,6 +204,33 @@ fn sharded_and_single_file_give_identical_views() {
     }
 }
 
+/// The ranges a device reads the weights from: one per file when its
+/// tensors are back to back, every tensor byte in exactly one range.
+#[test]
+fn tensor_regions_join_adjacent_tensors_per_file() {
+    let single_dir = fixture("qwen3-moe-tiny");
+    let sharded_dir = tempfile::tempdir().unwrap();
+    write_sharded_copy(&single_dir, sharded_dir.path(), 3);
+    for (dir, files) in [(single_dir.as_path(), 1), (sharded_dir.path(), 3)] {
+        let checkpoint = Checkpoint::open(dir).unwrap();
+        let regions = checkpoint.tensor_regions().unwrap();
+        assert_eq!(regions.len(), files, "{}", dir.display());
+        let total: usize = regions.iter().map(|r| r.len()).sum();
+        assert_eq!(total as u64, checkpoint.headers().total_tensor_bytes());
+        for name in checkpoint.tensor_names() {
+            let bytes = checkpoint.tensor(name).unwrap().bytes();
+            if bytes.is_empty() {
+                continue;
+            }
+            let inside = |r: &[u8]| {
+                let (start, end) = (r.as_ptr() as usize, r.as_ptr() as usize + r.len());
+                bytes.as_ptr() as usize >= start && bytes.as_ptr() as usize + bytes.len() <= end
+            };
+            assert_eq!(regions.iter().filter(|r| inside(r)).count(), 1, "{name}");
+        }
+    }
+}
+
 #[test]
 fn misaligned_tensors_are_read_without_reinterpreting_pointers() {
     // Data offsets 1, 3, 7, … put every multi-byte tensor at an odd address.

@@ -13,7 +13,7 @@ use sparkrt::checkpoint::PageCachePolicy;
 use sparkrt::engine::FinishReason;
 use sparkrt::plan::ledger::WeightsResidency;
 use sparkrt::plan::profile::{DeviceKind, KvCacheDtype, Profile};
-use sparkrt::runtime::{DeviceOptions, HostSource, Loaded};
+use sparkrt::runtime::{DeviceOptions, HostSource, Loaded, LoadedModel, WithBackend};
 
 use fixture_runs::{FIXTURES, Outcome, max_abs_diff, profile, reference, serve_greedy};
 
@@ -34,7 +34,7 @@ fn run(
         device: Some(device),
         cache_dir: cuda_common::cuda_options().cache_dir,
     };
-    let loaded = Loaded::open_with(
+    let loaded = LoadedModel::open_with(
         &common::fixture(name),
         Some(profile),
         &host,
@@ -42,25 +42,52 @@ fn run(
         &options,
     )
     .unwrap();
-    let source = loaded.source();
-    let mut engine = loaded.engine(&source).unwrap();
-    if device == DeviceKind::Cuda {
-        assert_eq!(loaded.backend.name(), "cuda");
-        // Every planned byte is allocated, none more.
-        let snapshot = loaded.ledger.snapshot();
-        for row in &snapshot.categories {
-            assert_eq!(row.allocated, row.planned, "{name}: ledger {}", row.name);
+    loaded.run(Greedy {
+        name,
+        device,
+        prompts,
+        max_tokens,
+    })
+}
+
+/// Greedy requests through an engine on the loaded model.
+struct Greedy<'a> {
+    name: &'a str,
+    device: DeviceKind,
+    prompts: &'a [Vec<u32>],
+    max_tokens: usize,
+}
+
+impl WithBackend for Greedy<'_> {
+    type Output = Vec<Outcome>;
+
+    fn run<B: Backend>(self, loaded: &Loaded<B>) -> Vec<Outcome> {
+        let Greedy {
+            name,
+            device,
+            prompts,
+            max_tokens,
+        } = self;
+        let source = loaded.source();
+        let mut engine = loaded.engine(&source).unwrap();
+        if device == DeviceKind::Cuda {
+            assert_eq!(loaded.backend.name(), "cuda");
+            // Every planned byte is allocated, none more.
+            let snapshot = loaded.ledger.snapshot();
+            for row in &snapshot.categories {
+                assert_eq!(row.allocated, row.planned, "{name}: ledger {}", row.name);
+            }
+            assert!(matches!(
+                snapshot.weights_residency,
+                Some(
+                    WeightsResidency::DeviceCopy
+                        | WeightsResidency::HostRegistered
+                        | WeightsResidency::Mapped
+                )
+            ));
         }
-        assert!(matches!(
-            snapshot.weights_residency,
-            Some(
-                WeightsResidency::DeviceCopy
-                    | WeightsResidency::HostRegistered
-                    | WeightsResidency::Mapped
-            )
-        ));
+        serve_greedy(&mut engine, prompts, max_tokens)
     }
-    serve_greedy(&mut engine, prompts, max_tokens)
 }
 
 #[test]

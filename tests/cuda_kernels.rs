@@ -16,8 +16,8 @@ use sparkrt::backend::{
     StepMetadataPlan,
 };
 use sparkrt::checkpoint::linear::{VectorData, VectorWeight};
-use sparkrt::engine::batch::{Logits, StepBatch};
 use sparkrt::plan::profile::KvCacheDtype;
+use sparkrt::step::{Logits, StepBatch};
 
 /// A bf16 vector (norm weight, bias, sinks) stored at `offset`.
 struct OwnedVector {

@@ -22,7 +22,7 @@ fn run(name: &str, profile: &Profile, prompts: &[Vec<u32>], max_tokens: usize) -
         kubelet_config: None,
     };
     let dir = common::fixture(name);
-    let loaded = Loaded::open(&dir, Some(profile), &host, PageCachePolicy::Keep).unwrap();
+    let loaded = Loaded::open_cpu(&dir, Some(profile), &host, PageCachePolicy::Keep).unwrap();
     let source = loaded.source();
     let mut engine = loaded.engine(&source).unwrap();
     serve_greedy(&mut engine, prompts, max_tokens)
@@ -102,7 +102,7 @@ fn cpu_kv_and_step_allocations_are_the_plans_figures() {
         assert!(ledger.verify_complete().is_err(), "{name}");
 
         // A whole start-up: every buffer exactly its plan.
-        let loaded = Loaded::open(&dir, Some(&p), &host, PageCachePolicy::Keep).unwrap();
+        let loaded = Loaded::open_cpu(&dir, Some(&p), &host, PageCachePolicy::Keep).unwrap();
         let source = loaded.source();
         let _engine = loaded.engine(&source).unwrap();
         assert_eq!(loaded.ledger.verify_complete(), Ok(()), "{name}");

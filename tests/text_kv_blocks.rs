@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use sparkrt::engine::kv_blocks::{BlockAllocator, BlockTable, KvBlocksError, SeqId};
-use sparkrt::engine::sampling::SplitMix64;
+use sparkrt::util::rng::SplitMix64;
 
 #[test]
 fn construction_is_validated() {

@@ -1,9 +1,8 @@
 //! Sampling: validation, greedy ties, the cuts, frequencies on hand-made
 //! distributions, and reproducibility.
 
-use sparkrt::engine::sampling::{
-    Sampler, SamplingError, SamplingParams, SamplingWorkspace, SplitMix64,
-};
+use sparkrt::engine::sampling::{Sampler, SamplingError, SamplingParams, SamplingWorkspace};
+use sparkrt::util::rng::SplitMix64;
 
 fn params(temperature: f32, top_k: Option<usize>, top_p: f32, seed: u64) -> SamplingParams {
     SamplingParams {

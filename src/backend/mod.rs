@@ -7,21 +7,24 @@
 //!
 //! Ops take explicit sizes (`rows` = tokens of this step) and write into
 //! caller-provided buffers that were sized for `max_num_batched_tokens`.
+//!
+//! The backend is chosen once, where the program is assembled
+//! (`runtime::LoadedModel`); the model, the engine and the commands are
+//! generic over `B: Backend`, so one backend's buffers never reach another.
 
 pub mod cpu;
 pub mod cuda;
-pub mod device;
 
 use std::sync::Arc;
 
 use thiserror::Error;
 
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
-use crate::engine::batch::StepBatch;
 use crate::plan::ledger::{Category, Charge, Ledger, LedgerError};
 use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
 /// The plan's KV layout and step metadata, which the backends allocate.
 pub use crate::plan::memory::{KvLayout, StepMetadataPlan};
+use crate::step::StepBatch;
 
 #[derive(Debug, Error)]
 pub enum BackendError {
@@ -153,15 +156,15 @@ pub trait Backend: Sync + Sized {
     /// An f32 buffer in the backend's memory.
     type Buffer: Send;
     /// A linear weight ready for [`Backend::matmul`].
-    type Linear<'w>: Sync
+    type Linear<'w>: Send + Sync
     where
         Self: 'w;
     /// A vector weight (norm, bias, sinks) ready for the ops.
-    type Vector<'w>: Sync
+    type Vector<'w>: Send + Sync
     where
         Self: 'w;
     /// The experts of one MoE layer.
-    type Experts<'w>: Sync
+    type Experts<'w>: Send + Sync
     where
         Self: 'w;
     /// The one MoE workspace every MoE layer borrows in turn.

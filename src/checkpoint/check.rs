@@ -8,7 +8,7 @@ use super::dtype::Dtype;
 use super::error::{CheckpointError, TensorProblem};
 use super::{Checkpoint, HeaderSet, TensorInfo};
 use crate::formats::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
-use crate::plan::geometry::{Architecture, Quantization};
+use crate::geometry::{Architecture, Quantization};
 
 /// Anything that can list a checkpoint's tensors: the headers alone or an
 /// open checkpoint.

@@ -12,7 +12,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::error::CheckpointError;
-use crate::plan::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
+use crate::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const HF_QUANT_CONFIG_FILE: &str = "hf_quant_config.json";

@@ -4,8 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::TensorInfo;
-use crate::plan::geometry::Architecture;
-use crate::plan::memory::WeightGroup;
+use crate::geometry::{Architecture, WeightGroup};
 
 /// Parameters of a linear module: the weight and bias, and NVFP4's scales.
 const LINEAR_PARAMS: [&str; 5] = [

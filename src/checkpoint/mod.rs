@@ -21,6 +21,7 @@ mod layout;
 pub mod linear;
 pub mod page_cache;
 pub mod quant;
+pub mod synthetic;
 pub mod view;
 mod weights;
 
@@ -204,6 +205,40 @@ impl Checkpoint {
             },
         })?;
         Ok(TensorView::new(info, path, bytes))
+    }
+
+    /// The byte ranges of the mappings the tensors lie in: each tensor's
+    /// bytes, adjacent ones of the same file joined (one range per file when
+    /// the file has no gaps), so their total is exactly the tensors' bytes.
+    /// What a device registers or copies once to read every weight.
+    pub fn tensor_regions(&self) -> Result<Vec<&[u8]>, CheckpointError> {
+        // (file, start, end) of every non-empty tensor, checked in its mapping.
+        let mut ranges = Vec::with_capacity(self.headers.tensors.len());
+        for info in &self.headers.tensors {
+            if !self.tensor(&info.name)?.bytes().is_empty() {
+                ranges.push((info.file, info.offset, info.offset + info.byte_len));
+            }
+        }
+        ranges.sort_unstable();
+        let mut joined: Vec<(usize, u64, u64)> = Vec::with_capacity(ranges.len());
+        for (file, start, end) in ranges {
+            match joined.last_mut() {
+                Some(last) if last.0 == file && last.2 == start => last.2 = end,
+                _ => joined.push((file, start, end)),
+            }
+        }
+        // Each piece was checked above, so every joined range is inside its
+        // mapping: `mapped` never drops one.
+        Ok(joined
+            .into_iter()
+            .filter_map(|(file, start, end)| self.mapped(file, start, end))
+            .collect())
+    }
+
+    /// Bytes `start..end` of file `file`'s mapping, if they lie inside it.
+    fn mapped(&self, file: usize, start: u64, end: u64) -> Option<&[u8]> {
+        let range = usize::try_from(start).ok()?..usize::try_from(end).ok()?;
+        self.shards.get(file)?.map.get(range)
     }
 }
 

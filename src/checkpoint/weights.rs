@@ -8,7 +8,7 @@ use super::error::CheckpointError;
 use super::linear::{LinearWeight, WeightData};
 use super::view::TensorView;
 use crate::formats::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
-use crate::plan::geometry::Quantization;
+use crate::geometry::Quantization;
 
 impl Checkpoint {
     /// The weight of linear module `module` (e.g.

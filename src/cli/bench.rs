@@ -13,18 +13,21 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use super::generate::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use super::common::{ModelArgs, dummy_if_asked, resolve, set_threads};
 use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
 use crate::backend::cpu::kernels::measure_read_bandwidth_of;
+use crate::backend::cuda::CudaBackend;
 use crate::checkpoint::groups::group_of;
 use crate::checkpoint::{Checkpoint, PageCachePolicy};
-use crate::engine::sampling::{SamplingParams, SplitMix64};
+use crate::engine::sampling::SamplingParams;
 use crate::engine::{Event, Request};
+use crate::geometry::WeightGroup;
 use crate::plan::Plan;
-use crate::plan::memory::WeightGroup;
 use crate::plan::profile::{Profile, ServingSection};
-use crate::runtime::{HostSource, Loaded};
+use crate::runtime::{Loaded, LoadedModel};
 use crate::units::format_size;
+use crate::util::rng::SplitMix64;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -80,13 +83,43 @@ struct BenchReport {
     launches_by_kernel: Vec<(&'static str, f64)>,
 }
 
-/// Launch counts by kernel (empty off CUDA).
-fn launch_counts(loaded: &Loaded) -> Vec<(&'static str, u64)> {
-    loaded
-        .backend
-        .cuda()
-        .map(|c| c.launch_counts())
-        .unwrap_or_default()
+/// What bench reports of a backend beyond its ops: the GPU's name, its
+/// spec bandwidth and its kernel launches; none of them on the CPU.
+trait DeviceFacts {
+    /// The GPU's name and architecture, `None` on the CPU.
+    fn gpu(&self) -> Option<(&str, String)>;
+    /// Peak memory bandwidth from the device's spec, bytes/s, when known.
+    fn spec_bandwidth(&self) -> Option<f64>;
+    /// Kernel launches so far, by kernel (empty off CUDA).
+    fn launches_by_kernel(&self) -> Vec<(&'static str, u64)>;
+}
+
+impl DeviceFacts for CpuBackend {
+    fn gpu(&self) -> Option<(&str, String)> {
+        None
+    }
+
+    fn spec_bandwidth(&self) -> Option<f64> {
+        None
+    }
+
+    fn launches_by_kernel(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+}
+
+impl DeviceFacts for CudaBackend {
+    fn gpu(&self) -> Option<(&str, String)> {
+        Some((&self.info().name, self.info().arch()))
+    }
+
+    fn spec_bandwidth(&self) -> Option<f64> {
+        self.peak_bandwidth()
+    }
+
+    fn launches_by_kernel(&self) -> Vec<(&'static str, u64)> {
+        self.launch_counts()
+    }
 }
 
 /// The plan's components the peak RSS is compared with.
@@ -115,7 +148,7 @@ impl RssComponents {
 
 /// The mapped tensors, those every decode step reads first (they are
 /// resident by now), then the experts, largest first within each.
-fn weight_regions<'c>(checkpoint: &'c Checkpoint, loaded: &Loaded) -> Vec<&'c [u8]> {
+fn weight_regions<'c, B: Backend>(checkpoint: &'c Checkpoint, loaded: &Loaded<B>) -> Vec<&'c [u8]> {
     let mut regions: Vec<(bool, &[u8])> = checkpoint
         .tensor_names()
         .filter_map(|name| {
@@ -147,17 +180,22 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         }
         None => None,
     };
-    let host = HostSource {
-        root: &args.model.host_root,
-        kubelet_config: None,
-    };
-    let loaded = Loaded::open_with(
+    let host = args.model.host();
+    let loaded = LoadedModel::open_with(
         &dir,
         profile.as_ref(),
         &host,
         PageCachePolicy::WillNeed,
         &args.model.device_options(),
     )?;
+    match &loaded {
+        LoadedModel::Cpu(loaded) => measure(args, loaded.as_ref()),
+        LoadedModel::Cuda(loaded) => measure(args, loaded.as_ref()),
+    }
+}
+
+/// Times the requests and prints the report, on the loaded model's backend.
+fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Result<ExitCode> {
     if args.prompt_len + args.generate > loaded.plan.serving.max_model_len {
         bail!(
             "--prompt-len + --gen = {} exceeds max_model_len = {} of the profile",
@@ -231,7 +269,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             }
             if prefilled.is_none() && first.iter().all(Option::is_some) {
                 prefilled = Some(Instant::now());
-                at_decode_start = launch_counts(&loaded);
+                at_decode_start = loaded.backend.launches_by_kernel();
             }
         }
         let end = Instant::now();
@@ -244,7 +282,9 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         }
         if round == args.repeats {
             decode_steps = steps;
-            decode_launches = launch_counts(&loaded)
+            decode_launches = loaded
+                .backend
+                .launches_by_kernel()
                 .into_iter()
                 .zip(at_decode_start)
                 .map(|((name, after), (_, before))| (name, after - before))
@@ -252,11 +292,11 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         }
     }
     let threads = rayon::current_num_threads();
-    let cuda = loaded.backend.cuda();
-    let (bandwidth, bandwidth_source) = match cuda.and_then(|c| c.peak_bandwidth()) {
+    let gpu = loaded.backend.gpu();
+    let (bandwidth, bandwidth_source) = match loaded.backend.spec_bandwidth() {
         Some(peak) => (peak, "device peak, from its memory clock and bus width"),
         None => {
-            let regions = weight_regions(&loaded.checkpoint, &loaded);
+            let regions = weight_regions(&loaded.checkpoint, loaded);
             let measured = measure_read_bandwidth_of(threads, &regions, BANDWIDTH_BYTES);
             (measured, "measured, CPU reads of the mapped weights")
         }
@@ -264,7 +304,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     let bytes_per_token = crate::plan::memory::decode_weight_bytes_per_token(&loaded.plan);
     let roofline = bandwidth / bytes_per_token.max(1) as f64;
     let per_step = |n: u64| n as f64 / decode_steps.max(1) as f64;
-    let launches_per_decode_step = (cuda.is_some() && decode_steps > 0)
+    let launches_per_decode_step = (gpu.is_some() && decode_steps > 0)
         .then(|| per_step(decode_launches.iter().map(|(_, n)| n).sum()));
     let layers = loaded.plan.model.num_layers.max(1) as f64;
     let decode_tok_s = median(&mut decode);
@@ -296,12 +336,10 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        match cuda {
-            Some(c) => println!(
-                "sparkrt bench: {} (cuda, {} {})",
+        match &gpu {
+            Some((name, arch)) => println!(
+                "sparkrt bench: {} (cuda, {name} {arch})",
                 loaded.dir.display(),
-                c.info().name,
-                c.info().arch()
             ),
             None => println!(
                 "sparkrt bench: {} (cpu, {} threads)",

@@ -9,75 +9,14 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use super::{EXIT_DOES_NOT_FIT, load_profile, model_dir};
+use super::EXIT_DOES_NOT_FIT;
+use super::common::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
 use crate::engine::sampling::SamplingParams;
 use crate::engine::{Event, FinishReason, Request};
-use crate::plan::profile::{DeviceKind, Profile};
-use crate::runtime::{DeviceOptions, HostSource, Loaded, RuntimeError};
+use crate::runtime::{Loaded, LoadedModel, RuntimeError, WithBackend};
 use crate::text::ChatMessage;
-
-/// The profile used when neither `--model` nor `--profile` is given: the
-/// tiny reference model in tests/fixtures.
-pub const DEFAULT_PROFILE: &str = "qwen3-moe-tiny";
-
-#[derive(Debug, clap::Args)]
-pub struct ModelArgs {
-    /// Checkpoint folder (config.json, safetensors, tokenizer)
-    /// [default: the profile's model.path; with neither, the tiny test model].
-    #[arg(long, value_name = "DIR")]
-    pub model: Option<PathBuf>,
-    /// Profile: a path or a name from profiles/ [default: limits derived from
-    /// the checkpoint's config].
-    #[arg(long, value_name = "PROFILE")]
-    pub profile: Option<String>,
-    /// `auto` reads the checkpoint; `dummy` writes random weights with the
-    /// checkpoint's config into a temporary folder first (benchmarks).
-    #[arg(long, value_enum, default_value = "auto")]
-    pub load_format: LoadFormat,
-    /// CPU threads [default: all cores].
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Read the host below this directory (fake trees in tests).
-    #[arg(long, value_name = "DIR", default_value = "/")]
-    pub host_root: PathBuf,
-    /// Where the model runs [default: the profile's `[backend] device`,
-    /// else auto: CUDA when a GPU is usable, else the CPU].
-    #[arg(long, value_enum, value_name = "DEVICE")]
-    pub backend: Option<BackendChoice>,
-    /// Cache of compiled CUDA kernels [default: $SPARKRT_CACHE_DIR, else
-    /// $XDG_CACHE_HOME/sparkrt, else ~/.cache/sparkrt].
-    #[arg(long, value_name = "DIR")]
-    pub cache_dir: Option<PathBuf>,
-}
-
-/// `--backend`: the profile's `[backend] device` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendChoice {
-    Auto,
-    Cpu,
-    Cuda,
-}
-
-impl ModelArgs {
-    /// The device choice these flags make.
-    pub fn device_options(&self) -> DeviceOptions {
-        DeviceOptions {
-            device: self.backend.map(|b| match b {
-                BackendChoice::Auto => DeviceKind::Auto,
-                BackendChoice::Cpu => DeviceKind::Cpu,
-                BackendChoice::Cuda => DeviceKind::Cuda,
-            }),
-            cache_dir: self.cache_dir.clone(),
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum LoadFormat {
-    Auto,
-    Dummy,
-}
 
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
@@ -129,77 +68,12 @@ struct GenerateReport {
     decode_tok_s: f64,
 }
 
-/// The checkpoint folder and profile `args` name.
-pub fn resolve(args: &ModelArgs) -> Result<(PathBuf, Option<Profile>)> {
-    let (profile, profile_path) = match (&args.profile, &args.model) {
-        (Some(name), _) => {
-            let (p, path) = load_profile(name)?;
-            (Some(p), Some(path))
-        }
-        (None, None) => {
-            let (p, path) = load_profile(DEFAULT_PROFILE)?;
-            (Some(p), Some(path))
-        }
-        (None, Some(_)) => (None, None),
-    };
-    let dir = match (&profile, &profile_path) {
-        (Some(p), Some(path)) => model_dir(args.model.as_deref(), p, path),
-        _ => args.model.clone(),
-    }
-    .context("no checkpoint: pass --model DIR or a profile with model.path")?;
-    Ok((dir, profile))
-}
-
-/// Sets rayon's global pool to `threads` (once per process).
-pub fn set_threads(threads: Option<usize>) -> Result<()> {
-    if let Some(n) = threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
-        }
-        // Only the first call in a process sets the pool; later ones are moot.
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global();
-    }
-    Ok(())
-}
-
-/// A temporary folder removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// With `--load-format dummy`, writes random weights like `dir`'s and
-/// returns their folder (removed when the guard drops).
-pub fn dummy_if_asked(args: &ModelArgs, dir: &Path) -> Result<(PathBuf, Option<TempDir>)> {
-    if args.load_format == LoadFormat::Auto {
-        return Ok((dir.to_path_buf(), None));
-    }
-    let config = crate::checkpoint::config::ModelConfig::load(dir)?;
-    let out = std::env::temp_dir().join(format!("sparkrt-dummy-{}", std::process::id()));
-    let guard = TempDir(out.clone());
-    let bar = super::progress_bar("writing random weights");
-    crate::model::dummy::write_checkpoint(dir, &config, &out, 1, 0x5eed, &mut |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    })?;
-    bar.finish_and_clear();
-    Ok((out, Some(guard)))
-}
-
 pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     set_threads(args.model.threads)?;
     let (dir, profile) = resolve(&args.model)?;
     let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
-    let host = HostSource {
-        root: &args.model.host_root,
-        kubelet_config: None,
-    };
-    let loaded = match Loaded::open_with(
+    let host = args.model.host();
+    let loaded = match LoadedModel::open_with(
         &dir,
         profile.as_ref(),
         &host,
@@ -212,7 +86,22 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         }
         other => other?,
     };
-    let prompt = prompt_ids(args, &loaded)?;
+    loaded.run(Generate(args))
+}
+
+/// One prompt through an engine on the loaded model.
+struct Generate<'a>(&'a GenerateArgs);
+
+impl WithBackend for Generate<'_> {
+    type Output = Result<ExitCode>;
+
+    fn run<B: Backend>(self, loaded: &Loaded<B>) -> Result<ExitCode> {
+        generate(self.0, loaded)
+    }
+}
+
+fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitCode> {
+    let prompt = prompt_ids(args, loaded)?;
     let source = loaded.source();
     let mut engine = loaded.engine(&source)?;
 
@@ -321,7 +210,7 @@ fn rate(tokens: usize, seconds: f64) -> f64 {
     }
 }
 
-fn prompt_ids(args: &GenerateArgs, loaded: &Loaded) -> Result<Vec<u32>> {
+fn prompt_ids<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<Vec<u32>> {
     if let Some(ids) = &args.prompt_ids {
         return Ok(ids.clone());
     }

@@ -12,8 +12,7 @@ use crate::checkpoint::check::tensor_problems;
 use crate::checkpoint::groups::bytes_by_group;
 use crate::checkpoint::{CheckpointError, HeaderSet, ModelConfig, TensorInfo, TensorProblem};
 use crate::checkpoint::{Dtype, read_headers};
-use crate::plan::geometry::Quantization;
-use crate::plan::memory::WeightGroup;
+use crate::geometry::{Quantization, WeightGroup};
 
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {

@@ -33,7 +33,7 @@ pub fn run(args: &MakeCheckpointArgs) -> Result<ExitCode> {
     }
     let config = ModelConfig::load(&args.like)?;
     let bar = super::progress_bar("writing random weights");
-    crate::model::dummy::write_checkpoint(
+    crate::checkpoint::synthetic::write_checkpoint(
         &args.like,
         &config,
         &args.out,

@@ -2,6 +2,7 @@
 //! error is bad input (exit 2) unless wrapped in [`RuntimeFailure`] (exit 1).
 
 pub mod bench;
+pub mod common;
 pub mod generate;
 pub mod inspect;
 pub mod k8s;
@@ -15,10 +16,9 @@ pub mod top;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
-use crate::host::{HostReading, KubeletSource};
-use crate::plan::profile::{KubeletMode, Profile};
+use crate::plan::profile::Profile;
 
 /// Exit code of a plan that does not fit.
 pub const EXIT_DOES_NOT_FIT: u8 = 3;
@@ -36,30 +36,6 @@ pub fn exit_code_for(error: &anyhow::Error) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::from(EXIT_BAD_INPUT)
-    }
-}
-
-/// Host options shared by `probe`, `plan`, `serve` and `top`.
-#[derive(Clone, Debug, clap::Args)]
-pub struct HostArgs {
-    /// Read the host below this directory instead of `/` (fake trees in tests).
-    #[arg(long, value_name = "DIR", default_value = "/")]
-    pub host_root: PathBuf,
-    /// Kubelet configuration file [default: <host-root>/var/lib/kubelet/config.yaml if present].
-    #[arg(long, value_name = "FILE")]
-    pub kubelet_config: Option<PathBuf>,
-}
-
-impl HostArgs {
-    /// Reads the host as a profile's `[host] kubelet` setting asks.
-    pub fn read(&self, kubelet: KubeletMode) -> Result<HostReading> {
-        let source = match (kubelet, &self.kubelet_config) {
-            (KubeletMode::None, _) => KubeletSource::None,
-            (KubeletMode::Auto, Some(path)) => KubeletSource::File(path.clone()),
-            (KubeletMode::Auto, None) => KubeletSource::Auto,
-        };
-        crate::host::read_host(&self.host_root, &source)
-            .with_context(|| format!("reading the host below {}", self.host_root.display()))
     }
 }
 

@@ -1,14 +1,15 @@
 //! `sparkrt plan`: every byte budgeted before anything is allocated.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use super::{EXIT_DOES_NOT_FIT, HostArgs, load_profile, model_dir};
-use crate::host::gpu;
-use crate::plan::{self, Plan, PlanDevice, report};
-use crate::runtime::{HostSource, plan_checkpoint};
+use super::common::HostArgs;
+use super::{EXIT_DOES_NOT_FIT, load_profile, model_dir};
+use crate::plan::profile::Profile;
+use crate::plan::{Plan, report};
+use crate::runtime::plan_profile;
 
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
@@ -27,30 +28,31 @@ pub struct PlanArgs {
 }
 
 /// Plans as `args` ask: profile, host, and the checkpoint's headers if any.
-pub fn make_plan(args: &PlanArgs) -> Result<Plan> {
+fn make_plan(args: &PlanArgs) -> Result<Plan> {
     let (profile, profile_path) = load_profile(&args.profile)?;
-    let gpu_present = gpu::probe().first().is_some();
-    let device = PlanDevice::resolve(profile.backend.device, gpu_present);
-    if let Some(dir) = model_dir(args.model.as_deref(), &profile, &profile_path) {
-        // A profile's model.path that is not downloaded yet plans from the
-        // geometry; an explicit --model must exist.
-        if args.model.is_some() || dir.join("config.json").is_file() {
-            let host = HostSource {
-                root: &args.host.host_root,
-                kubelet_config: args.host.kubelet_config.as_deref(),
-            };
-            let (_, _, plan) = plan_checkpoint(&dir, Some(&profile), &host, device)
-                .with_context(|| format!("planning with the checkpoint in {}", dir.display()))?;
-            return Ok(plan);
-        }
+    let checkpoint = checkpoint_to_plan_with(args.model.as_deref(), &profile, &profile_path);
+    plan_profile(&profile, checkpoint.as_deref(), &args.host.source())
+        .with_context(|| planning_what(checkpoint.as_deref(), &args.host))
+}
+
+/// What a failed plan was reading: the checkpoint's headers, else the host.
+pub fn planning_what(checkpoint: Option<&Path>, host: &HostArgs) -> String {
+    match checkpoint {
+        Some(dir) => format!("planning with the checkpoint in {}", dir.display()),
+        None => format!("reading the host below {}", host.host_root.display()),
     }
-    let reading = args.host.read(profile.host.kubelet)?;
-    Ok(plan::compute(
-        &profile,
-        &plan::host_figures(&reading),
-        None,
-        device,
-    ))
+}
+
+/// The checkpoint whose headers a plan reads: `explicit` (which must
+/// exist), else the profile's model.path once it is downloaded; `None`
+/// plans from the profile's geometry.
+pub fn checkpoint_to_plan_with(
+    explicit: Option<&Path>,
+    profile: &Profile,
+    profile_path: &Path,
+) -> Option<PathBuf> {
+    model_dir(explicit, profile, profile_path)
+        .filter(|dir| explicit.is_some() || dir.join("config.json").is_file())
 }
 
 pub fn run(args: &PlanArgs) -> Result<ExitCode> {

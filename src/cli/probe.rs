@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use serde::Serialize;
 
-use super::HostArgs;
+use super::common::HostArgs;
 use crate::host::{GpuProbe, HostReading, gpu};
 use crate::plan::profile::KubeletMode;
 use crate::units::format_gib;

@@ -2,7 +2,7 @@
 //! the plan, serve the OpenAI-compatible API.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,12 +11,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use super::EXIT_DOES_NOT_FIT;
-use super::generate::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use super::common::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
-use crate::runtime::{HostSource, Loaded, RuntimeError};
+use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, WithBackend};
 use crate::server::engine_loop::{self, EngineHandle, Gauges};
 use crate::server::guard::MemoryGuard;
-use crate::server::{ServerState, router};
+use crate::server::{ServerConfig, ServerState, router};
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -67,7 +68,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         root: &args.model.host_root,
         kubelet_config: args.kubelet_config.as_deref(),
     };
-    let loaded = match Loaded::open_with(
+    let loaded = match LoadedModel::open_with(
         &dir,
         profile.as_ref(),
         &host,
@@ -80,6 +81,30 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         }
         other => other?,
     };
+    loaded.run(Serve {
+        args,
+        api_key,
+        dir: &dir,
+    })
+}
+
+/// Serving the loaded model until a shutdown signal.
+struct Serve<'a> {
+    args: &'a ServeArgs,
+    api_key: Option<String>,
+    dir: &'a Path,
+}
+
+impl WithBackend for Serve<'_> {
+    type Output = Result<ExitCode>;
+
+    fn run<B: Backend>(self, loaded: &Loaded<B>) -> Result<ExitCode> {
+        serve(self, loaded)
+    }
+}
+
+fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
+    let Serve { args, api_key, dir } = job;
     let model_name = args
         .served_model_name
         .clone()
@@ -109,22 +134,22 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
 
     let (commands, receiver) = std::sync::mpsc::channel();
     let gauges = Arc::new(Gauges::default());
-    let state = Arc::new(ServerState::new(
+    let state = Arc::new(ServerState::new(ServerConfig {
         model_name,
         limits,
-        loaded.plan.clone(),
-        Arc::clone(&loaded.ledger),
-        Arc::clone(&guard),
-        EngineHandle {
+        plan: loaded.plan.clone(),
+        ledger: Arc::clone(&loaded.ledger),
+        guard: Arc::clone(&guard),
+        engine: EngineHandle {
             commands,
             gauges: Arc::clone(&gauges),
         },
         engine_counters,
-        loaded.tokenizer.clone(),
+        tokenizer: loaded.tokenizer.clone(),
         chat_template,
         api_key,
-        args.model.host_root.clone(),
-    ));
+        host_root: args.model.host_root.clone(),
+    }));
 
     let address: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use super::{HostArgs, load_profile};
+use super::common::HostArgs;
+use super::load_profile;
 use crate::plan::memory::{self, HostFigures};
 use crate::plan::profile::{HostSection, KubeletMode};
 use sparkrt_tui::{HostSnapshot, HostSource, TopOptions};

@@ -1,7 +1,6 @@
-//! The generation engine: paged KV block bookkeeping, sampling, the step
-//! batch and the step loop (continuous batching).
+//! The generation engine: paged KV block bookkeeping, sampling and the step
+//! loop (continuous batching), which fills each step's `step::StepBatch`.
 
-pub mod batch;
 pub mod kv_blocks;
 pub mod sampling;
 pub mod scheduler;

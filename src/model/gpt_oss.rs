@@ -6,7 +6,7 @@ use super::rope::{Rope, Yarn};
 use super::{Layer, Mlp, ModelError, ModelSettings, Transformer, WeightSource};
 use crate::backend::{AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::config::ModelConfig;
-use crate::plan::geometry::{LayerAttention, Quantization};
+use crate::geometry::{LayerAttention, Quantization};
 
 /// The sigmoid slope of gpt_oss's SwiGLU.
 const SWIGLU_ALPHA: f32 = 1.702;

@@ -2,7 +2,6 @@
 //! the same stack of blocks with different options, loaded by
 //! `qwen3_moe.rs` and `gpt_oss.rs` from a [`WeightSource`].
 
-pub mod dummy;
 pub mod gpt_oss;
 pub mod qwen3_moe;
 pub mod rope;
@@ -13,11 +12,11 @@ use thiserror::Error;
 use crate::backend::{AttentionShape, Backend, BackendError, KvLayout, Matmul, RouterKind};
 use crate::checkpoint::CheckpointError;
 use crate::checkpoint::config::ModelConfig;
-use crate::engine::batch::StepBatch;
+use crate::geometry::Architecture;
 use crate::plan::Plan;
-use crate::plan::geometry::Architecture;
 use crate::plan::ledger::Category;
 use crate::plan::memory::activation_elements;
+use crate::step::StepBatch;
 use rope::Rope;
 pub use source::WeightSource;
 

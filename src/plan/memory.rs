@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::PlanDevice;
-use super::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
 use super::profile::{KvCacheDtype, ServingSection};
+use crate::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization, WeightGroup};
 
 /// Activations, workspace and logits are f32 on every backend.
 pub const ACTIVATION_BYTES: u64 = 4;
@@ -20,43 +20,6 @@ pub const INDEX_BYTES: u64 = 4;
 /// per value and an f32 scale per 32 values.
 pub const QUANTIZED_CODE_BYTES: u64 = 2;
 const QUANTIZED_BLOCK: u64 = crate::formats::MXFP4_GROUP as u64;
-
-/// Groups the plan and `inspect` report weight bytes by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WeightGroup {
-    Embeddings,
-    Attention,
-    Router,
-    Experts,
-    DenseMlp,
-    Norms,
-    LmHead,
-}
-
-impl WeightGroup {
-    pub const ALL: [WeightGroup; 7] = [
-        WeightGroup::Embeddings,
-        WeightGroup::Attention,
-        WeightGroup::Router,
-        WeightGroup::Experts,
-        WeightGroup::DenseMlp,
-        WeightGroup::Norms,
-        WeightGroup::LmHead,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightGroup::Embeddings => "embeddings",
-            WeightGroup::Attention => "attention",
-            WeightGroup::Router => "router",
-            WeightGroup::Experts => "experts",
-            WeightGroup::DenseMlp => "dense_mlp",
-            WeightGroup::Norms => "norms",
-            WeightGroup::LmHead => "lm_head",
-        }
-    }
-}
 
 /// Weight bytes by group (every group present, zero when empty).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -4,7 +4,6 @@
 //! checkpoint's headers (when at hand) and a reading of the host. It says
 //! whether the model fits and, if not, by how much and which knob to turn.
 
-pub mod geometry;
 pub mod ledger;
 pub mod memory;
 pub mod profile;
@@ -13,10 +12,10 @@ pub mod report;
 use serde::Serialize;
 use thiserror::Error;
 
-use geometry::{Architecture, ModelGeometry};
+use crate::geometry::{self, Architecture, ModelGeometry, WeightGroup};
 use memory::{
     Activations, Headroom, HostFigures, KvLayout, MoeWorkspace, RuntimeOverhead, SlidingKv,
-    StepMetadataPlan, WeightBytes, WeightGroup,
+    StepMetadataPlan, WeightBytes,
 };
 use profile::{
     DEFAULT_CPU_OVERHEAD, DEFAULT_CUDA_OVERHEAD, DeviceKind, KvCacheDtype, KvCacheSize, Profile,

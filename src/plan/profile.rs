@@ -9,7 +9,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
+use crate::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
 use crate::units::{GIB, MIB, parse_bytes};
 
 #[derive(Debug, Error)]

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::Plan;
-use super::memory::WeightGroup;
+use crate::geometry::WeightGroup;
 use crate::units::{format_gib, format_gib_signed, format_size};
 
 /// Renders `plan` as aligned text, ending with the verdict.

@@ -63,21 +63,40 @@ pub struct ServerState {
     request_ids: AtomicU64,
 }
 
+/// What the server is started with: the model, its plan and ledger, the
+/// engine thread's handle and the access settings.
+pub struct ServerConfig {
+    /// Served in `/v1/models`.
+    pub model_name: String,
+    pub limits: EngineLimits,
+    pub plan: Plan,
+    pub ledger: Arc<Ledger>,
+    pub guard: Arc<MemoryGuard>,
+    pub engine: EngineHandle,
+    pub engine_counters: Arc<EngineCounters>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub chat_template: Option<ChatTemplate>,
+    /// The key every route but `/health` requires; `None` leaves them open.
+    pub api_key: Option<String>,
+    /// The host tree the kubepods cgroup is read below.
+    pub host_root: PathBuf,
+}
+
 impl ServerState {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        model_name: String,
-        limits: EngineLimits,
-        plan: Plan,
-        ledger: Arc<Ledger>,
-        guard: Arc<MemoryGuard>,
-        engine: EngineHandle,
-        engine_counters: Arc<EngineCounters>,
-        tokenizer: Option<Arc<Tokenizer>>,
-        chat_template: Option<ChatTemplate>,
-        api_key: Option<String>,
-        host_root: PathBuf,
-    ) -> ServerState {
+    pub fn new(config: ServerConfig) -> ServerState {
+        let ServerConfig {
+            model_name,
+            limits,
+            plan,
+            ledger,
+            guard,
+            engine,
+            engine_counters,
+            tokenizer,
+            chat_template,
+            api_key,
+            host_root,
+        } = config;
         ServerState {
             model_name,
             started_unix: std::time::SystemTime::now()

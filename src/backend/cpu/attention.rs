@@ -24,7 +24,7 @@ use super::kernels::ops;
 use super::kv::{CpuKvCache, KvData, LayerStore};
 use crate::backend::AttentionShape;
 use crate::checkpoint::linear::VectorWeight;
-use crate::engine::batch::StepBatch;
+use crate::step::StepBatch;
 
 /// Largest head dimension the stack buffers hold.
 const MAX_HEAD_DIM: usize = 512;

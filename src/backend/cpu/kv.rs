@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use super::BackendError;
 use crate::backend::KvLayout;
-use crate::engine::batch::StepBatch;
 use crate::plan::ledger::{Category, Charge, KV_CACHE, Ledger};
 use crate::plan::profile::KvCacheDtype;
+use crate::step::StepBatch;
 
 /// K or V storage of one layer: `[slots, kv_heads × head_dim]`.
 pub(crate) enum KvData {

@@ -17,9 +17,9 @@ use super::{
     StepMetadataPlan,
 };
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
-use crate::engine::batch::StepBatch;
 use crate::plan::ledger::{Category, Charge, Ledger};
 use crate::plan::memory::{MoeWorkspace as MoeWorkspacePlan, STEP_METADATA};
+use crate::step::StepBatch;
 
 pub use kv::CpuKvCache;
 pub use moe::{CpuExperts, CpuWorkspace};

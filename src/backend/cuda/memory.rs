@@ -8,12 +8,12 @@ use std::sync::atomic::AtomicU64;
 
 use super::driver::{Device, DeviceMemory, HostMapped};
 use crate::backend::{BackendError, KvLayout, StepMetadataPlan, charge_workspace_buffer};
-use crate::engine::batch::StepBatch;
 use crate::plan::ledger::{Category, Charge, KV_CACHE, Ledger};
 use crate::plan::memory::{
     ACTIVATION_BYTES, MoeWorkspace as MoeWorkspacePlan, STEP_METADATA, STEP_SEQ_FIELDS,
 };
 use crate::plan::profile::KvCacheDtype;
+use crate::step::StepBatch;
 
 #[derive(Debug)]
 enum Memory {

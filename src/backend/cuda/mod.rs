@@ -37,10 +37,10 @@ use super::{
     StepMetadataPlan,
 };
 use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight, WeightData};
-use crate::engine::batch::StepBatch;
 use crate::host::gpu::GpuInfo;
 use crate::plan::ledger::{Category, Charge, Ledger, WeightsResidency};
 use crate::plan::memory::{MoeWorkspace as MoeWorkspacePlan, SAMPLED_IDS};
+use crate::step::StepBatch;
 use driver::{Device, DeviceMemory, guarded};
 use kernels::{Kernel, Kernels};
 use memory::check;

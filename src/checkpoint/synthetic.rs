@@ -14,7 +14,7 @@ use crate::checkpoint::CheckpointError;
 use crate::checkpoint::Dtype;
 use crate::checkpoint::check::{Expected, ExpectedShape, expected_tensors};
 use crate::checkpoint::config::ModelConfig;
-use crate::engine::sampling::SplitMix64;
+use crate::util::rng::SplitMix64;
 
 /// Files copied next to the weights when present (config, tokenizer).
 const COMPANION_FILES: [&str; 5] = [

@@ -1,6 +1,7 @@
 //! The model geometry the memory plan needs: from a profile's `[model]`
 //! section (before any checkpoint is downloaded) or from a checkpoint's
-//! `config.json` (see `checkpoint::config`).
+//! `config.json` (see `checkpoint::config`). Plain data, below both the
+//! checkpoint reader and the plan, so neither imports the other for it.
 
 use serde::{Deserialize, Serialize};
 
@@ -108,5 +109,43 @@ impl ModelGeometry {
             .get(i)
             .copied()
             .unwrap_or(LayerAttention::FullAttention)
+    }
+}
+
+/// Groups the plan and `inspect` report weight bytes by (which tensor
+/// belongs to which: `checkpoint::groups`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightGroup {
+    Embeddings,
+    Attention,
+    Router,
+    Experts,
+    DenseMlp,
+    Norms,
+    LmHead,
+}
+
+impl WeightGroup {
+    pub const ALL: [WeightGroup; 7] = [
+        WeightGroup::Embeddings,
+        WeightGroup::Attention,
+        WeightGroup::Router,
+        WeightGroup::Experts,
+        WeightGroup::DenseMlp,
+        WeightGroup::Norms,
+        WeightGroup::LmHead,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightGroup::Embeddings => "embeddings",
+            WeightGroup::Attention => "attention",
+            WeightGroup::Router => "router",
+            WeightGroup::Experts => "experts",
+            WeightGroup::DenseMlp => "dense_mlp",
+            WeightGroup::Norms => "norms",
+            WeightGroup::LmHead => "lm_head",
+        }
     }
 }

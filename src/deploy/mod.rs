@@ -1,0 +1,3 @@
+//! Deploying sparkrt: the objects a cluster runs it from.
+
+pub mod k8s;

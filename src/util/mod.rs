@@ -1,0 +1,3 @@
+//! Small helpers with no home in a layer: they import nothing of sparkrt.
+
+pub mod rng;
