@@ -10,6 +10,7 @@ pub mod engine;
 pub mod formats;
 pub mod geometry;
 pub mod host;
+pub mod limits;
 pub mod model;
 pub mod plan;
 pub mod runtime;

@@ -60,7 +60,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", cli::error_message(&error));
             cli::exit_code_for(&error)
         }
     }

@@ -308,7 +308,9 @@ impl Mapped {
         charges: Vec<Charge>,
     ) -> Result<Loaded<B>, RuntimeError> {
         let dir = self.dir;
-        let (tokenizer, eos) = if dir.join("tokenizer.json").is_file() {
+        // `exists`, not `is_file`: a tokenizer.json that is a FIFO or a
+        // folder is refused by `from_dir`, not taken for "no tokenizer".
+        let (tokenizer, eos) = if dir.join("tokenizer.json").exists() {
             let t = Tokenizer::from_dir(&dir)?;
             let eos = t.eos_token_ids().to_vec();
             (Some(Arc::new(t)), eos)

@@ -27,6 +27,7 @@ mod engine_fixtures;
 mod engine_scheduler;
 mod formats;
 mod generate_cli;
+mod hostile_inputs;
 mod install_script;
 mod k8s_manifests;
 mod kernels_batch_invariance;

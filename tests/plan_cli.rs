@@ -473,3 +473,62 @@ fn a_checkpoint_that_disagrees_with_the_profile_is_bad_input() {
         "config.json",
     );
 }
+
+#[test]
+fn an_explicit_kv_cache_above_what_the_sequences_use_is_reported_as_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(profile("qwen3-moe-tiny"))
+        .unwrap()
+        .replace("kv_cache = \"auto\"", "kv_cache = \"1GiB\"");
+    let path = dir.path().join("capped.toml");
+    std::fs::write(&path, text).unwrap();
+    let path = path.display().to_string();
+    let (v, code) = plan_json(&path, &spark_root());
+    assert_eq!(code, 0);
+    // 8 sequences × 1024 tokens, 2048 bytes per token (f32, 4 layers, 2 × 32).
+    assert_eq!(v["kv_cache"]["tokens"], 8 * 1024);
+    assert_eq!(v["kv_cache"]["capped_from"], 1u64 << 30);
+    let out = sparkrt(&["plan", "--profile", &path, "--host-root", &spark_root()]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("kv_cache = 1.00 GiB capped: max_num_seqs 8 × max_model_len 1024"),
+        "{text}"
+    );
+    // "auto" is capped by design and says nothing.
+    let (v, _) = plan_json(
+        &profile("qwen3-moe-tiny").display().to_string(),
+        &spark_root(),
+    );
+    assert_eq!(v["kv_cache"]["capped_from"], serde_json::Value::Null);
+}
+
+#[test]
+fn reserves_above_mem_available_print_no_negative_figure() {
+    let dir = tempfile::tempdir().unwrap();
+    FakeHost {
+        mem_total_kb: 4 << 20,
+        mem_available_kb: 1 << 20,
+        kubelet_yaml: None,
+        kubepods_current: None,
+    }
+    .write(dir.path());
+    let out = sparkrt(&[
+        "plan",
+        "--profile",
+        &profile("qwen3-moe-tiny").display().to_string(),
+        "--host-root",
+        &dir.path().display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("nothing is usable: the eviction threshold, OS reserve and safety margin exceed MemAvailable by"),
+        "{text}"
+    );
+    // A figure that starts with a minus ("top-4" is no figure).
+    let negative = text
+        .as_bytes()
+        .windows(3)
+        .any(|w| matches!(w[0], b' ' | b'(') && w[1] == b'-' && w[2].is_ascii_digit());
+    assert!(!negative, "a negative figure: {text}");
+}

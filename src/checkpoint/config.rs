@@ -13,6 +13,8 @@ use serde::Deserialize;
 
 use super::error::CheckpointError;
 use crate::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
+use crate::limits::{self, GeometryFields};
+use crate::util::files::read_regular_to_string;
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const HF_QUANT_CONFIG_FILE: &str = "hf_quant_config.json";
@@ -88,7 +90,8 @@ impl ModelConfig {
         let path = dir.join(CONFIG_FILE);
         let text = read(&path)?;
         let quant_path = dir.join(HF_QUANT_CONFIG_FILE);
-        let hf_quant = if quant_path.is_file() {
+        // Present but not a regular file is refused, not ignored.
+        let hf_quant = if quant_path.exists() {
             Some((read(&quant_path)?, quant_path))
         } else {
             None
@@ -109,6 +112,12 @@ impl ModelConfig {
                 path: path.to_path_buf(),
                 source,
             })?;
+        // Before anything is sized by them (the gpt_oss default layer
+        // types, the expected-tensor list, the plan's per-layer loops).
+        raw.check_limits().map_err(|limit| CheckpointError::Limit {
+            path: path.to_path_buf(),
+            limit,
+        })?;
         let keys = Keys { path };
         let model_type = keys.required("model_type", raw.model_type.clone())?;
         let architecture = match model_type.as_str() {
@@ -279,9 +288,11 @@ impl ModelConfig {
 }
 
 fn read(path: &Path) -> Result<String, CheckpointError> {
-    std::fs::read_to_string(path).map_err(|source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
+    read_regular_to_string(path, limits::MAX_SMALL_FILE_BYTES).map_err(|source| {
+        CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     })
 }
 
@@ -450,6 +461,59 @@ struct RawConfig {
     use_sliding_window: Option<bool>,
     swiglu_limit: Option<f64>,
     quantization_config: Option<RawQuant>,
+}
+
+impl RawConfig {
+    /// Every size the file gives, as written, against `crate::limits`.
+    fn check_limits(&self) -> Result<(), limits::LimitExceeded> {
+        let given = |value: Option<usize>| value.unwrap_or(0);
+        let either = |a: Option<usize>, b: Option<usize>| given(a).max(given(b));
+        GeometryFields {
+            layers: ("num_hidden_layers", given(self.num_hidden_layers)),
+            experts: (
+                "num_experts",
+                either(self.num_experts, self.num_local_experts),
+            ),
+            experts_per_token: (
+                "num_experts_per_tok",
+                either(self.num_experts_per_tok, self.experts_per_token),
+            ),
+            hidden: ("hidden_size", given(self.hidden_size)),
+            heads: ("num_attention_heads", given(self.num_attention_heads)),
+            kv_heads: ("num_key_value_heads", given(self.num_key_value_heads)),
+            head_dim: ("head_dim", given(self.head_dim)),
+            vocab: ("vocab_size", given(self.vocab_size)),
+            intermediate: ("intermediate_size", given(self.intermediate_size)),
+            moe_intermediate: ("moe_intermediate_size", given(self.moe_intermediate_size)),
+            decoder_sparse_step: ("decoder_sparse_step", given(self.decoder_sparse_step)),
+            mlp_only_layers: (
+                "mlp_only_layers",
+                self.mlp_only_layers.as_ref().map_or(0, Vec::len),
+            ),
+            layer_types: ("layer_types", self.layer_types.as_ref().map_or(0, Vec::len)),
+            sliding_window: ("sliding_window", given(self.sliding_window)),
+        }
+        .check()?;
+        limits::check(
+            "max_position_embeddings",
+            given(self.max_position_embeddings),
+            limits::MAX_POSITION_EMBEDDINGS,
+        )?;
+        for (key, rope) in [
+            ("rope_scaling", &self.rope_scaling),
+            ("rope_parameters", &self.rope_parameters),
+        ] {
+            let original = rope
+                .as_ref()
+                .and_then(|r| r.original_max_position_embeddings);
+            limits::check(
+                format_args!("{key}.original_max_position_embeddings"),
+                given(original),
+                limits::MAX_POSITION_EMBEDDINGS,
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// `rope_scaling`, or transformers v5's `rope_parameters` (which also holds

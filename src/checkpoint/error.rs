@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use super::dtype::Dtype;
 use super::header::HeaderError;
 use super::quant::QuantError;
+use crate::limits::LimitExceeded;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -87,6 +88,17 @@ pub enum CheckpointError {
     },
     #[error("{}: {reason}", path.display())]
     Config { path: PathBuf, reason: String },
+    /// A size above its limit in `crate::limits` (not a `source`: the
+    /// message already says it, and a source would print it twice).
+    #[error("{}: {limit}", path.display())]
+    Limit { path: PathBuf, limit: LimitExceeded },
+    #[error("{}: {count} {what}, above the limit of {limit}", path.display())]
+    TooMany {
+        path: PathBuf,
+        what: &'static str,
+        count: usize,
+        limit: usize,
+    },
     #[error("{}: model_type `{model_type}` is not supported (qwen3_moe, gpt_oss)", path.display())]
     UnsupportedArchitecture { path: PathBuf, model_type: String },
     #[error("{}: quantization `{method}` is not supported (ModelOpt NVFP4, MXFP4)", path.display())]

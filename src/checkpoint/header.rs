@@ -38,8 +38,9 @@ pub enum HeaderError {
     NotUtf8 { valid_up_to: usize },
     #[error("header is not a JSON object")]
     NotAnObject,
+    /// Not `#[from]`: a source would repeat the message in an error chain.
     #[error("header is not valid JSON: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     #[error("tensor `{tensor}` appears twice in the header")]
     DuplicateName { tensor: String },
     #[error("tensor `{tensor}` has unknown dtype `{dtype}`")]
@@ -143,7 +144,7 @@ pub fn parse_header(file_start: &[u8], file_len: u64) -> Result<ParsedHeader, He
     if !text.trim_start().starts_with('{') {
         return Err(HeaderError::NotAnObject);
     }
-    let raw: RawHeader = serde_json::from_str(text)?;
+    let raw: RawHeader = serde_json::from_str(text).map_err(HeaderError::Json)?;
 
     let data_len = file_len - data_start;
     let mut entries = raw
@@ -289,6 +290,12 @@ impl<'de> Visitor<'de> for RawHeaderVisitor {
                     .map_err(|e| de::Error::custom(format!("`__metadata__`: {e}")))?;
                 metadata = Some(value);
             } else {
+                if entries.len() >= crate::limits::MAX_TENSORS {
+                    return Err(de::Error::custom(format_args!(
+                        "more than {} tensors, the limit",
+                        crate::limits::MAX_TENSORS
+                    )));
+                }
                 let entry: RawEntry<'de> = map
                     .next_value()
                     .map_err(|e| de::Error::custom(format!("tensor `{key}`: {e}")))?;

@@ -11,6 +11,8 @@ use serde::Deserialize;
 use serde::de::{self, MapAccess, Visitor};
 
 use super::error::CheckpointError;
+use crate::limits;
+use crate::util::files::read_regular_to_string;
 
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -55,8 +57,14 @@ impl<'de: 'a, 'a> Visitor<'de> for WeightMapVisitor<'a> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WeightMap<'a>, A::Error> {
-        let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
+        let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0).min(limits::MAX_TENSORS));
         while let Some(tensor) = map.next_key::<String>()? {
+            if entries.len() >= limits::MAX_TENSORS {
+                return Err(de::Error::custom(format_args!(
+                    "more than {} tensors, the limit",
+                    limits::MAX_TENSORS
+                )));
+            }
             let file: BorrowedName<'a> = map.next_value()?;
             entries.push((tensor, file.0));
         }
@@ -68,14 +76,16 @@ impl<'de: 'a, 'a> Visitor<'de> for WeightMapVisitor<'a> {
 #[derive(Deserialize)]
 struct BorrowedName<'a>(#[serde(borrow)] Cow<'a, str>);
 
-/// Finds the weights of the model folder `dir`.
+/// Finds the weights of the model folder `dir`. A name that exists but is
+/// no regular file (a FIFO, a directory) is taken, so that opening it says
+/// why it is refused rather than "no weights".
 pub(crate) fn locate(dir: &Path) -> Result<Layout, CheckpointError> {
     let index_path = dir.join(INDEX_FILE);
-    if index_path.is_file() {
+    if index_path.exists() {
         return from_index(dir, index_path);
     }
     let single = dir.join(SINGLE_FILE);
-    if single.is_file() {
+    if single.exists() {
         return Ok(Layout {
             files: vec![single],
             index: None,
@@ -91,10 +101,13 @@ fn from_index(dir: &Path, index_path: PathBuf) -> Result<Layout, CheckpointError
         path: index_path.clone(),
         reason,
     };
-    let text = std::fs::read_to_string(&index_path).map_err(|source| CheckpointError::Io {
-        path: index_path.clone(),
-        source,
-    })?;
+    let text =
+        read_regular_to_string(&index_path, limits::MAX_INDEX_FILE_BYTES).map_err(|source| {
+            CheckpointError::Io {
+                path: index_path.clone(),
+                source,
+            }
+        })?;
     let index: IndexJson = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
     let mut entries = index.weight_map.0;
     if entries.is_empty() {
@@ -116,9 +129,18 @@ fn from_index(dir: &Path, index_path: PathBuf) -> Result<Layout, CheckpointError
 
     let files: BTreeSet<&str> = entries.iter().map(|(_, file)| file.as_ref()).collect();
     let files: Vec<String> = files.into_iter().map(str::to_string).collect();
+    if files.len() > limits::MAX_SHARDS {
+        return Err(CheckpointError::TooMany {
+            path: index_path.clone(),
+            what: "shard files in weight_map",
+            count: files.len(),
+            limit: limits::MAX_SHARDS,
+        });
+    }
     for file in &files {
         let path = dir.join(file);
-        if !path.is_file() {
+        // Present but not a regular file is refused when it is opened.
+        if !path.exists() {
             // Name a tensor the missing shard should hold, to make the
             // message concrete ("which download failed?").
             let tensor = entries

@@ -32,6 +32,9 @@ use std::sync::atomic::AtomicU8;
 
 use memmap2::Mmap;
 
+use crate::limits;
+use crate::util::files::open_regular;
+
 pub use check::{TensorCatalog, check_tensors};
 pub use config::ModelConfig;
 pub use dtype::Dtype;
@@ -109,8 +112,11 @@ impl HeaderSet {
 pub fn read_headers(dir: &Path) -> Result<HeaderSet, CheckpointError> {
     let layout = layout::locate(dir)?;
     let mut headers = Vec::with_capacity(layout.files.len());
+    let mut tensors = 0;
     for path in &layout.files {
-        headers.push(read_file_header(path)?);
+        let header = read_file_header(path)?;
+        tensors = count_tensors(tensors, &header, path)?;
+        headers.push(header);
     }
     assemble(&layout, headers)
 }
@@ -147,8 +153,10 @@ impl Checkpoint {
         let layout = layout::locate(dir)?;
         let mut shards = Vec::with_capacity(layout.files.len());
         let mut headers = Vec::with_capacity(layout.files.len());
+        let mut tensors = 0;
         for path in &layout.files {
             let (shard, header) = map_file(path)?;
+            tensors = count_tensors(tensors, &header, path)?;
             shards.push(shard);
             headers.push(header);
         }
@@ -242,9 +250,28 @@ impl Checkpoint {
     }
 }
 
+/// Tensors read so far plus those of `header` (of the file `path`), refused
+/// above [`limits::MAX_TENSORS`] before the next file's header is read.
+fn count_tensors(
+    before: usize,
+    header: &ParsedHeader,
+    path: &Path,
+) -> Result<usize, CheckpointError> {
+    let count = before.saturating_add(header.entries.len());
+    if count > limits::MAX_TENSORS {
+        return Err(CheckpointError::TooMany {
+            path: path.to_path_buf(),
+            what: "tensors in the checkpoint up to this file",
+            count,
+            limit: limits::MAX_TENSORS,
+        });
+    }
+    Ok(count)
+}
+
 /// Reads the length prefix and JSON header of one file with plain reads.
 fn read_file_header(path: &Path) -> Result<ParsedHeader, CheckpointError> {
-    let mut file = File::open(path).map_err(|source| CheckpointError::Io {
+    let mut file = open_regular(path).map_err(|source| CheckpointError::Io {
         path: path.to_path_buf(),
         source,
     })?;
@@ -286,7 +313,7 @@ fn map_file(path: &Path) -> Result<(MappedShard, ParsedHeader), CheckpointError>
         path: path.to_path_buf(),
         source,
     };
-    let mut file = File::open(path).map_err(io_error)?;
+    let mut file = open_regular(path).map_err(io_error)?;
     let header = read_header_from(&mut file, path)?;
     // SAFETY: the mapping is read-only and only ever read through `&[u8]`
     // slices inside its length; every tensor range was validated against the

@@ -130,11 +130,20 @@ pub fn resolve(args: &ModelArgs) -> Result<(PathBuf, Option<Profile>)> {
     Ok((dir, profile))
 }
 
-/// Sets rayon's global pool to `threads` (once per process).
+/// Sets rayon's global pool to `threads` (once per process). More threads
+/// than the cores this process may use (`available_parallelism`: CPU
+/// affinity and cgroup quota) are refused, not started: they would only
+/// contend, and 100000 of them take the host's thread and memory budget.
 pub fn set_threads(threads: Option<usize>) -> Result<()> {
     if let Some(n) = threads {
         if n == 0 {
             bail!("--threads must be at least 1");
+        }
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        if n > cores {
+            bail!(
+                "--threads {n} is above the limit of {cores}: the cores available to this process"
+            );
         }
         // Only the first call in a process sets the pool; later ones are moot.
         let _ = rayon::ThreadPoolBuilder::new()

@@ -44,11 +44,14 @@ pub struct K8sArgs {
 pub fn run(args: &K8sArgs) -> Result<ExitCode> {
     // Resolve the profile once, so the plan and the ConfigMap use one file.
     let profile_path = find_profile(&args.profile)?;
-    let profile_text =
-        std::fs::read_to_string(&profile_path).map_err(|source| K8sError::ReadProfile {
-            path: profile_path.clone(),
-            source,
-        })?;
+    let profile_text = crate::util::files::read_regular_to_string(
+        &profile_path,
+        crate::limits::MAX_SMALL_FILE_BYTES,
+    )
+    .map_err(|source| K8sError::ReadProfile {
+        path: profile_path.clone(),
+        source,
+    })?;
     let profile_file = file_name(&profile_path);
     let model_dir = match &args.model_dir {
         Some(dir) => dir.clone(),

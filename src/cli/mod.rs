@@ -39,6 +39,24 @@ pub fn exit_code_for(error: &anyhow::Error) -> ExitCode {
     }
 }
 
+/// The message printed for `error`: its chain joined with ": ", leaving out
+/// a cause whose text the message already holds (an error that prints its
+/// source and also returns it from `source()` would otherwise say
+/// everything twice).
+pub fn error_message(error: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if message.is_empty() {
+            message = text;
+        } else if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+    }
+    message
+}
+
 /// Finds a profile: a path, or a name looked up in `./profiles`,
 /// `/etc/sparkrt/profiles` and the source tree's `profiles/`.
 pub fn find_profile(name_or_path: &str) -> Result<PathBuf> {
@@ -105,4 +123,27 @@ pub fn progress_bar(message: &'static str) -> indicatif::ProgressBar {
             .progress_chars("=> "),
     );
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading x: {source}")]
+    struct Repeats {
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn error_message_says_each_cause_once() {
+        let inner = std::io::Error::other("disk on fire");
+        let error = anyhow::Error::from(Repeats { source: inner }).context("loading the model");
+        assert_eq!(
+            error_message(&error),
+            "loading the model: reading x: disk on fire"
+        );
+        let error = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_message(&error), "outer: inner");
+    }
 }

@@ -551,6 +551,42 @@ pub fn headroom(host: &HostFigures, os_reserve: u64, safety_margin: u64) -> Head
     }
 }
 
+impl Headroom {
+    /// What the plan may use, in words: `"12.00 GiB usable"`, or, when the
+    /// reserves leave nothing, which figure they exceed and by how much
+    /// (never a negative byte count).
+    pub fn usable_phrase(&self) -> String {
+        match u64::try_from(self.usable) {
+            Ok(bytes) => format!("{} usable", crate::units::format_gib(bytes)),
+            Err(_) => {
+                let (reserves, figure) = match self.binding {
+                    Binding::Host => (
+                        "the eviction threshold, OS reserve and safety margin",
+                        "MemAvailable",
+                    ),
+                    Binding::Kubelet => (
+                        "the kubelet's reservations, eviction threshold, kubepods in use and safety margin",
+                        "MemTotal",
+                    ),
+                };
+                format!(
+                    "nothing is usable: {reserves} exceed {figure} by {}",
+                    crate::units::format_gib(self.usable.unsigned_abs())
+                )
+            }
+        }
+    }
+}
+
+/// A signed headroom figure for a table cell: the GiB when not negative,
+/// `none` otherwise (the verdict says by how much the reserves exceed it).
+pub fn format_limit(bytes: i64) -> String {
+    match u64::try_from(bytes) {
+        Ok(bytes) => crate::units::format_gib(bytes),
+        Err(_) => "none".to_string(),
+    }
+}
+
 /// MemAvailable below which the memory guard stops admitting work.
 pub fn guard_threshold(eviction_hard: u64, safety_margin: u64) -> u64 {
     eviction_hard + safety_margin
@@ -597,6 +633,27 @@ mod tests {
             (h.usable, h.binding, h.kube_limit),
             (84 * gib, Binding::Host, None)
         );
+    }
+
+    #[test]
+    fn negative_headroom_is_said_in_words() {
+        let host = HostFigures {
+            mem_total: 4 << 30,
+            mem_available: 1 << 30,
+            ..HostFigures::default()
+        };
+        let h = headroom(&host, 2 << 30, 1 << 30);
+        assert_eq!(h.usable, -(2i64 << 30));
+        let phrase = h.usable_phrase();
+        assert_eq!(
+            phrase,
+            "nothing is usable: the eviction threshold, OS reserve and safety margin exceed MemAvailable by 2.00 GiB"
+        );
+        assert!(!phrase.contains('-'), "{phrase}");
+        assert_eq!(format_limit(h.usable), "none");
+        assert_eq!(format_limit(3 << 30), "3.00 GiB");
+        let h = headroom(&host, 0, 0);
+        assert_eq!(h.usable_phrase(), "1.00 GiB usable");
     }
 
     #[test]

@@ -87,6 +87,10 @@ pub struct KvPlan {
     pub block_bytes: u64,
     /// Sliding-window layers' fixed share (zero without such layers).
     pub sliding: SlidingKv,
+    /// The explicit `kv_cache` asked for, when it was more than
+    /// `max_num_seqs` sequences of `max_model_len` tokens can use and the
+    /// cache was cut to that (`None` otherwise, and with `"auto"`).
+    pub capped_from: Option<u64>,
     /// `tokens × bytes_per_token + sliding.bytes` (the layout's bytes).
     pub bytes: u64,
     /// What the backend allocates: the pool and rings layer by layer.
@@ -198,6 +202,21 @@ pub fn compute(
         s.max_model_len,
     );
     let blocks = tokens / s.kv_block_size.max(1) as u64;
+    let most_tokens = memory::kv_tokens_for(
+        u64::MAX,
+        bytes_per_token,
+        s.kv_block_size,
+        s.max_num_seqs,
+        s.max_model_len,
+    );
+    let capped_from = match s.kv_cache {
+        KvCacheSize::Bytes(asked)
+            if tokens == most_tokens && asked > tokens.saturating_mul(bytes_per_token) =>
+        {
+            Some(asked)
+        }
+        _ => None,
+    };
     let layout = KvLayout::new(&g, s, blocks, sliding.window_tokens);
     // The cache's bytes are the layout's, layer by layer: `tokens ×
     // bytes_per_token + sliding.bytes`.
@@ -224,7 +243,7 @@ pub fn compute(
             advice: advice(
                 profile,
                 &weights,
-                usable,
+                &headroom,
                 tokens,
                 one_sequence,
                 bytes_per_token,
@@ -267,6 +286,7 @@ pub fn compute(
             blocks,
             block_bytes: bytes_per_token * s.kv_block_size as u64,
             sliding,
+            capped_from,
             bytes: kv_bytes,
             layout,
         },
@@ -282,20 +302,23 @@ pub fn compute(
 fn advice(
     profile: &Profile,
     weights: &WeightBytes,
-    usable: i64,
+    headroom: &Headroom,
     kv_tokens: u64,
     one_sequence: u64,
     bytes_per_token: u64,
     workspace: &MoeWorkspace,
     activations: &Activations,
 ) -> Vec<String> {
-    use crate::units::{format_gib, format_gib_signed};
+    use crate::units::format_gib;
     let s = &profile.serving;
-    if weights.total() as i64 > usable {
+    if weights.total() as i64 > headroom.usable {
+        let usable = match u64::try_from(headroom.usable) {
+            Ok(bytes) => format!("only {} is usable on this host", format_gib(bytes)),
+            Err(_) => format!("{} on this host", headroom.usable_phrase()),
+        };
         return vec![format!(
-            "the weights alone take {} but only {} is usable on this host: this model does not fit here; choose a smaller model or quantization, or a host with more memory",
+            "the weights alone take {} but {usable}: this model does not fit here; choose a smaller model or quantization, or a host with more memory",
             format_gib(weights.total()),
-            format_gib_signed(usable)
         )];
     }
     let mut advice = Vec::new();

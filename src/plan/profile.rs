@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
+use crate::limits::{self, GeometryFields, LimitExceeded};
 use crate::units::{GIB, MIB, parse_bytes};
+use crate::util::files::read_regular_to_string;
 
 #[derive(Debug, Error)]
 pub enum ProfileError {
@@ -25,6 +27,15 @@ pub enum ProfileError {
         line: usize,
         column: usize,
         message: String,
+    },
+    /// A size above its limit in `crate::limits`.
+    #[error("{file}:{line}:{column}: [{section}] {limit}")]
+    Limit {
+        file: String,
+        line: usize,
+        column: usize,
+        section: &'static str,
+        limit: LimitExceeded,
     },
 }
 
@@ -356,10 +367,13 @@ struct ProfileFile {
 impl Profile {
     /// Reads and validates a profile file.
     pub fn load(path: &Path) -> Result<Profile, ProfileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
-            file: path.display().to_string(),
-            source,
-        })?;
+        let text =
+            read_regular_to_string(path, limits::MAX_SMALL_FILE_BYTES).map_err(|source| {
+                ProfileError::Read {
+                    file: path.display().to_string(),
+                    source,
+                }
+            })?;
         Profile::parse(&text, &path.display().to_string())
     }
 
@@ -394,6 +408,19 @@ impl Profile {
             host: file.host,
             backend: file.backend,
         };
+        // Before any check that walks the layers or sizes a list.
+        if let Err((section, limit)) = profile.check_limits() {
+            // A product (`num_layers × num_experts`) points at its first factor.
+            let key = limit.field.split(' ').next().unwrap_or_default();
+            let (line, column) = locate_key(text, section, key).unwrap_or((1, 1));
+            return Err(ProfileError::Limit {
+                file: source.to_string(),
+                line,
+                column,
+                section,
+                limit,
+            });
+        }
         if let Some((section, key, message)) = profile.first_problem() {
             let (line, column) = locate_key(text, section, key).unwrap_or((1, 1));
             return Err(ProfileError::Invalid {
@@ -416,6 +443,48 @@ impl Profile {
             host: HostSection::default(),
             backend: BackendSection::default(),
         }
+    }
+
+    /// Every size of `[model]`, `[serving]` and `[backend]` against
+    /// `crate::limits`, as (section, the first one above its limit).
+    fn check_limits(&self) -> Result<(), (&'static str, LimitExceeded)> {
+        let m = &self.model;
+        GeometryFields {
+            layers: ("num_layers", m.num_layers),
+            experts: ("num_experts", m.num_experts),
+            experts_per_token: ("top_k", m.top_k),
+            hidden: ("hidden_size", m.hidden_size),
+            heads: ("num_attention_heads", m.num_attention_heads),
+            kv_heads: ("num_kv_heads", m.num_kv_heads),
+            head_dim: ("head_dim", m.head_dim),
+            vocab: ("vocab_size", m.vocab_size),
+            intermediate: ("intermediate_size", m.intermediate_size),
+            moe_intermediate: ("moe_intermediate_size", m.moe_intermediate_size),
+            decoder_sparse_step: ("decoder_sparse_step", m.decoder_sparse_step),
+            mlp_only_layers: ("mlp_only_layers", m.mlp_only_layers.len()),
+            layer_types: ("layer_types", m.layer_types.len()),
+            sliding_window: ("sliding_window", m.sliding_window.unwrap_or(0)),
+        }
+        .check()
+        .map_err(|limit| ("model", limit))?;
+        let s = &self.serving;
+        let serving = [
+            ("max_model_len", s.max_model_len, limits::MAX_MODEL_LEN),
+            ("max_num_seqs", s.max_num_seqs, limits::MAX_NUM_SEQS),
+            (
+                "max_num_batched_tokens",
+                s.max_num_batched_tokens,
+                limits::MAX_NUM_BATCHED_TOKENS,
+            ),
+            ("kv_block_size", s.kv_block_size, limits::MAX_KV_BLOCK_SIZE),
+            ("dp_size", s.dp_size, limits::MAX_DP_SIZE),
+        ];
+        for (key, value, limit) in serving {
+            limits::check(key, value, limit).map_err(|limit| ("serving", limit))?;
+        }
+        let threads = self.backend.threads.unwrap_or(0);
+        limits::check("threads", threads, limits::MAX_PROFILE_THREADS)
+            .map_err(|limit| ("backend", limit))
     }
 
     /// The first value that parses but makes no sense, as (section, key, why).

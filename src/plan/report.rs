@@ -3,8 +3,9 @@
 use std::fmt::Write;
 
 use super::Plan;
+use super::memory::format_limit;
 use crate::geometry::WeightGroup;
-use crate::units::{format_gib, format_gib_signed, format_size};
+use crate::units::{format_gib, format_size};
 
 /// Renders `plan` as aligned text, ending with the verdict.
 pub fn render(plan: &Plan) -> String {
@@ -60,13 +61,13 @@ pub fn render(plan: &Plan) -> String {
             format_gib(h.kube_reserved),
         );
         row(&mut out, "kubepods in use", format_gib(h.kubepods_in_use));
-        row(&mut out, "host limit", format_gib_signed(h.host_limit));
-        row(&mut out, "kubelet limit", format_gib_signed(kube_limit));
+        row(&mut out, "host limit", format_limit(h.host_limit));
+        row(&mut out, "kubelet limit", format_limit(kube_limit));
     } else {
         row(
             &mut out,
             "host limit (no kubelet)",
-            format_gib_signed(h.host_limit),
+            format_limit(h.host_limit),
         );
     }
     let binding = match h.binding {
@@ -76,7 +77,7 @@ pub fn render(plan: &Plan) -> String {
     row(
         &mut out,
         &format!("usable (bound by {binding})"),
-        format_gib_signed(h.usable),
+        format_limit(h.usable),
     );
 
     let _ = writeln!(out, "\nPlan");
@@ -118,6 +119,16 @@ pub fn render(plan: &Plan) -> String {
         "  bytes per token",
         format!("{}", kv.bytes_per_token),
     );
+    if let Some(asked) = kv.capped_from {
+        let _ = writeln!(
+            out,
+            "  (kv_cache = {} capped: max_num_seqs {} × max_model_len {} use at most {} tokens)",
+            format_gib(asked),
+            plan.serving.max_num_seqs,
+            plan.serving.max_model_len,
+            kv.tokens
+        );
+    }
     if kv.sliding.layers > 0 {
         row(
             &mut out,
@@ -132,20 +143,22 @@ pub fn render(plan: &Plan) -> String {
 
     match &plan.shortfall {
         None => {
+            // Fits means total ≤ usable, so neither figure is negative.
+            let usable = u64::try_from(h.usable).unwrap_or(0);
             let _ = writeln!(
                 out,
                 "\nFITS: {} of {} usable, {} to spare.",
                 format_gib(plan.total),
-                format_gib_signed(h.usable),
-                format_gib_signed(h.usable - plan.total as i64)
+                format_gib(usable),
+                format_gib(usable.saturating_sub(plan.total))
             );
         }
         Some(short) => {
             let _ = writeln!(
                 out,
-                "\nDOES NOT FIT: {} short of {} usable.",
+                "\nDOES NOT FIT: {} short ({}).",
                 format_gib(short.bytes),
-                format_gib_signed(h.usable)
+                h.usable_phrase()
             );
             for a in &short.advice {
                 let _ = writeln!(out, "  - {a}");

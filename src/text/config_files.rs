@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::TextError;
+use crate::limits::MAX_SMALL_FILE_BYTES;
+use crate::util::files::read_regular_to_string;
 
 /// The special-token strings of `tokenizer_config.json`, passed to the chat
 /// template as `bos_token`, `eos_token`, `pad_token` and `unk_token` (as
@@ -36,7 +38,7 @@ pub(crate) const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 
 /// Reads a JSON file, or `None` when it does not exist.
 pub(crate) fn read_json_if_exists(path: &Path) -> Result<Option<Value>, TextError> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match read_regular_to_string(path, MAX_SMALL_FILE_BYTES) {
         Ok(text) => text,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
@@ -56,7 +58,7 @@ pub(crate) fn read_json_if_exists(path: &Path) -> Result<Option<Value>, TextErro
 
 /// Reads a text file, or `None` when it does not exist.
 pub(crate) fn read_text_if_exists(path: &Path) -> Result<Option<String>, TextError> {
-    match std::fs::read_to_string(path) {
+    match read_regular_to_string(path, MAX_SMALL_FILE_BYTES) {
         Ok(text) => Ok(Some(text)),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(TextError::Io {

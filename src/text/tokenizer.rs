@@ -9,6 +9,8 @@ use super::config_files::{
     read_tokenizer_config,
 };
 use super::stream::StreamDecoder;
+use crate::limits::MAX_TOKENIZER_FILE_BYTES;
+use crate::util::files::read_regular;
 
 /// A loaded tokenizer plus the ids that end generation.
 pub struct Tokenizer {
@@ -25,8 +27,17 @@ impl Tokenizer {
     /// any of them; each file is optional.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer, TextError> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path)
+        // Read here (a regular file, bounded) rather than by `from_file`,
+        // which would block on a FIFO and read any size.
+        let bytes = read_regular(&path, MAX_TOKENIZER_FILE_BYTES).map_err(|source| {
+            TextError::TokenizerLoad {
+                path: path.clone(),
+                source: source.into(),
+            }
+        })?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|source| TextError::TokenizerLoad { path, source })?;
+        drop(bytes);
         let config = read_tokenizer_config(dir)?;
 
         let mut eos_token_ids = eos_token_ids_in(dir, GENERATION_CONFIG)?;
