@@ -73,23 +73,33 @@ pub const MAX_SHARDS: usize = 4096;
 /// (`checkpoint::header::MAX_HEADER_BYTES`).
 pub const MAX_TENSORS: usize = 4_194_304;
 
+/// Bytes any one category of a plan may come to (1 EiB: no host is near).
+/// A profile whose limits multiply past it is refused before planning, so
+/// the plan's `u64` / `i64` sums of a few categories cannot overflow.
+pub const MAX_PLAN_BYTES: u128 = 1 << 60;
+
 /// A value above its limit: the field as the file spells it, the value and
 /// the limit.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("`{field}` is {value}, above the limit of {limit}")]
 pub struct LimitExceeded {
     pub field: String,
-    pub value: u64,
-    pub limit: u64,
+    pub value: u128,
+    pub limit: u128,
 }
 
 /// `Err` when `value > limit`.
 pub fn check(field: impl fmt::Display, value: usize, limit: usize) -> Result<(), LimitExceeded> {
+    check_wide(field, value as u128, limit as u128)
+}
+
+/// [`check`] for products computed in `u128`.
+pub fn check_wide(field: impl fmt::Display, value: u128, limit: u128) -> Result<(), LimitExceeded> {
     if value > limit {
         Err(LimitExceeded {
             field: field.to_string(),
-            value: value as u64,
-            limit: limit as u64,
+            value,
+            limit,
         })
     } else {
         Ok(())
@@ -181,13 +191,13 @@ mod tests {
     fn each_violation_names_field_value_and_limit() {
         let err = fields(1_000_000, 8).check().unwrap_err();
         assert_eq!(err.field, "num_layers");
-        assert_eq!((err.value, err.limit), (1_000_000, MAX_LAYERS as u64));
+        assert_eq!((err.value, err.limit), (1_000_000, MAX_LAYERS as u128));
         assert_eq!(
             err.to_string(),
             "`num_layers` is 1000000, above the limit of 1024"
         );
         let err = fields(1024, 4096).check().unwrap_err();
         assert_eq!(err.field, "num_layers × num_experts");
-        assert_eq!(err.limit, MAX_TOTAL_EXPERTS as u64);
+        assert_eq!(err.limit, MAX_TOTAL_EXPERTS as u128);
     }
 }

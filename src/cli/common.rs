@@ -29,7 +29,7 @@ pub struct ModelArgs {
     /// checkpoint's config into a temporary folder first (benchmarks).
     #[arg(long, value_enum, default_value = "auto")]
     pub load_format: LoadFormat,
-    /// CPU threads [default: all cores].
+    /// CPU threads, at most the cores available to the process [default: all cores].
     #[arg(long)]
     pub threads: Option<usize>,
     /// Read the host below this directory (fake trees in tests).

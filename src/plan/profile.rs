@@ -484,7 +484,77 @@ impl Profile {
         }
         let threads = self.backend.threads.unwrap_or(0);
         limits::check("threads", threads, limits::MAX_PROFILE_THREADS)
-            .map_err(|limit| ("backend", limit))
+            .map_err(|limit| ("backend", limit))?;
+        self.check_plan_magnitude()
+    }
+
+    /// Coarse upper bounds, in `u128`, of what each plan category can come
+    /// to with these limits (`plan::memory` has the exact formulas): each
+    /// must stay below [`limits::MAX_PLAN_BYTES`].
+    fn check_plan_magnitude(&self) -> Result<(), (&'static str, LimitExceeded)> {
+        let (m, s) = (&self.model, &self.serving);
+        let w = |v: usize| v as u128;
+        let (layers, h, e) = (w(m.num_layers), w(m.hidden_size), w(m.num_experts));
+        let (q, kv) = (
+            w(m.num_attention_heads) * w(m.head_dim),
+            w(m.num_kv_heads) * w(m.head_dim),
+        );
+        let (moe_i, dense_i) = (w(m.moe_intermediate_size), w(m.intermediate_size));
+        let (tokens, seqs, len) = (
+            w(s.max_num_batched_tokens),
+            w(s.max_num_seqs),
+            w(s.max_model_len),
+        );
+        // Every stored element at most 2 bytes (bf16; FP4 formats are less),
+        // plus 16 bytes of scalars per expert.
+        let weight_elements = 2 * w(m.vocab_size) * h
+            + layers
+                * (2 * (q + kv) * h
+                    + 2 * (q + kv)
+                    + 4 * h
+                    + w(m.num_attention_heads)
+                    + 2 * w(m.head_dim)
+                    + 2 * e * h
+                    + e * (3 * moe_i * h + 3 * moe_i + 16)
+                    + 3 * dense_i * h
+                    + 3 * dense_i);
+        // Routed rows × (ids, weights, rows, inputs, outputs) in f32, one per
+        // layer in the plan's "one per layer would be" figure.
+        let routed_rows = tokens * w(s.dp_size) * w(m.top_k);
+        let workspace = (routed_rows * 16 * (1 + h + moe_i) + 4 * (e + 1)) * layers.max(1);
+        let activations = tokens * (3 * h + 2 * q + 2 * kv + e + w(m.head_dim) + 2 * dense_i) * 4
+            + seqs * w(m.vocab_size) * 4
+            + (2 * tokens + seqs * (len + 5)) * 4;
+        // Full and sliding layers alike keep at most every token of every
+        // sequence (rounded up to a block).
+        let kv_cache = 2 * layers * kv * 4 * seqs * (len + w(s.kv_block_size));
+        let categories = [
+            (
+                "model",
+                "weights of the geometry (bytes)",
+                2 * weight_elements,
+            ),
+            (
+                "serving",
+                "MoE workspace of max_num_batched_tokens × dp_size × top_k (bytes)",
+                workspace,
+            ),
+            (
+                "serving",
+                "activations of max_num_batched_tokens and max_num_seqs (bytes)",
+                activations,
+            ),
+            (
+                "serving",
+                "KV cache of max_num_seqs × max_model_len (bytes)",
+                kv_cache,
+            ),
+        ];
+        for (section, what, bytes) in categories {
+            limits::check_wide(what, bytes, limits::MAX_PLAN_BYTES)
+                .map_err(|limit| (section, limit))?;
+        }
+        Ok(())
     }
 
     /// The first value that parses but makes no sense, as (section, key, why).
@@ -693,6 +763,42 @@ kv_cache = "1MiB"
         let text = TINY.replace("head_dim = 32\n", "");
         let err = Profile::parse(&text, "t.toml").unwrap_err().to_string();
         assert!(err.contains("head_dim"), "{err}");
+    }
+
+    #[test]
+    fn sizes_above_the_limits_are_refused_with_field_value_and_limit() {
+        let text = TINY.replace("num_layers = 4", "num_layers = 1000000000000");
+        let err = Profile::parse(&text, "t.toml").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "t.toml:5:1: [model] `num_layers` is 1000000000000, above the limit of 1024"
+        );
+        // Each within its limit, together past what any plan may come to.
+        let text = TINY
+            .replace("num_layers = 4", "num_layers = 1024")
+            .replace("num_kv_heads = 2", "num_kv_heads = 8")
+            .replace("head_dim = 32", "head_dim = 4096")
+            .replace("max_model_len = 256", "max_model_len = 16777216")
+            .replace("max_num_seqs = 4", "max_num_seqs = 65536")
+            .replace(
+                "max_num_batched_tokens = 64",
+                "max_num_batched_tokens = 65536",
+            );
+        let err = Profile::parse(&text, "t.toml").unwrap_err().to_string();
+        assert!(
+            err.contains("[serving] `KV cache of max_num_seqs × max_model_len (bytes)`"),
+            "{err}"
+        );
+        assert!(
+            err.ends_with("above the limit of 1152921504606846976"),
+            "{err}"
+        );
+        // The shipped profiles are well inside every limit.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles");
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            Profile::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        }
     }
 
     #[test]
