@@ -38,6 +38,7 @@ mod server_api;
 mod server_batching;
 mod server_connections;
 mod server_guard;
+mod server_limits;
 mod server_openai_client;
 mod text_chat;
 mod text_kv_blocks;

@@ -513,7 +513,8 @@ fn memory_and_metrics_follow_the_contract() {
             requests: RequestOutcomes {
                 ok: 1,
                 error: 0,
-                rejected: 0
+                rejected: 0,
+                cancelled: 0,
             },
             requests_running: 0,
             requests_waiting: 0,

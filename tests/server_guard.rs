@@ -15,7 +15,7 @@ const MIB_KB: u64 = 1024;
 
 /// Replaces `/proc/meminfo` below `root` in one rename, so the guard never
 /// reads a half-written file.
-fn write_meminfo(root: &Path, total_kb: u64, available_kb: u64) {
+pub(crate) fn write_meminfo(root: &Path, total_kb: u64, available_kb: u64) {
     let proc = root.join("proc");
     std::fs::create_dir_all(&proc).unwrap();
     let text = format!(

@@ -59,6 +59,40 @@ fn fixtures_render_chatml() {
     }
 }
 
+/// What `serve` loads: no template at all is `None` (chat routes then
+/// answer 400); a broken one is an error naming the file it came from.
+#[test]
+fn a_broken_template_is_an_error_naming_its_file_and_none_is_none() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(ChatTemplate::from_dir_if_any(dir.path()).unwrap().is_none());
+
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        json!({"chat_template": "{% for m in messages %}{{ m.content }"}).to_string(),
+    )
+    .unwrap();
+    let err = ChatTemplate::from_dir_if_any(dir.path()).err().unwrap();
+    assert!(matches!(err, TextError::TemplateSyntaxIn { .. }), "{err}");
+    assert!(err.to_string().contains("tokenizer_config.json"), "{err}");
+
+    // chat_template.jinja wins over the config's, and is the file named.
+    std::fs::write(dir.path().join("chat_template.jinja"), "{% if %}").unwrap();
+    let err = ChatTemplate::from_dir_if_any(dir.path()).err().unwrap();
+    assert!(err.to_string().contains("chat_template.jinja"), "{err}");
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
+    )
+    .unwrap();
+    let template = ChatTemplate::from_dir_if_any(dir.path()).unwrap().unwrap();
+    assert_eq!(
+        template
+            .render(&[ChatMessage::new("user", "hi")], false)
+            .unwrap(),
+        "hi"
+    );
+}
+
 #[test]
 fn missing_template_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

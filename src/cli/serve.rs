@@ -160,7 +160,11 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
             dir.file_name()
                 .map_or("model".to_string(), |n| n.to_string_lossy().into_owned())
         });
-    let chat_template = crate::text::ChatTemplate::from_dir(&loaded.dir).ok();
+    // A broken template is a start-up error; none at all leaves chat routes 400.
+    let chat_template = crate::text::ChatTemplate::from_dir_if_any(&loaded.dir)?;
+    if chat_template.is_none() {
+        tracing::info!("no chat template in the checkpoint: /v1/chat/completions answers 400");
+    }
     let source = loaded.source();
     let engine = loaded.engine(&source)?;
     let limits = engine.limits().clone();

@@ -1,9 +1,9 @@
 //! The engine thread: owns the engine, takes submissions between steps,
 //! steps while there is work, and publishes gauges for `/metrics`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -36,10 +36,59 @@ pub struct Gauges {
     pub kv_blocks_total: AtomicUsize,
     pub step_errors: AtomicU64,
     pub loaded: AtomicBool,
+    /// Why the engine thread ended before the server did (a panic).
+    failure: Mutex<Option<String>>,
 }
 
-/// Runs until every command sender is gone and no work is left.
+impl Gauges {
+    /// Why the engine thread is gone, when it ended abnormally.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .map_or_else(|poisoned| poisoned.into_inner().clone(), |f| f.clone())
+    }
+
+    fn record_failure(&self, message: String) {
+        match self.failure.lock() {
+            Ok(mut f) => *f = Some(message),
+            Err(poisoned) => *poisoned.into_inner() = Some(message),
+        }
+    }
+}
+
+/// Runs until every command sender is gone and no work is left. If the loop
+/// panics, the panic ends here: the loaded flag is cleared and the message
+/// kept, so `/ready` and `/health` answer 503 with it and new requests get
+/// 503 instead of hanging on a thread that is gone.
 pub fn run<B: Backend>(
+    engine: Engine<'_, B>,
+    commands: Receiver<Command>,
+    gauges: &Gauges,
+    max_queue: usize,
+) {
+    watch(gauges, || {
+        serve_commands(engine, commands, gauges, max_queue)
+    });
+}
+
+/// Runs `body` (the engine loop); whichever way it ends the loaded flag is
+/// cleared, and a panic is recorded as `engine thread panicked: <message>`.
+fn watch(gauges: &Gauges, body: impl FnOnce()) {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    gauges.loaded.store(false, Ordering::Release);
+    if let Err(payload) = result {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_string());
+        let message = format!("engine thread panicked: {message}");
+        tracing::error!("{message}");
+        gauges.record_failure(message);
+    }
+}
+
+fn serve_commands<B: Backend>(
     mut engine: Engine<'_, B>,
     commands: Receiver<Command>,
     gauges: &Gauges,
@@ -87,7 +136,6 @@ pub fn run<B: Backend>(
             .kv_blocks_used
             .store(engine.kv_blocks_used(), Ordering::Relaxed);
     }
-    gauges.loaded.store(false, Ordering::Release);
 }
 
 fn handle<B: Backend>(engine: &mut Engine<'_, B>, command: Command, max_queue: usize, open: bool) {
@@ -117,4 +165,37 @@ fn handle<B: Backend>(engine: &mut Engine<'_, B>, command: Command, max_queue: u
 pub struct EngineHandle {
     pub commands: std::sync::mpsc::Sender<Command>,
     pub gauges: Arc<Gauges>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_that_returns_clears_loaded_without_a_failure() {
+        let gauges = Gauges::default();
+        watch(&gauges, || gauges.loaded.store(true, Ordering::Release));
+        assert!(!gauges.loaded.load(Ordering::Acquire));
+        assert_eq!(gauges.failure(), None);
+    }
+
+    #[test]
+    fn a_loop_that_panics_clears_loaded_and_keeps_the_message() {
+        let gauges = Gauges::default();
+        watch(&gauges, || {
+            gauges.loaded.store(true, Ordering::Release);
+            let index = gauges.running.load(Ordering::Relaxed) + 3;
+            panic!("block {index} out of range");
+        });
+        assert!(!gauges.loaded.load(Ordering::Acquire));
+        assert_eq!(
+            gauges.failure().as_deref(),
+            Some("engine thread panicked: block 3 out of range")
+        );
+        watch(&gauges, || std::panic::panic_any(7u8));
+        assert_eq!(
+            gauges.failure().as_deref(),
+            Some("engine thread panicked: (no message)")
+        );
+    }
 }

@@ -39,6 +39,23 @@ impl ApiError {
         self
     }
 
+    /// A client-sized value over one of [`crate::server::limits::RequestLimits`]:
+    /// 400 with the limit's name as `code`, and the value and the limit in
+    /// the message.
+    pub fn over_limit(
+        limit: &'static str,
+        what: &str,
+        value: usize,
+        max: usize,
+        param: Option<&'static str>,
+    ) -> ApiError {
+        ApiError::invalid(
+            format!("{what} is {value}, over this server's limit {limit} = {max}"),
+            param,
+        )
+        .with_code(limit)
+    }
+
     pub fn model_not_found(model: &str) -> ApiError {
         ApiError::invalid(
             format!("The model `{model}` does not exist."),

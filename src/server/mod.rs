@@ -2,14 +2,17 @@
 //! guard, and the observability endpoints the monitor reads.
 
 pub mod auth;
+pub mod body;
 pub mod engine_loop;
 pub mod errors;
 pub mod expose;
 pub mod fds;
 pub mod guard;
+pub mod limits;
 pub mod listen;
 pub mod observe;
 pub mod openai;
+pub mod prep;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,9 +28,12 @@ use crate::plan::ledger::Ledger;
 use crate::text::{ChatTemplate, Tokenizer};
 use engine_loop::EngineHandle;
 use guard::MemoryGuard;
+use limits::RequestLimits;
+use prep::PrepPool;
 
-/// Largest request body accepted (a prompt of a few hundred thousand characters).
-pub const MAX_BODY_BYTES: usize = 8 << 20;
+/// Largest request bodies prepared (parsed, rendered, tokenized) at once:
+/// the tokenizer's memory is proportional to its input, so this bounds it.
+const PREP_BUDGET_BODIES: usize = 2;
 
 /// Request outcomes for `/metrics`.
 #[derive(Debug, Default)]
@@ -35,6 +41,8 @@ pub struct RequestCounters {
     pub ok: AtomicU64,
     pub error: AtomicU64,
     pub rejected: AtomicU64,
+    /// Admitted, then the client went away before the answer ended.
+    pub cancelled: AtomicU64,
 }
 
 impl RequestCounters {
@@ -45,6 +53,10 @@ impl RequestCounters {
 
     pub fn rejected(&self) {
         self.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn cancelled(&self) {
+        self.cancelled.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -63,6 +75,9 @@ pub struct ServerState {
     pub chat_template: Option<ChatTemplate>,
     pub api_key: Option<String>,
     pub host_root: PathBuf,
+    /// What a client may size, and the pool prompts are prepared in.
+    pub request_limits: RequestLimits,
+    pub prep: PrepPool,
     request_ids: AtomicU64,
 }
 
@@ -101,6 +116,14 @@ impl ServerState {
             api_key,
             host_root,
         } = config;
+        let request_limits = RequestLimits::new(
+            limits.max_model_len,
+            tokenizer.as_deref().map(Tokenizer::longest_token_bytes),
+        );
+        let prep = PrepPool::new(
+            std::thread::available_parallelism().map_or(1, usize::from),
+            PREP_BUDGET_BODIES.saturating_mul(request_limits.max_body_bytes),
+        );
         ServerState {
             model_name,
             started_unix: std::time::SystemTime::now()
@@ -117,6 +140,8 @@ impl ServerState {
             chat_template,
             api_key,
             host_root,
+            request_limits,
+            prep,
             request_ids: AtomicU64::new(1),
         }
     }
@@ -158,6 +183,6 @@ pub fn router(state: Arc<ServerState>) -> Router {
             Arc::clone(&state),
             auth::require_key,
         ))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(state.request_limits.max_body_bytes))
         .with_state(state)
 }

@@ -20,8 +20,17 @@ use super::ServerState;
 use super::errors::ApiError;
 use crate::plan::ledger::LedgerSnapshot;
 
-pub async fn health() -> &'static str {
-    "ok"
+/// `ok`, or 503 with the reason once the engine thread has died (a
+/// liveness probe then restarts the server).
+pub async fn health(State(state): State<Arc<ServerState>>) -> Response {
+    health_answer(state.engine.gauges.failure())
+}
+
+fn health_answer(failure: Option<String>) -> Response {
+    match failure {
+        None => "ok".into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+    }
 }
 
 /// The answer of `/ready`.
@@ -30,6 +39,9 @@ struct Readiness {
     ready: bool,
     loaded: bool,
     memory_guard_tripped: bool,
+    /// Why the engine thread ended (absent while it runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine_failure: Option<String>,
 }
 
 /// 200 once the model is loaded and while the memory guard admits work.
@@ -46,6 +58,7 @@ pub async fn ready(State(state): State<Arc<ServerState>>) -> Response {
         ready,
         loaded,
         memory_guard_tripped: tripped,
+        engine_failure: state.engine.gauges.failure(),
     };
     (status, Json(body)).into_response()
 }
@@ -63,6 +76,7 @@ fn serving_stats(state: &ServerState) -> ServingStats {
             ok: c.ok.load(Ordering::Relaxed),
             error: c.error.load(Ordering::Relaxed),
             rejected: c.rejected.load(Ordering::Relaxed),
+            cancelled: c.cancelled.load(Ordering::Relaxed),
         },
         requests_running: g.running.load(Ordering::Relaxed) as u64,
         requests_waiting: g.waiting.load(Ordering::Relaxed) as u64,
@@ -97,6 +111,7 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
             ("{outcome=\"ok\"}".into(), stats.requests.ok),
             ("{outcome=\"error\"}".into(), stats.requests.error),
             ("{outcome=\"rejected\"}".into(), stats.requests.rejected),
+            ("{outcome=\"cancelled\"}".into(), stats.requests.cancelled),
         ],
     );
     metric(
@@ -244,5 +259,20 @@ fn ledger_report(snapshot: LedgerSnapshot) -> wire::Ledger {
         weights_residency: snapshot
             .weights_residency
             .unwrap_or(WeightsResidency::Mapped),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn health_reports_a_dead_engine() {
+        let ok = health_answer(None);
+        assert_eq!(ok.status(), StatusCode::OK);
+        let dead = health_answer(Some("engine thread panicked: boom".into()));
+        assert_eq!(dead.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(dead.into_body(), 1024).await.unwrap();
+        assert_eq!(&body[..], b"engine thread panicked: boom");
     }
 }

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::TextError;
 use super::config_files::{
-    CHAT_TEMPLATE_FILE, SpecialTokens, read_text_if_exists, read_tokenizer_config,
+    CHAT_TEMPLATE_FILE, SpecialTokens, TOKENIZER_CONFIG, read_text_if_exists, read_tokenizer_config,
 };
 use super::python_json;
 
@@ -53,17 +53,39 @@ impl ChatTemplate {
     /// present (newer transformers save it there), otherwise the
     /// `chat_template` of `tokenizer_config.json`. A checkpoint without one
     /// (a base model) gives [`TextError::NoChatTemplate`].
+    ///
+    /// A template that does not compile gives
+    /// [`TextError::TemplateSyntaxIn`], naming the file it came from.
     pub fn from_dir(dir: &Path) -> Result<ChatTemplate, TextError> {
         let config = read_tokenizer_config(dir)?;
-        let source = match read_text_if_exists(&dir.join(CHAT_TEMPLATE_FILE))? {
-            Some(source) => source,
-            None => config
-                .chat_template
-                .ok_or_else(|| TextError::NoChatTemplate {
-                    dir: dir.to_path_buf(),
-                })?,
+        let file = dir.join(CHAT_TEMPLATE_FILE);
+        let (source, path) = match read_text_if_exists(&file)? {
+            Some(source) => (source, file),
+            None => (
+                config
+                    .chat_template
+                    .ok_or_else(|| TextError::NoChatTemplate {
+                        dir: dir.to_path_buf(),
+                    })?,
+                dir.join(TOKENIZER_CONFIG),
+            ),
         };
-        ChatTemplate::from_source(source, config.special_tokens)
+        ChatTemplate::from_source(source, config.special_tokens).map_err(|e| match e {
+            TextError::TemplateSyntax { source } => TextError::TemplateSyntaxIn { path, source },
+            other => other,
+        })
+    }
+
+    /// As [`ChatTemplate::from_dir`], with `None` for a checkpoint that has
+    /// no template at all (a base model: chat routes then answer 400). A
+    /// template that is there but broken stays an error: the server refuses
+    /// to start rather than serve a chat route that cannot work.
+    pub fn from_dir_if_any(dir: &Path) -> Result<Option<ChatTemplate>, TextError> {
+        match ChatTemplate::from_dir(dir) {
+            Ok(template) => Ok(Some(template)),
+            Err(TextError::NoChatTemplate { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Compiles a template given as text.

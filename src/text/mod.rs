@@ -79,6 +79,12 @@ pub enum TextError {
         #[source]
         source: minijinja::Error,
     },
+    #[error("the chat template in {path} does not compile: {source}")]
+    TemplateSyntaxIn {
+        path: PathBuf,
+        #[source]
+        source: minijinja::Error,
+    },
     #[error("chat template failed: {source}")]
     TemplateRender {
         #[source]

@@ -15,6 +15,7 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     eos_token_ids: Vec<u32>,
     special_tokens: SpecialTokens,
+    longest_token_bytes: usize,
 }
 
 impl Tokenizer {
@@ -42,11 +43,13 @@ impl Tokenizer {
         }
         eos_token_ids.sort_unstable();
         eos_token_ids.dedup();
+        let longest_token_bytes = longest_token_bytes(&inner);
 
         Ok(Tokenizer {
             inner,
             eos_token_ids,
             special_tokens: config.special_tokens,
+            longest_token_bytes,
         })
     }
 
@@ -93,8 +96,29 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The longest token of the vocabulary (added tokens included), in
+    /// bytes as stored: no token stands for more bytes of text than this, so
+    /// a text longer than `n ×` it cannot encode to `n` tokens or fewer.
+    /// (The stored form is never shorter than the text a token decodes to:
+    /// byte-level vocabularies store each byte as one or two UTF-8 bytes,
+    /// SentencePiece's `▁` and `<0x41>` are longer than what they stand for.)
+    pub fn longest_token_bytes(&self) -> usize {
+        self.longest_token_bytes
+    }
+
     /// Number of ids the tokenizer knows, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+}
+
+/// Computed once at load: the vocabulary is walked once (a copy of its
+/// strings, dropped at once).
+fn longest_token_bytes(inner: &tokenizers::Tokenizer) -> usize {
+    inner
+        .get_vocab(true)
+        .keys()
+        .map(String::len)
+        .max()
+        .unwrap_or(0)
 }

@@ -117,6 +117,7 @@ fn stats_at(t: f64) -> ServingStats {
             ok: (t / 3.0) as u64,
             error: 1,
             rejected: (t / 30.0) as u64,
+            cancelled: (t / 60.0) as u64,
         },
         requests_running: running,
         requests_waiting: running / 3,

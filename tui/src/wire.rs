@@ -216,6 +216,10 @@ pub struct RequestOutcomes {
     pub error: u64,
     /// Refused before they started (queue full, memory guard, admission).
     pub rejected: u64,
+    /// Admitted, then the client went away before the answer ended (absent
+    /// from older servers: 0).
+    #[serde(default)]
+    pub cancelled: u64,
 }
 
 #[cfg(test)]

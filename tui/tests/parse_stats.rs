@@ -31,6 +31,7 @@ fn canned_answer_parses_to_its_figures() {
                 ok: 120,
                 error: 2,
                 rejected: 5,
+                cancelled: 0,
             },
             requests_running: 3,
             requests_waiting: 1,
@@ -49,6 +50,19 @@ fn the_canned_answer_is_exactly_what_the_wire_type_writes() {
     let recorded: serde_json::Value = serde_json::from_str(STATS_OK).unwrap();
     let written = serde_json::to_value(ServingStats::parse(STATS_OK).unwrap()).unwrap();
     assert_eq!(written, recorded);
+}
+
+#[test]
+fn an_answer_without_the_cancelled_count_reads_as_none_cancelled() {
+    let mut doc: serde_json::Value = serde_json::from_str(STATS_OK).unwrap();
+    doc["requests"]
+        .as_object_mut()
+        .unwrap()
+        .remove("cancelled")
+        .unwrap();
+    doc["requests"]["ok"] = 7.into();
+    let stats = ServingStats::parse(&doc.to_string()).unwrap();
+    assert_eq!((stats.requests.ok, stats.requests.cancelled), (7, 0));
 }
 
 #[test]

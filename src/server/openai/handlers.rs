@@ -1,27 +1,29 @@
-//! The axum handlers of the OpenAI routes: parse and validate the body,
-//! submit to the engine, then answer at once ([`collect`]) or stream
+//! The axum handlers of the OpenAI routes: admit, parse and validate the
+//! body, render and tokenize (on [`crate::server::prep`]'s pool), submit to
+//! the engine, then answer at once ([`collect`]) or stream
 //! ([`super::stream`]).
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::{mpsc, oneshot};
 
+use super::outcome::Outcome;
 use super::types::{
-    ASSISTANT, AssistantMessage, ChatChoice, ChatContent, ChatRequest, CommonParams,
+    ASSISTANT, AssistantMessage, ChatChoice, ChatContent, ChatInput, ChatRequest, CommonParams,
     CompletionRequest, CompletionResponse, ModelCard, ModelList, OneOrMany, Prompt, TextChoice,
 };
 use super::{ResponseMeta, Route, stream};
 use crate::engine::sampling::SamplingParams;
 use crate::engine::{AdmissionError, Event, Request};
-use crate::server::ServerState;
 use crate::server::engine_loop::{Command, SubmitError};
 use crate::server::errors::ApiError;
+use crate::server::{ServerState, body};
 use crate::text::ChatMessage;
 
 /// Seconds a client is told to wait after a 429 or 503.
@@ -53,45 +55,155 @@ pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri
 
 pub async fn completions(
     State(state): State<Arc<ServerState>>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    let body: CompletionRequest = parse_body(body)?;
-    let prompt = match body.prompt {
-        Prompt::Ids(ids) => ids,
-        Prompt::Text(text) => encode(&state, &text)?,
-        Prompt::Texts(mut texts) if texts.len() == 1 => encode(&state, &texts.remove(0))?,
-        Prompt::Texts(texts) if texts.is_empty() => {
-            return Err(ApiError::invalid(
-                "`prompt` must not be empty",
-                Some("prompt"),
-            ));
-        }
-        Prompt::Texts(_) => {
-            return Err(ApiError::invalid(
-                "only one prompt per request is supported",
-                Some("prompt"),
-            ));
-        }
-    };
-    serve(state, body.common, prompt, Route::Completion).await
+    handle(state, &headers, body, Route::Completion).await
 }
 
 pub async fn chat_completions(
     State(state): State<Arc<ServerState>>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    let body: ChatRequest = parse_body(body)?;
-    if body.messages.is_empty() {
+    handle(state, &headers, body, Route::Chat).await
+}
+
+/// Both routes, in the order that keeps work after refusals: the body limit
+/// (413), the engine's and the guard's admission (503) before anything is
+/// parsed, then the parsing, the request limits, the template and the
+/// tokenizer on the preparation pool, then the engine.
+async fn handle(
+    state: Arc<ServerState>,
+    headers: &HeaderMap,
+    body: Body,
+    route: Route,
+) -> Result<Response, ApiError> {
+    let bytes = body::read(headers, body, state.request_limits.max_body_bytes).await?;
+    admit(&state)?;
+    // From here a client that leaves is counted as cancelled.
+    let mut outcome = Outcome::new(Arc::clone(&state));
+    let submitted = match prepare_and_submit(&state, bytes, route).await {
+        Ok(s) => s,
+        Err(e) => {
+            outcome.dismiss();
+            return Err(e);
+        }
+    };
+    if submitted.stream {
+        Ok(stream::sse(state, submitted.meta, submitted.events, outcome).into_response())
+    } else {
+        let answer = collect(submitted.meta, submitted.events).await;
+        outcome.finished(answer.is_ok());
+        answer
+    }
+}
+
+/// 503 without looking at the request while the engine thread is gone or
+/// the memory guard is tripped.
+fn admit(state: &ServerState) -> Result<(), ApiError> {
+    if let Some(failure) = state.engine.gauges.failure() {
+        return Err(
+            ApiError::internal(format!("the engine has stopped: {failure}"))
+                .with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE),
+        );
+    }
+    if state.guard.tripped() {
+        state.counters.rejected();
+        return Err(ApiError::memory_guard(RETRY_AFTER_SECONDS));
+    }
+    Ok(())
+}
+
+/// A request the engine took: its answer's metadata and its events.
+struct Submitted {
+    meta: ResponseMeta,
+    events: mpsc::UnboundedReceiver<Event>,
+    stream: bool,
+}
+
+async fn prepare_and_submit(
+    state: &Arc<ServerState>,
+    bytes: Bytes,
+    route: Route,
+) -> Result<Submitted, ApiError> {
+    let job_state = Arc::clone(state);
+    let (common, prompt) = state
+        .prep
+        .run(bytes.len(), move || prepare(&job_state, &bytes, route))
+        .await??;
+    submit(state, common, prompt, route).await
+}
+
+/// On the preparation pool: the body parsed and checked against the limits,
+/// then rendered and tokenized.
+fn prepare(
+    state: &ServerState,
+    bytes: &[u8],
+    route: Route,
+) -> Result<(CommonParams, Vec<u32>), ApiError> {
+    let limits = &state.request_limits;
+    match route {
+        Route::Completion => {
+            let body: CompletionRequest = parse_body(bytes)?;
+            check_common(state, &body.common)?;
+            let prompt = match body.prompt {
+                Prompt::Ids(ids) => {
+                    limits.check_prompt_ids(ids.len())?;
+                    ids
+                }
+                Prompt::Text(text) => encode(state, &text)?,
+                Prompt::Texts(texts) if texts.len() == 1 => encode(state, &texts[0])?,
+                Prompt::Texts(texts) if texts.is_empty() => {
+                    return Err(ApiError::invalid(
+                        "`prompt` must not be empty",
+                        Some("prompt"),
+                    ));
+                }
+                Prompt::Texts(_) => {
+                    return Err(ApiError::invalid(
+                        "only one prompt per request is supported",
+                        Some("prompt"),
+                    ));
+                }
+            };
+            Ok((body.common, prompt))
+        }
+        Route::Chat => {
+            let body: ChatRequest = parse_body(bytes)?;
+            check_common(state, &body.common)?;
+            let rendered = render_chat(state, body.messages)?;
+            let prompt = encode(state, &rendered)?;
+            Ok((body.common, prompt))
+        }
+    }
+}
+
+/// The limits every route shares, and the model's name.
+fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiError> {
+    state.request_limits.check_common(common)?;
+    if let Some(model) = &common.model
+        && !model.is_empty()
+        && *model != state.model_name
+    {
+        return Err(ApiError::model_not_found(model));
+    }
+    Ok(())
+}
+
+fn render_chat(state: &ServerState, input: Vec<ChatInput>) -> Result<String, ApiError> {
+    if input.is_empty() {
         return Err(ApiError::invalid(
             "`messages` must not be empty",
             Some("messages"),
         ));
     }
+    state.request_limits.check_messages(&input)?;
     let template = state.chat_template.as_ref().ok_or_else(|| {
         ApiError::invalid("this model has no chat template; use /v1/completions", None)
     })?;
-    let mut messages = Vec::with_capacity(body.messages.len());
-    for m in body.messages {
+    let mut messages = Vec::with_capacity(input.len());
+    for m in input {
         let content = match m.content {
             ChatContent::Text(t) => t,
             ChatContent::Parts(parts) => {
@@ -112,23 +224,17 @@ pub async fn chat_completions(
         };
         messages.push(ChatMessage::new(m.role, content));
     }
-    let rendered = template
+    template
         .render(&messages, true)
-        .map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))?;
-    let prompt = encode(&state, &rendered)?;
-    serve(state, body.common, prompt, Route::Chat).await
+        .map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))
 }
 
-fn parse_body<T: serde::de::DeserializeOwned>(
-    body: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
-    let bytes = body.map_err(|rejection| {
-        ApiError::invalid(rejection.body_text(), None).with_status(rejection.status())
-    })?;
-    serde_json::from_slice(&bytes)
+fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes)
         .map_err(|e| ApiError::invalid(format!("invalid request body: {e}"), None))
 }
 
+/// Text to ids, once its length is known to fit `max_prompt_bytes`.
 fn encode(state: &ServerState, text: &str) -> Result<Vec<u32>, ApiError> {
     let tokenizer = state.tokenizer.as_ref().ok_or_else(|| {
         ApiError::invalid(
@@ -136,6 +242,7 @@ fn encode(state: &ServerState, text: &str) -> Result<Vec<u32>, ApiError> {
             Some("prompt"),
         )
     })?;
+    state.request_limits.check_prompt_bytes(text.len())?;
     tokenizer
         .encode(text, false)
         .map_err(|e| ApiError::invalid(format!("cannot tokenize the prompt: {e}"), Some("prompt")))
@@ -211,19 +318,14 @@ fn sampling(
     Ok(params)
 }
 
-async fn serve(
-    state: Arc<ServerState>,
+async fn submit(
+    state: &Arc<ServerState>,
     common: CommonParams,
     prompt: Vec<u32>,
     route: Route,
-) -> Result<Response, ApiError> {
-    if let Some(model) = &common.model
-        && !model.is_empty()
-        && *model != state.model_name
-    {
-        return Err(ApiError::model_not_found(model));
-    }
+) -> Result<Submitted, ApiError> {
     let params = sampling(&common, prompt.len(), state.limits.max_model_len, route)?;
+    // The guard may have tripped while the prompt was prepared.
     if state.guard.tripped() {
         state.counters.rejected();
         return Err(ApiError::memory_guard(RETRY_AFTER_SECONDS));
@@ -278,11 +380,11 @@ async fn serve(
         prompt_ids,
         include_usage: common.stream_options.is_some_and(|o| o.include_usage),
     };
-    if common.stream {
-        Ok(stream::sse(state, meta, events).into_response())
-    } else {
-        collect(state, meta, events).await
-    }
+    Ok(Submitted {
+        meta,
+        events,
+        stream: common.stream,
+    })
 }
 
 fn admission_error(e: AdmissionError) -> ApiError {
@@ -295,7 +397,6 @@ fn admission_error(e: AdmissionError) -> ApiError {
 
 /// The blocking answer: waits for the whole text, then answers once.
 async fn collect(
-    state: Arc<ServerState>,
     meta: ResponseMeta,
     mut events: mpsc::UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
@@ -315,7 +416,6 @@ async fn collect(
                 ..
             } => {
                 text.push_str(&rest);
-                state.counters.finished(true);
                 let completion = completion_tokens.max(ids.len());
                 return Ok(blocking_answer(
                     meta,
@@ -326,12 +426,10 @@ async fn collect(
                 ));
             }
             Event::Failed { message } => {
-                state.counters.finished(false);
                 return Err(ApiError::internal(message));
             }
         }
     }
-    state.counters.finished(false);
     Err(ApiError::internal("the engine dropped the request"))
 }
 

@@ -6,6 +6,7 @@
 //! - [`stream`]: the SSE stream of chunks.
 
 mod handlers;
+mod outcome;
 mod stream;
 pub mod types;
 

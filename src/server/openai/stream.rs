@@ -10,6 +10,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use super::outcome::Outcome;
 use super::types::{ASSISTANT, ChatChunkChoice, ChatDelta, CompletionChunk, TextChoice, Usage};
 use super::{ResponseMeta, Route};
 use crate::engine::Event;
@@ -23,6 +24,7 @@ pub(super) fn sse(
     state: Arc<ServerState>,
     meta: ResponseMeta,
     mut events: mpsc::UnboundedReceiver<Event>,
+    mut outcome: Outcome,
 ) -> Sse<impl futures_core::Stream<Item = Result<SseEvent, Infallible>>> {
     let body = async_stream::stream! {
         let mut first = true;
@@ -48,7 +50,7 @@ pub(super) fn sse(
                 }
                 Event::PromptLogits { .. } => {}
                 Event::Finished { reason, text, completion_tokens, .. } => {
-                    state.counters.finished(true);
+                    outcome.finished(true);
                     if !text.is_empty() || !ids.is_empty() {
                         yield Ok(meta.choice_chunk(Some(&text), &ids, None, first));
                         first = false;
@@ -61,7 +63,7 @@ pub(super) fn sse(
                     break;
                 }
                 Event::Failed { message } => {
-                    state.counters.finished(false);
+                    outcome.finished(false);
                     yield Ok(data(&ApiError::internal(message).body()));
                     ended = true;
                     break;
@@ -69,7 +71,7 @@ pub(super) fn sse(
             }
         }
         if !ended {
-            state.counters.finished(false);
+            outcome.finished(false);
             yield Ok(data(&ApiError::internal("the engine dropped the request").body()));
         }
         yield Ok(SseEvent::default().data("[DONE]"));

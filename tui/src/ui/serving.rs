@@ -40,8 +40,8 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
             )));
             lines.push(Line::raw(kv_line(m.kv_blocks_used, m.kv_blocks_free)));
             lines.push(Line::raw(format!(
-                "done      ok {} · error {} · rejected {}",
-                m.requests.ok, m.requests.error, m.requests.rejected
+                "done      ok {} · error {} · rejected {} · cancelled {}",
+                m.requests.ok, m.requests.error, m.requests.rejected, m.requests.cancelled
             )));
         }
         Some(Err(error)) => {
