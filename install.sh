@@ -50,6 +50,7 @@ host_root=/
 listen=127.0.0.1
 port=8000
 api_key_file=""
+insecure_no_api_key=0
 dry_run=0
 uninstall=0
 no_start=0
@@ -72,7 +73,9 @@ usage: install.sh --profile NAME --model-dir DIR [options]
   --binary PATH       install this binary instead of building one with cargo
   --listen ADDR       address the service listens on (default 127.0.0.1)
   --port N            port (default 8000)
-  --api-key-file F    file holding the API key clients must send
+  --api-key-file F    file holding the API key clients must send (needed
+                      when --listen is not loopback)
+  --insecure-no-api-key  listen on a non-loopback address without a key
   --root DIR          install below DIR (a staging tree); the host is not touched
   --host-root DIR     plan against the host tree below DIR (default /)
   --dry-run           print every action, change nothing
@@ -89,6 +92,13 @@ die() {
 	exit "${2:-1}"
 }
 
+# The addresses sparkrt serve treats as loopback (127.0.0.0/8, ::1, localhost).
+loopback() {
+	local address=${1,,}
+	[[ $address == 127.* || $address == localhost || $address == ::1 || $address == '[::1]' ||
+		$address == ::ffff:127.* || $address == '[::ffff:127.'* ]]
+}
+
 parse_args() {
 	while (($#)); do
 		local flag=$1
@@ -100,6 +110,7 @@ parse_args() {
 		--dry-run) dry_run=1 ;;
 		--uninstall) uninstall=1 ;;
 		--no-start) no_start=1 ;;
+		--insecure-no-api-key) insecure_no_api_key=1 ;;
 		--profile | --model-dir | --prefix | --binary | --root | --host-root | --listen | --port | --api-key-file)
 			(($# >= 2)) || die "$flag needs a value" "$EXIT_USAGE"
 			case $flag in
@@ -153,6 +164,9 @@ validate_args() {
 	[[ $listen =~ ^[][0-9A-Za-z.:-]+$ ]] || die "--listen '$listen' is not an address" "$EXIT_USAGE"
 	if [[ -n $api_key_file ]]; then
 		check_unit_path --api-key-file "$api_key_file"
+	elif ! loopback "$listen" && ((!insecure_no_api_key)); then
+		# sparkrt serve itself refuses this (exit 2) at every start.
+		die "--listen $listen is not loopback: pass --api-key-file F, or --insecure-no-api-key to serve without a key" "$EXIT_USAGE"
 	fi
 	[[ -d $host_root ]] || die "--host-root $host_root is not a directory" "$EXIT_USAGE"
 	if [[ -n $binary ]]; then
@@ -398,8 +412,9 @@ install_config() {
 		serve_args="--api-key-file $api_key_file"
 		[[ -f $(target "$api_key_file") ]] ||
 			warn "API key file $api_key_file does not exist yet: create it, readable by user $SERVICE_USER"
-	elif [[ $listen != 127.* && $listen != localhost && $listen != ::1 && $listen != '[::1]' ]]; then
-		warn "listening on $listen without --api-key-file: anyone who reaches port $port can use the model"
+	elif ! loopback "$listen"; then
+		serve_args="--insecure-no-api-key"
+		warn "listening on $listen without --api-key-file (--insecure-no-api-key): anyone who reaches port $port can use the model"
 	fi
 	local text
 	text=$(render "$SCRIPT_DIR/deploy/sparkrt.env.in" \

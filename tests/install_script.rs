@@ -426,6 +426,17 @@ fn bad_options_are_exit_2_and_write_nothing() {
             "no profile",
         ),
         (vec!["--frobnicate"], "unknown option"),
+        (
+            vec![
+                "--profile",
+                "qwen3-moe-tiny",
+                "--model-dir",
+                &model,
+                "--listen",
+                "0.0.0.0",
+            ],
+            "not loopback",
+        ),
     ] {
         let out = install(dir.path(), &args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
@@ -477,4 +488,37 @@ fn systemd_analyze_verifies_the_unit() {
     assert_ok(&out);
     // Unknown keys and bad values are warnings with exit 0: there must be none.
     assert_eq!(stderr(&out).trim(), "", "systemd-analyze verify warned");
+}
+
+#[test]
+fn a_public_listen_address_without_a_key_needs_the_insecure_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = install_tiny(
+        dir.path(),
+        &["--listen", "0.0.0.0", "--insecure-no-api-key"],
+    );
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("--insecure-no-api-key"),
+        "{}",
+        stderr(&out)
+    );
+    let env = read(dir.path(), "/etc/sparkrt/sparkrt.env");
+    assert!(
+        env.contains("\nSPARKRT_SERVE_ARGS=--insecure-no-api-key\n"),
+        "{env}"
+    );
+    // Loopback in every spelling serve accepts needs neither.
+    for listen in ["::1", "[::1]", "localhost", "127.0.0.2"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = install_tiny(dir.path(), &["--listen", listen]);
+        assert_ok(&out);
+        assert!(
+            !stderr(&out).contains("api-key"),
+            "{listen}: {}",
+            stderr(&out)
+        );
+        let env = read(dir.path(), "/etc/sparkrt/sparkrt.env");
+        assert!(env.contains("\nSPARKRT_SERVE_ARGS=\n"), "{listen}: {env}");
+    }
 }

@@ -310,3 +310,106 @@ fn a_relative_model_dir_is_bad_input() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("absolute"), "{}", stderr(&out));
 }
+
+#[test]
+fn an_api_key_secret_is_mounted_and_passed_to_serve() {
+    let out = k8s(
+        "qwen3-30b-a3b-nvfp4",
+        &host("spark"),
+        &["--api-key-secret", "sparkrt-key:token"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(!text.contains("WARNING"), "{text}");
+    let parsed = parse(&text);
+    let c = container(&parsed);
+    let args = c.args.as_ref().unwrap();
+    assert!(
+        !args.iter().any(|a| a == "--insecure-no-api-key"),
+        "{args:?}"
+    );
+    let key_file = arg_after(c, "--api-key-file");
+    let mounts = c.volume_mounts.as_ref().unwrap();
+    let key_mount = mounts.iter().find(|m| m.name == "api-key").unwrap();
+    assert_eq!(key_mount.read_only, Some(true));
+    assert_eq!(key_file, format!("{}/token", key_mount.mount_path));
+    let volumes = pod(&parsed).volumes.as_ref().unwrap();
+    let secret = volumes
+        .iter()
+        .find(|v| v.name == "api-key")
+        .unwrap()
+        .secret
+        .as_ref()
+        .unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("sparkrt-key"));
+    assert_eq!(secret.optional, Some(false));
+    let items = secret.items.as_ref().unwrap();
+    assert_eq!(
+        (items[0].key.as_str(), items[0].path.as_str()),
+        ("token", "token")
+    );
+    // The readiness probe stays on /ready, which serve answers without a key.
+    let ready = c
+        .readiness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(ready.path.as_deref(), Some("/ready"));
+    assert!(ready.http_headers.is_none());
+
+    // NAME alone takes the key `api-key`.
+    let out = k8s(
+        "qwen3-30b-a3b-nvfp4",
+        &host("spark"),
+        &["--api-key-secret", "sparkrt-key"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let parsed = parse(&stdout(&out));
+    assert!(arg_after(container(&parsed), "--api-key-file").ends_with("/api-key"));
+
+    for bad in ["", "Upper", "name:", "name:a/b", "name:..", "-name"] {
+        let flag = format!("--api-key-secret={bad}");
+        let out = k8s("qwen3-30b-a3b-nvfp4", &host("spark"), &[&flag]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("--api-key-secret"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(stdout(&out), "", "{bad:?}");
+    }
+}
+
+#[test]
+fn without_a_key_the_pods_serve_insecurely_and_say_so() {
+    let out = k8s("qwen3-30b-a3b-nvfp4", &host("spark"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("warning: no --api-key-secret"),
+        "{}",
+        stderr(&out)
+    );
+    let text = stdout(&out);
+    assert!(text.contains("# WARNING: no --api-key-secret"), "{text}");
+    let parsed = parse(&text);
+    let c = container(&parsed);
+    // serve would refuse 0.0.0.0 without a key; the flag is explicit.
+    assert_eq!(arg_after(c, "--host"), "0.0.0.0");
+    let args = c.args.as_ref().unwrap();
+    assert!(
+        args.iter().any(|a| a == "--insecure-no-api-key"),
+        "{args:?}"
+    );
+    assert!(!args.iter().any(|a| a == "--api-key-file"), "{args:?}");
+    assert!(
+        !pod(&parsed)
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|v| v.name == "api-key")
+    );
+}

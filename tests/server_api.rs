@@ -1,7 +1,8 @@
 //! `sparkrt serve` with the tiny fixture, over HTTP: the OpenAI routes answer
 //! exactly what `sparkrt generate` computes for one request, blocking and
 //! streamed; bad input gets a 4xx OpenAI error object and the server keeps
-//! serving; a full queue gets 429; the API key guards all but `/health`.
+//! serving; a full queue gets 429; the API key guards all but
+//! `/health` and `/ready`.
 
 use crate::server;
 
@@ -846,7 +847,7 @@ fn a_full_queue_gets_429_with_retry_after() {
 }
 
 #[test]
-fn the_api_key_guards_every_route_but_health() {
+fn the_api_key_guards_every_route_but_the_probes() {
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("key");
     std::fs::write(&key_file, "s3cret-key-0123\n").unwrap();
@@ -861,12 +862,13 @@ fn the_api_key_guards_every_route_but_health() {
     let no_scheme: &[(&str, &str)] = &[("Authorization", "s3cret-key-0123")];
     let body = json!({"prompt": "Hi", "max_tokens": 2}).to_string();
 
-    // Without the key (or with a wrong one) only /health answers.
+    // Without the key (or with a wrong one) only the probes answer: a
+    // kubelet's readiness probe sends no key (issue 13).
     server.set_key(None);
     assert_eq!(server.get("/health").status, 200);
+    assert_eq!(server.get("/ready").status, 200);
     for headers in [no_key, wrong, prefix, basic, no_scheme] {
         for path in [
-            "/ready",
             "/metrics",
             "/v1/memory",
             "/v1/stats",

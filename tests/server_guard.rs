@@ -118,3 +118,116 @@ fn the_guard_refuses_below_the_line_and_admits_again_above_the_resume_line() {
     assert_eq!(m.get("sparkrt_guard_tripped"), 0.0);
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"ok\"}"), 2.0);
 }
+
+/// A fake host with plenty of memory and a kubelet-free tree.
+fn healthy_host(root: &Path) {
+    write_meminfo(root, 16 * GIB_KB, 12 * GIB_KB);
+}
+
+fn refused_by_the_guard(server: &Server) {
+    let reply = server.post(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    );
+    let error = reply.assert_error(503);
+    assert_eq!(error["code"], "memory_guard");
+}
+
+#[test]
+fn an_unreadable_or_garbage_meminfo_trips_the_guard_and_says_why() {
+    let host = tempfile::tempdir().unwrap();
+    let root = host.path();
+    healthy_host(root);
+    let server = Server::start(&[
+        "--host-root",
+        root.to_str().unwrap(),
+        "--guard-interval-ms",
+        "50",
+    ]);
+    assert_eq!(server.get("/v1/memory").json()["guard"]["tripped"], false);
+    assert!(server.get("/v1/memory").json()["guard"]["reason"].is_null());
+
+    // Garbage: fail closed, with the reason.
+    let meminfo = root.join("proc/meminfo");
+    std::fs::write(root.join("proc/meminfo.new"), "MemTotal: plenty\n").unwrap();
+    std::fs::rename(root.join("proc/meminfo.new"), &meminfo).unwrap();
+    server.wait_until("/ready fails", || server.get("/ready").status == 503);
+    refused_by_the_guard(&server);
+    let guard = &server.get("/v1/memory").json()["guard"];
+    assert_eq!(guard["tripped"], true);
+    let reason = guard["reason"].as_str().unwrap().to_string();
+    assert!(
+        reason.contains("cannot read the host's memory") && reason.contains("meminfo"),
+        "{reason}"
+    );
+    assert_eq!(server.metrics().get("sparkrt_guard_tripped"), 1.0);
+
+    // Gone altogether: still tripped.
+    std::fs::remove_file(&meminfo).unwrap();
+    server.wait_until("the reason names the missing file", || {
+        server.get("/v1/memory").json()["guard"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("cannot read") && !r.contains("plenty"))
+    });
+    refused_by_the_guard(&server);
+
+    // Readable again: admits.
+    healthy_host(root);
+    server.wait_until("/ready recovers", || server.get("/ready").status == 200);
+    assert!(server.get("/v1/memory").json()["guard"]["reason"].is_null());
+    let log = server.log();
+    assert_eq!(
+        log.matches("memory guard tripped").count(),
+        1,
+        "logged once per transition: {log}"
+    );
+}
+
+#[test]
+fn the_servers_own_cgroup_near_its_limit_trips_the_guard() {
+    let host = tempfile::tempdir().unwrap();
+    let root = host.path();
+    healthy_host(root);
+    std::fs::create_dir_all(root.join("proc/self")).unwrap();
+    std::fs::write(
+        root.join("proc/self/cgroup"),
+        "0::/system.slice/sparkrt.service\n",
+    )
+    .unwrap();
+    let cgroup = root.join("sys/fs/cgroup/system.slice/sparkrt.service");
+    std::fs::create_dir_all(&cgroup).unwrap();
+    let max = 8 * GIB_KB * 1024;
+    std::fs::write(cgroup.join("memory.max"), format!("{max}\n")).unwrap();
+    let set_current = |bytes: u64| {
+        std::fs::write(cgroup.join("memory.current.new"), format!("{bytes}\n")).unwrap();
+        std::fs::rename(
+            cgroup.join("memory.current.new"),
+            cgroup.join("memory.current"),
+        )
+        .unwrap();
+    };
+    set_current(GIB_KB * 1024);
+    let server = Server::start(&[
+        "--host-root",
+        root.to_str().unwrap(),
+        "--guard-interval-ms",
+        "50",
+    ]);
+    let guard = &server.get("/v1/memory").json()["guard"];
+    assert_eq!(guard["tripped"], false);
+    assert_eq!(guard["cgroup_in_use"], GIB_KB * 1024);
+    assert_eq!(guard["cgroup_max"], max);
+
+    // Within the tiny profile's safety margin (512 MiB) of memory.max.
+    let near = max - 100 * MIB_KB * 1024;
+    set_current(near);
+    server.wait_until("/ready fails", || server.get("/ready").status == 503);
+    refused_by_the_guard(&server);
+    let guard = &server.get("/v1/memory").json()["guard"];
+    assert_eq!(guard["cgroup_in_use"], near);
+    let reason = guard["reason"].as_str().unwrap();
+    assert!(reason.contains("memory.max"), "{reason}");
+
+    set_current(GIB_KB * 1024);
+    server.wait_until("/ready recovers", || server.get("/ready").status == 200);
+}

@@ -11,7 +11,8 @@ use super::common::HostArgs;
 use super::plan::{checkpoint_to_plan_with, planning_what};
 use super::{EXIT_DOES_NOT_FIT, find_profile};
 use crate::deploy::k8s::{
-    DEFAULT_IMAGE, K8sError, ManifestInputs, Workload, build, default_model_dir, to_yaml,
+    ApiKeySecret, DEFAULT_IMAGE, K8sError, ManifestInputs, Workload, build, default_model_dir,
+    to_yaml,
 };
 use crate::plan::profile::Profile;
 use crate::plan::report;
@@ -36,12 +37,22 @@ pub struct K8sArgs {
     /// Container image that has `sparkrt` on its PATH.
     #[arg(long, value_name = "IMG", default_value = DEFAULT_IMAGE)]
     pub image: String,
+    /// The Kubernetes Secret (and its key, default `api-key`) holding the
+    /// API key: mounted read-only and passed as `--api-key-file`. Without
+    /// it the pods serve with `--insecure-no-api-key` (a warning is printed).
+    #[arg(long, value_name = "NAME[:KEY]")]
+    pub api_key_secret: Option<String>,
     /// The host to plan against: a GB10 node's tree (default `/`, this machine).
     #[command(flatten)]
     pub host: HostArgs,
 }
 
 pub fn run(args: &K8sArgs) -> Result<ExitCode> {
+    let api_key = args
+        .api_key_secret
+        .as_deref()
+        .map(ApiKeySecret::parse)
+        .transpose()?;
     // Resolve the profile once, so the plan and the ConfigMap use one file.
     let profile_path = find_profile(&args.profile)?;
     let profile_text = crate::util::files::read_regular_to_string(
@@ -86,7 +97,14 @@ pub fn run(args: &K8sArgs) -> Result<ExitCode> {
         image: args.image.clone(),
         workload,
         plan: &plan,
+        api_key,
     })?;
+    if args.api_key_secret.is_none() {
+        eprintln!(
+            "warning: no --api-key-secret: the pods listen on 0.0.0.0 with --insecure-no-api-key, \
+             so anyone who reaches the Service can use the model"
+        );
+    }
     print!("{}", to_yaml(&manifests, &plan)?);
     Ok(ExitCode::SUCCESS)
 }

@@ -17,21 +17,38 @@ use crate::checkpoint::PageCachePolicy;
 use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, WithBackend};
 use crate::server::engine_loop::{self, EngineHandle, Gauges};
 use crate::server::guard::MemoryGuard;
-use crate::server::{ServerConfig, ServerState, router};
+use crate::server::listen::{self, ConnectionLimits};
+use crate::server::{ServerConfig, ServerState, expose, fds, router};
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Address to listen on; loopback unless told otherwise.
+    /// Address to listen on: an IPv4 or IPv6 address (`::1`, `[::1]`),
+    /// `localhost` or a host name (resolved). Anything but loopback needs
+    /// `--api-key-file` (or `--insecure-no-api-key`).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port (0 picks a free one; the address is printed).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// File holding the API key every route but /health requires.
+    /// File holding the API key every route but /health and /ready requires.
     #[arg(long, value_name = "FILE")]
     pub api_key_file: Option<PathBuf>,
+    /// Listen on a non-loopback `--host` without an API key (logged as a
+    /// warning): anyone who reaches the port can use the model.
+    #[arg(long)]
+    pub insecure_no_api_key: bool,
+    /// Concurrent connections; beyond them a connection gets 503 and is
+    /// closed [default: RLIMIT_NOFILE less a reserve of 96, at most 4096].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Header read (and keep-alive idle) timeout in milliseconds (tests).
+    #[arg(long, hide = true, default_value_t = listen::HEADER_READ_TIMEOUT.as_millis() as u64)]
+    pub header_timeout_ms: u64,
+    /// How long answers in flight may finish after SIGTERM, in milliseconds (tests).
+    #[arg(long, hide = true, default_value_t = listen::DRAIN_TIMEOUT.as_millis() as u64)]
+    pub drain_timeout_ms: u64,
     /// Kubelet configuration file [default: <host-root>/var/lib/kubelet/config.yaml].
     #[arg(long, value_name = "FILE")]
     pub kubelet_config: Option<PathBuf>,
@@ -62,6 +79,26 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         }
         None => None,
     };
+    // Where and how it listens is checked before the model loads.
+    let address = expose::resolve(&args.host, args.port)?;
+    if expose::check(
+        &args.host,
+        address,
+        api_key.is_some(),
+        args.insecure_no_api_key,
+    )? {
+        tracing::warn!(
+            "listening on {address} without an API key (--insecure-no-api-key): anyone who \
+             reaches port {} can use the model",
+            address.port()
+        );
+    }
+    let open_files = fds::raise_open_file_limit()?;
+    let connections = ConnectionLimits {
+        header_read_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
+        max_connections: fds::connection_cap(open_files, args.max_connections)?,
+        drain_timeout: Duration::from_millis(args.drain_timeout_ms),
+    };
     let (dir, profile) = resolve(&args.model)?;
     let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
     let host = HostSource {
@@ -85,6 +122,8 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         args,
         api_key,
         dir: &dir,
+        address,
+        connections,
     })
 }
 
@@ -93,6 +132,8 @@ struct Serve<'a> {
     args: &'a ServeArgs,
     api_key: Option<String>,
     dir: &'a Path,
+    address: SocketAddr,
+    connections: ConnectionLimits,
 }
 
 impl WithBackend for Serve<'_> {
@@ -104,7 +145,13 @@ impl WithBackend for Serve<'_> {
 }
 
 fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
-    let Serve { args, api_key, dir } = job;
+    let Serve {
+        args,
+        api_key,
+        dir,
+        address,
+        connections,
+    } = job;
     let model_name = args
         .served_model_name
         .clone()
@@ -155,9 +202,6 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         host_root: args.model.host_root.clone(),
     }));
 
-    let address: SocketAddr = format!("{}:{}", args.host, args.port)
-        .parse()
-        .with_context(|| format!("{}:{} is not an address to listen on", args.host, args.port))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -172,13 +216,23 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
                 .with_context(|| format!("binding {address}"))?;
             let bound = listener.local_addr()?;
             eprintln!("sparkrt: listening on http://{bound}");
-            axum::serve(listener, router(state))
-                .with_graceful_shutdown(shutdown_signal())
-                .await
-                .context("serving HTTP")
+            tracing::info!(
+                max_connections = connections.max_connections,
+                header_timeout_ms = connections.header_read_timeout.as_millis() as u64,
+                "serving"
+            );
+            listen::serve(
+                listener,
+                router(state),
+                connections,
+                shutdown_signal(connections.drain_timeout),
+            )
+            .await;
+            anyhow::Ok(())
         });
-        // The router (and its command sender) is gone: the engine thread
-        // finishes the work in flight and stops.
+        // Whatever is left (a task still holding the router) goes now, so
+        // the engine thread sees its command sender gone, finishes and stops.
+        runtime.shutdown_timeout(Duration::from_secs(1));
         result
     });
     stop_guard.store(true, Ordering::Release);
@@ -189,7 +243,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
+async fn shutdown_signal(drain: Duration) {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -208,5 +262,8 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = terminate => {},
     }
-    eprintln!("sparkrt: shutting down (finishing requests in flight)");
+    eprintln!(
+        "sparkrt: shutting down (finishing requests in flight for up to {} s)",
+        drain.as_secs_f64()
+    );
 }

@@ -23,8 +23,9 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
     EnvVar, HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service,
-    ServicePort, ServiceSpec, SleepAction, Toleration, Volume, VolumeMount,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Service, ServicePort, ServiceSpec, SleepAction, Toleration, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -50,6 +51,10 @@ const PORT_NAME: &str = "http";
 const MODEL_MOUNT: &str = "/models";
 const PROFILE_MOUNT: &str = "/etc/sparkrt/profiles";
 const CACHE_MOUNT: &str = "/var/cache/sparkrt";
+/// Where the API key Secret is mounted (read-only).
+const API_KEY_MOUNT: &str = "/etc/sparkrt/api-key";
+/// The key in the Secret when `--api-key-secret` names none.
+pub const DEFAULT_API_KEY_KEY: &str = "api-key";
 /// Where a model folder is looked for on the node when `--model-dir` is not given.
 const DEFAULT_MODEL_ROOT: &str = "/srv/sparkrt/models";
 /// A non-root user that exists in distroless-style images.
@@ -75,6 +80,11 @@ pub enum K8sError {
     Name { file: String },
     #[error("the model folder must be an absolute path on the node, not {0}")]
     RelativeModelDir(PathBuf),
+    #[error(
+        "--api-key-secret {0:?}: expected NAME[:KEY], NAME a Kubernetes object name \
+         (lower-case letters, digits, '-', '.'; at most 253) and KEY letters, digits, '-', '_', '.'"
+    )]
+    ApiKeySecret(String),
     #[error("cannot render YAML: {0}")]
     Yaml(#[from] serde_yaml_ng::Error),
 }
@@ -98,6 +108,49 @@ pub struct ManifestInputs<'a> {
     pub image: String,
     pub workload: Workload,
     pub plan: &'a Plan,
+    /// The Secret holding the API key; `None` serves without one
+    /// (`--insecure-no-api-key`: the pod listens on 0.0.0.0).
+    pub api_key: Option<ApiKeySecret>,
+}
+
+/// A key in a Kubernetes Secret: `NAME[:KEY]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiKeySecret {
+    pub name: String,
+    pub key: String,
+}
+
+impl ApiKeySecret {
+    /// Parses `NAME[:KEY]` (KEY defaults to [`DEFAULT_API_KEY_KEY`]).
+    pub fn parse(text: &str) -> Result<ApiKeySecret, K8sError> {
+        let (name, key) = text.split_once(':').unwrap_or((text, DEFAULT_API_KEY_KEY));
+        let name_ok = !name.is_empty()
+            && name.len() <= 253
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+        let key_ok = !key.is_empty()
+            && key.len() <= 253
+            && key != "."
+            && key != ".."
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !(name_ok && key_ok) {
+            return Err(K8sError::ApiKeySecret(text.to_string()));
+        }
+        Ok(ApiKeySecret {
+            name: name.to_string(),
+            key: key.to_string(),
+        })
+    }
+
+    /// The key's file inside the pod.
+    pub fn path_in_pod(&self) -> String {
+        format!("{API_KEY_MOUNT}/{}", self.key)
+    }
 }
 
 /// The workload object: a Deployment or a DaemonSet.
@@ -231,6 +284,13 @@ pub fn to_yaml(manifests: &Manifests, plan: &Plan) -> Result<String, K8sError> {
         out,
         "# Pods run only on nodes labelled {GB10_NODE_LABEL}={GB10_PRODUCT} (NVIDIA GPU feature discovery)."
     );
+    if !serves_with_a_key(manifests) {
+        let _ = writeln!(
+            out,
+            "# WARNING: no --api-key-secret: the pods serve on 0.0.0.0 with --insecure-no-api-key; \
+             anyone who reaches the Service can use the model."
+        );
+    }
     push_document(&mut out, &manifests.config_map)?;
     match &manifests.workload {
         WorkloadObject::Deployment(d) => push_document(&mut out, d)?,
@@ -238,6 +298,17 @@ pub fn to_yaml(manifests: &Manifests, plan: &Plan) -> Result<String, K8sError> {
     }
     push_document(&mut out, &manifests.service)?;
     Ok(out)
+}
+
+/// Whether the container is given an API key file.
+fn serves_with_a_key(manifests: &Manifests) -> bool {
+    let spec = match &manifests.workload {
+        WorkloadObject::Deployment(d) => d.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+        WorkloadObject::DaemonSet(d) => d.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+    };
+    spec.and_then(|s| s.containers.first())
+        .and_then(|c| c.args.as_ref())
+        .is_some_and(|args| args.iter().any(|a| a == "--api-key-file"))
 }
 
 fn push_document(out: &mut String, object: &impl Serialize) -> Result<(), K8sError> {
@@ -264,39 +335,59 @@ fn pod_spec(name: &str, inputs: &ManifestInputs) -> PodSpec {
         // sparkrt never talks to the API server.
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
-        volumes: Some(vec![
-            Volume {
-                name: "model".into(),
-                host_path: Some(HostPathVolumeSource {
-                    path: inputs.model_dir.display().to_string(),
-                    // Must already exist: a missing checkpoint is an error,
-                    // not an empty folder created on the node.
-                    type_: Some("Directory".into()),
-                }),
-                ..Default::default()
-            },
-            Volume {
-                name: "profile".into(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: name.to_string(),
+        volumes: Some(
+            vec![
+                Volume {
+                    name: "model".into(),
+                    host_path: Some(HostPathVolumeSource {
+                        path: inputs.model_dir.display().to_string(),
+                        // Must already exist: a missing checkpoint is an error,
+                        // not an empty folder created on the node.
+                        type_: Some("Directory".into()),
+                    }),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "profile".into(),
+                    config_map: Some(ConfigMapVolumeSource {
+                        name: name.to_string(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "cache".into(),
+                    empty_dir: Some(EmptyDirVolumeSource {
+                        size_limit: Some(Quantity("2Gi".into())),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "tmp".into(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..Default::default()
+                },
+            ]
+            .into_iter()
+            .chain(inputs.api_key.as_ref().map(|secret| Volume {
+                name: "api-key".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret.name.clone()),
+                    // A missing Secret keeps the pod from starting rather than
+                    // serving without a key.
+                    optional: Some(false),
+                    items: Some(vec![k8s_openapi::api::core::v1::KeyToPath {
+                        key: secret.key.clone(),
+                        path: secret.key.clone(),
+                        ..Default::default()
+                    }]),
                     ..Default::default()
                 }),
                 ..Default::default()
-            },
-            Volume {
-                name: "cache".into(),
-                empty_dir: Some(EmptyDirVolumeSource {
-                    size_limit: Some(Quantity("2Gi".into())),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            Volume {
-                name: "tmp".into(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Default::default()
-            },
-        ]),
+            }))
+            .collect(),
+        ),
         ..Default::default()
     }
 }
@@ -313,27 +404,40 @@ fn container(inputs: &ManifestInputs) -> Container {
         port: IntOrString::String(PORT_NAME.into()),
         ..Default::default()
     };
+    let mut args: Vec<String> = [
+        "serve",
+        "--profile",
+        &profile_in_pod,
+        "--model",
+        MODEL_MOUNT,
+        // The Service reaches the pod on its own IP, not loopback.
+        "--host",
+        "0.0.0.0",
+        "--port",
+        &PORT.to_string(),
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    // Not loopback: serve refuses to start without a key unless told.
+    match &inputs.api_key {
+        Some(secret) => args.extend(["--api-key-file".to_string(), secret.path_in_pod()]),
+        None => args.push("--insecure-no-api-key".to_string()),
+    }
+    let mut mounts = vec![
+        mount("model", MODEL_MOUNT, true),
+        mount("profile", PROFILE_MOUNT, true),
+        mount("cache", CACHE_MOUNT, false),
+        mount("tmp", "/tmp", false),
+    ];
+    if inputs.api_key.is_some() {
+        mounts.push(mount("api-key", API_KEY_MOUNT, true));
+    }
     Container {
         name: "sparkrt".into(),
         image: Some(inputs.image.clone()),
         command: Some(vec!["sparkrt".into()]),
-        args: Some(
-            [
-                "serve",
-                "--profile",
-                &profile_in_pod,
-                "--model",
-                MODEL_MOUNT,
-                // The Service reaches the pod on its own IP, not loopback.
-                "--host",
-                "0.0.0.0",
-                "--port",
-                &PORT.to_string(),
-            ]
-            .into_iter()
-            .map(String::from)
-            .collect(),
-        ),
+        args: Some(args),
         env: Some(vec![EnvVar {
             name: "SPARKRT_CACHE_DIR".into(),
             value: Some(CACHE_MOUNT.into()),
@@ -364,7 +468,8 @@ fn container(inputs: &ManifestInputs) -> Container {
             ..Default::default()
         }),
         // /ready also fails while the memory guard is tripped, which takes the
-        // pod out of the Service without restarting it.
+        // pod out of the Service without restarting it. Neither probe route
+        // needs the API key.
         readiness_probe: Some(Probe {
             http_get: Some(http_get("/ready")),
             period_seconds: Some(5),
@@ -399,12 +504,7 @@ fn container(inputs: &ManifestInputs) -> Container {
             }),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![
-            mount("model", MODEL_MOUNT, true),
-            mount("profile", PROFILE_MOUNT, true),
-            mount("cache", CACHE_MOUNT, false),
-            mount("tmp", "/tmp", false),
-        ]),
+        volume_mounts: Some(mounts),
         ..Default::default()
     }
 }

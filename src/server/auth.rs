@@ -1,5 +1,5 @@
-//! `Authorization: Bearer <key>` on every route but `/health`, compared in
-//! constant time.
+//! `Authorization: Bearer <key>` on every route but the probes (`/health`,
+//! `/ready`: a kubelet sends no key), compared in constant time.
 
 use std::sync::Arc;
 
@@ -11,6 +11,10 @@ use axum::response::{IntoResponse, Response};
 use super::ServerState;
 use super::errors::ApiError;
 
+/// The routes that answer without a key: liveness and readiness probes,
+/// which reveal nothing but whether the server is up and admitting work.
+pub const PROBES: [&str; 2] = ["/health", "/ready"];
+
 pub async fn require_key(
     State(state): State<Arc<ServerState>>,
     request: Request,
@@ -19,7 +23,7 @@ pub async fn require_key(
     let Some(key) = &state.api_key else {
         return next.run(request).await;
     };
-    if request.uri().path() == "/health" {
+    if PROBES.contains(&request.uri().path()) {
         return next.run(request).await;
     }
     let presented = request

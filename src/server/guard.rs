@@ -1,12 +1,16 @@
-//! The memory guard: reads MemAvailable on a short interval and, below
-//! `eviction_hard + safety_margin`, stops admitting work until it is back
-//! above that line plus a hysteresis margin.
+//! The memory guard: reads MemAvailable and the server's own cgroup on a
+//! short interval and stops admitting work when either is within a safety
+//! margin of its line (MemAvailable below `eviction_hard + safety_margin`;
+//! the cgroup's use above `memory.max − safety_margin`), until it is back a
+//! further margin clear of it. A host it cannot read trips it too: it
+//! fails closed.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::host::cgroup::{self, OwnCgroup};
 use crate::host::{self, MemInfo};
 use crate::plan::memory::guard_threshold;
 pub use sparkrt_tui::wire::GuardState;
@@ -18,9 +22,18 @@ pub struct MemoryGuard {
     pub threshold_bytes: u64,
     /// Resume at or above this MemAvailable.
     pub resume_bytes: u64,
+    /// Kept below the cgroup's `memory.max` (twice that to resume).
+    pub safety_margin: u64,
     tripped: AtomicBool,
     latest: Mutex<Option<MemInfo>>,
-    last_error: Mutex<Option<String>>,
+    detail: Mutex<Detail>,
+}
+
+/// What the last reading found, for `/v1/memory`.
+#[derive(Debug, Default)]
+struct Detail {
+    reason: Option<String>,
+    cgroup: Option<OwnCgroup>,
 }
 
 impl MemoryGuard {
@@ -32,9 +45,10 @@ impl MemoryGuard {
             root,
             threshold_bytes: threshold,
             resume_bytes: threshold + safety_margin,
+            safety_margin,
             tripped: AtomicBool::new(false),
             latest: Mutex::new(None),
-            last_error: Mutex::new(None),
+            detail: Mutex::new(Detail::default()),
         })
     }
 
@@ -43,10 +57,18 @@ impl MemoryGuard {
     }
 
     pub fn state(&self) -> GuardState {
+        let (reason, cgroup) = self
+            .detail
+            .lock()
+            .map(|d| (d.reason.clone(), d.cgroup.clone()))
+            .unwrap_or_default();
         GuardState {
             tripped: self.tripped(),
             threshold_bytes: self.threshold_bytes,
             resume_bytes: self.resume_bytes,
+            reason,
+            cgroup_in_use: cgroup.as_ref().map(OwnCgroup::in_use),
+            cgroup_max: cgroup.and_then(|c| c.memory.max),
         }
     }
 
@@ -56,43 +78,64 @@ impl MemoryGuard {
 
     /// One reading: updates the latest figures and the tripped state.
     pub fn check(&self) {
+        let was = self.tripped();
+        let mut reasons = Vec::new();
         match host::read_meminfo(&self.root) {
             Ok(info) => {
-                let was = self.tripped();
-                let now = if was {
-                    info.mem_available < self.resume_bytes
+                let line = if was {
+                    self.resume_bytes
                 } else {
-                    info.mem_available < self.threshold_bytes
+                    self.threshold_bytes
                 };
-                if now != was {
-                    if now {
-                        tracing::warn!(
-                            mem_available = info.mem_available,
-                            threshold = self.threshold_bytes,
-                            "memory guard tripped: refusing new requests"
-                        );
-                    } else {
-                        tracing::info!(mem_available = info.mem_available, "memory guard cleared");
-                    }
+                if info.mem_available < line {
+                    reasons.push(format!(
+                        "MemAvailable {} is below {line}",
+                        info.mem_available
+                    ));
                 }
-                self.tripped.store(now, Ordering::Release);
                 if let Ok(mut latest) = self.latest.lock() {
                     *latest = Some(info);
                 }
-                if let Ok(mut e) = self.last_error.lock() {
-                    *e = None;
-                }
             }
+            Err(e) => reasons.push(format!("cannot read the host's memory: {e}")),
+        }
+        let own = match cgroup::read_own(&self.root) {
+            Ok(own) => own,
             Err(e) => {
-                // An unreadable meminfo is not a reason to stop serving, but it is logged once.
-                if let Ok(mut last) = self.last_error.lock() {
-                    let message = e.to_string();
-                    if last.as_deref() != Some(message.as_str()) {
-                        tracing::warn!("memory guard cannot read the host: {message}");
-                        *last = Some(message);
-                    }
-                }
+                reasons.push(format!("cannot read this process's cgroup: {e}"));
+                None
             }
+        };
+        if let Some(own) = &own
+            && let Some(max) = own.memory.max
+        {
+            let margin = if was {
+                2 * self.safety_margin
+            } else {
+                self.safety_margin
+            };
+            let in_use = own.in_use();
+            if in_use.saturating_add(margin) > max {
+                reasons.push(format!(
+                    "cgroup {} uses {in_use} of its memory.max {max} (margin {margin})",
+                    own.memory.path.display()
+                ));
+            }
+        }
+        let now = !reasons.is_empty();
+        let reason = now.then(|| reasons.join("; "));
+        if now != was {
+            match &reason {
+                Some(why) => tracing::warn!("memory guard tripped, refusing new requests: {why}"),
+                None => tracing::info!("memory guard cleared"),
+            }
+        }
+        self.tripped.store(now, Ordering::Release);
+        if let Ok(mut detail) = self.detail.lock() {
+            *detail = Detail {
+                reason,
+                cgroup: own,
+            };
         }
     }
 
@@ -109,5 +152,64 @@ impl MemoryGuard {
                 std::thread::sleep(interval);
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MEMINFO: &str = "MemTotal: 16777216 kB\nMemFree: 8000000 kB\nMemAvailable: 12000000 kB\n\
+        Buffers: 0 kB\nCached: 0 kB\nShmem: 0 kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\n";
+
+    fn host(meminfo: &str) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("proc/self")).unwrap();
+        std::fs::write(root.path().join("proc/meminfo"), meminfo).unwrap();
+        root
+    }
+
+    #[test]
+    fn unreadable_or_garbage_meminfo_trips_with_a_reason() {
+        let root = host(MEMINFO);
+        let guard = MemoryGuard::new(root.path().to_path_buf(), 1 << 30, 1 << 29);
+        guard.check();
+        assert!(!guard.tripped());
+        assert_eq!(guard.state().reason, None);
+        std::fs::write(root.path().join("proc/meminfo"), "MemTotal: lots\n").unwrap();
+        guard.check();
+        let state = guard.state();
+        assert!(state.tripped);
+        assert!(state.reason.unwrap().contains("meminfo"));
+        std::fs::remove_file(root.path().join("proc/meminfo")).unwrap();
+        guard.check();
+        assert!(guard.tripped());
+        std::fs::write(root.path().join("proc/meminfo"), MEMINFO).unwrap();
+        guard.check();
+        assert!(!guard.tripped());
+    }
+
+    #[test]
+    fn the_own_cgroup_near_its_max_trips() {
+        let root = host(MEMINFO);
+        std::fs::write(root.path().join("proc/self/cgroup"), "0::/pod\n").unwrap();
+        let dir = root.path().join("sys/fs/cgroup/pod");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memory.max"), "10000\n").unwrap();
+        std::fs::write(dir.join("memory.current"), "9000\n").unwrap();
+        let guard = MemoryGuard::new(root.path().to_path_buf(), 0, 2000);
+        guard.check();
+        let state = guard.state();
+        assert!(state.tripped);
+        assert_eq!(state.cgroup_in_use, Some(9000));
+        assert_eq!(state.cgroup_max, Some(10000));
+        assert!(state.reason.unwrap().contains("memory.max"));
+        // Hysteresis: 7000 + 2 margins is still above the max.
+        std::fs::write(dir.join("memory.current"), "7000\n").unwrap();
+        guard.check();
+        assert!(guard.tripped());
+        std::fs::write(dir.join("memory.current"), "6000\n").unwrap();
+        guard.check();
+        assert!(!guard.tripped());
     }
 }

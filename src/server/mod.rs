@@ -5,8 +5,11 @@ pub mod auth;
 pub mod body;
 pub mod engine_loop;
 pub mod errors;
+pub mod expose;
+pub mod fds;
 pub mod guard;
 pub mod limits;
+pub mod listen;
 pub mod observe;
 pub mod openai;
 pub mod prep;
@@ -91,7 +94,8 @@ pub struct ServerConfig {
     pub engine_counters: Arc<EngineCounters>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub chat_template: Option<ChatTemplate>,
-    /// The key every route but `/health` requires; `None` leaves them open.
+    /// The key every route but `/health` and `/ready` requires; `None`
+    /// leaves them open.
     pub api_key: Option<String>,
     /// The host tree the kubepods cgroup is read below.
     pub host_root: PathBuf,
@@ -161,7 +165,8 @@ impl ServerState {
     }
 }
 
-/// The routes, with the API key check in front of all but `/health`.
+/// The routes, with the API key check in front of all but the probes
+/// (`/health`, `/ready`).
 pub fn router(state: Arc<ServerState>) -> Router {
     Router::new()
         .route("/health", get(observe::health))

@@ -162,6 +162,33 @@ impl Server {
         self.child.id()
     }
 
+    /// Sends SIGTERM to the server.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// Waits up to `limit` for the server to exit; its status, or `None`
+    /// if it is still running.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = std::time::Instant::now();
+        while start.elapsed() < limit {
+            if let Some(status) = self.child.try_wait().expect("the child is waited for") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// `host:port` of the server.
+    pub fn address(&self) -> &str {
+        self.url.trim_start_matches("http://")
+    }
+
     /// Everything the server wrote to stderr so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()

@@ -101,6 +101,7 @@ fn memory_at(t: f64) -> MemoryReport {
             tripped: host.mem_available < 20 * GIB,
             threshold_bytes: 20 * GIB,
             resume_bytes: 24 * GIB,
+            ..GuardState::default()
         },
         host,
         process_rss: 62 * GIB,

@@ -127,12 +127,23 @@ pub struct KvState {
 }
 
 /// The memory guard: it refuses new work while MemAvailable is below
-/// `threshold_bytes`, until it climbs back above `resume_bytes`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// `threshold_bytes`, until it climbs back above `resume_bytes`; also while
+/// the server's own cgroup is within a safety margin of its `memory.max`,
+/// and while the host cannot be read (it fails closed).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuardState {
     pub tripped: bool,
     pub threshold_bytes: u64,
     pub resume_bytes: u64,
+    /// Why it is tripped; absent while it admits work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The server's own cgroup: what counts against its limit
+    /// (`memory.current` less page cache), and the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_in_use: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_max: Option<u64>,
 }
 
 /// One reading of the host's memory, in bytes: the `host` object of
