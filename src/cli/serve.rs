@@ -14,11 +14,13 @@ use super::EXIT_DOES_NOT_FIT;
 use super::common::{ModelArgs, dummy_if_asked, resolve, set_threads};
 use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
+use crate::limits::MAX_SMALL_FILE_BYTES;
 use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, WithBackend};
 use crate::server::engine_loop::{self, EngineHandle, Gauges};
 use crate::server::guard::MemoryGuard;
 use crate::server::listen::{self, ConnectionLimits};
 use crate::server::{ServerConfig, ServerState, expose, fds, router};
+use crate::util::files::read_regular_to_string;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -68,7 +70,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     set_threads(args.model.threads)?;
     let api_key = match &args.api_key_file {
         Some(path) => {
-            let key = std::fs::read_to_string(path)
+            let key = read_regular_to_string(path, MAX_SMALL_FILE_BYTES)
                 .with_context(|| format!("reading the API key file {}", path.display()))?
                 .trim()
                 .to_string();
