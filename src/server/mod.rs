@@ -121,18 +121,10 @@ impl ServerState {
         self.request_ids.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn kubepods(&self) -> Option<crate::host::CgroupMemory> {
+    pub(crate) fn kubepods(&self) -> Option<crate::host::CgroupMemory> {
         crate::host::cgroup::read_kubepods(&self.config.host_root)
             .ok()
             .flatten()
-    }
-
-    pub fn kubepods_current(&self) -> Option<u64> {
-        self.kubepods().map(|c| c.current)
-    }
-
-    pub fn kubepods_max(&self) -> Option<u64> {
-        self.kubepods().and_then(|c| c.max)
     }
 }
 

@@ -222,24 +222,14 @@ pub async fn memory(State(state): State<Arc<ServerState>>) -> Result<Response, A
 fn host_snapshot(state: &ServerState) -> Option<HostSnapshot> {
     let m = state.config.guard.latest()?;
     let plan_host = &state.config.plan.host;
-    Some(HostSnapshot {
-        mem_total: m.mem_total,
-        mem_available: m.mem_available,
-        mem_free: m.mem_free,
-        cached: m.cached,
-        buffers: m.buffers,
-        shmem: m.shmem,
-        swap_total: m.swap_total,
-        swap_free: m.swap_free,
-        kubepods_current: state.kubepods_current(),
-        kubepods_max: state.kubepods_max(),
-        system_reserved: plan_host.system_reserved,
-        kube_reserved: plan_host.kube_reserved,
-        eviction_hard: plan_host.eviction_hard,
-        // Monitor-side figures, not on the wire.
-        usable: None,
-        gpu_processes: Vec::new(),
-    })
+    Some(m.to_wire(
+        state.kubepods().as_ref(),
+        [
+            plan_host.system_reserved,
+            plan_host.kube_reserved,
+            plan_host.eviction_hard,
+        ],
+    ))
 }
 
 fn ledger_report(snapshot: LedgerSnapshot) -> wire::Ledger {
