@@ -45,24 +45,16 @@ impl HostSource for ProbeSource {
             self.reserves.os_reserve.0,
             self.reserves.safety_margin.0,
         );
-        let m = &reading.meminfo;
-        Ok(HostSnapshot {
-            mem_total: m.mem_total,
-            mem_available: m.mem_available,
-            mem_free: m.mem_free,
-            cached: m.cached,
-            buffers: m.buffers,
-            shmem: m.shmem,
-            swap_total: m.swap_total,
-            swap_free: m.swap_free,
-            kubepods_current: reading.kubepods.as_ref().map(|c| c.current),
-            kubepods_max: reading.kubepods.as_ref().and_then(|c| c.max),
-            system_reserved: figures.system_reserved,
-            kube_reserved: figures.kube_reserved,
-            eviction_hard: figures.eviction_hard,
-            usable: u64::try_from(headroom.usable).ok(),
-            gpu_processes: Vec::new(),
-        })
+        let mut snapshot = reading.meminfo.to_wire(
+            reading.kubepods.as_ref(),
+            [
+                figures.system_reserved,
+                figures.kube_reserved,
+                figures.eviction_hard,
+            ],
+        );
+        snapshot.usable = u64::try_from(headroom.usable).ok();
+        Ok(snapshot)
     }
 }
 

@@ -21,6 +21,34 @@ pub struct MemInfo {
 }
 
 impl MemInfo {
+    /// The wire form of this reading (`/v1/memory`'s `host`, the monitor's
+    /// local reading), with the kubepods cgroup and the kubelet's figures
+    /// (`system_reserved`, `kube_reserved`, `eviction_hard`) it is drawn
+    /// against. The monitor-side `usable` is left for the caller.
+    pub fn to_wire(
+        &self,
+        kubepods: Option<&super::CgroupMemory>,
+        [system_reserved, kube_reserved, eviction_hard]: [u64; 3],
+    ) -> sparkrt_tui::HostSnapshot {
+        sparkrt_tui::HostSnapshot {
+            mem_total: self.mem_total,
+            mem_available: self.mem_available,
+            mem_free: self.mem_free,
+            cached: self.cached,
+            buffers: self.buffers,
+            shmem: self.shmem,
+            swap_total: self.swap_total,
+            swap_free: self.swap_free,
+            kubepods_current: kubepods.map(|c| c.current),
+            kubepods_max: kubepods.and_then(|c| c.max),
+            system_reserved,
+            kube_reserved,
+            eviction_hard,
+            usable: None,
+            gpu_processes: Vec::new(),
+        }
+    }
+
     /// What the rest of the host uses: MemTotal − MemAvailable.
     pub fn in_use(&self) -> u64 {
         self.mem_total.saturating_sub(self.mem_available)

@@ -20,7 +20,7 @@ pub async fn require_key(
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(key) = &state.api_key else {
+    let Some(key) = &state.config.api_key else {
         return next.run(request).await;
     };
     if PROBES.contains(&request.uri().path()) {

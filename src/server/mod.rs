@@ -62,19 +62,10 @@ impl RequestCounters {
 
 /// Everything the handlers share.
 pub struct ServerState {
-    pub model_name: String,
+    /// What the server was started with.
+    pub config: ServerConfig,
     pub started_unix: u64,
-    pub limits: EngineLimits,
-    pub plan: Plan,
-    pub ledger: Arc<Ledger>,
-    pub guard: Arc<MemoryGuard>,
-    pub engine: EngineHandle,
-    pub engine_counters: Arc<EngineCounters>,
     pub counters: RequestCounters,
-    pub tokenizer: Option<Arc<Tokenizer>>,
-    pub chat_template: Option<ChatTemplate>,
-    pub api_key: Option<String>,
-    pub host_root: PathBuf,
     /// What a client may size, and the pool prompts are prepared in.
     pub request_limits: RequestLimits,
     pub prep: PrepPool,
@@ -103,43 +94,23 @@ pub struct ServerConfig {
 
 impl ServerState {
     pub fn new(config: ServerConfig) -> ServerState {
-        let ServerConfig {
-            model_name,
-            limits,
-            plan,
-            ledger,
-            guard,
-            engine,
-            engine_counters,
-            tokenizer,
-            chat_template,
-            api_key,
-            host_root,
-        } = config;
         let request_limits = RequestLimits::new(
-            limits.max_model_len,
-            tokenizer.as_deref().map(Tokenizer::longest_token_bytes),
+            config.limits.max_model_len,
+            config
+                .tokenizer
+                .as_deref()
+                .map(Tokenizer::longest_token_bytes),
         );
         let prep = PrepPool::new(
             std::thread::available_parallelism().map_or(1, usize::from),
             PREP_BUDGET_BODIES.saturating_mul(request_limits.max_body_bytes),
         );
         ServerState {
-            model_name,
+            config,
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
-            limits,
-            plan,
-            ledger,
-            guard,
-            engine,
-            engine_counters,
             counters: RequestCounters::default(),
-            tokenizer,
-            chat_template,
-            api_key,
-            host_root,
             request_limits,
             prep,
             request_ids: AtomicU64::new(1),
@@ -150,18 +121,10 @@ impl ServerState {
         self.request_ids.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn kubepods(&self) -> Option<crate::host::CgroupMemory> {
-        crate::host::cgroup::read_kubepods(&self.host_root)
+    pub(crate) fn kubepods(&self) -> Option<crate::host::CgroupMemory> {
+        crate::host::cgroup::read_kubepods(&self.config.host_root)
             .ok()
             .flatten()
-    }
-
-    pub fn kubepods_current(&self) -> Option<u64> {
-        self.kubepods().map(|c| c.current)
-    }
-
-    pub fn kubepods_max(&self) -> Option<u64> {
-        self.kubepods().and_then(|c| c.max)
     }
 }
 

@@ -23,7 +23,7 @@ use crate::plan::ledger::LedgerSnapshot;
 /// `ok`, or 503 with the reason once the engine thread has died (a
 /// liveness probe then restarts the server).
 pub async fn health(State(state): State<Arc<ServerState>>) -> Response {
-    health_answer(state.engine.gauges.failure())
+    health_answer(state.config.engine.gauges.failure())
 }
 
 fn health_answer(failure: Option<String>) -> Response {
@@ -46,8 +46,8 @@ struct Readiness {
 
 /// 200 once the model is loaded and while the memory guard admits work.
 pub async fn ready(State(state): State<Arc<ServerState>>) -> Response {
-    let loaded = state.engine.gauges.loaded.load(Ordering::Acquire);
-    let tripped = state.guard.tripped();
+    let loaded = state.config.engine.gauges.loaded.load(Ordering::Acquire);
+    let tripped = state.config.guard.tripped();
     let ready = loaded && !tripped;
     let status = if ready {
         StatusCode::OK
@@ -58,7 +58,7 @@ pub async fn ready(State(state): State<Arc<ServerState>>) -> Response {
         ready,
         loaded,
         memory_guard_tripped: tripped,
-        engine_failure: state.engine.gauges.failure(),
+        engine_failure: state.config.engine.gauges.failure(),
     };
     (status, Json(body)).into_response()
 }
@@ -66,9 +66,9 @@ pub async fn ready(State(state): State<Arc<ServerState>>) -> Response {
 /// The serving figures at this instant; `/v1/stats` and `/metrics` both
 /// answer from it.
 fn serving_stats(state: &ServerState) -> ServingStats {
-    let g = &state.engine.gauges;
+    let g = &state.config.engine.gauges;
     let c = &state.counters;
-    let e = &state.engine_counters;
+    let e = &state.config.engine_counters;
     let kv_used = g.kv_blocks_used.load(Ordering::Relaxed) as u64;
     let kv_total = g.kv_blocks_total.load(Ordering::Relaxed) as u64;
     ServingStats {
@@ -85,7 +85,7 @@ fn serving_stats(state: &ServerState) -> ServingStats {
         preemptions_total: e.preemptions.load(Ordering::Relaxed),
         kv_blocks_used: kv_used,
         kv_blocks_free: kv_total.saturating_sub(kv_used),
-        guard_tripped: state.guard.tripped(),
+        guard_tripped: state.config.guard.tripped(),
     }
 }
 
@@ -156,7 +156,7 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
         "KV cache blocks free.",
         &plain(stats.kv_blocks_free),
     );
-    let ledger = state.ledger.snapshot();
+    let ledger = state.config.ledger.snapshot();
     let mut lines = Vec::new();
     for row in &ledger.categories {
         lines.push((
@@ -174,7 +174,7 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
         "Memory by plan category, planned and allocated.",
         &lines,
     );
-    if let Some(info) = state.guard.latest() {
+    if let Some(info) = state.config.guard.latest() {
         metric(
             "sparkrt_host_mem_available_bytes",
             "gauge",
@@ -194,12 +194,12 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
 /// `/v1/memory`. 503 while the guard has no host reading (it reads once
 /// before the server listens, so only an unreadable `/proc/meminfo` gets it).
 pub async fn memory(State(state): State<Arc<ServerState>>) -> Result<Response, ApiError> {
-    let plan = &state.plan;
+    let plan = &state.config.plan;
     let host = host_snapshot(&state).ok_or_else(|| {
         ApiError::internal("the memory guard has no host reading yet")
             .with_status(StatusCode::SERVICE_UNAVAILABLE)
     })?;
-    let g = &state.engine.gauges;
+    let g = &state.config.engine.gauges;
     let kv = KvState {
         block_size_tokens: plan.kv_cache.block_size as u64,
         block_bytes: plan.kv_cache.block_bytes,
@@ -208,10 +208,10 @@ pub async fn memory(State(state): State<Arc<ServerState>>) -> Result<Response, A
     };
     let report = MemoryReport {
         plan,
-        ledger: ledger_report(state.ledger.snapshot()),
+        ledger: ledger_report(state.config.ledger.snapshot()),
         kv,
         host,
-        guard: state.guard.state(),
+        guard: state.config.guard.state(),
         process_rss: crate::host::process::rss_bytes(),
     };
     // Serialized here, while `report` can still borrow the plan.
@@ -220,26 +220,16 @@ pub async fn memory(State(state): State<Arc<ServerState>>) -> Result<Response, A
 
 /// The guard's latest reading with the cgroup and the plan's kubelet figures.
 fn host_snapshot(state: &ServerState) -> Option<HostSnapshot> {
-    let m = state.guard.latest()?;
-    let plan_host = &state.plan.host;
-    Some(HostSnapshot {
-        mem_total: m.mem_total,
-        mem_available: m.mem_available,
-        mem_free: m.mem_free,
-        cached: m.cached,
-        buffers: m.buffers,
-        shmem: m.shmem,
-        swap_total: m.swap_total,
-        swap_free: m.swap_free,
-        kubepods_current: state.kubepods_current(),
-        kubepods_max: state.kubepods_max(),
-        system_reserved: plan_host.system_reserved,
-        kube_reserved: plan_host.kube_reserved,
-        eviction_hard: plan_host.eviction_hard,
-        // Monitor-side figures, not on the wire.
-        usable: None,
-        gpu_processes: Vec::new(),
-    })
+    let m = state.config.guard.latest()?;
+    let plan_host = &state.config.plan.host;
+    Some(m.to_wire(
+        state.kubepods().as_ref(),
+        [
+            plan_host.system_reserved,
+            plan_host.kube_reserved,
+            plan_host.eviction_hard,
+        ],
+    ))
 }
 
 fn ledger_report(snapshot: LedgerSnapshot) -> wire::Ledger {

@@ -33,11 +33,11 @@ pub async fn models(State(state): State<Arc<ServerState>>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
         data: vec![ModelCard {
-            id: state.model_name.clone(),
+            id: state.config.model_name.clone(),
             object: "model",
             created: state.started_unix,
             owned_by: "sparkrt",
-            max_model_len: state.limits.max_model_len,
+            max_model_len: state.config.limits.max_model_len,
         }],
     })
 }
@@ -102,13 +102,13 @@ async fn handle(
 /// 503 without looking at the request while the engine thread is gone or
 /// the memory guard is tripped.
 fn admit(state: &ServerState) -> Result<(), ApiError> {
-    if let Some(failure) = state.engine.gauges.failure() {
+    if let Some(failure) = state.config.engine.gauges.failure() {
         return Err(
             ApiError::internal(format!("the engine has stopped: {failure}"))
                 .with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE),
         );
     }
-    if state.guard.tripped() {
+    if state.config.guard.tripped() {
         state.counters.rejected();
         return Err(ApiError::memory_guard(RETRY_AFTER_SECONDS));
     }
@@ -184,7 +184,7 @@ fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiErr
     state.request_limits.check_common(common)?;
     if let Some(model) = &common.model
         && !model.is_empty()
-        && *model != state.model_name
+        && *model != state.config.model_name
     {
         return Err(ApiError::model_not_found(model));
     }
@@ -199,7 +199,7 @@ fn render_chat(state: &ServerState, input: Vec<ChatInput>) -> Result<String, Api
         ));
     }
     state.request_limits.check_messages(&input)?;
-    let template = state.chat_template.as_ref().ok_or_else(|| {
+    let template = state.config.chat_template.as_ref().ok_or_else(|| {
         ApiError::invalid("this model has no chat template; use /v1/completions", None)
     })?;
     let mut messages = Vec::with_capacity(input.len());
@@ -236,7 +236,7 @@ fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
 
 /// Text to ids, once its length is known to fit `max_prompt_bytes`.
 fn encode(state: &ServerState, text: &str) -> Result<Vec<u32>, ApiError> {
-    let tokenizer = state.tokenizer.as_ref().ok_or_else(|| {
+    let tokenizer = state.config.tokenizer.as_ref().ok_or_else(|| {
         ApiError::invalid(
             "this model has no tokenizer; send token ids",
             Some("prompt"),
@@ -324,9 +324,14 @@ async fn submit(
     prompt: Vec<u32>,
     route: Route,
 ) -> Result<Submitted, ApiError> {
-    let params = sampling(&common, prompt.len(), state.limits.max_model_len, route)?;
+    let params = sampling(
+        &common,
+        prompt.len(),
+        state.config.limits.max_model_len,
+        route,
+    )?;
     // The guard may have tripped while the prompt was prepared.
-    if state.guard.tripped() {
+    if state.config.guard.tripped() {
         state.counters.rejected();
         return Err(ApiError::memory_guard(RETRY_AFTER_SECONDS));
     }
@@ -335,6 +340,7 @@ async fn submit(
     let (events_tx, events) = mpsc::unbounded_channel();
     let (reply_tx, reply) = oneshot::channel();
     state
+        .config
         .engine
         .commands
         .send(Command::Submit {
@@ -374,7 +380,7 @@ async fn submit(
             state.next_request_id()
         ),
         created: unix_now(),
-        model: state.model_name.clone(),
+        model: state.config.model_name.clone(),
         route,
         prompt_len,
         prompt_ids,

@@ -36,7 +36,7 @@ pub(super) fn sse(
         // possible stop strings): they go out with the next text. Without a
         // tokenizer there is no text at all: every token gets its chunk.
         let mut ids = Vec::new();
-        let chunk_per_token = state.tokenizer.is_none();
+        let chunk_per_token = state.config.tokenizer.is_none();
         let mut ended = false;
         while let Some(event) = events.recv().await {
             match event {
