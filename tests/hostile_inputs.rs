@@ -2,7 +2,9 @@
 //! must end with exit 2 and a message naming the field (or file) and the
 //! limit, within seconds and with bounded memory. A regression that hangs
 //! or balloons fails here instead of wedging the test run: every child is
-//! killed at a deadline, and its peak RSS comes from `wait4`'s rusage.
+//! killed at a deadline, and its peak RSS is its `VmHWM`, polled while it
+//! runs (`wait4`'s `ru_maxrss` would count the forked copy of this test
+//! process, hundreds of MB while the other tests run beside it).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -27,7 +29,7 @@ struct Run {
 
 /// Runs `sparkrt args`, killing it at [`DEADLINE`]; stdout and stderr go to
 /// files (a full pipe must not block the child while it is polled).
-// The child is reaped by `wait4` (for its own rusage), not by `Child::wait`;
+// The child is reaped by `waitpid` (polled with WNOHANG), not by `Child::wait`;
 // waiting again after that could reap another test's child reusing the pid.
 #[allow(clippy::zombie_processes)]
 fn run_bounded(args: &[&str]) -> Run {
@@ -42,16 +44,18 @@ fn run_bounded(args: &[&str]) -> Run {
         .unwrap();
     let pid = libc::pid_t::try_from(child.id()).unwrap();
     let start = Instant::now();
-    let (status, usage) = loop {
+    let mut peak_rss_bytes = 0;
+    let status = loop {
+        // `spawn` returns once the child has exec'd, so this is sparkrt's
+        // own high-water mark, not this process's.
+        peak_rss_bytes = peak_rss_bytes.max(vm_hwm_bytes(pid).unwrap_or(0));
         let mut status = 0;
-        // SAFETY: an all-zero rusage is a valid value of the plain C struct.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: both pointers are to live locals; `pid` is our own child,
+        // SAFETY: the pointer is to a live local; `pid` is our own child,
         // reaped only here (std's Child is never waited on).
-        let reaped = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        assert!(reaped >= 0, "wait4: {}", std::io::Error::last_os_error());
+        let reaped = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        assert!(reaped >= 0, "waitpid: {}", std::io::Error::last_os_error());
         if reaped == pid {
-            break (status, usage);
+            break status;
         }
         if start.elapsed() > DEADLINE {
             let _ = child.kill();
@@ -61,16 +65,23 @@ fn run_bounded(args: &[&str]) -> Run {
                 std::fs::read_to_string(&stderr_path).unwrap_or_default()
             );
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(1));
     };
     Run {
         code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
         stderr: std::fs::read_to_string(&stderr_path).unwrap(),
         stdout: std::fs::read_to_string(&stdout_path).unwrap(),
-        // ru_maxrss is in KiB on Linux.
-        peak_rss_bytes: u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024,
+        peak_rss_bytes,
         elapsed: start.elapsed(),
     }
+}
+
+/// The `VmHWM` (peak resident set) of process `pid`, while it has one.
+fn vm_hwm_bytes(pid: libc::pid_t) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// `sparkrt args` exits 2, fast and small, saying every one of `names`.

@@ -29,7 +29,11 @@ pub fn measure_read_bandwidth(threads: usize, bytes: usize) -> f64 {
             for slice in buffer.chunks(slice_words) {
                 let share = slice.len().div_ceil(threads);
                 let start = Instant::now();
-                let total: u64 = slice.par_chunks(share).map(sum_words).sum();
+                // Wrapping, as the sums are: `sum()` would overflow-check in a debug build.
+                let total = slice
+                    .par_chunks(share)
+                    .map(sum_words)
+                    .reduce(|| 0, u64::wrapping_add);
                 black_box(total);
                 let seconds = start.elapsed().as_secs_f64();
                 if sweep > 0 && slice.len() == slice_words {
@@ -82,7 +86,10 @@ pub fn measure_read_bandwidth_of(threads: usize, regions: &[&[u8]], max_bytes: u
             for pass in &passes {
                 let bytes: usize = pass.iter().map(|p| p.len()).sum();
                 let start = Instant::now();
-                let sum: u64 = pass.par_iter().map(|p| sum_bytes(p)).sum();
+                let sum = pass
+                    .par_iter()
+                    .map(|p| sum_bytes(p))
+                    .reduce(|| 0, u64::wrapping_add);
                 black_box(sum);
                 let seconds = start.elapsed().as_secs_f64();
                 // Full passes only: a short last pass times mostly start-up.
