@@ -5,8 +5,9 @@
 #
 # The load (python3, standard library only), from a few threads:
 #   streamed and blocking completions, streams dropped after the first event,
-#   oversize bodies (9 MiB: past the body limit, which for the tiny model is ~1 MiB), clients that send half a request
-#   line and nothing more (closed by the header timeout), /health timed
+#   oversize bodies (9 MiB: past the body limit, ~1 MiB for the tiny model),
+#   clients that send half a request line and nothing more (closed by the
+#   header timeout), /health timed
 #   throughout, and halfway a guard trip: the fake meminfo turns to garbage
 #   for a few seconds (the guard must fail closed: 503 memory_guard).
 #
