@@ -13,6 +13,19 @@ use server::Server;
 const GIB_KB: u64 = 1024 * 1024;
 const MIB_KB: u64 = 1024;
 
+/// A fake host below `root` whose guard is not tripped: 16 GiB MemTotal,
+/// 12 GiB available, and a kubelet whose evictionHard is 1 GiB.
+pub(crate) fn write_host_with_kubelet(root: &Path) {
+    write_meminfo(root, 16 * GIB_KB, 12 * GIB_KB);
+    std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap();
+    std::fs::write(
+        root.join("var/lib/kubelet/config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         evictionHard:\n  memory.available: 1Gi\n",
+    )
+    .unwrap();
+}
+
 /// Replaces `/proc/meminfo` below `root` in one rename, so the guard never
 /// reads a half-written file.
 pub(crate) fn write_meminfo(root: &Path, total_kb: u64, available_kb: u64) {
@@ -33,14 +46,7 @@ fn the_guard_refuses_below_the_line_and_admits_again_above_the_resume_line() {
     let host = tempfile::tempdir().unwrap();
     let root = host.path();
     let total_kb = 16 * GIB_KB;
-    write_meminfo(root, total_kb, 12 * GIB_KB);
-    std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap();
-    std::fs::write(
-        root.join("var/lib/kubelet/config.yaml"),
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
-         evictionHard:\n  memory.available: 1Gi\n",
-    )
-    .unwrap();
+    write_host_with_kubelet(root);
     let server = Server::start(&[
         "--host-root",
         root.to_str().unwrap(),

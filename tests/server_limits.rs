@@ -5,7 +5,7 @@
 //! the largest prompts, and a client that leaves mid-stream is counted.
 
 use crate::server;
-use crate::server_guard::write_meminfo;
+use crate::server_guard::{write_host_with_kubelet, write_meminfo};
 
 use std::path::Path;
 use std::process::Command;
@@ -206,14 +206,7 @@ fn a_tripped_guard_answers_503_before_parsing_rendering_or_tokenizing() {
     const GIB_KB: u64 = 1024 * 1024;
     let host = tempfile::tempdir().unwrap();
     let root = host.path();
-    write_meminfo(root, 16 * GIB_KB, 12 * GIB_KB);
-    std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap();
-    std::fs::write(
-        root.join("var/lib/kubelet/config.yaml"),
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
-         evictionHard:\n  memory.available: 1Gi\n",
-    )
-    .unwrap();
+    write_host_with_kubelet(root);
     let server = Server::start(&[
         "--host-root",
         root.to_str().unwrap(),
