@@ -1,5 +1,7 @@
 //! Errors in the OpenAI error-object shape, with the HTTP status to send.
 
+use std::borrow::Cow;
+
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -11,7 +13,9 @@ pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
     pub kind: &'static str,
-    pub param: Option<&'static str>,
+    /// The request field at fault: a fixed name, or one the client sent
+    /// (an unsupported field).
+    pub param: Option<Cow<'static, str>>,
     pub code: Option<&'static str>,
     /// Seconds for a `Retry-After` header (503 from the memory guard, 429).
     pub retry_after: Option<u64>,
@@ -23,8 +27,21 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
             kind: "invalid_request_error",
-            param,
+            param: param.map(Cow::Borrowed),
             code: None,
+            retry_after: None,
+        }
+    }
+
+    /// A request field this server does not implement: 400 naming it, with
+    /// OpenAI's `unsupported_parameter` code (refused, never ignored).
+    pub fn unsupported_parameter(field: &str, why: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!("Unsupported parameter: '{field}' {why}"),
+            kind: "invalid_request_error",
+            param: Some(Cow::Owned(field.to_string())),
+            code: Some("unsupported_parameter"),
             retry_after: None,
         }
     }
@@ -114,7 +131,7 @@ impl ApiError {
             error: ErrorObject {
                 message: &self.message,
                 kind: self.kind,
-                param: self.param,
+                param: self.param.as_deref(),
                 code: self.code,
             },
         }
@@ -133,7 +150,7 @@ pub struct ErrorObject<'a> {
     pub message: &'a str,
     #[serde(rename = "type")]
     pub kind: &'static str,
-    pub param: Option<&'static str>,
+    pub param: Option<&'a str>,
     pub code: Option<&'static str>,
 }
 

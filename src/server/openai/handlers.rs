@@ -16,7 +16,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::outcome::Outcome;
 use super::types::{
     ASSISTANT, AssistantMessage, ChatChoice, ChatContent, ChatInput, ChatRequest, CommonParams,
-    CompletionRequest, CompletionResponse, ModelCard, ModelList, OneOrMany, Prompt, TextChoice,
+    CompletionRequest, CompletionResponse, ModelCard, ModelList, OneOrMany, Prompt, RequestBody,
+    TextChoice,
 };
 use super::{ResponseMeta, Route, stream};
 use crate::engine::sampling::SamplingParams;
@@ -229,9 +230,18 @@ fn render_chat(state: &ServerState, input: Vec<ChatInput>) -> Result<String, Api
         .map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))
 }
 
-fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::invalid(format!("invalid request body: {e}"), None))
+/// The body as its route's struct; a field the struct does not take is
+/// refused by name (see [`super::types::Unsupported`]).
+fn parse_body<T: serde::de::DeserializeOwned + RequestBody>(bytes: &[u8]) -> Result<T, ApiError> {
+    let body: T = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::invalid(format!("invalid request body: {e}"), None))?;
+    if let Some(field) = body.unsupported().first_set() {
+        return Err(ApiError::unsupported_parameter(
+            field,
+            "is not supported by this server (see the README's table of supported fields)",
+        ));
+    }
+    Ok(body)
 }
 
 /// Text to ids, once its length is known to fit `max_prompt_bytes`.

@@ -27,8 +27,8 @@ pub enum Prompt {
     Ids(Vec<u32>),
 }
 
-/// Fields common to both routes. Unknown fields are ignored, as OpenAI's
-/// clients send more than a server needs.
+/// Fields common to both routes. A field a route does not know lands in its
+/// request's [`Unsupported`] and is refused by name (see there).
 #[derive(Deserialize)]
 pub struct CommonParams {
     pub model: Option<String>,
@@ -58,12 +58,41 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
+/// Every field of a request body that no struct field took. The rule of the
+/// API is *refuse, don't ignore*: a field is implemented by adding it to a
+/// request struct (and honouring it); any other field the client sets is a
+/// 400 `unsupported_parameter` naming it. A field sent as `null` means "not
+/// set", as in OpenAI's API, and is accepted.
+///
+/// It must be the **last** flattened field of its struct: serde hands a
+/// flattened map only the entries that the fields before it left.
+#[derive(Deserialize, Default)]
+#[serde(transparent)]
+pub struct Unsupported(serde_json::Map<String, serde_json::Value>);
+
+impl Unsupported {
+    /// The first field set to something other than `null`, by name order
+    /// (so the answer does not depend on the client's key order).
+    pub fn first_set(&self) -> Option<&str> {
+        let mut set: Vec<&str> = self
+            .0
+            .iter()
+            .filter(|(_, value)| !value.is_null())
+            .map(|(key, _)| key.as_str())
+            .collect();
+        set.sort_unstable();
+        set.first().copied()
+    }
+}
+
 /// The body of `POST /v1/completions`.
 #[derive(Deserialize)]
 pub struct CompletionRequest {
     #[serde(flatten)]
     pub common: CommonParams,
     pub prompt: Prompt,
+    #[serde(flatten)]
+    pub unsupported: Unsupported,
 }
 
 /// The body of `POST /v1/chat/completions`.
@@ -72,6 +101,25 @@ pub struct ChatRequest {
     #[serde(flatten)]
     pub common: CommonParams,
     pub messages: Vec<ChatInput>,
+    #[serde(flatten)]
+    pub unsupported: Unsupported,
+}
+
+/// A request body that may carry fields this server does not implement.
+pub trait RequestBody {
+    fn unsupported(&self) -> &Unsupported;
+}
+
+impl RequestBody for CompletionRequest {
+    fn unsupported(&self) -> &Unsupported {
+        &self.unsupported
+    }
+}
+
+impl RequestBody for ChatRequest {
+    fn unsupported(&self) -> &Unsupported {
+        &self.unsupported
+    }
 }
 
 /// One message of a chat request.
@@ -264,6 +312,22 @@ mod tests {
             json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "stop",
                    "token_ids": []})
         );
+    }
+
+    #[test]
+    fn fields_no_struct_takes_are_collected_and_nulls_are_not_set() {
+        let body: ChatRequest = serde_json::from_value(json!({
+            "model": "m", "temperature": 0.5, "messages": [{"role": "user", "content": "hi"}],
+            "zeta_unknown": 1, "alpha_unknown": {"x": 1}, "beta_null": null
+        }))
+        .unwrap();
+        assert_eq!(body.common.temperature, Some(0.5));
+        assert_eq!(body.unsupported().first_set(), Some("alpha_unknown"));
+
+        let body: CompletionRequest =
+            serde_json::from_value(json!({"prompt": "p", "max_tokens": 3, "user": null})).unwrap();
+        assert_eq!(body.common.max_tokens, Some(3));
+        assert_eq!(body.unsupported().first_set(), None);
     }
 
     #[test]
