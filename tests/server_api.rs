@@ -727,7 +727,7 @@ fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
             chat,
             text("{\"messages\": [{\"role\": \"user\"}]}"),
             400,
-            None,
+            Some("messages[0].content"),
         ),
         BadRequest(
             "image content part",
@@ -736,7 +736,7 @@ fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
                 "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}]}]}",
             ),
             400,
-            Some("messages"),
+            Some("messages[0].content[0].type"),
         ),
         BadRequest(
             "invalid UTF-8",

@@ -10,7 +10,7 @@
 //! the engine thread's per-token work (stop strings) stays negligible.
 
 use super::errors::ApiError;
-use super::openai::types::{ChatContent, ChatInput, CommonParams, OneOrMany};
+use super::openai::types::{ChatContent, ChatInput, CommonParams, OneOrMany, TemplateParams};
 
 /// Stop strings per request (OpenAI allows 4; vLLM has no limit).
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -22,6 +22,10 @@ pub const MAX_MESSAGES: usize = 2048;
 pub const MAX_CONTENT_PARTS: usize = 2048;
 /// Bytes of a message's `role`.
 pub const MAX_ROLE_BYTES: usize = 64;
+/// Tool definitions of one request (OpenAI's limit).
+pub const MAX_TOOLS: usize = 128;
+/// Tool calls in one chat history, all messages together.
+pub const MAX_TOOL_CALLS: usize = 2048;
 /// Bytes of the `model` field.
 pub const MAX_MODEL_NAME_BYTES: usize = 256;
 /// Choices per request (`n`): one.
@@ -50,6 +54,12 @@ pub struct RequestLimits {
     pub max_tokens: usize,
     pub max_messages: usize,
     pub max_content_parts: usize,
+    pub max_tools: usize,
+    pub max_tool_calls: usize,
+    /// Bytes of `tools`, `documents` and `chat_template_kwargs` together,
+    /// as JSON: `max_prompt_bytes` (the template writes them into the
+    /// prompt, which may not be longer).
+    pub max_template_arguments_bytes: usize,
     pub max_stop_strings: usize,
     pub max_stop_bytes: usize,
     pub max_role_bytes: usize,
@@ -70,6 +80,9 @@ impl RequestLimits {
             max_tokens: max_model_len,
             max_messages: MAX_MESSAGES,
             max_content_parts: MAX_CONTENT_PARTS,
+            max_tools: MAX_TOOLS,
+            max_tool_calls: MAX_TOOL_CALLS,
+            max_template_arguments_bytes: max_prompt_bytes,
             max_stop_strings: MAX_STOP_STRINGS,
             max_stop_bytes: MAX_STOP_BYTES,
             max_role_bytes: MAX_ROLE_BYTES,
@@ -155,7 +168,8 @@ impl RequestLimits {
     }
 
     /// A chat's messages, before rendering: their count, their content
-    /// parts, their roles, and the bytes of all contents together.
+    /// parts and tool calls, their roles, and the bytes of all their text
+    /// (contents, reasoning, names, tool-call arguments) together.
     pub fn check_messages(&self, messages: &[ChatInput]) -> Result<(), ApiError> {
         at_most(
             "max_messages",
@@ -165,7 +179,9 @@ impl RequestLimits {
             Some("messages"),
         )?;
         let mut parts = 0usize;
+        let mut calls = 0usize;
         let mut bytes = 0usize;
+        let mut add = |n: usize| bytes = bytes.saturating_add(n);
         for m in messages {
             at_most(
                 "max_role_bytes",
@@ -174,17 +190,29 @@ impl RequestLimits {
                 self.max_role_bytes,
                 Some("messages"),
             )?;
-            bytes = bytes.saturating_add(m.role.len());
+            add(m.role.len());
             match &m.content {
-                ChatContent::Text(t) => bytes = bytes.saturating_add(t.len()),
-                ChatContent::Parts(p) => {
+                None => {}
+                Some(ChatContent::Text(t)) => add(t.len()),
+                Some(ChatContent::Parts(p)) => {
                     parts = parts.saturating_add(p.len());
                     for part in p {
-                        bytes = bytes
-                            .saturating_add(part.kind.len())
-                            .saturating_add(part.text.as_ref().map_or(0, String::len));
+                        add(part.kind.len());
+                        add(part.text.as_ref().map_or(0, String::len));
                     }
                 }
+            }
+            for text in [&m.name, &m.tool_call_id, &m.reasoning_content, &m.reasoning]
+                .into_iter()
+                .flatten()
+            {
+                add(text.len());
+            }
+            for call in m.tool_calls.iter().flatten() {
+                calls += 1;
+                add(call.id.as_ref().map_or(0, String::len));
+                add(call.function.name.len());
+                add(json_bytes(&call.function.arguments));
             }
         }
         at_most(
@@ -195,12 +223,68 @@ impl RequestLimits {
             Some("messages"),
         )?;
         at_most(
+            "max_tool_calls",
+            "the number of tool calls in the messages",
+            calls,
+            self.max_tool_calls,
+            Some("messages"),
+        )?;
+        at_most(
             "max_prompt_bytes",
             "the messages' length in bytes",
             bytes,
             self.max_prompt_bytes,
             Some("messages"),
         )
+    }
+
+    /// The template's further inputs, before rendering: the number of
+    /// tools, and the JSON bytes of tools, documents and template
+    /// arguments together.
+    pub fn check_template_params(&self, params: &TemplateParams) -> Result<(), ApiError> {
+        let tools = params.tools.as_deref().unwrap_or_default();
+        at_most(
+            "max_tools",
+            "the number of tools",
+            tools.len(),
+            self.max_tools,
+            Some("tools"),
+        )?;
+        let documents = params.documents.as_deref().unwrap_or_default();
+        let kwargs = params.chat_template_kwargs.iter().flatten();
+        let bytes = tools
+            .iter()
+            .chain(documents)
+            .map(json_bytes)
+            .chain(kwargs.map(|(name, value)| name.len() + json_bytes(value)))
+            .fold(0usize, usize::saturating_add);
+        at_most(
+            "max_template_arguments_bytes",
+            "the bytes of tools, documents and chat_template_kwargs as JSON",
+            bytes,
+            self.max_template_arguments_bytes,
+            Some("tools"),
+        )
+    }
+}
+
+/// The length of a value written as compact JSON, without writing it out.
+fn json_bytes(value: &minijinja::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // A value parsed from JSON always serializes; an error counts as huge.
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
     }
 }
 
@@ -316,5 +400,49 @@ mod tests {
             l.check_messages(&messages(serde_json::json!([one])))
                 .is_ok()
         );
+        // Tool-call arguments count as message bytes, and calls are counted.
+        let call = serde_json::json!({"id": "c", "type": "function",
+            "function": {"name": "f", "arguments": "y".repeat(16 * 1024)}});
+        let big_call = messages(serde_json::json!([{"role": "assistant", "tool_calls": [call]}]));
+        assert_eq!(
+            l.check_messages(&big_call).unwrap_err().code,
+            Some("max_prompt_bytes")
+        );
+        let small = serde_json::json!({"function": {"name": "f", "arguments": "{}"}});
+        let calls =
+            messages(serde_json::json!([{"role": "assistant", "tool_calls": vec![small; 2049]}]));
+        assert_eq!(
+            l.check_messages(&calls).unwrap_err().code,
+            Some("max_tool_calls")
+        );
+    }
+
+    #[test]
+    fn tools_and_template_arguments_are_bounded() {
+        let l = RequestLimits::new(1024, Some(16));
+        let params =
+            |v: serde_json::Value| -> TemplateParams { serde_json::from_value(v).unwrap() };
+        let tool = serde_json::json!({"type": "function", "function": {"name": "f"}});
+        assert!(
+            l.check_template_params(&params(
+                serde_json::json!({"tools": vec![tool.clone(); 128]})
+            ))
+            .is_ok()
+        );
+        assert_eq!(
+            l.check_template_params(&params(serde_json::json!({"tools": vec![tool; 129]})))
+                .unwrap_err()
+                .code,
+            Some("max_tools")
+        );
+        // 16 KiB of JSON in any of tools, documents or kwargs, together.
+        let half = "d".repeat(8 * 1024);
+        let over = params(serde_json::json!({
+            "documents": [{"text": half}], "chat_template_kwargs": {"k": half}
+        }));
+        let e = l.check_template_params(&over).unwrap_err();
+        assert_eq!(e.code, Some("max_template_arguments_bytes"));
+        let under = params(serde_json::json!({"chat_template_kwargs": {"k": half}}));
+        assert!(l.check_template_params(&under).is_ok());
     }
 }

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use minijinja::{Environment, Error, ErrorKind, Value};
-use serde::{Deserialize, Serialize};
+use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use super::TextError;
 use super::config_files::{
@@ -25,12 +25,39 @@ use super::python_json;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
-/// One chat turn.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What transformers appends to the final message to find where it ends in
+/// the rendered text (`continue_final_message`).
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+/// The variables the renderer sets itself; `kwargs` may not replace them
+/// (transformers takes them as its own arguments).
+const RESERVED_VARIABLES: [&str; 5] = [
+    "messages",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "continue_final_message",
+];
+
+/// One chat turn, as the template sees it (a mapping with these keys; the
+/// optional ones are absent when `None`, as transformers drops keys whose
+/// value is `None`).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ... (the template decides what it accepts).
+    /// `system`, `developer`, `user`, `assistant`, `tool`, ... (the template
+    /// decides what it accepts).
     pub role: String,
     pub content: String,
+    /// The reasoning of an earlier assistant turn. Templates read it under
+    /// different names (Qwen3: `reasoning_content`, gpt-oss: `thinking`,
+    /// vLLM's newer name: `reasoning`); it is given under all three, as vLLM
+    /// and transformers do together.
+    pub reasoning: Option<String>,
+    /// An assistant turn's tool calls.
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// A `tool` turn: the call it answers.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -38,14 +65,99 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            ..ChatMessage::default()
         }
     }
+}
+
+/// The mapping a template reads, keys in the order transformers gives them
+/// (`thinking` first, from its aliasing of the reasoning fields).
+impl Serialize for ChatMessage {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        if let Some(reasoning) = &self.reasoning {
+            map.serialize_entry("thinking", reasoning)?;
+        }
+        map.serialize_entry("role", &self.role)?;
+        map.serialize_entry("content", &self.content)?;
+        if let Some(calls) = &self.tool_calls {
+            map.serialize_entry("tool_calls", calls)?;
+        }
+        if let Some(reasoning) = &self.reasoning {
+            map.serialize_entry("reasoning", reasoning)?;
+            map.serialize_entry("reasoning_content", reasoning)?;
+        }
+        if let Some(id) = &self.tool_call_id {
+            map.serialize_entry("tool_call_id", id)?;
+        }
+        if let Some(name) = &self.name {
+            map.serialize_entry("name", name)?;
+        }
+        map.end()
+    }
+}
+
+/// A tool call in an assistant turn of the history.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    pub id: Option<String>,
+    pub name: String,
+    /// The arguments as a mapping: OpenAI clients send a JSON string, which
+    /// is parsed first (as vLLM does), since templates write it with
+    /// `tojson` (Qwen3 writes a string as it is, gpt-oss would quote it).
+    pub arguments: Value,
+}
+
+/// `{"id", "type": "function", "function": {"name", "arguments"}}`.
+impl Serialize for ToolCall {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        if let Some(id) = &self.id {
+            map.serialize_entry("id", id)?;
+        }
+        map.serialize_entry("type", "function")?;
+        map.serialize_entry(
+            "function",
+            &FunctionCall {
+                name: &self.name,
+                arguments: &self.arguments,
+            },
+        )?;
+        map.end()
+    }
+}
+
+#[derive(serde::Serialize)]
+struct FunctionCall<'a> {
+    name: &'a str,
+    arguments: &'a Value,
+}
+
+/// Everything a template is rendered with.
+#[derive(Clone, Debug, Default)]
+pub struct ChatPrompt {
+    pub messages: Vec<ChatMessage>,
+    /// Tool definitions as the client sent them (`None`: the template sees
+    /// `tools` as none, as without tools).
+    pub tools: Option<Vec<Value>>,
+    pub documents: Option<Vec<Value>>,
+    /// End with the header of a new assistant turn.
+    pub add_generation_prompt: bool,
+    /// End inside the final message, without its end-of-turn tokens, so
+    /// the model continues it (exclusive with `add_generation_prompt`).
+    pub continue_final_message: bool,
+    /// Further variables (`chat_template_kwargs`, `reasoning_effort`); they
+    /// win over the special tokens, as in transformers.
+    pub kwargs: Vec<(String, Value)>,
 }
 
 /// A compiled chat template and the special tokens it may refer to.
 pub struct ChatTemplate {
     env: Environment<'static>,
     special_tokens: SpecialTokens,
+    /// Whether the source names `content` at all (transformers refuses
+    /// `continue_final_message` otherwise).
+    mentions_content: bool,
 }
 
 impl ChatTemplate {
@@ -70,10 +182,7 @@ impl ChatTemplate {
                 dir.join(TOKENIZER_CONFIG),
             ),
         };
-        ChatTemplate::from_source(source, config.special_tokens).map_err(|e| match e {
-            TextError::TemplateSyntax { source } => TextError::TemplateSyntaxIn { path, source },
-            other => other,
-        })
+        ChatTemplate::from_source(source, config.special_tokens).map_err(|e| in_file(e, path))
     }
 
     /// As [`ChatTemplate::from_dir`], with `None` for a checkpoint that has
@@ -88,11 +197,33 @@ impl ChatTemplate {
         }
     }
 
+    /// The template of `file` (`--chat-template`) instead of the
+    /// checkpoint's, with the special tokens of the checkpoint in `dir`. A
+    /// file that cannot be read or does not compile is an error naming it.
+    pub fn from_file(file: &Path, dir: &Path) -> Result<ChatTemplate, TextError> {
+        let source = std::fs::read_to_string(file).map_err(|source| TextError::Io {
+            path: file.to_path_buf(),
+            source,
+        })?;
+        let config = read_tokenizer_config(dir)?;
+        ChatTemplate::from_source(source, config.special_tokens)
+            .map_err(|e| in_file(e, file.to_path_buf()))
+    }
+
+    /// `--chat-template FILE` if given, else the checkpoint's (if any).
+    pub fn load(dir: &Path, file: Option<&Path>) -> Result<Option<ChatTemplate>, TextError> {
+        match file {
+            Some(file) => ChatTemplate::from_file(file, dir).map(Some),
+            None => ChatTemplate::from_dir_if_any(dir),
+        }
+    }
+
     /// Compiles a template given as text.
     pub fn from_source(
         source: String,
         special_tokens: SpecialTokens,
     ) -> Result<ChatTemplate, TextError> {
+        let mentions_content = source.contains("content");
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -105,23 +236,96 @@ impl ChatTemplate {
         Ok(ChatTemplate {
             env,
             special_tokens,
+            mentions_content,
         })
     }
 
-    /// Renders a conversation. With `add_generation_prompt` the text ends
-    /// with the header of an assistant turn, ready for the model to continue.
-    /// Encode the result with `add_special_tokens = false`.
+    /// The same template with `strftime_now` fixed at `unix_seconds` (UTC):
+    /// renderings that do not depend on the day (tests against reference
+    /// renderings).
+    pub fn with_fixed_time(mut self, unix_seconds: i64) -> ChatTemplate {
+        self.env.add_function(
+            "strftime_now",
+            move |format: String| -> Result<Value, Error> {
+                format_utc_timestamp(unix_seconds, &format).map(Value::from)
+            },
+        );
+        self
+    }
+
+    /// Renders a conversation of plain messages. With
+    /// `add_generation_prompt` the text ends with the header of an assistant
+    /// turn, ready for the model to continue. Encode the result with
+    /// `add_special_tokens = false`.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TextError> {
+        self.render_prompt(&ChatPrompt {
+            messages: messages.to_vec(),
+            add_generation_prompt,
+            ..ChatPrompt::default()
+        })
+    }
+
+    /// Renders a conversation with everything else the template reads, as
+    /// transformers' `apply_chat_template(..., tokenize=False)` does.
+    pub fn render_prompt(&self, prompt: &ChatPrompt) -> Result<String, TextError> {
+        if prompt.continue_final_message {
+            self.render_continuing(prompt)
+        } else {
+            self.render_context(prompt, &prompt.messages)
+        }
+    }
+
+    /// `continue_final_message`, as transformers does it: the final message
+    /// is rendered with a tag after its content, and the text is cut where
+    /// the tag is (and right-trimmed if the template trimmed the message).
+    fn render_continuing(&self, prompt: &ChatPrompt) -> Result<String, TextError> {
+        let refuse = |why: &str| TextError::ContinueFinalMessage {
+            why: why.to_owned(),
+        };
+        if prompt.add_generation_prompt {
+            return Err(refuse(
+                "it cannot be combined with add_generation_prompt (that starts a new assistant turn)",
+            ));
+        }
+        let Some((last, earlier)) = prompt.messages.split_last() else {
+            return Err(refuse("the conversation is empty"));
+        };
+        if !self.mentions_content {
+            return Err(refuse("the chat template does not read `content`"));
+        }
+        let final_text = last.content.trim().to_owned();
+        let mut messages = earlier.to_vec();
+        messages.push(ChatMessage {
+            content: format!("{}{CONTINUE_TAG}", last.content),
+            ..last.clone()
+        });
+        let rendered = self.render_context(prompt, &messages)?;
+        let tag = CONTINUE_TAG.trim();
+        let cut = rendered
+            .rfind(tag)
+            .filter(|_| rendered.contains(&final_text));
+        let Some(at) = cut else {
+            return Err(refuse(
+                "the final message does not appear in the rendered chat (the template drops it)",
+            ));
+        };
+        if rendered[at..].starts_with(CONTINUE_TAG) {
+            Ok(rendered[..at].to_owned())
+        } else {
+            Ok(rendered[..at].trim_end().to_owned())
+        }
+    }
+
+    fn render_context(
+        &self,
+        prompt: &ChatPrompt,
+        messages: &[ChatMessage],
+    ) -> Result<String, TextError> {
         let mut context: BTreeMap<&str, Value> = BTreeMap::new();
-        context.insert("messages", Value::from_serialize(messages));
-        context.insert("add_generation_prompt", Value::from(add_generation_prompt));
-        // transformers passes these as None when the request has none.
-        context.insert("tools", Value::from(()));
-        context.insert("documents", Value::from(()));
         let tokens = &self.special_tokens;
         for (name, token) in [
             ("bos_token", &tokens.bos),
@@ -133,6 +337,32 @@ impl ChatTemplate {
                 context.insert(name, Value::from(token.as_str()));
             }
         }
+        for (name, value) in &prompt.kwargs {
+            if RESERVED_VARIABLES.contains(&name.as_str()) {
+                return Err(TextError::ReservedTemplateVariable { name: name.clone() });
+            }
+            context.insert(name, value.clone());
+        }
+        context.insert("messages", Value::from_serialize(messages));
+        context.insert(
+            "add_generation_prompt",
+            Value::from(prompt.add_generation_prompt),
+        );
+        // transformers passes these as None when the request has none.
+        context.insert(
+            "tools",
+            prompt
+                .tools
+                .as_ref()
+                .map_or(Value::from(()), |t| Value::from(t.clone())),
+        );
+        context.insert(
+            "documents",
+            prompt
+                .documents
+                .as_ref()
+                .map_or(Value::from(()), |d| Value::from(d.clone())),
+        );
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -140,6 +370,14 @@ impl ChatTemplate {
         template
             .render(context)
             .map_err(|source| TextError::TemplateRender { source })
+    }
+}
+
+/// A compile error of a template read from `path`, naming it.
+fn in_file(error: TextError, path: std::path::PathBuf) -> TextError {
+    match error {
+        TextError::TemplateSyntax { source } => TextError::TemplateSyntaxIn { path, source },
+        other => other,
     }
 }
 

@@ -22,7 +22,7 @@ mod tokenizer;
 
 use std::path::PathBuf;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatPrompt, ChatTemplate, ToolCall};
 pub use config_files::SpecialTokens;
 pub use stop::{StopMatcher, StopStep};
 pub use stream::StreamDecoder;
@@ -85,6 +85,10 @@ pub enum TextError {
         #[source]
         source: minijinja::Error,
     },
+    #[error("`{name}` is set by the server and cannot be a chat template argument")]
+    ReservedTemplateVariable { name: String },
+    #[error("continue_final_message: {why}")]
+    ContinueFinalMessage { why: String },
     #[error("chat template failed: {source}")]
     TemplateRender {
         #[source]

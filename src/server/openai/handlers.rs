@@ -15,17 +15,16 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::outcome::Outcome;
 use super::types::{
-    ASSISTANT, AssistantMessage, ChatChoice, ChatContent, ChatInput, ChatRequest, CommonParams,
+    ASSISTANT, AssistantMessage, ChatChoice, ChatInput, ChatRequest, CommonParams,
     CompletionRequest, CompletionResponse, ModelCard, ModelList, OneOrMany, Prompt, RequestBody,
-    TextChoice,
+    TemplateParams, TextChoice,
 };
-use super::{ResponseMeta, Route, stream};
+use super::{ResponseMeta, Route, chat_prompt, stream};
 use crate::engine::sampling::SamplingParams;
 use crate::engine::{AdmissionError, Event, Request};
 use crate::server::engine_loop::{Command, SubmitError};
 use crate::server::errors::ApiError;
 use crate::server::{ServerState, body};
-use crate::text::ChatMessage;
 
 /// Seconds a client is told to wait after a 429 or 503.
 const RETRY_AFTER_SECONDS: u64 = 2;
@@ -173,7 +172,7 @@ fn prepare(
         Route::Chat => {
             let body: ChatRequest = parse_body(bytes)?;
             check_common(state, &body.common)?;
-            let rendered = render_chat(state, body.messages)?;
+            let rendered = render_chat(state, body.messages, body.template)?;
             let prompt = encode(state, &rendered)?;
             Ok((body.common, prompt))
         }
@@ -192,42 +191,21 @@ fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiErr
     Ok(())
 }
 
-fn render_chat(state: &ServerState, input: Vec<ChatInput>) -> Result<String, ApiError> {
-    if input.is_empty() {
-        return Err(ApiError::invalid(
-            "`messages` must not be empty",
-            Some("messages"),
-        ));
-    }
-    state.request_limits.check_messages(&input)?;
+/// The chat template's text for a chat request (its sizes checked first).
+fn render_chat(
+    state: &ServerState,
+    messages: Vec<ChatInput>,
+    params: TemplateParams,
+) -> Result<String, ApiError> {
+    state.request_limits.check_messages(&messages)?;
+    state.request_limits.check_template_params(&params)?;
     let template = state.config.chat_template.as_ref().ok_or_else(|| {
         ApiError::invalid("this model has no chat template; use /v1/completions", None)
     })?;
-    let mut messages = Vec::with_capacity(input.len());
-    for m in input {
-        let content = match m.content {
-            ChatContent::Text(t) => t,
-            ChatContent::Parts(parts) => {
-                let mut text = String::new();
-                for part in parts {
-                    match (part.kind.as_str(), part.text) {
-                        ("text", Some(t)) => text.push_str(&t),
-                        _ => {
-                            return Err(ApiError::invalid(
-                                "only text content parts are supported",
-                                Some("messages"),
-                            ));
-                        }
-                    }
-                }
-                text
-            }
-        };
-        messages.push(ChatMessage::new(m.role, content));
-    }
+    let prepared = chat_prompt::prepare(messages, params)?;
     template
-        .render(&messages, true)
-        .map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))
+        .render_prompt(&prepared.prompt)
+        .map_err(chat_prompt::render_error)
 }
 
 /// The body as its route's struct; a field the struct does not take is

@@ -1,10 +1,14 @@
 //! OpenAI-compatible routes: `/v1/models`, `/v1/completions`,
 //! `/v1/chat/completions`, streamed (SSE) or not.
 //!
-//! - [`types`]: the request and answer structs (the wire);
+//! - [`types`]: the request and answer structs (the wire), with the chat
+//!   request's messages and template fields in [`chat_types`];
+//! - [`chat_prompt`]: a chat request into the chat template's input;
 //! - [`handlers`]: the axum handlers (validation, submission, blocking answers);
 //! - [`stream`]: the SSE stream of chunks.
 
+pub mod chat_prompt;
+pub mod chat_types;
 mod handlers;
 mod outcome;
 mod stream;

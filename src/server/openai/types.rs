@@ -8,6 +8,10 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::chat_types::{
+    ChatContent, ChatInput, ContentPart, FunctionCallInput, TemplateParams, ToolCallInput,
+};
+
 // ---------------------------------------------------------------- requests
 
 /// Either one string or a list of strings (`stop`).
@@ -101,6 +105,9 @@ pub struct ChatRequest {
     #[serde(flatten)]
     pub common: CommonParams,
     pub messages: Vec<ChatInput>,
+    /// Tools, template arguments and the generation prompt.
+    #[serde(flatten)]
+    pub template: TemplateParams,
     #[serde(flatten)]
     pub unsupported: Unsupported,
 }
@@ -120,27 +127,6 @@ impl RequestBody for ChatRequest {
     fn unsupported(&self) -> &Unsupported {
         &self.unsupported
     }
-}
-
-/// One message of a chat request.
-#[derive(Deserialize)]
-pub struct ChatInput {
-    pub role: String,
-    pub content: ChatContent,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-pub enum ChatContent {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Deserialize)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub text: Option<String>,
 }
 
 // ----------------------------------------------------------------- answers
