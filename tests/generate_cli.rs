@@ -106,6 +106,48 @@ fn chat_wraps_the_message_in_the_template() {
     assert_eq!(v["token_ids"], json(&plain)["token_ids"]);
 }
 
+/// `--chat-template FILE` replaces the checkpoint's ChatML: Qwen3's template
+/// opens the assistant turn the same way, so `--chat hi` gives the same ids
+/// as transformers' rendering of that message.
+#[test]
+fn chat_template_file_replaces_the_checkpoints() {
+    let template = repo_path("tests/chat_templates/qwen3.jinja");
+    let out = generate(&[
+        "--chat",
+        "hi",
+        "--chat-template",
+        &template,
+        "--max-tokens",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // transformers renders Qwen3's template for [user: hi] with the
+    // generation prompt as exactly this.
+    let plain = generate(&[
+        "--prompt",
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+        "--max-tokens",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(json(&out)["prompt_ids"], json(&plain)["prompt_ids"]);
+    let missing = generate(&["--chat", "hi", "--chat-template", "/nonexistent/t.jinja"]);
+    assert_eq!(missing.status.code(), Some(2), "{}", stderr(&missing));
+    assert!(
+        stderr(&missing).contains("/nonexistent/t.jinja"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+fn repo_path(relative: &str) -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(relative)
+        .display()
+        .to_string()
+}
+
 #[test]
 fn bad_requests_are_exit_2_with_a_message() {
     for (args, needle) in [

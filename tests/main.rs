@@ -37,6 +37,7 @@ mod kernels_quantize;
 mod plan_cli;
 mod server_api;
 mod server_batching;
+mod server_chat_template;
 mod server_connections;
 mod server_guard;
 mod server_limits;

@@ -10,6 +10,7 @@ use super::{load_profile, model_dir};
 use crate::host::HostReading;
 use crate::plan::profile::{DeviceKind, KubeletMode, Profile};
 use crate::runtime::{DeviceOptions, HostSource};
+use crate::text::ChatTemplate;
 
 /// The profile used when neither `--model` nor `--profile` is given: the
 /// tiny reference model in tests/fixtures.
@@ -72,6 +73,24 @@ impl ModelArgs {
             }),
             cache_dir: self.cache_dir.clone(),
         }
+    }
+}
+
+/// The chat template of `serve` and `generate`.
+#[derive(Debug, clap::Args)]
+pub struct ChatTemplateArgs {
+    /// Chat template (a Jinja file) used instead of the checkpoint's
+    /// `chat_template.jinja` or tokenizer_config.json `chat_template`; one
+    /// that cannot be read or does not compile stops the start, naming it.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+}
+
+impl ChatTemplateArgs {
+    /// `--chat-template` if given (with the special tokens of `dir`), else
+    /// the checkpoint's; `None` for a checkpoint without one.
+    pub fn load(&self, dir: &Path) -> Result<Option<ChatTemplate>> {
+        Ok(ChatTemplate::load(dir, self.chat_template.as_deref())?)
     }
 }
 

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use super::EXIT_DOES_NOT_FIT;
-use super::common::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use super::common::{ChatTemplateArgs, ModelArgs, dummy_if_asked, resolve, set_threads};
 use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
 use crate::engine::sampling::SamplingParams;
@@ -22,6 +22,8 @@ use crate::text::ChatMessage;
 pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub template: ChatTemplateArgs,
     /// Raw prompt text.
     #[arg(long, group = "input")]
     pub prompt: Option<String>,
@@ -224,7 +226,10 @@ fn prompt_ids<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<Vec
         return Ok(tokenizer.encode(text, false)?);
     }
     if let Some(message) = &args.chat {
-        let template = crate::text::ChatTemplate::from_dir(&loaded.dir)?;
+        let template = match args.template.load(&loaded.dir)? {
+            Some(template) => template,
+            None => crate::text::ChatTemplate::from_dir(&loaded.dir)?,
+        };
         let rendered = template.render(&[ChatMessage::new("user", message.as_str())], true)?;
         return Ok(tokenizer.encode(&rendered, false)?);
     }

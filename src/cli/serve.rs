@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use super::EXIT_DOES_NOT_FIT;
-use super::common::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use super::common::{ChatTemplateArgs, ModelArgs, dummy_if_asked, resolve, set_threads};
 use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
 use crate::limits::MAX_SMALL_FILE_BYTES;
@@ -20,12 +20,15 @@ use crate::server::engine_loop::{self, EngineHandle, Gauges};
 use crate::server::guard::MemoryGuard;
 use crate::server::listen::{self, ConnectionLimits};
 use crate::server::{ServerConfig, ServerState, expose, fds, router};
+use crate::text::ChatTemplate;
 use crate::util::files::read_regular_to_string;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub template: ChatTemplateArgs,
     /// Address to listen on: an IPv4 or IPv6 address (`::1`, `[::1]`),
     /// `localhost` or a host name (resolved). Anything but loopback needs
     /// `--api-key-file` (or `--insecure-no-api-key`).
@@ -103,6 +106,12 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     };
     let (dir, profile) = resolve(&args.model)?;
     let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
+    // Before the weights load: a broken template is a start-up error; none
+    // at all leaves the chat routes answering 400.
+    let chat_template = args.template.load(&dir)?;
+    if chat_template.is_none() {
+        tracing::info!("no chat template in the checkpoint: /v1/chat/completions answers 400");
+    }
     let host = HostSource {
         root: &args.model.host_root,
         kubelet_config: args.kubelet_config.as_deref(),
@@ -126,6 +135,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         dir: &dir,
         address,
         connections,
+        chat_template,
     })
 }
 
@@ -136,6 +146,7 @@ struct Serve<'a> {
     dir: &'a Path,
     address: SocketAddr,
     connections: ConnectionLimits,
+    chat_template: Option<ChatTemplate>,
 }
 
 impl WithBackend for Serve<'_> {
@@ -153,6 +164,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         dir,
         address,
         connections,
+        chat_template,
     } = job;
     let model_name = args
         .served_model_name
@@ -162,11 +174,6 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
             dir.file_name()
                 .map_or("model".to_string(), |n| n.to_string_lossy().into_owned())
         });
-    // A broken template is a start-up error; none at all leaves chat routes 400.
-    let chat_template = crate::text::ChatTemplate::from_dir_if_any(&loaded.dir)?;
-    if chat_template.is_none() {
-        tracing::info!("no chat template in the checkpoint: /v1/chat/completions answers 400");
-    }
     let source = loaded.source();
     let engine = loaded.engine(&source)?;
     let limits = engine.limits().clone();

@@ -201,9 +201,9 @@ impl ChatTemplate {
     /// checkpoint's, with the special tokens of the checkpoint in `dir`. A
     /// file that cannot be read or does not compile is an error naming it.
     pub fn from_file(file: &Path, dir: &Path) -> Result<ChatTemplate, TextError> {
-        let source = std::fs::read_to_string(file).map_err(|source| TextError::Io {
+        let source = read_text_if_exists(file)?.ok_or_else(|| TextError::Io {
             path: file.to_path_buf(),
-            source,
+            source: std::io::ErrorKind::NotFound.into(),
         })?;
         let config = read_tokenizer_config(dir)?;
         ChatTemplate::from_source(source, config.special_tokens)
