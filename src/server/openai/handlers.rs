@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::{mpsc, oneshot};
 
 use super::outcome::Outcome;
+use super::tool_types::{finish_reason, message_parts};
 use super::types::{
     ASSISTANT, AssistantMessage, ChatChoice, ChatContent, ChatInput, ChatRequest, CommonParams,
     CompletionRequest, CompletionResponse, ModelCard, ModelList, OneOrMany, Prompt, RequestBody,
@@ -26,6 +27,7 @@ use crate::server::engine_loop::{Command, SubmitError};
 use crate::server::errors::ApiError;
 use crate::server::{ServerState, body};
 use crate::text::ChatMessage;
+use crate::text::parsers::{OutputParser, ParsedMessage, TokenPiece};
 
 /// Seconds a client is told to wait after a 429 or 503.
 const RETRY_AFTER_SECONDS: u64 = 2;
@@ -92,9 +94,16 @@ async fn handle(
         }
     };
     if submitted.stream {
-        Ok(stream::sse(state, submitted.meta, submitted.events, outcome).into_response())
+        Ok(stream::sse(
+            state,
+            submitted.meta,
+            submitted.events,
+            submitted.parser,
+            outcome,
+        )
+        .into_response())
     } else {
-        let answer = collect(submitted.meta, submitted.events).await;
+        let answer = collect(submitted.meta, submitted.events, submitted.parser).await;
         outcome.finished(answer.is_ok());
         answer
     }
@@ -116,11 +125,13 @@ fn admit(state: &ServerState) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A request the engine took: its answer's metadata and its events.
+/// A request the engine took: its answer's metadata, its events and the
+/// parser its output goes through.
 struct Submitted {
     meta: ResponseMeta,
     events: mpsc::UnboundedReceiver<Event>,
     stream: bool,
+    parser: OutputParser,
 }
 
 async fn prepare_and_submit(
@@ -129,20 +140,21 @@ async fn prepare_and_submit(
     route: Route,
 ) -> Result<Submitted, ApiError> {
     let job_state = Arc::clone(state);
-    let (common, prompt) = state
+    let (common, prompt, parser) = state
         .prep
         .run(bytes.len(), move || prepare(&job_state, &bytes, route))
         .await??;
-    submit(state, common, prompt, route).await
+    submit(state, common, prompt, parser, route).await
 }
 
 /// On the preparation pool: the body parsed and checked against the limits,
-/// then rendered and tokenized.
+/// then rendered and tokenized; a chat answer's output parser starts from
+/// the rendered prompt (it may open reasoning).
 fn prepare(
     state: &ServerState,
     bytes: &[u8],
     route: Route,
-) -> Result<(CommonParams, Vec<u32>), ApiError> {
+) -> Result<(CommonParams, Vec<u32>, OutputParser), ApiError> {
     let limits = &state.request_limits;
     match route {
         Route::Completion => {
@@ -168,14 +180,15 @@ fn prepare(
                     ));
                 }
             };
-            Ok((body.common, prompt))
+            Ok((body.common, prompt, OutputParser::off()))
         }
         Route::Chat => {
             let body: ChatRequest = parse_body(bytes)?;
             check_common(state, &body.common)?;
             let rendered = render_chat(state, body.messages)?;
             let prompt = encode(state, &rendered)?;
-            Ok((body.common, prompt))
+            let parser = state.config.output_parsers.start(&rendered);
+            Ok((body.common, prompt, parser))
         }
     }
 }
@@ -332,6 +345,7 @@ async fn submit(
     state: &Arc<ServerState>,
     common: CommonParams,
     prompt: Vec<u32>,
+    parser: OutputParser,
     route: Route,
 ) -> Result<Submitted, ApiError> {
     let params = sampling(
@@ -359,6 +373,7 @@ async fn submit(
                 params,
                 prompt_logits: false,
                 ignore_eos: common.ignore_eos,
+                skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
             },
             events: events_tx,
             reply: reply_tx,
@@ -400,6 +415,7 @@ async fn submit(
         meta,
         events,
         stream: common.stream,
+        parser,
     })
 }
 
@@ -411,17 +427,31 @@ fn admission_error(e: AdmissionError) -> ApiError {
     ApiError::invalid(e.to_string(), param)
 }
 
-/// The blocking answer: waits for the whole text, then answers once.
+/// The blocking answer: waits for the whole text, then answers once. The
+/// text goes through the same parser as a stream's, so the message is the
+/// concatenation of what the stream would have sent.
 async fn collect(
     meta: ResponseMeta,
     mut events: mpsc::UnboundedReceiver<Event>,
+    mut parser: OutputParser,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut message = ParsedMessage::default();
     let mut ids = Vec::new();
     while let Some(event) = events.recv().await {
         match event {
-            Event::Token { id, text: piece } => {
+            Event::Token {
+                id,
+                text: piece,
+                hidden,
+                ..
+            } => {
                 ids.push(id);
+                message.apply_all(parser.push(TokenPiece {
+                    id,
+                    text: &piece,
+                    hidden: hidden.as_deref(),
+                }));
                 text.push_str(&piece);
             }
             Event::PromptLogits { .. } => {}
@@ -432,10 +462,16 @@ async fn collect(
                 ..
             } => {
                 text.push_str(&rest);
+                message.apply_all(parser.push_text(&rest));
+                message.apply_all(parser.finish());
                 let completion = completion_tokens.max(ids.len());
+                let output = match meta.route {
+                    Route::Completion => Output::Text(text),
+                    Route::Chat => Output::Message(message),
+                };
                 return Ok(blocking_answer(
                     meta,
-                    text,
+                    output,
                     &ids,
                     reason.as_str(),
                     completion,
@@ -449,18 +485,25 @@ async fn collect(
     Err(ApiError::internal("the engine dropped the request"))
 }
 
+/// What a blocking answer carries: the text of a completion, the parsed
+/// message of a chat answer.
+enum Output {
+    Text(String),
+    Message(ParsedMessage),
+}
+
 /// The one answer of a blocking request, in its route's shape.
 fn blocking_answer(
     meta: ResponseMeta,
-    text: String,
+    output: Output,
     ids: &[u32],
     finish: &'static str,
     completion_tokens: usize,
 ) -> Response {
     let usage = meta.usage(completion_tokens);
     let ids = meta.token_ids(ids, true);
-    match meta.route {
-        Route::Completion => Json(CompletionResponse {
+    match output {
+        Output::Text(text) => Json(CompletionResponse {
             id: meta.id,
             object: "text_completion",
             created: meta.created,
@@ -475,24 +518,31 @@ fn blocking_answer(
             usage,
         })
         .into_response(),
-        Route::Chat => Json(CompletionResponse {
-            id: meta.id,
-            object: "chat.completion",
-            created: meta.created,
-            model: meta.model,
-            choices: vec![ChatChoice {
-                index: 0,
-                message: AssistantMessage {
-                    role: ASSISTANT,
-                    content: text,
-                },
-                logprobs: None,
-                finish_reason: finish,
-                ids,
-            }],
-            usage,
-        })
-        .into_response(),
+        Output::Message(message) => {
+            let (content, reasoning, tool_calls) = message_parts(message);
+            let finish = finish_reason(finish, !tool_calls.is_empty());
+            Json(CompletionResponse {
+                id: meta.id,
+                object: "chat.completion",
+                created: meta.created,
+                model: meta.model,
+                choices: vec![ChatChoice {
+                    index: 0,
+                    message: AssistantMessage {
+                        role: ASSISTANT,
+                        content,
+                        reasoning_content: reasoning.clone(),
+                        reasoning,
+                        tool_calls,
+                    },
+                    logprobs: None,
+                    finish_reason: finish,
+                    ids,
+                }],
+                usage,
+            })
+            .into_response()
+        }
     }
 }
 

@@ -3,11 +3,14 @@
 //!
 //! - [`types`]: the request and answer structs (the wire);
 //! - [`handlers`]: the axum handlers (validation, submission, blocking answers);
-//! - [`stream`]: the SSE stream of chunks.
+//! - [`stream`]: the SSE stream of chunks;
+//! - [`tool_types`]: the reasoning and tool-call answer shapes, from the
+//!   output parsers ([`crate::text::parsers`]).
 
 mod handlers;
 mod outcome;
 mod stream;
+pub mod tool_types;
 pub mod types;
 
 pub use handlers::{chat_completions, completions, method_not_allowed, models, not_found};
