@@ -44,6 +44,7 @@ fn request(prompt_len: usize, seed: u32, max_tokens: usize) -> Request {
         params: SamplingParams::greedy(max_tokens),
         prompt_logits: false,
         ignore_eos: true,
+        skip_special_tokens: true,
     }
 }
 

@@ -122,6 +122,7 @@ fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitC
             params,
             prompt_logits: args.logits_out.is_some(),
             ignore_eos: args.ignore_eos,
+            skip_special_tokens: true,
         },
         Box::new(tx),
     )?;
@@ -145,7 +146,9 @@ fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitC
         engine.step()?;
         while let Ok(event) = rx.try_recv() {
             match event {
-                Event::Token { id, text: piece } => {
+                Event::Token {
+                    id, text: piece, ..
+                } => {
                     first_token_at.get_or_insert_with(Instant::now);
                     tokens.push(id);
                     if !args.json {

@@ -11,7 +11,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use super::EXIT_DOES_NOT_FIT;
-use super::common::{ChatTemplateArgs, ModelArgs, dummy_if_asked, resolve, set_threads};
+use super::common::{
+    ChatTemplateArgs, ModelArgs, ParserArgs, dummy_if_asked, resolve, set_threads,
+};
 use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
 use crate::limits::MAX_SMALL_FILE_BYTES;
@@ -29,6 +31,8 @@ pub struct ServeArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub template: ChatTemplateArgs,
+    #[command(flatten)]
+    pub parsers: ParserArgs,
     /// Address to listen on: an IPv4 or IPv6 address (`::1`, `[::1]`),
     /// `localhost` or a host name (resolved). Anything but loopback needs
     /// `--api-key-file` (or `--insecure-no-api-key`).
@@ -174,6 +178,9 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
             dir.file_name()
                 .map_or("model".to_string(), |n| n.to_string_lossy().into_owned())
         });
+    let output_parsers = args
+        .parsers
+        .output_parsers(loaded.config.architecture, loaded.tokenizer.as_deref())?;
     let source = loaded.source();
     let engine = loaded.engine(&source)?;
     let limits = engine.limits().clone();
@@ -207,6 +214,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         engine_counters,
         tokenizer: loaded.tokenizer.clone(),
         chat_template,
+        output_parsers,
         api_key,
         host_root: args.model.host_root.clone(),
     }));

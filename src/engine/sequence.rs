@@ -17,6 +17,9 @@ pub struct Request {
     pub prompt_logits: bool,
     /// Keep generating past end-of-sequence tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Leave special tokens out of the text (they are then reported apart,
+    /// in [`Event::Token`]'s `hidden`); the OpenAI routes' default.
+    pub skip_special_tokens: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -44,8 +47,14 @@ impl FinishReason {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A sampled token and the text it completes; `text` may be empty while
-    /// a partial character or a possible stop string is held back.
-    Token { id: u32, text: String },
+    /// a partial character or a possible stop string is held back. `hidden`
+    /// is the token's own text when it is a special token left out of
+    /// `text` (`skip_special_tokens`): output parsers read it, clients do not.
+    Token {
+        id: u32,
+        text: String,
+        hidden: Option<String>,
+    },
     /// Logits of prompt positions `first..first + values.len() / vocab`.
     PromptLogits { first: usize, values: Vec<f32> },
     /// The request ended; held-back text, if any, is in `text`.
@@ -90,23 +99,29 @@ pub(crate) struct TextState {
 }
 
 impl TextState {
-    pub(crate) fn new(tokenizer: &Tokenizer, stop: &[String]) -> TextState {
+    pub(crate) fn new(
+        tokenizer: &Tokenizer,
+        stop: &[String],
+        skip_special_tokens: bool,
+    ) -> TextState {
         TextState {
-            decoder: tokenizer.stream_decoder(true),
+            decoder: tokenizer.stream_decoder(skip_special_tokens),
             stops: StopMatcher::new(stop.iter().cloned()),
         }
     }
 
-    /// The text to emit for `id`, and whether a stop string completed.
+    /// The text to emit for `id`, the special token's text left out of it
+    /// (if so), and whether a stop string completed.
     pub(crate) fn push(
         &mut self,
         tokenizer: &Tokenizer,
         id: u32,
-    ) -> Result<(String, bool), TextError> {
+    ) -> Result<(String, Option<String>, bool), TextError> {
         let piece = self.decoder.push(tokenizer, id)?;
-        Ok(match self.stops.push(&piece) {
-            StopStep::Continue { emit } => (emit, false),
-            StopStep::Stopped { emit, .. } => (emit, true),
+        Ok(match self.stops.push(&piece.text) {
+            StopStep::Continue { emit } => (emit, piece.hidden, false),
+            // The token comes after the stop string: nothing of it is sent.
+            StopStep::Stopped { emit, .. } => (emit, None, true),
         })
     }
 

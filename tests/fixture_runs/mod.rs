@@ -77,6 +77,7 @@ pub fn serve_greedy<'w, B: Backend + 'w>(
                     params: SamplingParams::greedy(max_tokens),
                     prompt_logits: true,
                     ignore_eos: true,
+                    skip_special_tokens: true,
                 },
                 Box::new(tx),
             )

@@ -23,6 +23,7 @@ use minijinja::value::ValueKind;
 use super::chat_types::{ChatContent, ChatInput, TemplateParams, ToolCallInput};
 use super::types::Unsupported;
 use crate::server::errors::ApiError;
+use crate::text::parsers::OutputParsers;
 use crate::text::{ChatMessage, ChatPrompt, TextError, ToolCall};
 
 /// The `reasoning_effort` values templates know (gpt-oss: `Reasoning: …`).
@@ -111,6 +112,36 @@ pub fn prepare(input: Vec<ChatInput>, params: TemplateParams) -> Result<Prepared
         },
         tools_offered,
     })
+}
+
+/// The server's output parsers for one request: without tools offered the
+/// answer is not parsed for tool calls (as vLLM parses them only when the
+/// request has tools and `tool_choice` is not `"none"`).
+pub fn output_parsers(configured: &OutputParsers, tools_offered: bool) -> Cow<'_, OutputParsers> {
+    match configured {
+        _ if tools_offered => Cow::Borrowed(configured),
+        OutputParsers::Text {
+            reasoning,
+            tools: true,
+        } => Cow::Owned(if *reasoning {
+            OutputParsers::Text {
+                reasoning: true,
+                tools: false,
+            }
+        } else {
+            OutputParsers::Off
+        }),
+        OutputParsers::Harmony {
+            tokens,
+            reasoning,
+            tools: true,
+        } => Cow::Owned(OutputParsers::Harmony {
+            tokens: tokens.clone(),
+            reasoning: *reasoning,
+            tools: false,
+        }),
+        _ => Cow::Borrowed(configured),
+    }
 }
 
 /// The 400 a rendering failure answers: the template refused the

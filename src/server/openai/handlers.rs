@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::{mpsc, oneshot};
 
 use super::outcome::Outcome;
+use super::tool_types::{finish_reason, message_parts};
 use super::types::{
     ASSISTANT, AssistantMessage, ChatChoice, ChatInput, ChatRequest, CommonParams,
     CompletionRequest, CompletionResponse, ModelCard, ModelList, OneOrMany, Prompt, RequestBody,
@@ -25,6 +26,7 @@ use crate::engine::{AdmissionError, Event, Request};
 use crate::server::engine_loop::{Command, SubmitError};
 use crate::server::errors::ApiError;
 use crate::server::{ServerState, body};
+use crate::text::parsers::{OutputParser, ParsedMessage, TokenPiece};
 
 /// Seconds a client is told to wait after a 429 or 503.
 const RETRY_AFTER_SECONDS: u64 = 2;
@@ -91,9 +93,16 @@ async fn handle(
         }
     };
     if submitted.stream {
-        Ok(stream::sse(state, submitted.meta, submitted.events, outcome).into_response())
+        Ok(stream::sse(
+            state,
+            submitted.meta,
+            submitted.events,
+            submitted.parser,
+            outcome,
+        )
+        .into_response())
     } else {
-        let answer = collect(submitted.meta, submitted.events).await;
+        let answer = collect(submitted.meta, submitted.events, submitted.parser).await;
         outcome.finished(answer.is_ok());
         answer
     }
@@ -115,11 +124,13 @@ fn admit(state: &ServerState) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A request the engine took: its answer's metadata and its events.
+/// A request the engine took: its answer's metadata, its events and the
+/// parser its output goes through.
 struct Submitted {
     meta: ResponseMeta,
     events: mpsc::UnboundedReceiver<Event>,
     stream: bool,
+    parser: OutputParser,
 }
 
 async fn prepare_and_submit(
@@ -128,20 +139,21 @@ async fn prepare_and_submit(
     route: Route,
 ) -> Result<Submitted, ApiError> {
     let job_state = Arc::clone(state);
-    let (common, prompt) = state
+    let (common, prompt, parser) = state
         .prep
         .run(bytes.len(), move || prepare(&job_state, &bytes, route))
         .await??;
-    submit(state, common, prompt, route).await
+    submit(state, common, prompt, parser, route).await
 }
 
 /// On the preparation pool: the body parsed and checked against the limits,
-/// then rendered and tokenized.
+/// then rendered and tokenized; a chat answer's output parser starts from
+/// the rendered prompt (it may open reasoning).
 fn prepare(
     state: &ServerState,
     bytes: &[u8],
     route: Route,
-) -> Result<(CommonParams, Vec<u32>), ApiError> {
+) -> Result<(CommonParams, Vec<u32>, OutputParser), ApiError> {
     let limits = &state.request_limits;
     match route {
         Route::Completion => {
@@ -167,14 +179,14 @@ fn prepare(
                     ));
                 }
             };
-            Ok((body.common, prompt))
+            Ok((body.common, prompt, OutputParser::off()))
         }
         Route::Chat => {
             let body: ChatRequest = parse_body(bytes)?;
             check_common(state, &body.common)?;
-            let rendered = render_chat(state, body.messages, body.template)?;
-            let prompt = encode(state, &rendered)?;
-            Ok((body.common, prompt))
+            let prepared = prepare_chat(state, body.messages, body.template)?;
+            let (prompt, parser) = render_chat(state, &prepared)?;
+            Ok((body.common, prompt, parser))
         }
     }
 }
@@ -192,20 +204,32 @@ fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiErr
 }
 
 /// The chat template's text for a chat request (its sizes checked first).
-fn render_chat(
+fn prepare_chat(
     state: &ServerState,
     messages: Vec<ChatInput>,
     params: TemplateParams,
-) -> Result<String, ApiError> {
+) -> Result<chat_prompt::PreparedChat, ApiError> {
     state.request_limits.check_messages(&messages)?;
     state.request_limits.check_template_params(&params)?;
+    chat_prompt::prepare(messages, params)
+}
+
+/// A prepared chat rendered by the chat template and tokenized, and the
+/// parser its answer goes through (it may start inside reasoning; it looks
+/// for tool calls only when tools were offered).
+pub(super) fn render_chat(
+    state: &ServerState,
+    prepared: &chat_prompt::PreparedChat,
+) -> Result<(Vec<u32>, OutputParser), ApiError> {
     let template = state.config.chat_template.as_ref().ok_or_else(|| {
         ApiError::invalid("this model has no chat template; use /v1/completions", None)
     })?;
-    let prepared = chat_prompt::prepare(messages, params)?;
-    template
+    let rendered = template
         .render_prompt(&prepared.prompt)
-        .map_err(chat_prompt::render_error)
+        .map_err(chat_prompt::render_error)?;
+    let prompt = encode(state, &rendered)?;
+    let parsers = chat_prompt::output_parsers(&state.config.output_parsers, prepared.tools_offered);
+    Ok((prompt, parsers.start(&rendered)))
 }
 
 /// The body as its route's struct; a field the struct does not take is
@@ -310,6 +334,7 @@ async fn submit(
     state: &Arc<ServerState>,
     common: CommonParams,
     prompt: Vec<u32>,
+    parser: OutputParser,
     route: Route,
 ) -> Result<Submitted, ApiError> {
     let params = sampling(
@@ -337,6 +362,7 @@ async fn submit(
                 params,
                 prompt_logits: false,
                 ignore_eos: common.ignore_eos,
+                skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
             },
             events: events_tx,
             reply: reply_tx,
@@ -378,6 +404,7 @@ async fn submit(
         meta,
         events,
         stream: common.stream,
+        parser,
     })
 }
 
@@ -389,17 +416,31 @@ fn admission_error(e: AdmissionError) -> ApiError {
     ApiError::invalid(e.to_string(), param)
 }
 
-/// The blocking answer: waits for the whole text, then answers once.
+/// The blocking answer: waits for the whole text, then answers once. The
+/// text goes through the same parser as a stream's, so the message is the
+/// concatenation of what the stream would have sent.
 async fn collect(
     meta: ResponseMeta,
     mut events: mpsc::UnboundedReceiver<Event>,
+    mut parser: OutputParser,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut message = ParsedMessage::default();
     let mut ids = Vec::new();
     while let Some(event) = events.recv().await {
         match event {
-            Event::Token { id, text: piece } => {
+            Event::Token {
+                id,
+                text: piece,
+                hidden,
+                ..
+            } => {
                 ids.push(id);
+                message.apply_all(parser.push(TokenPiece {
+                    id,
+                    text: &piece,
+                    hidden: hidden.as_deref(),
+                }));
                 text.push_str(&piece);
             }
             Event::PromptLogits { .. } => {}
@@ -410,10 +451,16 @@ async fn collect(
                 ..
             } => {
                 text.push_str(&rest);
+                message.apply_all(parser.push_text(&rest));
+                message.apply_all(parser.finish());
                 let completion = completion_tokens.max(ids.len());
+                let output = match meta.route {
+                    Route::Completion => Output::Text(text),
+                    Route::Chat => Output::Message(message),
+                };
                 return Ok(blocking_answer(
                     meta,
-                    text,
+                    output,
                     &ids,
                     reason.as_str(),
                     completion,
@@ -427,18 +474,25 @@ async fn collect(
     Err(ApiError::internal("the engine dropped the request"))
 }
 
+/// What a blocking answer carries: the text of a completion, the parsed
+/// message of a chat answer.
+enum Output {
+    Text(String),
+    Message(ParsedMessage),
+}
+
 /// The one answer of a blocking request, in its route's shape.
 fn blocking_answer(
     meta: ResponseMeta,
-    text: String,
+    output: Output,
     ids: &[u32],
     finish: &'static str,
     completion_tokens: usize,
 ) -> Response {
     let usage = meta.usage(completion_tokens);
     let ids = meta.token_ids(ids, true);
-    match meta.route {
-        Route::Completion => Json(CompletionResponse {
+    match output {
+        Output::Text(text) => Json(CompletionResponse {
             id: meta.id,
             object: "text_completion",
             created: meta.created,
@@ -453,24 +507,31 @@ fn blocking_answer(
             usage,
         })
         .into_response(),
-        Route::Chat => Json(CompletionResponse {
-            id: meta.id,
-            object: "chat.completion",
-            created: meta.created,
-            model: meta.model,
-            choices: vec![ChatChoice {
-                index: 0,
-                message: AssistantMessage {
-                    role: ASSISTANT,
-                    content: text,
-                },
-                logprobs: None,
-                finish_reason: finish,
-                ids,
-            }],
-            usage,
-        })
-        .into_response(),
+        Output::Message(message) => {
+            let (content, reasoning, tool_calls) = message_parts(message);
+            let finish = finish_reason(finish, !tool_calls.is_empty());
+            Json(CompletionResponse {
+                id: meta.id,
+                object: "chat.completion",
+                created: meta.created,
+                model: meta.model,
+                choices: vec![ChatChoice {
+                    index: 0,
+                    message: AssistantMessage {
+                        role: ASSISTANT,
+                        content,
+                        reasoning_content: reasoning.clone(),
+                        reasoning,
+                        tool_calls,
+                    },
+                    logprobs: None,
+                    finish_reason: finish,
+                    ids,
+                }],
+                usage,
+            })
+            .into_response()
+        }
     }
 }
 

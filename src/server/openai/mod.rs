@@ -5,13 +5,16 @@
 //!   request's messages and template fields in [`chat_types`];
 //! - [`chat_prompt`]: a chat request into the chat template's input;
 //! - [`handlers`]: the axum handlers (validation, submission, blocking answers);
-//! - [`stream`]: the SSE stream of chunks.
+//! - [`stream`]: the SSE stream of chunks;
+//! - [`tool_types`]: the reasoning and tool-call answer shapes, from the
+//!   output parsers ([`crate::text::parsers`]).
 
 pub mod chat_prompt;
 pub mod chat_types;
 mod handlers;
 mod outcome;
 mod stream;
+pub mod tool_types;
 pub mod types;
 
 pub use handlers::{chat_completions, completions, method_not_allowed, models, not_found};
