@@ -13,7 +13,7 @@ readonly TOOLS=(
 )
 
 readonly PYTHON_PACKAGES=(
-	"openai openai" # tests/server_openai_client.rs runs scripts/openai_client_check.py
+	"openai openai" # tests/server_openai_client.rs and server_responses.rs run scripts/openai_*_check.py
 )
 
 install_tools() {

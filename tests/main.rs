@@ -42,6 +42,7 @@ mod server_connections;
 mod server_guard;
 mod server_limits;
 mod server_openai_client;
+mod server_responses;
 mod text_chat;
 mod text_chat_reference;
 mod text_kv_blocks;

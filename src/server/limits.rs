@@ -11,6 +11,7 @@
 
 use super::errors::ApiError;
 use super::openai::types::{ChatContent, ChatInput, CommonParams, OneOrMany, TemplateParams};
+use crate::text::ChatMessage;
 
 /// Stop strings per request (OpenAI allows 4; vLLM has no limit).
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -235,6 +236,46 @@ impl RequestLimits {
             bytes,
             self.max_prompt_bytes,
             Some("messages"),
+        )
+    }
+
+    /// Messages built from another input shape (`/v1/responses` items), as
+    /// [`RequestLimits::check_messages`] counts a chat's.
+    pub fn check_chat_messages(&self, messages: &[ChatMessage]) -> Result<(), ApiError> {
+        at_most(
+            "max_messages",
+            "the number of input items",
+            messages.len(),
+            self.max_messages,
+            Some("input"),
+        )?;
+        let mut calls = 0usize;
+        let mut bytes = 0usize;
+        for m in messages {
+            bytes = bytes
+                .saturating_add(m.role.len())
+                .saturating_add(m.content.len())
+                .saturating_add(m.reasoning.as_ref().map_or(0, String::len));
+            for call in m.tool_calls.iter().flatten() {
+                calls += 1;
+                bytes = bytes
+                    .saturating_add(call.name.len())
+                    .saturating_add(json_bytes(&call.arguments));
+            }
+        }
+        at_most(
+            "max_tool_calls",
+            "the number of function calls in the input",
+            calls,
+            self.max_tool_calls,
+            Some("input"),
+        )?;
+        at_most(
+            "max_prompt_bytes",
+            "the input's length in bytes",
+            bytes,
+            self.max_prompt_bytes,
+            Some("input"),
         )
     }
 

@@ -143,6 +143,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/responses", post(openai::responses))
         .fallback(openai::not_found)
         .method_not_allowed_fallback(openai::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

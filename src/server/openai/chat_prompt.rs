@@ -51,7 +51,16 @@ pub fn prepare(input: Vec<ChatInput>, params: TemplateParams) -> Result<Prepared
         .enumerate()
         .map(|(i, m)| message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
+    with_template_params(messages, params)
+}
 
+/// Converted messages and the template fields: what `prepare` does after
+/// the messages, shared with `/v1/responses` (which has its own input
+/// items).
+pub fn with_template_params(
+    messages: Vec<ChatMessage>,
+    params: TemplateParams,
+) -> Result<PreparedChat, ApiError> {
     let tools_offered = match tool_choice(params.tool_choice.as_ref())? {
         ToolChoice::Auto => params.tools.as_ref().is_some_and(|t| !t.is_empty()),
         ToolChoice::None => false,

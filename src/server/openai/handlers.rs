@@ -29,7 +29,7 @@ use crate::server::{ServerState, body};
 use crate::text::parsers::{OutputParser, ParsedMessage, TokenPiece};
 
 /// Seconds a client is told to wait after a 429 or 503.
-const RETRY_AFTER_SECONDS: u64 = 2;
+pub(super) const RETRY_AFTER_SECONDS: u64 = 2;
 
 pub async fn models(State(state): State<Arc<ServerState>>) -> Json<ModelList> {
     Json(ModelList {
@@ -110,7 +110,7 @@ async fn handle(
 
 /// 503 without looking at the request while the engine thread is gone or
 /// the memory guard is tripped.
-fn admit(state: &ServerState) -> Result<(), ApiError> {
+pub(super) fn admit(state: &ServerState) -> Result<(), ApiError> {
     if let Some(failure) = state.config.engine.gauges.failure() {
         return Err(
             ApiError::internal(format!("the engine has stopped: {failure}"))
@@ -126,11 +126,11 @@ fn admit(state: &ServerState) -> Result<(), ApiError> {
 
 /// A request the engine took: its answer's metadata, its events and the
 /// parser its output goes through.
-struct Submitted {
-    meta: ResponseMeta,
-    events: mpsc::UnboundedReceiver<Event>,
-    stream: bool,
-    parser: OutputParser,
+pub(super) struct Submitted {
+    pub(super) meta: ResponseMeta,
+    pub(super) events: mpsc::UnboundedReceiver<Event>,
+    pub(super) stream: bool,
+    pub(super) parser: OutputParser,
 }
 
 async fn prepare_and_submit(
@@ -192,7 +192,7 @@ fn prepare(
 }
 
 /// The limits every route shares, and the model's name.
-fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiError> {
+pub(super) fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiError> {
     state.request_limits.check_common(common)?;
     if let Some(model) = &common.model
         && !model.is_empty()
@@ -234,7 +234,9 @@ pub(super) fn render_chat(
 
 /// The body as its route's struct; a field the struct does not take is
 /// refused by name (see [`super::types::Unsupported`]).
-fn parse_body<T: serde::de::DeserializeOwned + RequestBody>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(super) fn parse_body<T: serde::de::DeserializeOwned + RequestBody>(
+    bytes: &[u8],
+) -> Result<T, ApiError> {
     let body: T = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::invalid(format!("invalid request body: {e}"), None))?;
     if let Some(field) = body.unsupported().first_set() {
@@ -330,7 +332,7 @@ fn sampling(
     Ok(params)
 }
 
-async fn submit(
+pub(super) async fn submit(
     state: &Arc<ServerState>,
     common: CommonParams,
     prompt: Vec<u32>,

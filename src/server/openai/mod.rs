@@ -13,11 +13,13 @@ pub mod chat_prompt;
 pub mod chat_types;
 mod handlers;
 mod outcome;
+pub mod responses;
 mod stream;
 pub mod tool_types;
 pub mod types;
 
 pub use handlers::{chat_completions, completions, method_not_allowed, models, not_found};
+pub use responses::responses;
 
 use types::{ChoiceTokenIds, Usage};
 
