@@ -14,6 +14,7 @@ readonly TOOLS=(
 
 readonly PYTHON_PACKAGES=(
 	"openai openai" # tests/server_openai_client.rs runs scripts/openai_client_check.py
+	"langchain_openai langchain-openai" # tests/chat_parsers.rs: bind_tools(...).invoke
 )
 
 install_tools() {
