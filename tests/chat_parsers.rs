@@ -483,3 +483,60 @@ fn make_checkpoint_builds_from_a_script_file() {
         common::stderr(&o)
     );
 }
+
+#[test]
+fn parser_flags_override_the_family_and_are_checked_against_the_tokenizer() {
+    let dir = scripted(Family::Qwen3, QWEN3_TEMPLATE, QWEN_REASONING);
+    let model = dir.path().to_str().unwrap();
+    let server = Server::start(&[
+        "--model",
+        model,
+        "--reasoning-parser",
+        "none",
+        "--tool-call-parser",
+        "none",
+    ]);
+    let answer = server.post("/v1/chat/completions", &chat(json!({}))).json();
+    let message = &answer["choices"][0]["message"];
+    assert_eq!(
+        message["content"], "<think>\nThe user greets me.\n</think>\n\nHello there!",
+        "{answer}"
+    );
+    assert!(message.get("reasoning_content").is_none());
+    drop(server);
+
+    // Harmony asked for on a tokenizer without its tokens: refused at start.
+    let box24 = crate::server::box24();
+    let serve = |flags: &[&str]| {
+        let mut args = vec![
+            "serve",
+            "--model",
+            model,
+            "--port",
+            "0",
+            "--host-root",
+            box24.to_str().unwrap(),
+        ];
+        args.extend_from_slice(flags);
+        common::sparkrt(&args)
+    };
+    let o = serve(&[
+        "--tool-call-parser",
+        "openai_gptoss",
+        "--reasoning-parser",
+        "none",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    assert!(
+        common::stderr(&o).contains("<|channel|>"),
+        "{}",
+        common::stderr(&o)
+    );
+    let o = serve(&["--reasoning-parser", "deepseek_r1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        common::stderr(&o).contains("qwen3, openai_gptoss, none"),
+        "{}",
+        common::stderr(&o)
+    );
+}
