@@ -406,6 +406,41 @@ fn gpt_oss_harmony_tool_calls_with_and_without_reasoning() {
     );
     drop(server);
 
+    // Three messages (reasoning, a preamble on commentary, the call): the
+    // repeated `<|channel|>` needs two markers.
+    let three = [
+        "<|channel|>",
+        "analysis",
+        "<|message|>",
+        "Need the weather.",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        "<|channel|>",
+        "commentary",
+        "<|message|>",
+        "Let me look that up.",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        "<|channel|>",
+        "commentary to=functions.get_weather",
+        "<|message|>",
+        "{\"city\": \"Paris\"}",
+        "<|call|>",
+    ];
+    let dir = scripted(Family::GptOss, GPTOSS_TEMPLATE, &three);
+    let server = serve(dir.path());
+    let answer = server.post("/v1/chat/completions", &chat(json!({}))).json();
+    let message = &answer["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], "Need the weather.", "{answer}");
+    assert_eq!(message["content"], "Let me look that up.");
+    assert_eq!(message["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Paris\"}");
+    let streamed = stream(&server, &chat(json!({})));
+    assert_eq!(streamed.content, "Let me look that up.");
+    assert_eq!(streamed.calls.len(), 1);
+    drop(server);
+
     // Only the call, the recipient before the channel.
     let only = [
         " to=functions.get_weather",
