@@ -433,9 +433,15 @@ fn gpt_oss_harmony_tool_calls_with_and_without_reasoning() {
     let server = serve(dir.path());
     let answer = server.post("/v1/chat/completions", &chat(json!({}))).json();
     let message = &answer["choices"][0]["message"];
-    assert_eq!(message["reasoning_content"], "Need the weather.", "{answer}");
+    assert_eq!(
+        message["reasoning_content"], "Need the weather.",
+        "{answer}"
+    );
     assert_eq!(message["content"], "Let me look that up.");
-    assert_eq!(message["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Paris\"}");
+    assert_eq!(
+        message["tool_calls"][0]["function"]["arguments"],
+        "{\"city\": \"Paris\"}"
+    );
     let streamed = stream(&server, &chat(json!({})));
     assert_eq!(streamed.content, "Let me look that up.");
     assert_eq!(streamed.calls.len(), 1);
@@ -574,4 +580,91 @@ fn parser_flags_override_the_family_and_are_checked_against_the_tokenizer() {
         "{}",
         common::stderr(&o)
     );
+}
+
+#[test]
+fn gpt_oss_without_harmony_tokens_serves_plain_content() {
+    // The tiny fixture's tokenizer is chatml: the family's default parser
+    // cannot run, so it is off (with a warning) and answers are content.
+    let server = Server::start(&["--profile", "gpt-oss-tiny"]);
+    assert!(
+        server.log().contains("output parser openai_gptoss off"),
+        "{}",
+        server.log()
+    );
+    let body = chat(json!({"max_tokens": 5}));
+    let answer = server.post("/v1/chat/completions", &body).json();
+    let message = &answer["choices"][0]["message"];
+    assert!(message["content"].is_string(), "{answer}");
+    assert!(message.get("reasoning_content").is_none());
+    let streamed = stream(&server, &body);
+    assert_eq!(Value::String(streamed.content), message["content"]);
+}
+
+/// Why the independent reading of scripted checkpoints cannot run here.
+fn missing_reference_tools() -> Option<String> {
+    match Command::new("python3")
+        .args(["-c", "import numpy, transformers"])
+        .output()
+    {
+        Err(e) => Some(format!("no python3 ({e})")),
+        Ok(o) if !o.status.success() => Some(format!(
+            "python3 cannot import numpy and transformers: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Ok(_) => None,
+    }
+}
+
+/// The checkpoints are what transformers reads (config, tokenizer, chat
+/// template), and their weights, run by an independent numpy forward pass
+/// (`scripts/scripted_reference.py`), write the script: for Qwen3 and for a
+/// harmony script whose repeated tokens need the attention markers.
+#[test]
+fn scripted_checkpoints_write_their_script_when_read_by_transformers_and_numpy() {
+    if !common::tool_present(
+        "the scripted checkpoint reference",
+        missing_reference_tools(),
+    ) {
+        return;
+    }
+    let harmony = [
+        "<|channel|>",
+        "analysis",
+        "<|message|>",
+        "Need the weather.",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        "<|channel|>",
+        "commentary",
+        "<|message|>",
+        "Let me look that up.",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        "<|channel|>",
+        "commentary to=functions.get_weather",
+        "<|message|>",
+        "{}",
+        "<|call|>",
+    ];
+    for (family, template, output) in [
+        (Family::Qwen3, QWEN3_TEMPLATE, QWEN_REASONING),
+        (Family::GptOss, GPTOSS_TEMPLATE, &harmony[..]),
+    ] {
+        let dir = scripted(family, template, output);
+        let o = Command::new("python3")
+            .arg(repo().join("scripts/scripted_reference.py"))
+            .arg(dir.path())
+            .arg("40")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let line = stdout.lines().last().unwrap_or("");
+        let reference: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(reference["text"], output.concat(), "{family:?}");
+        assert_eq!(reference["down_projections_zero"], true);
+    }
 }
