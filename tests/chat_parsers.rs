@@ -39,6 +39,12 @@ fn scripted(family: Family, template_name: &str, output: &[&str]) -> tempfile::T
     dir
 }
 
+/// A chatml template whose generation prompt opens `<think>` itself, as the
+/// Qwen3 2507 thinking checkpoints' templates do.
+const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n\
+    {{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}\
+    <|im_start|>assistant\n<think>\n{% endif %}";
+
 fn serve(dir: &Path) -> Server {
     Server::start(&["--model", dir.to_str().unwrap()])
 }
@@ -667,4 +673,26 @@ fn scripted_checkpoints_write_their_script_when_read_by_transformers_and_numpy()
         assert_eq!(reference["text"], output.concat(), "{family:?}");
         assert_eq!(reference["down_projections_zero"], true);
     }
+}
+
+#[test]
+fn qwen3_prompt_that_opens_think_starts_the_output_in_reasoning() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = Script {
+        family: Family::Qwen3,
+        chat_template_file: PathBuf::from("inline"),
+        output: ["A greeting.", "\n</think>", "\n\nHello!", "<|im_end|>"]
+            .map(String::from)
+            .to_vec(),
+        after: None,
+    };
+    write_scripted(&script, THINKING_TEMPLATE, dir.path()).unwrap();
+    let server = serve(dir.path());
+    let answer = server.post("/v1/chat/completions", &chat(json!({}))).json();
+    let message = &answer["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], "A greeting.\n", "{answer}");
+    assert_eq!(message["content"], "\n\nHello!");
+    let streamed = stream(&server, &chat(json!({})));
+    assert_eq!(streamed.reasoning, "A greeting.\n");
+    assert_eq!(streamed.content, "\n\nHello!");
 }
