@@ -5,7 +5,7 @@ Responses API (`client.responses.create`, blocking and `stream=True`).
 Usage: openai_responses_check.py BASE_URL
 
 The server is expected to run a model whose chat template renders tools
-(e.g. `--chat-template tests/chat_templates/qwen3.jinja`). Checks that the
+(e.g. `--chat-template tests/fixtures/templates/qwen3.jinja`). Checks that the
 blocking and the streamed answer give the same greedy output, that the
 events come in the Responses API's order and build up the final response,
 that usage adds up, that input items (messages, function calls and their

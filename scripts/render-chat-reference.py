@@ -5,6 +5,9 @@ sparkrt's renderer (tests/text_chat_reference.rs compares byte for byte).
 
 Usage: render-chat-reference.py [OUT_DIR]   (default: tests/chat_templates)
 
+The templates are read from tests/fixtures/templates (byte-identical copies
+of the Hub's).
+
 Needs `transformers` and `jinja2` (no torch): e.g.
     python3 -m venv /tmp/venv && /tmp/venv/bin/pip install transformers jinja2
     /tmp/venv/bin/python scripts/render-chat-reference.py
@@ -52,6 +55,8 @@ class FixedDatetime(real_datetime.datetime):
 
 
 chat_template_utils.datetime = FixedDatetime
+
+TEMPLATE_DIR = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "templates")
 
 TEMPLATES = {
     # file: the special tokens of the checkpoints that ship it
@@ -429,7 +434,7 @@ def tokenizer_for(source, special_tokens):
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "chat_templates")
     for file, special_tokens in TEMPLATES.items():
-        with open(os.path.join(out_dir, file), encoding="utf-8") as f:
+        with open(os.path.join(TEMPLATE_DIR, file), encoding="utf-8") as f:
             source = f.read()
         tokenizer = tokenizer_for(source, special_tokens)
         cases = []

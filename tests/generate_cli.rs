@@ -111,7 +111,7 @@ fn chat_wraps_the_message_in_the_template() {
 /// as transformers' rendering of that message.
 #[test]
 fn chat_template_file_replaces_the_checkpoints() {
-    let template = repo_path("tests/chat_templates/qwen3.jinja");
+    let template = repo_path("tests/fixtures/templates/qwen3.jinja");
     let out = generate(&[
         "--chat",
         "hi",

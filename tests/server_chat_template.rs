@@ -48,7 +48,7 @@ fn with_prompt_ids(request: &str) -> Vec<u8> {
 
 #[test]
 fn a_chat_template_file_renders_tools_and_template_fields_as_transformers() {
-    let template = repo().join("tests/chat_templates/qwen3.jinja");
+    let template = repo().join("tests/fixtures/templates/qwen3.jinja");
     let server = Server::start(&["--chat-template", template.to_str().unwrap()]);
     let tokenizer = Tokenizer::from_dir(&repo().join("tests/fixtures/qwen3-moe-tiny")).unwrap();
     for name in [

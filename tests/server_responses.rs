@@ -28,7 +28,7 @@ fn missing_client() -> Option<String> {
 }
 
 fn qwen3_server() -> Server {
-    let template = repo().join("tests/chat_templates/qwen3.jinja");
+    let template = repo().join("tests/fixtures/templates/qwen3.jinja");
     Server::start(&["--chat-template", template.to_str().unwrap()])
 }
 

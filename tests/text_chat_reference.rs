@@ -1,5 +1,5 @@
-//! The official chat templates (tests/chat_templates/*.jinja, byte-identical
-//! copies of the Hub's `Qwen/Qwen3-*`, `Qwen/Qwen3-*-Instruct-2507` and
+//! The official chat templates (tests/fixtures/templates/*.jinja,
+//! byte-identical copies of the Hub's `Qwen/Qwen3-*`, `Qwen/Qwen3-*-Instruct-2507` and
 //! `openai/gpt-oss-*` templates) render every reference conversation
 //! exactly as transformers does.
 //!
@@ -62,7 +62,12 @@ fn render(template: &ChatTemplate, request: &str) -> Result<String, String> {
 fn check_reference(file: &str) {
     let text = std::fs::read_to_string(data_dir().join(file)).unwrap();
     let reference: Reference = serde_json::from_str(&text).unwrap();
-    let source = std::fs::read_to_string(data_dir().join(&reference.template)).unwrap();
+    let source = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/templates")
+            .join(&reference.template),
+    )
+    .unwrap();
     let tokens = SpecialTokens {
         bos: reference.special_tokens.bos_token,
         eos: reference.special_tokens.eos_token,
