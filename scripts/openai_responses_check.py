@@ -3,6 +3,12 @@
 Responses API (`client.responses.create`, blocking and `stream=True`).
 
 Usage: openai_responses_check.py BASE_URL
+       openai_responses_check.py BASE_URL --expect JSON
+
+With --expect, the server runs a scripted checkpoint and JSON says what its
+answer is: {"reasoning": TEXT or null, "content": TEXT or null, "tool":
+{"name", "arguments"} or null}; the check is then that `output` holds exactly
+those items, blocking and streamed, and that the stream's events build them.
 
 The server is expected to run a model whose chat template renders tools
 (e.g. `--chat-template tests/fixtures/templates/qwen3.jinja`). Checks that the
@@ -14,6 +20,7 @@ outputs, reasoning) and flat function tools reach the prompt, and that
 line per check and exits non-zero on the first failure.
 """
 
+import json
 import sys
 
 import openai
@@ -38,7 +45,44 @@ WEATHER = {
 }
 
 
+def expect_scripted(client, model, expected):
+    """The scripted answer as reasoning / message / function_call items."""
+    blocking = client.responses.create(model=model, input="Hi", tools=[WEATHER], temperature=0)
+    events = list(client.responses.create(model=model, input="Hi", tools=[WEATHER], temperature=0, stream=True))
+    final = events[-1].response
+    check(events[-1].type == "response.completed", f"the stream completes: {events[-1].type}")
+    for name, response in (("blocking", blocking), ("streamed", final)):
+        check(response.status == "completed", f"{name}: completed")
+        by_type = {}
+        for item in response.output:
+            by_type.setdefault(item.type, []).append(item)
+        want_types = [t for t, key in (("reasoning", "reasoning"), ("message", "content"), ("function_call", "tool"))
+                      if expected[key] is not None]
+        check([i.type for i in response.output] == want_types, f"{name}: items {[i.type for i in response.output]}")
+        if expected["reasoning"] is not None:
+            item = by_type["reasoning"][0]
+            check(item.content[0].text == expected["reasoning"], f"{name}: reasoning {item.content!r}")
+        if expected["content"] is not None:
+            check(response.output_text == expected["content"], f"{name}: output_text {response.output_text!r}")
+        if expected["tool"] is not None:
+            call = by_type["function_call"][0]
+            check(call.name == expected["tool"]["name"], f"{name}: function name {call.name}")
+            check(json.loads(call.arguments) == expected["tool"]["arguments"], f"{name}: arguments {call.arguments}")
+            check(call.call_id.startswith("call_"), f"{name}: call id {call.call_id}")
+    reasoning = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    check(reasoning == (expected["reasoning"] or ""), f"reasoning deltas add up: {reasoning!r}")
+    if expected["tool"] is not None:
+        done = [e for e in events if e.type == "response.function_call_arguments.done"]
+        check(len(done) == 1 and done[0].arguments == arguments, "the arguments deltas add up")
+        check(json.loads(arguments) == expected["tool"]["arguments"], f"streamed arguments {arguments}")
+    print("openai responses check passed")
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[2] == "--expect":
+        client = openai.OpenAI(base_url=sys.argv[1].rstrip("/") + "/v1", api_key="unused", max_retries=0, timeout=300)
+        return expect_scripted(client, client.models.list().data[0].id, json.loads(sys.argv[3]))
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
     client = openai.OpenAI(base_url=sys.argv[1].rstrip("/") + "/v1", api_key="unused", max_retries=0, timeout=300)

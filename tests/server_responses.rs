@@ -1,14 +1,16 @@
 //! `POST /v1/responses` through the official `openai` client
 //! (`scripts/openai_responses_check.py`: `client.responses.create`, blocking
 //! and streamed), on a server whose template renders tools (Qwen3's), and
-//! the raw SSE framing (`event:` lines). Reasoning and function-call items
-//! come from the output parsers; the events they make are checked in
-//! `responses::output`'s unit tests. Skips, saying why, where python3 or
+//! the raw SSE framing (`event:` lines); and scripted checkpoints (greedy
+//! output = a chosen token sequence, `checkpoint::scripted`) whose reasoning
+//! and tool call must come back as `reasoning` and `function_call` items,
+//! for Qwen3 and gpt-oss (harmony). Skips, saying why, where python3 or
 //! the package is missing (CI installs it through `scripts/ci-deps.sh`).
 
 use std::process::Command;
 
-use serde_json::json;
+use serde_json::{Value, json};
+use sparkrt::checkpoint::scripted::{Family, Script, write_scripted};
 
 use crate::common;
 use crate::server::{Server, repo};
@@ -119,4 +121,126 @@ fn responses_stream_named_events_and_refuse_what_they_cannot_do() {
         let error = reply.assert_error(400);
         assert_eq!(error["param"], param, "{body}: {}", reply.body);
     }
+}
+
+fn run_check(server: &Server, expected: &Value) {
+    if !common::tool_present("the official openai client", missing_client()) {
+        return;
+    }
+    let output = Command::new("python3")
+        .arg(repo().join("scripts/openai_responses_check.py"))
+        .arg(&server.url)
+        .arg("--expect")
+        .arg(expected.to_string())
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the responses check failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        server.log()
+    );
+}
+
+/// A scripted checkpoint of `family` with the official template, served.
+fn scripted_server(family: Family, template: &str, output: &[&str]) -> (tempfile::TempDir, Server) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = repo().join("tests/fixtures/templates").join(template);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let script = Script {
+        family,
+        chat_template_file: path,
+        output: output.iter().map(|s| s.to_string()).collect(),
+        after: None,
+    };
+    write_scripted(&script, &text, dir.path()).unwrap();
+    let server = Server::start(&["--model", dir.path().to_str().unwrap()]);
+    (dir, server)
+}
+
+const WEATHER: &str = r#"{"type": "function", "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}"#;
+
+/// The blocking answer's items, ids left out.
+fn items(server: &Server) -> Vec<Value> {
+    let tools: Value = serde_json::from_str(WEATHER).unwrap();
+    let body = json!({"input": "Hi", "tools": [tools], "temperature": 0});
+    let reply = server.post("/v1/responses", &body);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let answer = reply.json();
+    assert_eq!(answer["status"], "completed", "{answer}");
+    let mut items = answer["output"].as_array().unwrap().clone();
+    for item in &mut items {
+        item.as_object_mut().unwrap().remove("id");
+        if let Some(call_id) = item.get("call_id") {
+            assert!(call_id.as_str().unwrap().starts_with("call_"), "{item}");
+            item.as_object_mut().unwrap().remove("call_id");
+        }
+    }
+    items
+}
+
+#[test]
+fn a_qwen3_answer_with_reasoning_and_a_tool_call_is_two_items() {
+    let call = "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n";
+    let script = [
+        "<think>",
+        "\nNeed the weather.\n",
+        "</think>",
+        "\n\n",
+        "<tool_call>",
+        call,
+        "</tool_call>",
+        "<|im_end|>",
+    ];
+    let (_dir, server) = scripted_server(Family::Qwen3, "qwen3.jinja", &script);
+    assert_eq!(
+        items(&server),
+        [
+            json!({"type": "reasoning", "summary": [], "status": "completed",
+                   "content": [{"type": "reasoning_text", "text": "\nNeed the weather.\n"}]}),
+            json!({"type": "function_call", "name": "get_weather",
+                   "arguments": "{\"city\": \"Paris\"}", "status": "completed"}),
+        ]
+    );
+    run_check(
+        &server,
+        &json!({"reasoning": "\nNeed the weather.\n", "content": null,
+                "tool": {"name": "get_weather", "arguments": {"city": "Paris"}}}),
+    );
+}
+
+#[test]
+fn a_gpt_oss_harmony_answer_is_reasoning_then_a_message() {
+    let script = [
+        "<|channel|>",
+        "analysis",
+        "<|message|>",
+        "The user says hi.",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        "<|channel|>",
+        "final",
+        "<|message|>",
+        "Hello there!",
+        "<|return|>",
+    ];
+    let (_dir, server) = scripted_server(Family::GptOss, "gptoss.jinja", &script);
+    assert_eq!(
+        items(&server),
+        [
+            json!({"type": "reasoning", "summary": [], "status": "completed",
+                   "content": [{"type": "reasoning_text", "text": "The user says hi."}]}),
+            json!({"type": "message", "role": "assistant", "status": "completed",
+                   "content": [{"type": "output_text", "text": "Hello there!",
+                                "annotations": [], "logprobs": []}]}),
+        ]
+    );
+    run_check(
+        &server,
+        &json!({"reasoning": "The user says hi.", "content": "Hello there!", "tool": null}),
+    );
 }
