@@ -425,6 +425,35 @@ mod tests {
         assert!(error.message.contains("image_url"), "{}", error.message);
     }
 
+    /// Chat fields of OpenAI's and vLLM's APIs this server does not
+    /// implement are refused by name, never ignored.
+    #[test]
+    fn chat_fields_not_implemented_are_left_for_the_refusal() {
+        for field in [
+            "functions",
+            "function_call",
+            "audio",
+            "modalities",
+            "prediction",
+            "web_search_options",
+            "chat_template",
+            "mm_processor_kwargs",
+        ] {
+            let body: ChatRequest = serde_json::from_str(&format!(
+                r#"{{"messages": [{{"role": "user", "content": "hi"}}], "{field}": {{"x": 1}}}}"#
+            ))
+            .unwrap();
+            assert_eq!(body.unsupported.first_set(), Some(field));
+        }
+        let body: ChatRequest = serde_json::from_str(
+            r#"{"messages": [{"role": "user", "content": "hi", "thinking": "t"}]}"#,
+        )
+        .unwrap();
+        let error = prepare(body.messages, body.template).err().unwrap();
+        assert_eq!(param(&error), Some("messages[0].thinking"));
+        assert_eq!(error.code, Some("unsupported_parameter"));
+    }
+
     #[test]
     fn template_fields_become_template_variables() {
         let tools = r#"[{"type": "function", "function": {"name": "f"}}]"#;
