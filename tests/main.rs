@@ -40,6 +40,7 @@ mod server_batching;
 mod server_connections;
 mod server_guard;
 mod server_limits;
+mod server_logprobs;
 mod server_openai_client;
 mod text_chat;
 mod text_kv_blocks;
