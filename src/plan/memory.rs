@@ -243,12 +243,43 @@ pub fn activations(
         buffers.push(buffer("dense_gate", t * i * ACTIVATION_BYTES));
         buffers.push(buffer("dense_up", t * i * ACTIVATION_BYTES));
     }
-    buffers.push(buffer("logits", s * g.vocab_size as u64 * ACTIVATION_BYTES));
+    buffers.push(buffer(LOGITS, s * g.vocab_size as u64 * ACTIVATION_BYTES));
     let step = StepMetadataPlan::new(tokens, seqs, blocks_per_seq as usize);
     buffers.push(buffer(STEP_METADATA, step.bytes));
     Activations {
         bytes: buffers.iter().map(|b| b.bytes).sum(),
         buffers,
+    }
+}
+
+/// The name of the activation buffer the sampled rows' logits go to, which
+/// prompt log-probabilities reuse (see [`prompt_logprobs`]).
+pub const LOGITS: &str = "logits";
+
+/// What prompt log-probabilities (`echo` with `logprobs`, vLLM's
+/// `prompt_logprobs`) cost. They need the logits of every prompt row, not
+/// only the last: the model computes those `chunk_rows` (= max_num_seqs)
+/// rows at a time into the planned [`LOGITS`] buffer, and the engine reduces
+/// each row at once to the prompt token's log-probability and at most 20
+/// alternatives, so nothing beyond that buffer is held, whatever the
+/// prompt's length. `unchunked_bytes` is what one step's rows would take all
+/// at once (`max_num_batched_tokens × vocab` f32), which is never allocated.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PromptLogprobsPlan {
+    /// The buffer they are computed in.
+    pub buffer: &'static str,
+    pub chunk_rows: u64,
+    pub chunk_bytes: u64,
+    pub unchunked_bytes: u64,
+}
+
+pub fn prompt_logprobs(g: &ModelGeometry, tokens: usize, seqs: usize) -> PromptLogprobsPlan {
+    let row = g.vocab_size as u64 * ACTIVATION_BYTES;
+    PromptLogprobsPlan {
+        buffer: LOGITS,
+        chunk_rows: seqs as u64,
+        chunk_bytes: seqs as u64 * row,
+        unchunked_bytes: tokens as u64 * row,
     }
 }
 
@@ -654,6 +685,23 @@ mod tests {
         assert_eq!(format_limit(3 << 30), "3.00 GiB");
         let h = headroom(&host, 0, 0);
         assert_eq!(h.usable_phrase(), "1.00 GiB usable");
+    }
+
+    #[test]
+    fn prompt_logprobs_cost_the_logits_buffer_not_a_step_of_rows() {
+        // Qwen3-30B-A3B: vocab 151936, max_num_seqs 16, 8192 tokens a step.
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("profiles/qwen3-30b-a3b-bf16.toml");
+        let profile = super::super::profile::Profile::load(&path).unwrap();
+        let g = profile.model.geometry();
+        assert_eq!(g.vocab_size, 151_936);
+        assert_eq!(profile.serving.max_num_seqs, 16);
+        let p = prompt_logprobs(&g, 8192, 16);
+        assert_eq!(p.chunk_bytes, 16 * 151_936 * 4); // 9.3 MiB
+        assert_eq!(p.unchunked_bytes, 8192 * 151_936 * 4); // 4.6 GiB
+        let a = activations(&g, 8192, 16, 4096, 16);
+        let logits = a.buffers.iter().find(|b| b.name == LOGITS).map(|b| b.bytes);
+        assert_eq!(logits, Some(p.chunk_bytes));
     }
 
     #[test]

@@ -103,6 +103,20 @@ pub fn render(plan: &Plan) -> String {
         format_size(ws.per_layer_total_bytes),
     );
     row(&mut out, "activations", format_size(plan.activations.bytes));
+    let pl = &plan.prompt_logprobs;
+    row(
+        &mut out,
+        &format!(
+            "  prompt logprobs ({} rows of `{}`)",
+            pl.chunk_rows, pl.buffer
+        ),
+        format_size(pl.chunk_bytes),
+    );
+    row(
+        &mut out,
+        "    (not: a whole step's rows at once)",
+        format_size(pl.unchunked_bytes),
+    );
     row(
         &mut out,
         "runtime overhead",
