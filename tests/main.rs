@@ -24,6 +24,7 @@ mod cuda_fixtures;
 mod cuda_kernels;
 mod cuda_nvrtc;
 mod engine_fixtures;
+mod engine_logprobs;
 mod engine_scheduler;
 mod formats;
 mod generate_cli;

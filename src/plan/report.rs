@@ -106,15 +106,15 @@ pub fn render(plan: &Plan) -> String {
     let pl = &plan.prompt_logprobs;
     row(
         &mut out,
-        &format!(
-            "  prompt logprobs ({} rows of `{}`)",
-            pl.chunk_rows, pl.buffer
-        ),
+        &format!("  {}: {} prompt rows at once", pl.buffer, pl.chunk_rows),
         format_size(pl.chunk_bytes),
     );
     row(
         &mut out,
-        "    (not: a whole step's rows at once)",
+        &format!(
+            "    (all {} at once would be)",
+            plan.serving.max_num_batched_tokens
+        ),
         format_size(pl.unchunked_bytes),
     );
     row(
