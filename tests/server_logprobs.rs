@@ -184,6 +184,44 @@ fn greedy_tokens_logprobs_are_their_rows_top_one_streamed_or_not() {
     assert_eq!(&streamed.0, lp["tokens"].as_array().unwrap());
     assert_eq!(&streamed.1, values);
 
+    // Echo streamed: the first chunk carries the prompt's text, its entries
+    // (the first null) and vLLM's prompt_logprobs; the rest as blocking.
+    let echo = json!({"prompt": prompt_text(name), "max_tokens": 3, "temperature": 0,
+                      "ignore_eos": true, "logprobs": 2, "echo": true, "prompt_logprobs": 1});
+    let blocking = ok(server.post("/v1/completions", &echo));
+    let mut stream_echo = echo.clone();
+    stream_echo["stream"] = json!(true);
+    let (mut text, mut values, mut prompt_logprobs) = (String::new(), Vec::new(), Vec::new());
+    for event in server.stream("/v1/completions", &stream_echo) {
+        if event == "[DONE]" {
+            break;
+        }
+        let chunk: Value = serde_json::from_str(&event).unwrap();
+        let c = &chunk["choices"][0];
+        text += c["text"].as_str().unwrap();
+        if let Some(v) = c["logprobs"]["token_logprobs"].as_array() {
+            values.extend(v.clone());
+        }
+        if let Some(p) = c["prompt_logprobs"].as_array() {
+            assert!(prompt_logprobs.is_empty(), "prompt_logprobs come once");
+            prompt_logprobs = p.clone();
+        }
+    }
+    let choice = &blocking["choices"][0];
+    assert!(text.starts_with(&prompt_text(name)));
+    assert_eq!(text, choice["text"].as_str().unwrap());
+    assert_eq!(
+        &values,
+        choice["logprobs"]["token_logprobs"].as_array().unwrap()
+    );
+    assert_eq!(values.len(), r.input_ids.len() + 3);
+    assert!(values[0].is_null());
+    assert_eq!(
+        &prompt_logprobs,
+        choice["prompt_logprobs"].as_array().unwrap()
+    );
+    assert_eq!(prompt_logprobs.len(), r.input_ids.len());
+
     // Chat: OpenAI's shape, streamed equals blocking.
     let chat = json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 5,
                       "temperature": 0, "ignore_eos": true, "logprobs": true, "top_logprobs": 2});
