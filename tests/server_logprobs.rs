@@ -363,6 +363,18 @@ fn out_of_range_counts_and_batches_are_refused_by_name() {
             "prompt",
         ),
         ("/v1/completions", json!({"prompt": []}), "prompt"),
+        // Processed log-probabilities (vLLM's server-wide --logprobs-mode)
+        // are not offered: the field is refused, not ignored.
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "logprobs": 1, "logprobs_mode": "processed_logprobs"}),
+            "logprobs_mode",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1}),
+            "prompt_logprobs",
+        ),
     ];
     for (path, body, field) in cases {
         let error = server.post(path, &body).assert_error(400);
