@@ -14,6 +14,9 @@ readonly TOOLS=(
 
 readonly PYTHON_PACKAGES=(
 	"openai openai" # tests/server_openai_client.rs runs scripts/openai_client_check.py
+	"langchain_openai langchain-openai" # tests/chat_parsers.rs: bind_tools(...).invoke
+	"numpy numpy"                       # tests/chat_parsers.rs: scripts/scripted_reference.py
+	"transformers transformers"         # (no torch: config, tokenizer and template only)
 )
 
 install_tools() {

@@ -121,6 +121,7 @@ fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitC
             prompt_logits: args.logits_out.is_some(),
             ignore_eos: args.ignore_eos,
             logprobs: Default::default(),
+            skip_special_tokens: true,
         },
         Box::new(tx),
     )?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use super::EXIT_DOES_NOT_FIT;
-use super::common::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use super::common::{ModelArgs, ParserArgs, dummy_if_asked, resolve, set_threads};
 use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
 use crate::limits::MAX_SMALL_FILE_BYTES;
@@ -26,6 +26,8 @@ use crate::util::files::read_regular_to_string;
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub parsers: ParserArgs,
     /// Address to listen on: an IPv4 or IPv6 address (`::1`, `[::1]`),
     /// `localhost` or a host name (resolved). Anything but loopback needs
     /// `--api-key-file` (or `--insecure-no-api-key`).
@@ -167,6 +169,9 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     if chat_template.is_none() {
         tracing::info!("no chat template in the checkpoint: /v1/chat/completions answers 400");
     }
+    let output_parsers = args
+        .parsers
+        .output_parsers(loaded.config.architecture, loaded.tokenizer.as_deref())?;
     let source = loaded.source();
     let engine = loaded.engine(&source)?;
     let limits = engine.limits().clone();
@@ -200,6 +205,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         engine_counters,
         tokenizer: loaded.tokenizer.clone(),
         chat_template,
+        output_parsers,
         api_key,
         host_root: args.model.host_root.clone(),
     }));

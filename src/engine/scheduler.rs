@@ -195,7 +195,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         let text = self
             .tokenizer
             .as_ref()
-            .map(|t| TextState::new(t, &request.params.stop));
+            .map(|t| TextState::new(t, &request.params.stop, request.skip_special_tokens));
         self.waiting.push_back(Sequence {
             id,
             prompt_len: request.prompt.len(),
@@ -568,14 +568,15 @@ fn accept_token(
         seq.finished = Some(FinishReason::Stop);
         return;
     }
-    let (text, stopped) = match (&mut seq.text, tokenizer) {
+    let (text, hidden, stopped) = match (&mut seq.text, tokenizer) {
         (Some(state), Some(t)) => state.push(t, token).unwrap_or_default(),
-        _ => (String::new(), false),
+        _ => (String::new(), None, false),
     };
     if !seq.sink.send(Event::Token {
         id: token,
         text,
         logprob,
+        hidden,
     }) {
         seq.finished = Some(FinishReason::Aborted);
     } else if stopped {

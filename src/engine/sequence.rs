@@ -20,6 +20,9 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Log-probabilities to report, of sampled and of prompt tokens.
     pub logprobs: LogprobRequest,
+    /// Leave special tokens out of the text (they are then reported apart,
+    /// in [`Event::Token`]'s `hidden`); the OpenAI routes' default.
+    pub skip_special_tokens: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -49,10 +52,13 @@ pub enum Event {
     /// A sampled token and the text it completes; `text` may be empty while
     /// a partial character or a possible stop string is held back. With
     /// `logprob` when the request asked for sampled tokens' log-probabilities.
+    /// `hidden` is the token's own text when it is a special token left out
+    /// of `text` (`skip_special_tokens`): output parsers read it, clients do not.
     Token {
         id: u32,
         text: String,
         logprob: Option<TokenLogprob>,
+        hidden: Option<String>,
     },
     /// The log-probability of prompt token `logprob.id` at `position` (1 or
     /// more: the first prompt token has no context), given the tokens
@@ -109,23 +115,29 @@ pub(crate) struct TextState {
 }
 
 impl TextState {
-    pub(crate) fn new(tokenizer: &Tokenizer, stop: &[String]) -> TextState {
+    pub(crate) fn new(
+        tokenizer: &Tokenizer,
+        stop: &[String],
+        skip_special_tokens: bool,
+    ) -> TextState {
         TextState {
-            decoder: tokenizer.stream_decoder(true),
+            decoder: tokenizer.stream_decoder(skip_special_tokens),
             stops: StopMatcher::new(stop.iter().cloned()),
         }
     }
 
-    /// The text to emit for `id`, and whether a stop string completed.
+    /// The text to emit for `id`, the special token's text left out of it
+    /// (if so), and whether a stop string completed.
     pub(crate) fn push(
         &mut self,
         tokenizer: &Tokenizer,
         id: u32,
-    ) -> Result<(String, bool), TextError> {
+    ) -> Result<(String, Option<String>, bool), TextError> {
         let piece = self.decoder.push(tokenizer, id)?;
-        Ok(match self.stops.push(&piece) {
-            StopStep::Continue { emit } => (emit, false),
-            StopStep::Stopped { emit, .. } => (emit, true),
+        Ok(match self.stops.push(&piece.text) {
+            StopStep::Continue { emit } => (emit, piece.hidden, false),
+            // The token comes after the stop string: nothing of it is sent.
+            StopStep::Stopped { emit, .. } => (emit, None, true),
         })
     }
 

@@ -25,6 +25,7 @@ use axum::routing::{get, post};
 use crate::engine::{EngineCounters, EngineLimits};
 use crate::plan::Plan;
 use crate::plan::ledger::Ledger;
+use crate::text::parsers::OutputParsers;
 use crate::text::{ChatTemplate, Tokenizer};
 use engine_loop::EngineHandle;
 use guard::MemoryGuard;
@@ -85,6 +86,8 @@ pub struct ServerConfig {
     pub engine_counters: Arc<EngineCounters>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub chat_template: Option<ChatTemplate>,
+    /// How chat answers are split into reasoning, content and tool calls.
+    pub output_parsers: OutputParsers,
     /// The key every route but `/health` and `/ready` requires; `None`
     /// leaves them open.
     pub api_key: Option<String>,

@@ -1,6 +1,7 @@
 //! The checkpoint's tokenizer (`tokenizer.json`, run by HF `tokenizers`) and
 //! the token ids that end a generation.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use super::TextError;
@@ -18,6 +19,9 @@ pub struct Tokenizer {
     eos_token_ids: Vec<u32>,
     special_tokens: SpecialTokens,
     longest_token_bytes: usize,
+    /// The text of every added token marked special, by id (what
+    /// `skip_special_tokens` leaves out).
+    special_token_texts: HashMap<u32, String>,
 }
 
 impl Tokenizer {
@@ -55,12 +59,19 @@ impl Tokenizer {
         eos_token_ids.sort_unstable();
         eos_token_ids.dedup();
         let longest_token_bytes = longest_token_bytes(&inner);
+        let special_token_texts = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, token)| (id, token.content))
+            .collect();
 
         Ok(Tokenizer {
             inner,
             eos_token_ids,
             special_tokens: config.special_tokens,
             longest_token_bytes,
+            special_token_texts,
         })
     }
 
@@ -101,6 +112,12 @@ impl Tokenizer {
     /// The special-token strings of `tokenizer_config.json`.
     pub fn special_tokens(&self) -> &SpecialTokens {
         &self.special_tokens
+    }
+
+    /// The text of `id` when it is a special token (an added token marked
+    /// `special`, which `skip_special_tokens` leaves out).
+    pub fn special_token_text(&self, id: u32) -> Option<&str> {
+        self.special_token_texts.get(&id).map(String::as_str)
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {

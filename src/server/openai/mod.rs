@@ -8,6 +8,8 @@
 //! - [`stream`]: the SSE stream of chunks;
 //! - [`logprobs`]: a choice's log-probabilities in the answer's shape;
 //! - [`tokenize`]: `/tokenize`, `/detokenize`.
+//! - [`tool_types`]: the reasoning and tool-call answer shapes, from the
+//!   output parsers ([`crate::text::parsers`]).
 
 mod handlers;
 pub mod logprob_types;
@@ -16,6 +18,7 @@ mod outcome;
 mod stream;
 mod tokenize;
 pub mod tokenize_types;
+pub mod tool_types;
 pub mod types;
 
 pub use handlers::{chat_completions, completions, method_not_allowed, model, models, not_found};
