@@ -16,7 +16,10 @@
 //! string is added to it whole (a JSON argument object, a sentence). The
 //! last one must end generation (`<|im_end|>`; `<|return|>` or `<|call|>`).
 //! The model writes `output` after any prompt whose last token is one of
-//! `after` (default: the last token of the template's generation prompt).
+//! `after` (each also a whole token; default: the last token of the
+//! template's generation prompt for one user message "Hi"). A prompt must
+//! not contain the script's marker tokens (see below; the command prints
+//! them).
 //! The files are what transformers loads: `config.json`,
 //! `generation_config.json`, `tokenizer.json` (byte-level BPE over the 256
 //! bytes plus the added tokens), `tokenizer_config.json` with the template,
@@ -111,7 +114,9 @@ pub enum ScriptError {
     Length(usize),
     #[error("the script's last token {0:?} does not end generation (use one of {1:?})")]
     NoEnd(String, &'static [&'static str]),
-    #[error("{0:?} is not one token of the tokenizer (`after` takes single tokens)")]
+    #[error("the script ends generation early with {0:?}: only its last token may")]
+    EarlyEnd(String),
+    #[error("{0:?} is not one token of the tokenizer")]
     NotOneToken(String),
     #[error("token {0:?} would not decode to itself with a byte-level tokenizer")]
     Undecodable(String),
@@ -231,6 +236,13 @@ pub fn write_scripted(
     if !family.end_tokens().contains(&last.as_str()) {
         return Err(ScriptError::NoEnd(last.clone(), family.end_tokens()));
     }
+    // An end token before the last would stop generation there.
+    if let Some(early) = script.output[..n - 1]
+        .iter()
+        .find(|s| family.end_tokens().contains(&s.as_str()))
+    {
+        return Err(ScriptError::EarlyEnd(early.clone()));
+    }
     std::fs::create_dir_all(out).map_err(|source| CheckpointError::Io {
         path: out.to_path_buf(),
         source,
@@ -246,7 +258,9 @@ pub fn write_scripted(
         added.push(((*s).to_owned(), false));
     }
     let single_byte = |s: &str| s.len() == 1;
-    for s in &script.output {
+    // `after` strings too: a prompt ending with one then ends with its token.
+    let after = script.after.iter().flatten();
+    for s in script.output.iter().chain(after) {
         if !single_byte(s) && !added.iter().any(|(a, _)| a == s) {
             added.push((s.clone(), false));
         }

@@ -122,6 +122,7 @@ fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitC
             params,
             prompt_logits: args.logits_out.is_some(),
             ignore_eos: args.ignore_eos,
+            logprobs: Default::default(),
             skip_special_tokens: true,
         },
         Box::new(tx),
@@ -173,6 +174,7 @@ fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitC
                     finish = reason;
                     break 'steps;
                 }
+                Event::PromptLogprob { .. } => {}
                 Event::Failed { message } => bail!("generation failed: {message}"),
             }
         }

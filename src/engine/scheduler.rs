@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use thiserror::Error;
 
 use super::kv_blocks::BlockAllocator;
+use super::logprobs::{TokenLogprob, token_logprob};
 use super::sampling::{Sampler, SamplingError, SamplingWorkspace};
 use super::sequence::{Event, EventSink, FinishReason, Request, SeqId, Sequence, TextState};
 use crate::backend::Backend;
@@ -41,6 +42,11 @@ pub enum AdmissionError {
     PromptTooLong { prompt: usize, max_model_len: usize },
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
     TokenOutOfRange { id: u32, vocab: usize },
+    #[error(
+        "{count} log-probability alternatives asked for; at most {max} are reported",
+        max = super::logprobs::MAX_TOP_LOGPROBS
+    )]
+    TooManyLogprobs { count: usize },
     #[error(transparent)]
     Sampling(#[from] SamplingError),
 }
@@ -167,6 +173,9 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         request: Request,
         sink: Box<dyn EventSink>,
     ) -> Result<SeqId, AdmissionError> {
+        if let Some(count) = request.logprobs.too_many() {
+            return Err(AdmissionError::TooManyLogprobs { count });
+        }
         if request.prompt.is_empty() {
             return Err(AdmissionError::EmptyPrompt);
         }
@@ -198,6 +207,9 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             params: request.params,
             prompt_logits: request.prompt_logits,
             ignore_eos: request.ignore_eos,
+            logprobs: request.logprobs,
+            prompt_logprobs_next: 1,
+            stop_logprob: None,
             sink,
             text,
             finished: None,
@@ -290,6 +302,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         seq.sink.send(Event::Finished {
             reason,
             text,
+            stop_logprob: seq.stop_logprob.take(),
             prompt_tokens: seq.prompt_len,
             completion_tokens,
         });
@@ -358,7 +371,8 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             }
             let seq = &self.running[index];
             let reaches_end = computed + chunk == seq.tokens.len();
-            let logits = if seq.prompt_logits && computed < seq.prompt_len {
+            let wants_prompt_rows = seq.prompt_logits || seq.wants_prompt_logprobs();
+            let logits = if wants_prompt_rows && computed < seq.prompt_len {
                 Logits::All
             } else if reaches_end {
                 Logits::Last
@@ -462,13 +476,26 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                         values: logits.to_vec(),
                     });
                 }
+                report_prompt_logprob(seq, position, logits);
                 if !samples {
                     continue;
                 }
                 match seq.sampler.sample(logits, sampling) {
                     Ok(token) => {
                         sampled += 1;
-                        accept_token(seq, token, tokenizer.as_deref(), eos, limits.max_model_len);
+                        // From the raw row, before any processing (vLLM's default).
+                        let logprob = seq
+                            .logprobs
+                            .sampled
+                            .map(|n| token_logprob(logits, token, n));
+                        accept_token(
+                            seq,
+                            token,
+                            logprob,
+                            tokenizer.as_deref(),
+                            eos,
+                            limits.max_model_len,
+                        );
                     }
                     Err(e) => failure = Some(format!("sampling failed: {e}")),
                 }
@@ -507,17 +534,37 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
     }
 }
 
+/// Reports the log-probability of the prompt token after `position`, whose
+/// logits `row` holds, if the request asked for it and it was not reported
+/// before: the row is reduced here and nothing of it is kept.
+fn report_prompt_logprob(seq: &mut Sequence, position: usize, row: &[f32]) {
+    let Some(n) = seq.logprobs.prompt else {
+        return;
+    };
+    let next = position + 1;
+    if next < seq.prompt_len && next == seq.prompt_logprobs_next {
+        let logprob = token_logprob(row, seq.tokens[next], n);
+        seq.prompt_logprobs_next = next + 1;
+        seq.sink.send(Event::PromptLogprob {
+            position: next,
+            logprob,
+        });
+    }
+}
+
 /// Appends a sampled token, emits its text, and decides whether the
 /// sequence is done.
 fn accept_token(
     seq: &mut Sequence,
     token: u32,
+    logprob: Option<TokenLogprob>,
     tokenizer: Option<&Tokenizer>,
     eos: &[u32],
     max_model_len: usize,
 ) {
     seq.tokens.push(token);
     if !seq.ignore_eos && eos.contains(&token) {
+        seq.stop_logprob = logprob;
         seq.finished = Some(FinishReason::Stop);
         return;
     }
@@ -528,6 +575,7 @@ fn accept_token(
     if !seq.sink.send(Event::Token {
         id: token,
         text,
+        logprob,
         hidden,
     }) {
         seq.finished = Some(FinishReason::Aborted);

@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::logprobs::{LogprobRequest, TokenLogprob};
 use super::sampling::{Sampler, SamplingParams};
 use crate::text::{StopMatcher, StopStep, StreamDecoder, TextError, Tokenizer};
 
@@ -17,6 +18,8 @@ pub struct Request {
     pub prompt_logits: bool,
     /// Keep generating past end-of-sequence tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Log-probabilities to report, of sampled and of prompt tokens.
+    pub logprobs: LogprobRequest,
     /// Leave special tokens out of the text (they are then reported apart,
     /// in [`Event::Token`]'s `hidden`); the OpenAI routes' default.
     pub skip_special_tokens: bool,
@@ -47,20 +50,33 @@ impl FinishReason {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A sampled token and the text it completes; `text` may be empty while
-    /// a partial character or a possible stop string is held back. `hidden`
-    /// is the token's own text when it is a special token left out of
-    /// `text` (`skip_special_tokens`): output parsers read it, clients do not.
+    /// a partial character or a possible stop string is held back. With
+    /// `logprob` when the request asked for sampled tokens' log-probabilities.
+    /// `hidden` is the token's own text when it is a special token left out
+    /// of `text` (`skip_special_tokens`): output parsers read it, clients do not.
     Token {
         id: u32,
         text: String,
+        logprob: Option<TokenLogprob>,
         hidden: Option<String>,
+    },
+    /// The log-probability of prompt token `logprob.id` at `position` (1 or
+    /// more: the first prompt token has no context), given the tokens
+    /// before it. Sent in position order, each once, before any `Token`.
+    PromptLogprob {
+        position: usize,
+        logprob: TokenLogprob,
     },
     /// Logits of prompt positions `first..first + values.len() / vocab`.
     PromptLogits { first: usize, values: Vec<f32> },
-    /// The request ended; held-back text, if any, is in `text`.
+    /// The request ended; held-back text, if any, is in `text`. When it
+    /// ended on an end-of-sequence token (which has no text and no `Token`
+    /// event) and sampled log-probabilities were asked for, that token's
+    /// are in `stop_logprob`.
     Finished {
         reason: FinishReason,
         text: String,
+        stop_logprob: Option<TokenLogprob>,
         prompt_tokens: usize,
         completion_tokens: usize,
     },
@@ -153,6 +169,12 @@ pub(crate) struct Sequence {
     pub params: SamplingParams,
     pub prompt_logits: bool,
     pub ignore_eos: bool,
+    pub logprobs: LogprobRequest,
+    /// The next prompt position whose log-probability is to be reported
+    /// (each once, even when a preempted sequence is recomputed).
+    pub prompt_logprobs_next: usize,
+    /// The log-probabilities of the end-of-sequence token that ended it.
+    pub stop_logprob: Option<TokenLogprob>,
     pub sink: Box<dyn EventSink>,
     pub text: Option<TextState>,
     /// Set when the sequence is done; it leaves the engine at the next step.
@@ -162,6 +184,11 @@ pub(crate) struct Sequence {
 impl Sequence {
     pub fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    /// Whether prompt log-probabilities are still to be reported.
+    pub fn wants_prompt_logprobs(&self) -> bool {
+        self.logprobs.prompt.is_some() && self.prompt_logprobs_next < self.prompt_len
     }
 
     /// Tokens still to run through the model before the next sample.

@@ -8,23 +8,25 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::{mpsc, oneshot};
 
+use super::logprobs::{ChoiceLogprobs, LogprobsAsked};
 use super::outcome::Outcome;
 use super::tool_types::{finish_reason, message_parts};
 use super::types::{
-    ASSISTANT, AssistantMessage, ChatChoice, ChatInput, ChatRequest, CommonParams,
-    CompletionRequest, CompletionResponse, ModelCard, ModelList, OneOrMany, Prompt, RequestBody,
-    TemplateParams, TextChoice,
+    ASSISTANT, AssistantMessage, ChatChoice, ChatInput, ChatLogprobParams, ChatRequest,
+    CommonParams, CompletionLogprobParams, CompletionRequest, CompletionResponse, ModelCard,
+    ModelList, OneOrMany, Prompt, RequestBody, TemplateParams, TextChoice,
 };
-use super::{ResponseMeta, Route, chat_prompt, stream};
+use super::{ChoiceMeta, ResponseMeta, Route, chat_prompt, stream};
 use crate::engine::sampling::SamplingParams;
-use crate::engine::{AdmissionError, Event, Request};
+use crate::engine::{AdmissionError, Event, EventSink, Request};
 use crate::server::engine_loop::{Command, SubmitError};
 use crate::server::errors::ApiError;
+use crate::server::limits::RequestLimits;
 use crate::server::{ServerState, body};
 use crate::text::parsers::{OutputParser, ParsedMessage, TokenPiece};
 
@@ -34,14 +36,31 @@ pub(super) const RETRY_AFTER_SECONDS: u64 = 2;
 pub async fn models(State(state): State<Arc<ServerState>>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
-        data: vec![ModelCard {
-            id: state.config.model_name.clone(),
-            object: "model",
-            created: state.started_unix,
-            owned_by: "sparkrt",
-            max_model_len: state.config.limits.max_model_len,
-        }],
+        data: vec![model_card(&state)],
     })
+}
+
+/// `GET /v1/models/{id}`: the served model's card, or a 404 in OpenAI's
+/// shape for any other id.
+pub async fn model(
+    State(state): State<Arc<ServerState>>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    if id == state.config.model_name {
+        Ok(Json(model_card(&state)))
+    } else {
+        Err(ApiError::model_not_found(&id))
+    }
+}
+
+fn model_card(state: &ServerState) -> ModelCard {
+    ModelCard {
+        id: state.config.model_name.clone(),
+        object: "model",
+        created: state.started_unix,
+        owned_by: "sparkrt",
+        max_model_len: state.config.limits.max_model_len,
+    }
 }
 
 /// Unknown routes answer in OpenAI's error shape too.
@@ -97,12 +116,12 @@ async fn handle(
             state,
             submitted.meta,
             submitted.events,
-            submitted.parser,
+            submitted.parsers,
             outcome,
         )
         .into_response())
     } else {
-        let answer = collect(submitted.meta, submitted.events, submitted.parser).await;
+        let answer = collect(submitted.meta, submitted.events, submitted.parsers).await;
         outcome.finished(answer.is_ok());
         answer
     }
@@ -124,13 +143,59 @@ pub(super) fn admit(state: &ServerState) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A request the engine took: its answer's metadata, its events and the
-/// parser its output goes through.
+/// A request the engine took: its answer's metadata, its choices' events
+/// (tagged with the choice's index) and, per choice, the parser its output
+/// goes through (chat: reasoning and tool calls; completions: none).
 pub(super) struct Submitted {
     pub(super) meta: ResponseMeta,
-    pub(super) events: mpsc::UnboundedReceiver<Event>,
+    pub(super) events: mpsc::UnboundedReceiver<(usize, Event)>,
     pub(super) stream: bool,
-    pub(super) parser: OutputParser,
+    pub(super) parsers: Vec<Option<OutputParser>>,
+}
+
+/// A parsed request, its prompts tokenized.
+pub(super) struct Prepared {
+    pub(super) common: CommonParams,
+    pub(super) prompts: Vec<PreparedPrompt>,
+    pub(super) logprobs: LogprobsAsked,
+    pub(super) echo: bool,
+    /// The chat route's output parser (its one prompt's).
+    pub(super) parser: Option<OutputParser>,
+}
+
+/// One prompt (one choice): its ids and, to echo, its text.
+pub(super) struct PreparedPrompt {
+    pub(super) ids: Vec<u32>,
+    pub(super) text: Option<String>,
+}
+
+impl PreparedPrompt {
+    fn from_text(state: &ServerState, text: String) -> Result<PreparedPrompt, ApiError> {
+        Ok(PreparedPrompt {
+            ids: encode(state, &text)?,
+            text: Some(text),
+        })
+    }
+
+    fn from_ids(state: &ServerState, ids: Vec<u32>) -> Result<PreparedPrompt, ApiError> {
+        state.request_limits.check_prompt_ids(ids.len())?;
+        Ok(PreparedPrompt { ids, text: None })
+    }
+}
+
+/// Routes where a request sends events tagged with its choice's index.
+struct IndexedSink {
+    index: usize,
+    events: mpsc::UnboundedSender<(usize, Event)>,
+}
+
+impl EventSink for IndexedSink {
+    fn send(&mut self, event: Event) -> bool {
+        self.events.send((self.index, event)).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        self.events.is_closed()
+    }
 }
 
 async fn prepare_and_submit(
@@ -139,71 +204,156 @@ async fn prepare_and_submit(
     route: Route,
 ) -> Result<Submitted, ApiError> {
     let job_state = Arc::clone(state);
-    let (common, prompt, parser) = state
+    let prepared = state
         .prep
         .run(bytes.len(), move || prepare(&job_state, &bytes, route))
         .await??;
-    submit(state, common, prompt, parser, route).await
+    submit(state, prepared, route).await
 }
 
 /// On the preparation pool: the body parsed and checked against the limits,
 /// then rendered and tokenized; a chat answer's output parser starts from
 /// the rendered prompt (it may open reasoning).
-fn prepare(
-    state: &ServerState,
-    bytes: &[u8],
-    route: Route,
-) -> Result<(CommonParams, Vec<u32>, OutputParser), ApiError> {
+fn prepare(state: &ServerState, bytes: &[u8], route: Route) -> Result<Prepared, ApiError> {
     let limits = &state.request_limits;
     match route {
         Route::Completion => {
             let body: CompletionRequest = parse_body(bytes)?;
             check_common(state, &body.common)?;
-            let prompt = match body.prompt {
-                Prompt::Ids(ids) => {
-                    limits.check_prompt_ids(ids.len())?;
-                    ids
-                }
-                Prompt::Text(text) => encode(state, &text)?,
-                Prompt::Texts(texts) if texts.len() == 1 => encode(state, &texts[0])?,
-                Prompt::Texts(texts) if texts.is_empty() => {
-                    return Err(ApiError::invalid(
-                        "`prompt` must not be empty",
-                        Some("prompt"),
-                    ));
-                }
-                Prompt::Texts(_) => {
-                    return Err(ApiError::invalid(
-                        "only one prompt per request is supported",
-                        Some("prompt"),
-                    ));
-                }
-            };
-            Ok((body.common, prompt, OutputParser::off()))
+            let echo = body.logprobs.echo.unwrap_or(false);
+            let logprobs = completion_logprobs(limits, &body.logprobs)?;
+            let prompts = completion_prompts(state, body.prompt)?;
+            Ok(Prepared {
+                common: body.common,
+                prompts,
+                logprobs,
+                echo,
+                parser: None,
+            })
         }
         Route::Chat => {
             let body: ChatRequest = parse_body(bytes)?;
             check_common(state, &body.common)?;
+            let logprobs = chat_logprobs(limits, &body.logprobs)?;
             let prepared = prepare_chat(state, body.messages, body.template)?;
-            let (prompt, parser) = render_chat(state, &prepared)?;
-            Ok((body.common, prompt, parser))
+            let (ids, parser) = render_chat(state, &prepared)?;
+            let prompt = PreparedPrompt { ids, text: None };
+            Ok(Prepared {
+                common: body.common,
+                prompts: vec![prompt],
+                logprobs,
+                echo: false,
+                parser: Some(parser),
+            })
         }
     }
 }
 
+/// A completions `prompt`, one or a batch, each tokenized; the batch's
+/// count and its tokens together are bounded before (and as) they are made.
+fn completion_prompts(
+    state: &ServerState,
+    prompt: Prompt,
+) -> Result<Vec<PreparedPrompt>, ApiError> {
+    let limits = &state.request_limits;
+    let count = match &prompt {
+        Prompt::Text(_) | Prompt::Ids(_) => 1,
+        Prompt::Texts(v) => v.len(),
+        Prompt::IdLists(v) => v.len(),
+    };
+    if count == 0 {
+        return Err(ApiError::invalid(
+            "`prompt` must not be empty",
+            Some("prompt"),
+        ));
+    }
+    limits.check_prompt_count(count)?;
+    let mut prompts = Vec::with_capacity(count);
+    let mut total = 0usize;
+    let mut add = |p: PreparedPrompt| -> Result<(), ApiError> {
+        total = total.saturating_add(p.ids.len());
+        limits.check_batch_tokens(total)?;
+        prompts.push(p);
+        Ok(())
+    };
+    match prompt {
+        Prompt::Text(text) => add(PreparedPrompt::from_text(state, text)?)?,
+        Prompt::Ids(ids) => add(PreparedPrompt::from_ids(state, ids)?)?,
+        Prompt::Texts(texts) => {
+            for text in texts {
+                add(PreparedPrompt::from_text(state, text)?)?;
+            }
+        }
+        Prompt::IdLists(lists) => {
+            for ids in lists {
+                add(PreparedPrompt::from_ids(state, ids)?)?;
+            }
+        }
+    }
+    Ok(prompts)
+}
+
+/// Completions' `logprobs` (with `echo`, the prompt's too) and vLLM's
+/// `prompt_logprobs`.
+fn completion_logprobs(
+    limits: &RequestLimits,
+    params: &CompletionLogprobParams,
+) -> Result<LogprobsAsked, ApiError> {
+    let sampled = params
+        .logprobs
+        .map(|n| limits.check_top_logprobs("logprobs", n))
+        .transpose()?;
+    let prompt = params
+        .prompt_logprobs
+        .map(|n| limits.check_top_logprobs("prompt_logprobs", n))
+        .transpose()?;
+    Ok(LogprobsAsked {
+        sampled,
+        echo: sampled.filter(|_| params.echo == Some(true)),
+        prompt,
+    })
+}
+
+/// Chat's `logprobs` and `top_logprobs` (which needs `logprobs`).
+fn chat_logprobs(
+    limits: &RequestLimits,
+    params: &ChatLogprobParams,
+) -> Result<LogprobsAsked, ApiError> {
+    let top = params
+        .top_logprobs
+        .map(|n| limits.check_top_logprobs("top_logprobs", n))
+        .transpose()?;
+    let wanted = params.logprobs == Some(true);
+    if top.is_some() && !wanted {
+        return Err(ApiError::invalid(
+            "`top_logprobs` needs `logprobs: true`",
+            Some("top_logprobs"),
+        ));
+    }
+    Ok(LogprobsAsked {
+        sampled: wanted.then(|| top.unwrap_or(0)),
+        ..LogprobsAsked::default()
+    })
+}
+
 /// The limits every route shares, and the model's name.
-pub(super) fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiError> {
-    state.request_limits.check_common(common)?;
-    if let Some(model) = &common.model
+pub(super) fn check_model(state: &ServerState, model: Option<&str>) -> Result<(), ApiError> {
+    if let Some(model) = model
         && !model.is_empty()
-        && *model != state.config.model_name
+        && model != state.config.model_name
     {
         return Err(ApiError::model_not_found(model));
     }
     Ok(())
 }
 
-/// The chat template's text for a chat request (its sizes checked first).
+pub(super) fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiError> {
+    state.request_limits.check_common(common)?;
+    check_model(state, common.model.as_deref())
+}
+
+/// A chat's messages and template fields checked against the limits and
+/// converted for the template.
 fn prepare_chat(
     state: &ServerState,
     messages: Vec<ChatInput>,
@@ -221,15 +371,35 @@ pub(super) fn render_chat(
     state: &ServerState,
     prepared: &chat_prompt::PreparedChat,
 ) -> Result<(Vec<u32>, OutputParser), ApiError> {
-    let template = state.config.chat_template.as_ref().ok_or_else(|| {
-        ApiError::invalid("this model has no chat template; use /v1/completions", None)
-    })?;
-    let rendered = template
-        .render_prompt(&prepared.prompt)
-        .map_err(chat_prompt::render_error)?;
+    let rendered = render_text(state, prepared)?;
     let prompt = encode(state, &rendered)?;
     let parsers = chat_prompt::output_parsers(&state.config.output_parsers, prepared.tools_offered);
     Ok((prompt, parsers.start(&rendered)))
+}
+
+/// Plain messages rendered by the chat template (`/tokenize`).
+pub(super) fn render_messages(
+    state: &ServerState,
+    messages: Vec<ChatInput>,
+    add_generation_prompt: bool,
+) -> Result<String, ApiError> {
+    let params = TemplateParams {
+        add_generation_prompt: Some(add_generation_prompt),
+        ..TemplateParams::default()
+    };
+    render_text(state, &prepare_chat(state, messages, params)?)
+}
+
+fn render_text(
+    state: &ServerState,
+    prepared: &chat_prompt::PreparedChat,
+) -> Result<String, ApiError> {
+    let template = state.config.chat_template.as_ref().ok_or_else(|| {
+        ApiError::invalid("this model has no chat template; use /v1/completions", None)
+    })?;
+    template
+        .render_prompt(&prepared.prompt)
+        .map_err(chat_prompt::render_error)
 }
 
 /// The body as its route's struct; a field the struct does not take is
@@ -249,7 +419,7 @@ pub(super) fn parse_body<T: serde::de::DeserializeOwned + RequestBody>(
 }
 
 /// Text to ids, once its length is known to fit `max_prompt_bytes`.
-fn encode(state: &ServerState, text: &str) -> Result<Vec<u32>, ApiError> {
+pub(super) fn encode(state: &ServerState, text: &str) -> Result<Vec<u32>, ApiError> {
     let tokenizer = state.config.tokenizer.as_ref().ok_or_else(|| {
         ApiError::invalid(
             "this model has no tokenizer; send token ids",
@@ -334,55 +504,77 @@ fn sampling(
 
 pub(super) async fn submit(
     state: &Arc<ServerState>,
-    common: CommonParams,
-    prompt: Vec<u32>,
-    parser: OutputParser,
+    prepared: Prepared,
     route: Route,
 ) -> Result<Submitted, ApiError> {
-    let params = sampling(
-        &common,
-        prompt.len(),
-        state.config.limits.max_model_len,
-        route,
-    )?;
+    let Prepared {
+        common,
+        prompts,
+        logprobs,
+        echo,
+        parser,
+    } = prepared;
+    let max_model_len = state.config.limits.max_model_len;
+    let params = prompts
+        .iter()
+        .map(|p| sampling(&common, p.ids.len(), max_model_len, route))
+        .collect::<Result<Vec<_>, _>>()?;
     // The guard may have tripped while the prompt was prepared.
     if state.config.guard.tripped() {
         state.counters.rejected();
         return Err(ApiError::memory_guard(RETRY_AFTER_SECONDS));
     }
-    let prompt_len = prompt.len();
-    let prompt_ids = common.return_token_ids.then(|| prompt.clone());
+    let tokenizer = state.config.tokenizer.clone();
     let (events_tx, events) = mpsc::unbounded_channel();
-    let (reply_tx, reply) = oneshot::channel();
-    state
-        .config
-        .engine
-        .commands
-        .send(Command::Submit {
-            request: Request {
-                prompt,
-                params,
-                prompt_logits: false,
-                ignore_eos: common.ignore_eos,
-                skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
-            },
-            events: events_tx,
-            reply: reply_tx,
-        })
-        .map_err(|_| ApiError::internal("the engine has stopped"))?;
-    match reply.await {
-        Ok(Ok(_)) => {}
-        Ok(Err(SubmitError::QueueFull)) => {
-            state.counters.rejected();
-            return Err(ApiError::queue_full(RETRY_AFTER_SECONDS));
-        }
-        Ok(Err(SubmitError::Admission(e))) => {
-            state.counters.rejected();
-            return Err(admission_error(e));
-        }
-        Ok(Err(SubmitError::ShuttingDown)) | Err(_) => {
-            return Err(ApiError::internal("the server is shutting down")
-                .with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE));
+    let mut choices = Vec::with_capacity(prompts.len());
+    // Each prompt is its own engine request; if one is refused, the
+    // receiver is dropped with this function and the others end at the
+    // engine's next step.
+    for (index, (prompt, params)) in prompts.into_iter().zip(params).enumerate() {
+        let echo_text = echo.then(|| match (prompt.text, &tokenizer) {
+            (Some(text), _) => text,
+            (None, Some(t)) => t.decode(&prompt.ids, false).unwrap_or_default(),
+            (None, None) => String::new(),
+        });
+        choices.push(ChoiceMeta {
+            prompt_ids: prompt.ids.clone(),
+            echo: echo_text,
+        });
+        let (reply_tx, reply) = oneshot::channel();
+        state
+            .config
+            .engine
+            .commands
+            .send(Command::Submit {
+                request: Request {
+                    prompt: prompt.ids,
+                    params,
+                    prompt_logits: false,
+                    ignore_eos: common.ignore_eos,
+                    logprobs: logprobs.engine(),
+                    skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
+                },
+                events: Box::new(IndexedSink {
+                    index,
+                    events: events_tx.clone(),
+                }),
+                reply: reply_tx,
+            })
+            .map_err(|_| ApiError::internal("the engine has stopped"))?;
+        match reply.await {
+            Ok(Ok(_)) => {}
+            Ok(Err(SubmitError::QueueFull)) => {
+                state.counters.rejected();
+                return Err(ApiError::queue_full(RETRY_AFTER_SECONDS));
+            }
+            Ok(Err(SubmitError::Admission(e))) => {
+                state.counters.rejected();
+                return Err(admission_error(e));
+            }
+            Ok(Err(SubmitError::ShuttingDown)) | Err(_) => {
+                return Err(ApiError::internal("the server is shutting down")
+                    .with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE));
+            }
         }
     }
     let meta = ResponseMeta {
@@ -398,15 +590,17 @@ pub(super) async fn submit(
         created: unix_now(),
         model: state.config.model_name.clone(),
         route,
-        prompt_len,
-        prompt_ids,
+        choices,
+        return_token_ids: common.return_token_ids,
+        logprobs,
+        tokenizer,
         include_usage: common.stream_options.is_some_and(|o| o.include_usage),
     };
     Ok(Submitted {
         meta,
         events,
         stream: common.stream,
-        parser,
+        parsers: vec![parser],
     })
 }
 
@@ -418,118 +612,153 @@ fn admission_error(e: AdmissionError) -> ApiError {
     ApiError::invalid(e.to_string(), param)
 }
 
-/// The blocking answer: waits for the whole text, then answers once. The
-/// text goes through the same parser as a stream's, so the message is the
-/// concatenation of what the stream would have sent.
+/// One choice of a blocking answer, as its events arrive.
+struct BlockingChoice {
+    text: String,
+    ids: Vec<u32>,
+    logprobs: ChoiceLogprobs,
+    /// The chat route's output parser and what it made of the text so far.
+    parser: Option<OutputParser>,
+    message: ParsedMessage,
+    finish: Option<&'static str>,
+    completion_tokens: usize,
+}
+
+/// The blocking answer: waits for every choice's whole text, then answers
+/// once. A chat text goes through the same parser as a stream's, so the
+/// message is the concatenation of what the stream would have sent.
 async fn collect(
     meta: ResponseMeta,
-    mut events: mpsc::UnboundedReceiver<Event>,
-    mut parser: OutputParser,
+    mut events: mpsc::UnboundedReceiver<(usize, Event)>,
+    mut parsers: Vec<Option<OutputParser>>,
 ) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut message = ParsedMessage::default();
-    let mut ids = Vec::new();
-    while let Some(event) = events.recv().await {
+    let mut choices: Vec<BlockingChoice> = (0..meta.choices.len())
+        .map(|index| BlockingChoice {
+            text: meta.choices[index].echo.clone().unwrap_or_default(),
+            ids: Vec::new(),
+            logprobs: meta.choice_logprobs(index),
+            parser: parsers.get_mut(index).and_then(Option::take),
+            message: ParsedMessage::default(),
+            finish: None,
+            completion_tokens: 0,
+        })
+        .collect();
+    let mut open = choices.len();
+    while open > 0 {
+        let Some((index, event)) = events.recv().await else {
+            return Err(ApiError::internal("the engine dropped the request"));
+        };
+        let Some(choice) = choices.get_mut(index) else {
+            continue;
+        };
         match event {
             Event::Token {
                 id,
                 text: piece,
+                logprob,
                 hidden,
-                ..
             } => {
-                ids.push(id);
-                message.apply_all(parser.push(TokenPiece {
-                    id,
-                    text: &piece,
-                    hidden: hidden.as_deref(),
-                }));
-                text.push_str(&piece);
+                choice.ids.push(id);
+                if let Some(parser) = choice.parser.as_mut() {
+                    choice.message.apply_all(parser.push(TokenPiece {
+                        id,
+                        text: &piece,
+                        hidden: hidden.as_deref(),
+                    }));
+                }
+                choice.text.push_str(&piece);
+                if let Some(t) = &logprob {
+                    choice.logprobs.on_token(t);
+                }
             }
+            Event::PromptLogprob { logprob, .. } => choice.logprobs.on_prompt(&logprob),
             Event::PromptLogits { .. } => {}
             Event::Finished {
                 reason,
                 text: rest,
+                stop_logprob,
                 completion_tokens,
                 ..
             } => {
-                text.push_str(&rest);
-                message.apply_all(parser.push_text(&rest));
-                message.apply_all(parser.finish());
-                let completion = completion_tokens.max(ids.len());
-                let output = match meta.route {
-                    Route::Completion => Output::Text(text),
-                    Route::Chat => Output::Message(message),
-                };
-                return Ok(blocking_answer(
-                    meta,
-                    output,
-                    &ids,
-                    reason.as_str(),
-                    completion,
-                ));
+                choice.text.push_str(&rest);
+                if let Some(parser) = choice.parser.as_mut() {
+                    choice.message.apply_all(parser.push_text(&rest));
+                    choice.message.apply_all(parser.finish());
+                }
+                if let Some(t) = &stop_logprob {
+                    choice.logprobs.on_token(t);
+                }
+                choice.completion_tokens = completion_tokens.max(choice.ids.len());
+                if choice.finish.replace(reason.as_str()).is_none() {
+                    open -= 1;
+                }
             }
             Event::Failed { message } => {
                 return Err(ApiError::internal(message));
             }
         }
     }
-    Err(ApiError::internal("the engine dropped the request"))
-}
-
-/// What a blocking answer carries: the text of a completion, the parsed
-/// message of a chat answer.
-enum Output {
-    Text(String),
-    Message(ParsedMessage),
+    Ok(blocking_answer(meta, choices))
 }
 
 /// The one answer of a blocking request, in its route's shape.
-fn blocking_answer(
-    meta: ResponseMeta,
-    output: Output,
-    ids: &[u32],
-    finish: &'static str,
-    completion_tokens: usize,
-) -> Response {
-    let usage = meta.usage(completion_tokens);
-    let ids = meta.token_ids(ids, true);
-    match output {
-        Output::Text(text) => Json(CompletionResponse {
-            id: meta.id,
-            object: "text_completion",
-            created: meta.created,
-            model: meta.model,
-            choices: vec![TextChoice {
-                index: 0,
-                text,
-                logprobs: None,
-                finish_reason: Some(finish),
-                ids,
-            }],
-            usage,
-        })
-        .into_response(),
-        Output::Message(message) => {
-            let (content, reasoning, tool_calls) = message_parts(message);
-            let finish = finish_reason(finish, !tool_calls.is_empty());
+fn blocking_answer(meta: ResponseMeta, choices: Vec<BlockingChoice>) -> Response {
+    let usage = meta.usage(choices.iter().map(|c| c.completion_tokens).sum());
+    match meta.route {
+        Route::Completion => {
+            let choices = choices
+                .into_iter()
+                .enumerate()
+                .map(|(index, mut c)| TextChoice {
+                    index: index as u32,
+                    logprobs: c.logprobs.take(),
+                    prompt_logprobs: c.logprobs.take_prompt(),
+                    ids: meta.token_ids(index, &c.ids, true),
+                    text: c.text,
+                    finish_reason: c.finish,
+                })
+                .collect();
+            Json(CompletionResponse {
+                id: meta.id,
+                object: "text_completion",
+                created: meta.created,
+                model: meta.model,
+                choices,
+                usage,
+            })
+            .into_response()
+        }
+        Route::Chat => {
+            let choices = choices
+                .into_iter()
+                .enumerate()
+                .map(|(index, mut c)| {
+                    let (content, reasoning, tool_calls) = match c.parser {
+                        Some(_) => message_parts(c.message),
+                        None => (Some(c.text), None, Vec::new()),
+                    };
+                    let finish = finish_reason(c.finish.unwrap_or("stop"), !tool_calls.is_empty());
+                    ChatChoice {
+                        index: index as u32,
+                        logprobs: c.logprobs.take(),
+                        ids: meta.token_ids(index, &c.ids, true),
+                        message: AssistantMessage {
+                            role: ASSISTANT,
+                            content,
+                            reasoning_content: reasoning.clone(),
+                            reasoning,
+                            tool_calls,
+                        },
+                        finish_reason: finish,
+                    }
+                })
+                .collect();
             Json(CompletionResponse {
                 id: meta.id,
                 object: "chat.completion",
                 created: meta.created,
                 model: meta.model,
-                choices: vec![ChatChoice {
-                    index: 0,
-                    message: AssistantMessage {
-                        role: ASSISTANT,
-                        content,
-                        reasoning_content: reasoning.clone(),
-                        reasoning,
-                        tool_calls,
-                    },
-                    logprobs: None,
-                    finish_reason: finish,
-                    ids,
-                }],
+                choices,
                 usage,
             })
             .into_response()

@@ -17,6 +17,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use super::logprobs::ChoiceLogprobs;
 use super::outcome::Outcome;
 use super::tool_types::{finish_reason, tool_call_delta};
 use super::types::{ASSISTANT, ChatChunkChoice, ChatDelta, CompletionChunk, TextChoice, Usage};
@@ -29,87 +30,118 @@ use crate::text::parsers::{Delta, OutputParser, TokenPiece};
 /// Seconds between keep-alive comments while the engine is silent.
 const KEEP_ALIVE_SECONDS: u64 = 10;
 
+/// One choice's state in the stream.
+struct StreamChoice {
+    /// Ids of tokens whose text is still held back (partial characters,
+    /// possible stop strings): they go out with the next text.
+    ids: Vec<u32>,
+    logprobs: ChoiceLogprobs,
+    /// The chat route's output parser (reasoning, tool calls); completions
+    /// have none and stream their text as it comes.
+    parser: Option<OutputParser>,
+    made_tool_calls: bool,
+    /// No chunk of this choice has gone out yet (the first carries the
+    /// prompt's ids, the echoed prompt and `prompt_logprobs`).
+    first: bool,
+    finished: bool,
+}
+
 pub(super) fn sse(
     state: Arc<ServerState>,
     meta: ResponseMeta,
-    mut events: mpsc::UnboundedReceiver<Event>,
-    mut parser: OutputParser,
+    mut events: mpsc::UnboundedReceiver<(usize, Event)>,
+    mut parsers: Vec<Option<OutputParser>>,
     mut outcome: Outcome,
 ) -> Sse<impl futures_core::Stream<Item = Result<SseEvent, Infallible>>> {
     let body = async_stream::stream! {
-        let mut first = true;
+        let mut choices: Vec<StreamChoice> = (0..meta.choices.len())
+            .map(|index| StreamChoice {
+                ids: Vec::new(),
+                logprobs: meta.choice_logprobs(index),
+                parser: parsers.get_mut(index).and_then(Option::take),
+                made_tool_calls: false,
+                first: true,
+                finished: false,
+            })
+            .collect();
         if meta.route == Route::Chat {
-            yield Ok(meta.choice_chunk(Some(""), &[], None, true));
-            first = false;
+            for (index, choice) in choices.iter_mut().enumerate() {
+                yield Ok(meta.choice_chunk(index, choice, Some(""), None));
+            }
         }
-        // Ids of tokens whose text is still held back (partial characters,
-        // possible stop strings): they go out with the next text. Without a
-        // tokenizer there is no text at all: every token gets its chunk.
-        let mut ids = Vec::new();
+        // Without a tokenizer there is no text at all: every token gets its chunk.
         let chunk_per_token = state.config.tokenizer.is_none();
-        let mut ended = false;
-        let mut made_tool_calls = false;
-        while let Some(event) = events.recv().await {
+        let mut open = choices.len();
+        let mut completion_tokens = 0;
+        let mut failed = false;
+        while open > 0 {
+            let Some((index, event)) = events.recv().await else {
+                break;
+            };
+            let Some(choice) = choices.get_mut(index) else {
+                continue;
+            };
             match event {
-                Event::Token { id, text, hidden, .. } if meta.route == Route::Chat => {
-                    ids.push(id);
+                Event::Token { id, text, logprob, hidden } => {
+                    choice.ids.push(id);
+                    if let Some(t) = &logprob {
+                        choice.logprobs.on_token(t);
+                    }
                     let piece = TokenPiece { id, text: &text, hidden: hidden.as_deref() };
-                    for delta in parser.push(piece) {
-                        made_tool_calls |= matches!(delta, Delta::ToolCallStart { .. });
-                        yield Ok(meta.delta_chunk(chat_delta(&delta), &ids, None, first));
-                        ids.clear();
-                        first = false;
+                    if let Some(deltas) = choice.parser.as_mut().map(|p| p.push(piece)) {
+                        for delta in deltas {
+                            yield Ok(meta.delta_chunk(index, choice, &delta));
+                        }
+                    } else if !text.is_empty() || chunk_per_token {
+                        yield Ok(meta.choice_chunk(index, choice, Some(&text), None));
                     }
                 }
-                Event::Token { id, text, .. } => {
-                    ids.push(id);
-                    if !text.is_empty() || chunk_per_token {
-                        yield Ok(meta.choice_chunk(Some(&text), &ids, None, first));
-                        ids.clear();
-                        first = false;
-                    }
-                }
+                Event::PromptLogprob { logprob, .. } => choice.logprobs.on_prompt(&logprob),
                 Event::PromptLogits { .. } => {}
-                Event::Finished { reason, text, completion_tokens, .. } => {
-                    outcome.finished(true);
+                Event::Finished { reason, text, stop_logprob, completion_tokens: count, .. } => {
+                    if let Some(t) = &stop_logprob {
+                        choice.logprobs.on_token(t);
+                    }
                     let mut reason = reason.as_str();
-                    if meta.route == Route::Chat {
+                    if let Some(parser) = choice.parser.as_mut() {
                         let mut deltas = parser.push_text(&text);
                         deltas.extend(parser.finish());
                         for delta in deltas {
-                            made_tool_calls |= matches!(delta, Delta::ToolCallStart { .. });
-                            yield Ok(meta.delta_chunk(chat_delta(&delta), &ids, None, first));
-                            ids.clear();
-                            first = false;
+                            yield Ok(meta.delta_chunk(index, choice, &delta));
                         }
-                        reason = finish_reason(reason, made_tool_calls);
+                        reason = finish_reason(reason, choice.made_tool_calls);
                         // Ids whose text was held back and came to nothing
                         // go out with the finish reason.
-                        yield Ok(meta.delta_chunk(ChatDelta::default(), &ids, Some(reason), first));
+                        yield Ok(meta.choice_chunk(index, choice, None, Some(reason)));
                     } else {
-                        if !text.is_empty() || !ids.is_empty() {
-                            yield Ok(meta.choice_chunk(Some(&text), &ids, None, first));
-                            first = false;
+                        if !text.is_empty() || !choice.ids.is_empty() || stop_logprob.is_some() {
+                            yield Ok(meta.choice_chunk(index, choice, Some(&text), None));
                         }
-                        yield Ok(meta.choice_chunk(None, &[], Some(reason), first));
+                        yield Ok(meta.choice_chunk(index, choice, None, Some(reason)));
                     }
-                    if meta.include_usage {
-                        yield Ok(meta.usage_chunk(meta.usage(completion_tokens)));
+                    completion_tokens += count;
+                    if !choice.finished {
+                        choice.finished = true;
+                        open -= 1;
                     }
-                    ended = true;
-                    break;
                 }
                 Event::Failed { message } => {
-                    outcome.finished(false);
                     yield Ok(data(&ApiError::internal(message).body()));
-                    ended = true;
+                    failed = true;
                     break;
                 }
             }
         }
-        if !ended {
+        if open == 0 {
+            outcome.finished(true);
+            if meta.include_usage {
+                yield Ok(meta.usage_chunk(meta.usage(completion_tokens)));
+            }
+        } else {
             outcome.finished(false);
-            yield Ok(data(&ApiError::internal("the engine dropped the request").body()));
+            if !failed {
+                yield Ok(data(&ApiError::internal("the engine dropped the request").body()));
+            }
         }
         yield Ok(SseEvent::default().data("[DONE]"));
     };
@@ -132,56 +164,80 @@ impl ResponseMeta {
         }
     }
 
-    /// One chunk carrying `text` and the ids of the tokens it came from (and
-    /// the finish reason at the end). The first chunk also carries the
-    /// chat role and the prompt's ids.
+    /// One chunk of choice `index` carrying `text`, the ids of the tokens it
+    /// came from and their log-probabilities (and the finish reason at the
+    /// end). The choice's first chunk also carries the chat role, the
+    /// prompt's ids, the echoed prompt and `prompt_logprobs`.
     fn choice_chunk(
         &self,
+        index: usize,
+        choice: &mut StreamChoice,
         text: Option<&str>,
-        ids: &[u32],
         finish: Option<&'static str>,
-        first: bool,
     ) -> SseEvent {
         match self.route {
-            Route::Completion => data(&self.chunk(
-                vec![TextChoice {
-                    index: 0,
-                    text: text.unwrap_or("").to_string(),
-                    logprobs: None,
-                    finish_reason: finish,
-                    ids: self.token_ids(ids, first),
-                }],
-                None,
-            )),
-            Route::Chat => self.delta_chunk(
-                ChatDelta {
+            Route::Completion => {
+                let first = std::mem::replace(&mut choice.first, false);
+                let ids = self.token_ids(index, &choice.ids, first);
+                choice.ids.clear();
+                let mut piece = String::new();
+                if first && let Some(echo) = &self.choices[index].echo {
+                    piece.push_str(echo);
+                }
+                piece.push_str(text.unwrap_or(""));
+                data(&self.chunk(
+                    vec![TextChoice {
+                        index: index as u32,
+                        text: piece,
+                        logprobs: choice.logprobs.take_nonempty(),
+                        finish_reason: finish,
+                        ids,
+                        prompt_logprobs: if first {
+                            choice.logprobs.take_prompt()
+                        } else {
+                            None
+                        },
+                    }],
+                    None,
+                ))
+            }
+            Route::Chat => {
+                let delta = ChatDelta {
                     content: text.map(str::to_string),
                     ..ChatDelta::default()
-                },
-                ids,
-                finish,
-                first,
-            ),
+                };
+                self.chat_chunk(index, choice, delta, finish)
+            }
         }
     }
 
-    /// One chat chunk carrying `delta` and the ids of the tokens it came
-    /// from; the first one also the role and the prompt's ids.
-    fn delta_chunk(
+    /// One chat chunk carrying a parser's delta.
+    fn delta_chunk(&self, index: usize, choice: &mut StreamChoice, delta: &Delta) -> SseEvent {
+        choice.made_tool_calls |= matches!(delta, Delta::ToolCallStart { .. });
+        self.chat_chunk(index, choice, chat_delta(delta), None)
+    }
+
+    /// One chat chunk of choice `index` carrying `delta`, the ids of the
+    /// tokens it came from and their log-probabilities; the choice's first
+    /// one also the role and the prompt's ids.
+    fn chat_chunk(
         &self,
+        index: usize,
+        choice: &mut StreamChoice,
         mut delta: ChatDelta,
-        ids: &[u32],
         finish: Option<&'static str>,
-        first: bool,
     ) -> SseEvent {
+        let first = std::mem::replace(&mut choice.first, false);
         delta.role = first.then_some(ASSISTANT);
+        let ids = self.token_ids(index, &choice.ids, first);
+        choice.ids.clear();
         data(&self.chunk(
             vec![ChatChunkChoice {
-                index: 0,
+                index: index as u32,
                 delta,
-                logprobs: None,
+                logprobs: choice.logprobs.take_nonempty(),
                 finish_reason: finish,
-                ids: self.token_ids(ids, first),
+                ids,
             }],
             None,
         ))

@@ -483,3 +483,83 @@ pub fn new_call_id() -> String {
     }
     id
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(parser: &mut OutputParser, pieces: &[&str]) -> ParsedMessage {
+        let mut m = ParsedMessage::default();
+        for (i, piece) in pieces.iter().enumerate() {
+            m.apply_all(parser.push(TokenPiece {
+                id: i as u32,
+                text: piece,
+                hidden: None,
+            }));
+        }
+        m.apply_all(parser.finish());
+        m
+    }
+
+    #[test]
+    fn qwen3_and_hermes_together_agree_however_the_text_is_cut() {
+        let parsers = OutputParsers::Text {
+            reasoning: true,
+            tools: true,
+        };
+        let text = "<think>\nWeather.\n</think>\n\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": 1}}\n</tool_call>";
+        for cut in 1..text.len() {
+            let m = message(
+                &mut parsers.start("<|im_start|>assistant\n"),
+                &[&text[..cut], &text[cut..]],
+            );
+            assert_eq!(m.reasoning.as_deref(), Some("\nWeather.\n"), "cut {cut}");
+            assert_eq!(m.content, None, "cut {cut}");
+            assert_eq!(m.tool_calls.len(), 1);
+            assert_eq!(m.tool_calls[0].arguments, "{\"c\": 1}");
+        }
+    }
+
+    #[test]
+    fn names_and_family_defaults() {
+        assert_eq!(
+            "hermes".parse::<ToolParserName>().ok(),
+            Some(ToolParserName::Hermes)
+        );
+        assert_eq!(
+            "openai".parse::<ToolParserName>().ok(),
+            Some(ToolParserName::OpenaiGptoss)
+        );
+        assert!("deepseek_r1".parse::<ReasoningParserName>().is_err());
+        let names = ParserNames::for_model(Some(Architecture::GptOss), None, None);
+        assert_eq!(names.reasoning, ReasoningParserName::OpenaiGptoss);
+        assert!(!names.explicit);
+        let names = ParserNames::for_model(
+            Some(Architecture::Qwen3Moe),
+            Some(ReasoningParserName::None),
+            None,
+        );
+        assert_eq!(
+            (names.reasoning, names.tool),
+            (ReasoningParserName::None, ToolParserName::Hermes)
+        );
+        // Harmony with a text parser is refused.
+        let mixed = ParserNames {
+            reasoning: ReasoningParserName::Qwen3,
+            tool: ToolParserName::OpenaiGptoss,
+            explicit: true,
+        };
+        assert!(matches!(
+            OutputParsers::new(mixed, None),
+            Err(ParserError::MixedHarmony { .. })
+        ));
+    }
+
+    #[test]
+    fn call_ids_look_like_openais_and_differ() {
+        let (a, b) = (new_call_id(), new_call_id());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), "call_".len() + 24);
+        assert!(a.starts_with("call_") && a[5..].chars().all(|c| c.is_ascii_alphanumeric()));
+    }
+}

@@ -23,7 +23,8 @@ use super::types::{
 };
 use crate::engine::Event;
 use crate::server::errors::ApiError;
-use crate::server::openai::handlers::{self, Submitted};
+use crate::server::openai::handlers::{self, Prepared, PreparedPrompt, Submitted};
+use crate::server::openai::logprobs::LogprobsAsked;
 use crate::server::openai::outcome::Outcome;
 use crate::server::openai::{ResponseMeta, Route};
 use crate::server::{ServerState, body};
@@ -65,17 +66,24 @@ async fn prepare_and_submit(
     bytes: Bytes,
 ) -> Result<(Submitted, Echo), ApiError> {
     let job_state = Arc::clone(state);
-    let (common, prompt, parser, echo) = state
+    let (prepared, echo) = state
         .prep
         .run(bytes.len(), move || {
             let request: ResponsesRequest = handlers::parse_body(&bytes)?;
             handlers::check_common(&job_state, &request.common)?;
-            let (common, prepared, echo) = input::prepare(request, &job_state.request_limits)?;
-            let (prompt, parser) = handlers::render_chat(&job_state, &prepared)?;
-            Ok::<_, ApiError>((common, prompt, parser, echo))
+            let (common, chat, echo) = input::prepare(request, &job_state.request_limits)?;
+            let (ids, parser) = handlers::render_chat(&job_state, &chat)?;
+            let prepared = Prepared {
+                common,
+                prompts: vec![PreparedPrompt { ids, text: None }],
+                logprobs: LogprobsAsked::default(),
+                echo: false,
+                parser: Some(parser),
+            };
+            Ok::<_, ApiError>((prepared, echo))
         })
         .await??;
-    let submitted = handlers::submit(state, common, prompt, parser, Route::Chat).await?;
+    let submitted = handlers::submit(state, prepared, Route::Chat).await?;
     Ok((submitted, echo))
 }
 
@@ -175,7 +183,7 @@ impl Progress {
                 self.reasoning_tokens += usize::from(self.builder.in_reasoning());
                 (out, None)
             }
-            Event::PromptLogits { .. } => (out, None),
+            Event::PromptLogits { .. } | Event::PromptLogprob { .. } => (out, None),
             Event::Finished {
                 reason,
                 text,
@@ -217,12 +225,19 @@ async fn collect(answer: Answer, submitted: Submitted) -> Result<ResponseObject,
     let Submitted {
         meta,
         mut events,
-        parser,
+        parsers,
         ..
     } = submitted;
+    // One prompt, one choice: its parser and its events (index 0).
+    let parser = parsers
+        .into_iter()
+        .flatten()
+        .next()
+        .unwrap_or_else(OutputParser::off);
+    let prompt_len = meta.choices.first().map_or(0, |c| c.prompt_ids.len());
     let mut progress = Progress::new(parser, answer.id.trim_start_matches("resp_"));
     while let Some(event) = events.recv().await {
-        match progress.step(event, meta.prompt_len).1 {
+        match progress.step(event.1, prompt_len).1 {
             None => {}
             Some(Ending::Finished {
                 truncated,
@@ -249,9 +264,16 @@ fn stream(
     let Submitted {
         meta,
         mut events,
-        parser,
+        parsers,
         ..
     } = submitted;
+    // One prompt, one choice: its parser and its events (index 0).
+    let parser = parsers
+        .into_iter()
+        .flatten()
+        .next()
+        .unwrap_or_else(OutputParser::off);
+    let prompt_len = meta.choices.first().map_or(0, |c| c.prompt_ids.len());
     let body = async_stream::stream! {
         let mut sequence = 0u64;
         let mut next = || { sequence += 1; sequence - 1 };
@@ -262,7 +284,7 @@ fn stream(
         let mut progress = Progress::new(parser, answer.id.trim_start_matches("resp_"));
         let mut ended = false;
         while let Some(event) = events.recv().await {
-            let (out, ending) = progress.step(event, meta.prompt_len);
+            let (out, ending) = progress.step(event.1, prompt_len);
             for event in &out {
                 yield Ok(sse(event.kind(), &NumberedEvent { event, sequence_number: next() }));
             }
