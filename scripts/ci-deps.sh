@@ -14,6 +14,7 @@ readonly TOOLS=(
 
 readonly PYTHON_PACKAGES=(
 	"openai openai" # tests/server_openai_client.rs runs scripts/openai_client_check.py
+	"jsonschema jsonschema" # tests/server_sampling.rs runs scripts/structured_output_check.py
 )
 
 install_tools() {

@@ -1,7 +1,9 @@
-//! The generation engine: paged KV block bookkeeping, sampling and the step
-//! loop (continuous batching), which fills each step's `step::StepBatch`.
+//! The generation engine: paged KV block bookkeeping, sampling (logits
+//! processors, structured-output grammars) and the step loop (continuous batching), which fills each step's `step::StepBatch`.
 
+pub mod grammar;
 pub mod kv_blocks;
+pub mod processors;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;

@@ -117,6 +117,12 @@ impl Tokenizer {
         self.longest_token_bytes
     }
 
+    /// The whole tokenizer as `tokenizer.json` holds it (for the
+    /// structured-output grammars' vocabulary).
+    pub fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::to_value(&self.inner)
+    }
+
     /// Number of ids the tokenizer knows, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

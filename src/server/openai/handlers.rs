@@ -20,7 +20,8 @@ use super::types::{
     TextChoice,
 };
 use super::{ResponseMeta, Route, stream};
-use crate::engine::sampling::SamplingParams;
+use crate::engine::grammar::Constraint;
+use crate::engine::sampling::{MAX_TEMPERATURE, SamplingParams};
 use crate::engine::{AdmissionError, Event, Request};
 use crate::server::engine_loop::{Command, SubmitError};
 use crate::server::errors::ApiError;
@@ -144,9 +145,10 @@ fn prepare(
     route: Route,
 ) -> Result<(CommonParams, Vec<u32>), ApiError> {
     let limits = &state.request_limits;
-    match route {
+    let (mut common, prompt) = match route {
         Route::Completion => {
-            let body: CompletionRequest = parse_body(bytes)?;
+            let mut body: CompletionRequest = parse_body(bytes)?;
+            body.common.sampling = std::mem::take(&mut body.sampling);
             check_common(state, &body.common)?;
             let prompt = match body.prompt {
                 Prompt::Ids(ids) => {
@@ -168,16 +170,38 @@ fn prepare(
                     ));
                 }
             };
-            Ok((body.common, prompt))
+            (body.common, prompt)
         }
         Route::Chat => {
-            let body: ChatRequest = parse_body(bytes)?;
+            let mut body: ChatRequest = parse_body(bytes)?;
+            body.common.sampling = std::mem::take(&mut body.sampling);
             check_common(state, &body.common)?;
             let rendered = render_chat(state, body.messages)?;
             let prompt = encode(state, &rendered)?;
-            Ok((body.common, prompt))
+            (body.common, prompt)
         }
-    }
+    };
+    common.constraint = compile_grammar(state, &common)?;
+    Ok((common, prompt))
+}
+
+/// The structured-output fields' grammar, compiled (on the preparation
+/// pool); an invalid one is a 400 naming its field.
+fn compile_grammar(
+    state: &ServerState,
+    common: &CommonParams,
+) -> Result<Option<Constraint>, ApiError> {
+    let Some((spec, field)) = common.sampling.grammar()? else {
+        return Ok(None);
+    };
+    let compiler = state
+        .grammars
+        .get()
+        .map_err(|e| ApiError::invalid(e.to_string(), Some(field)))?;
+    compiler
+        .compile(&spec)
+        .map(Some)
+        .map_err(|e| ApiError::invalid(format!("{field}: {e}"), Some(field)))
 }
 
 /// The limits every route shares, and the model's name.
@@ -314,17 +338,27 @@ fn sampling(
         Some(OneOrMany::One(s)) => vec![s.clone()],
         Some(OneOrMany::Many(v)) => v.clone(),
     };
-    let params = SamplingParams {
-        temperature: common.temperature.unwrap_or(1.0),
+    let temperature = common.temperature.unwrap_or(1.0);
+    if temperature > MAX_TEMPERATURE {
+        return Err(ApiError::invalid(
+            format!("temperature must be in [0, {MAX_TEMPERATURE}], got {temperature}"),
+            Some("temperature"),
+        ));
+    }
+    let mut params = SamplingParams {
+        temperature,
         top_k,
         top_p: common.top_p.unwrap_or(1.0),
         seed: common.seed,
         max_tokens,
         stop,
+        constraint: common.constraint.clone(),
+        ..SamplingParams::default()
     };
+    common.sampling.apply_to(&mut params)?;
     params
         .validate()
-        .map_err(|e| ApiError::invalid(e.to_string(), None))?;
+        .map_err(|e| ApiError::invalid(e.to_string(), e.field()))?;
     Ok(params)
 }
 
@@ -404,8 +438,8 @@ async fn submit(
 }
 
 fn admission_error(e: AdmissionError) -> ApiError {
-    let param = match e {
-        AdmissionError::Sampling(_) => None,
+    let param = match &e {
+        AdmissionError::Sampling(e) => e.field(),
         _ => Some("prompt"),
     };
     ApiError::invalid(e.to_string(), param)

@@ -2,11 +2,13 @@
 //! `/v1/chat/completions`, streamed (SSE) or not.
 //!
 //! - [`types`]: the request and answer structs (the wire);
+//! - [`sampling_types`]: the sampling and structured-output request fields;
 //! - [`handlers`]: the axum handlers (validation, submission, blocking answers);
 //! - [`stream`]: the SSE stream of chunks.
 
 mod handlers;
 mod outcome;
+pub mod sampling_types;
 mod stream;
 pub mod types;
 

@@ -8,6 +8,9 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::sampling_types::SamplingFields;
+use crate::engine::grammar::Constraint;
+
 // ---------------------------------------------------------------- requests
 
 /// Either one string or a list of strings (`stop`).
@@ -50,6 +53,15 @@ pub struct CommonParams {
     /// vLLM's extension: also answer the prompt's and the output's token ids.
     #[serde(default)]
     pub return_token_ids: bool,
+    /// Penalties, biases, stop tokens, structured outputs: parsed by the
+    /// request structs (a flattened struct inside this flattened one would
+    /// hide its fields from [`Unsupported`]) and moved here.
+    #[serde(skip)]
+    pub sampling: SamplingFields,
+    /// The grammar of the structured-output fields, compiled on the
+    /// preparation pool.
+    #[serde(skip)]
+    pub constraint: Option<Constraint>,
 }
 
 #[derive(Deserialize)]
@@ -90,6 +102,8 @@ impl Unsupported {
 pub struct CompletionRequest {
     #[serde(flatten)]
     pub common: CommonParams,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
     pub prompt: Prompt,
     #[serde(flatten)]
     pub unsupported: Unsupported,
@@ -100,6 +114,8 @@ pub struct CompletionRequest {
 pub struct ChatRequest {
     #[serde(flatten)]
     pub common: CommonParams,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
     pub messages: Vec<ChatInput>,
     #[serde(flatten)]
     pub unsupported: Unsupported,
@@ -328,6 +344,14 @@ mod tests {
             serde_json::from_value(json!({"prompt": "p", "max_tokens": 3, "user": null})).unwrap();
         assert_eq!(body.common.max_tokens, Some(3));
         assert_eq!(body.unsupported().first_set(), None);
+
+        // The sampling fields are taken by their struct, not left over.
+        let body: CompletionRequest = serde_json::from_value(
+            json!({"prompt": "p", "max_tokens": 3, "min_p": 0.1, "guided_regex": "a+", "zz": 1}),
+        )
+        .unwrap();
+        assert_eq!(body.sampling.min_p, Some(0.1));
+        assert_eq!(body.unsupported().first_set(), Some("zz"));
     }
 
     #[test]
