@@ -427,3 +427,54 @@ fn every_parameter_keeps_batch_invariance() {
     };
     assert_ne!(serve(&mut engine, &[plain])[0], alone[0]);
 }
+
+/// A constrained request's tokens are the same alone and in a batch with
+/// constrained and unconstrained others (its mask is its own), and follow
+/// the grammar.
+#[test]
+fn structured_outputs_keep_batch_invariance() {
+    use sparkrt::engine::grammar::{GrammarCompiler, GrammarSpec};
+    use sparkrt::text::Tokenizer;
+
+    let tokenizer = Tokenizer::from_dir(&common::fixture("qwen3-moe-tiny")).unwrap();
+    let compiler = GrammarCompiler::new(&tokenizer, tokenizer.eos_token_ids()).unwrap();
+    let loaded = tiny_engine();
+    let source = loaded.source();
+    let mut engine = loaded.engine(&source).unwrap();
+    let request = |seed: u64, regex: Option<&str>| Request {
+        prompt: (0..10).map(|i| (i * 13 + seed as u32) % 500).collect(),
+        params: SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            max_tokens: 40,
+            constraint: regex.map(|r| compiler.compile(&GrammarSpec::Regex(r.into())).unwrap()),
+            ..SamplingParams::default()
+        },
+        prompt_logits: false,
+        ignore_eos: false,
+    };
+    let regex = "[a-z]{3,8}( [a-z]{2,6}){1,3}";
+    let alone = serve(&mut engine, &[request(5, Some(regex))]);
+    let batch = [
+        request(6, None),
+        request(5, Some(regex)),
+        request(7, Some("[0-9]{4,12}")),
+        request(8, None),
+    ];
+    let together = serve(&mut engine, &batch);
+    assert_eq!(alone[0], together[1]);
+    let text = tokenizer.decode(&alone[0], true).unwrap();
+    let words: Vec<&str> = text.split(' ').collect();
+    assert!(
+        (2..=4).contains(&words.len())
+            && words
+                .iter()
+                .all(|w| w.len() >= 2 && w.len() <= 8 && w.bytes().all(|b| b.is_ascii_lowercase())),
+        "{text:?}"
+    );
+    let digits = tokenizer.decode(&together[2], true).unwrap();
+    assert!(
+        (4..=12).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()),
+        "{digits:?}"
+    );
+}

@@ -199,7 +199,8 @@ fn constrained(server: &Server, route: &str, extra: Value, seed: u64) -> (String
 #[test]
 fn choices_regexes_and_grammars_constrain_the_output() {
     let server = Server::start(&[]);
-    let choices = ["yes", "no", "maybe later"];
+    // Metacharacters in a choice stand for themselves.
+    let choices = ["yes", "no", "maybe later", "a/b.c(d)\"e|f*"];
     for route in ["/v1/completions", "/v1/chat/completions"] {
         for seed in 0..10 {
             for extra in [

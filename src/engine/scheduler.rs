@@ -479,7 +479,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                         .collect::<Vec<_>>()
                 })
             });
-            model.forward(*backend, batch, buffers, &mut |first, count, values| {
+            let forward = model.forward(*backend, batch, buffers, &mut |first, count, values| {
                 for row in 0..count {
                     let (index, samples) = logit_owners[first + row];
                     let logits = &values[row * vocab..(row + 1) * vocab];
@@ -537,7 +537,15 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                         Err(e) => failure = Some(format!("sampling failed: {e}")),
                     }
                 }
-            })
+            });
+            // A forward pass that failed before any constrained row: the
+            // masks are still out.
+            if let Some(handle) = masks.take() {
+                for (index, constraint, _) in handle.join().unwrap_or_default() {
+                    running[index].constraint = Some(constraint);
+                }
+            }
+            forward
         });
         // Constraints of rows the forward pass did not reach go back.
         for (index, slot) in constraints.into_iter().enumerate() {
