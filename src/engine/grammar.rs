@@ -112,9 +112,12 @@ impl GrammarCompiler {
     pub fn new(tokenizer: &Tokenizer, eos: &[u32]) -> Result<GrammarCompiler, GrammarError> {
         let &first_eos = eos.first().ok_or(GrammarError::NoEndOfSequence)?;
         let json = tokenizer
-            .to_json()
+            .vocabulary_json()
             .map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
-        let words = llguidance::token_bytes_from_tokenizer_json(&json)
+        // llguidance asserts on some malformed vocabularies: a checkpoint's
+        // file must not take the server down.
+        let words = std::panic::catch_unwind(|| llguidance::token_bytes_from_tokenizer_json(&json))
+            .map_err(|_| GrammarError::Vocabulary("malformed vocabulary".into()))?
             .map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         drop(json);
         let vocab = u32::try_from(words.len())
