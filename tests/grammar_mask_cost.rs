@@ -72,6 +72,18 @@ fn tokenizer_with_vocab(vocab: usize, dir: &std::path::Path) -> Tokenizer {
     tokenizer
 }
 
+/// The process's resident set (a rough figure: other tests' threads share it).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 fn allowed(mask: &[u32], id: usize) -> bool {
     mask.get(id / 32).is_some_and(|w| w >> (id % 32) & 1 == 1)
 }
@@ -88,9 +100,16 @@ fn mask_cost_per_token_on_small_and_qwen3_sized_vocabularies() {
         let dir = tempfile::tempdir().unwrap();
         let tokenizer = tokenizer_with_vocab(vocab, dir.path());
         let eos = tokenizer.eos_token_ids().to_vec();
+        // SAFETY: as below.
+        unsafe { libc::malloc_trim(0) };
+        let rss_before = rss_kib();
         let started = Instant::now();
         let compiler = GrammarCompiler::new(&tokenizer, &eos).unwrap();
         let trie_time = started.elapsed();
+        // What stays: freed transient memory goes back to the system first.
+        // SAFETY: malloc_trim only releases free heap pages.
+        unsafe { libc::malloc_trim(0) };
+        let trie_kib = rss_kib().saturating_sub(rss_before);
         let started = Instant::now();
         let mut constraint = compiler
             .compile(&GrammarSpec::JsonSchema(schema.clone()))
@@ -123,7 +142,7 @@ fn mask_cost_per_token_on_small_and_qwen3_sized_vocabularies() {
         assert!(value["n"].as_u64().unwrap() <= 999, "{text}");
         let per_token = mask_time / steps;
         eprintln!(
-            "vocab {vocab}: trie {trie_time:.2?}, compile {compile_time:.2?}, \
+            "vocab {vocab}: trie {trie_time:.2?} (RSS +{trie_kib} KiB), compile {compile_time:.2?}, \
              mask {per_token:.2?} per token over {steps} tokens: {text}"
         );
         assert!(
