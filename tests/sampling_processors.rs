@@ -478,3 +478,47 @@ fn structured_outputs_keep_batch_invariance() {
         "{digits:?}"
     );
 }
+
+/// A grammar's mask: only ids with a set bit are drawn, and ids past the
+/// mask's end (model rows beyond the tokenizer's vocabulary) never are.
+#[test]
+fn a_mask_allows_only_its_tokens_and_nothing_past_its_end() {
+    let vocab = 64;
+    // One word: ids 0..32 only; ids 1, 3 and 20 allowed.
+    let mask = [(1u32 << 1) | (1 << 3) | (1 << 20)];
+    let mut row: Vec<f32> = (0..vocab).map(|i| i as f32 / 8.0).collect();
+    row[40] = 50.0; // the model's favourite, past the mask
+    let mut counts = [0usize; 64];
+    let mut workspace = SamplingWorkspace::new(vocab);
+    for seed in 0..3000 {
+        let params = SamplingParams {
+            seed: Some(seed),
+            ..SamplingParams::default()
+        };
+        let mut sampler = Sampler::new(&params).unwrap();
+        counts[sampler
+            .sample_masked(&row, Some(&mask), &mut workspace)
+            .unwrap() as usize] += 1;
+    }
+    // Reference: softmax over the allowed logits only.
+    let allowed = [1usize, 3, 20];
+    let total: f64 = allowed.iter().map(|&i| f64::from(row[i]).exp()).sum();
+    for (id, &count) in counts.iter().enumerate() {
+        let want = if allowed.contains(&id) {
+            f64::from(row[id]).exp() / total
+        } else {
+            0.0
+        };
+        let got = count as f64 / 3000.0;
+        assert!((got - want).abs() < 0.03, "token {id}: {got} vs {want}");
+        if want == 0.0 {
+            assert_eq!(count, 0, "token {id} is masked");
+        }
+    }
+    // Greedy takes the best allowed token.
+    let mut greedy = Sampler::new(&SamplingParams::greedy(1)).unwrap();
+    assert_eq!(
+        greedy.sample_masked(&row, Some(&mask), &mut workspace),
+        Ok(20)
+    );
+}
