@@ -85,6 +85,35 @@ def main():
     check(streamed_text == message.content, "streamed chat text equals the blocking one")
     check(finish == "length", f"streamed chat finish reason: {finish}")
 
+    # Log-probabilities in OpenAI's shapes, read through the client's types.
+    chat = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = chat.choices[0].logprobs.content
+    check(len(content) == chat.usage.completion_tokens, f"one logprob per chat token: {len(content)}")
+    for entry in content:
+        top = entry.top_logprobs
+        check(len(top) == 3, f"3 alternatives: {top}")
+        check(
+            all(a.logprob >= b.logprob for a, b in zip(top, top[1:])),
+            "alternatives most likely first",
+        )
+        check(top[0].logprob == entry.logprob, "greedy token is the top-1")
+        check(bytes(entry.bytes) == entry.token.encode(), "bytes are the token's UTF-8")
+    completion = client.completions.create(
+        model=model, prompt=prompt, max_tokens=1, temperature=0, logprobs=2, echo=True
+    )
+    lp = completion.choices[0].logprobs
+    check(lp.token_logprobs[0] is None, "echo: the first prompt token has no logprob")
+    check(
+        len(lp.tokens) == completion.usage.prompt_tokens + 1,
+        f"echo: prompt and generated tokens: {len(lp.tokens)}",
+    )
+    check(completion.choices[0].text.startswith(prompt), "echo: the prompt is prepended")
+    check(all(len(t) <= 2 for t in lp.top_logprobs[1:]), "at most 2 alternatives")
+    batch = client.completions.create(model=model, prompt=[prompt, "Hi"], max_tokens=3, temperature=0)
+    check([c.index for c in batch.choices] == [0, 1], "a batch of prompts gives a choice each")
+
     # Errors arrive as the client's typed exceptions.
     try:
         client.completions.create(model="no-such-model", prompt=prompt, max_tokens=2)

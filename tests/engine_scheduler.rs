@@ -44,6 +44,7 @@ fn request(prompt_len: usize, seed: u32, max_tokens: usize) -> Request {
         params: SamplingParams::greedy(max_tokens),
         prompt_logits: false,
         ignore_eos: true,
+        logprobs: Default::default(),
     }
 }
 
@@ -73,7 +74,7 @@ fn serve<B: Backend>(engine: &mut Engine<'_, B>, requests: &[Request]) -> Vec<Ve
                     Event::Finished { reason, .. } => {
                         assert_eq!(reason, FinishReason::Length)
                     }
-                    Event::PromptLogits { .. } => {}
+                    Event::PromptLogits { .. } | Event::PromptLogprob { .. } => {}
                     Event::Failed { message } => panic!("failed: {message}"),
                 }
             }

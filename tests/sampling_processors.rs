@@ -407,6 +407,7 @@ fn every_parameter_keeps_batch_invariance() {
         },
         prompt_logits: false,
         ignore_eos: false,
+        logprobs: Default::default(),
     };
     let alone = serve(&mut engine, &[request(11, 0)]);
     let others: Vec<Request> = (1..5).map(|i| request(100 + i, i as u32)).collect();
@@ -452,6 +453,7 @@ fn structured_outputs_keep_batch_invariance() {
         },
         prompt_logits: false,
         ignore_eos: false,
+        logprobs: Default::default(),
     };
     let regex = "[a-z]{3,8}( [a-z]{2,6}){1,3}";
     let alone = serve(&mut engine, &[request(5, Some(regex))]);

@@ -311,7 +311,10 @@ fn the_official_client_gets_json_valid_against_each_schema() {
 /// One row of the README's table of request fields.
 struct FieldRow {
     field: String,
-    example: Value,
+    /// What completions and chat are sent for the field.
+    examples: [Value; 2],
+    /// Fields sent along where the field is supported (`with {...}`).
+    along: Value,
     completions: String,
     chat: String,
 }
@@ -325,11 +328,23 @@ fn readme_fields() -> Vec<FieldRow> {
         .filter(|line| line.starts_with("| `"))
         .map(|line| {
             let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-            let unquote = |cell: &str| cell.trim_matches('`').to_string();
+            let unquote = |cell: &str| cell.trim().trim_matches('`').to_string();
+            let parse = |text: &str| -> Value {
+                serde_json::from_str(&unquote(text))
+                    .unwrap_or_else(|e| panic!("example {text} of {}: {e}", cells[1]))
+            };
+            let (examples, along) = match cells[2].split_once(" with ") {
+                Some((examples, along)) => (examples, parse(along)),
+                None => (cells[2], json!({})),
+            };
+            let examples = match examples.split_once(" / ") {
+                Some((completions, chat)) => [parse(completions), parse(chat)],
+                None => [parse(examples), parse(examples)],
+            };
             FieldRow {
                 field: unquote(cells[1]),
-                example: serde_json::from_str(&unquote(cells[2]))
-                    .unwrap_or_else(|e| panic!("example of {}: {e}", cells[1])),
+                examples,
+                along,
                 completions: cells[3].to_string(),
                 chat: cells[4].to_string(),
             }
@@ -344,9 +359,9 @@ fn the_readme_table_of_request_fields_holds() {
     assert!(rows.len() > 60, "the table has {} rows", rows.len());
     let server = Server::start(&[]);
     for row in &rows {
-        for (route, status) in [
-            ("/v1/completions", &row.completions),
-            ("/v1/chat/completions", &row.chat),
+        for (route, status, example) in [
+            ("/v1/completions", &row.completions, &row.examples[0]),
+            ("/v1/chat/completions", &row.chat, &row.examples[1]),
         ] {
             let mut body = if route == "/v1/completions" {
                 json!({"prompt": PROMPT})
@@ -355,7 +370,12 @@ fn the_readme_table_of_request_fields_holds() {
             };
             body["max_tokens"] = json!(2);
             body["temperature"] = json!(0);
-            body[row.field.as_str()] = row.example.clone();
+            if status == "supported" {
+                for (k, v) in row.along.as_object().unwrap() {
+                    body[k] = v.clone();
+                }
+            }
+            body[row.field.as_str()] = example.clone();
             let reply = server.post(route, &body);
             match status.as_str() {
                 "supported" => assert_eq!(

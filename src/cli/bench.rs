@@ -237,6 +237,7 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
                     params: SamplingParams::greedy(args.generate),
                     prompt_logits: false,
                     ignore_eos: true,
+                    logprobs: Default::default(),
                 },
                 Box::new(tx),
             )?;

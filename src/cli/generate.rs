@@ -121,6 +121,7 @@ fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitC
             params,
             prompt_logits: args.logits_out.is_some(),
             ignore_eos: args.ignore_eos,
+            logprobs: Default::default(),
         },
         Box::new(tx),
     )?;
@@ -144,7 +145,9 @@ fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitC
         engine.step()?;
         while let Ok(event) = rx.try_recv() {
             match event {
-                Event::Token { id, text: piece } => {
+                Event::Token {
+                    id, text: piece, ..
+                } => {
                     first_token_at.get_or_insert_with(Instant::now);
                     tokens.push(id);
                     if !args.json {
@@ -169,6 +172,7 @@ fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitC
                     finish = reason;
                     break 'steps;
                 }
+                Event::PromptLogprob { .. } => {}
                 Event::Failed { message } => bail!("generation failed: {message}"),
             }
         }

@@ -20,6 +20,7 @@ use rayon::prelude::*;
 
 use super::grammar::{Constraint, GrammarError, TokenMask};
 use super::kv_blocks::BlockAllocator;
+use super::logprobs::{TokenLogprob, token_logprob};
 use super::sampling::{Sampler, SamplingError, SamplingWorkspace};
 use super::sequence::{Event, EventSink, FinishReason, Request, SeqId, Sequence, TextState};
 use crate::backend::Backend;
@@ -44,6 +45,11 @@ pub enum AdmissionError {
     PromptTooLong { prompt: usize, max_model_len: usize },
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
     TokenOutOfRange { id: u32, vocab: usize },
+    #[error(
+        "{count} log-probability alternatives asked for; at most {max} are reported",
+        max = super::logprobs::MAX_TOP_LOGPROBS
+    )]
+    TooManyLogprobs { count: usize },
     #[error(transparent)]
     Sampling(#[from] SamplingError),
 }
@@ -170,6 +176,9 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         mut request: Request,
         sink: Box<dyn EventSink>,
     ) -> Result<SeqId, AdmissionError> {
+        if let Some(count) = request.logprobs.too_many() {
+            return Err(AdmissionError::TooManyLogprobs { count });
+        }
         if request.prompt.is_empty() {
             return Err(AdmissionError::EmptyPrompt);
         }
@@ -204,6 +213,9 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             constraint,
             prompt_logits: request.prompt_logits,
             ignore_eos: request.ignore_eos,
+            logprobs: request.logprobs,
+            prompt_logprobs_next: 1,
+            stop_logprob: None,
             sink,
             text,
             finished: None,
@@ -296,6 +308,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         seq.sink.send(Event::Finished {
             reason,
             text,
+            stop_logprob: seq.stop_logprob.take(),
             prompt_tokens: seq.prompt_len,
             completion_tokens,
         });
@@ -364,7 +377,8 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             }
             let seq = &self.running[index];
             let reaches_end = computed + chunk == seq.tokens.len();
-            let logits = if seq.prompt_logits && computed < seq.prompt_len {
+            let wants_prompt_rows = seq.prompt_logits || seq.wants_prompt_logprobs();
+            let logits = if wants_prompt_rows && computed < seq.prompt_len {
                 Logits::All
             } else if reaches_end {
                 Logits::Last
@@ -491,6 +505,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                             values: logits.to_vec(),
                         });
                     }
+                    report_prompt_logprob(seq, position, logits);
                     if !samples {
                         continue;
                     }
@@ -520,9 +535,15 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                     match seq.sampler.sample_masked(logits, mask.as_deref(), sampling) {
                         Ok(token) => {
                             sampled += 1;
+                            // From the raw row, before any processing (vLLM's default).
+                            let logprob = seq
+                                .logprobs
+                                .sampled
+                                .map(|n| token_logprob(logits, token, n));
                             accept_token(
                                 seq,
                                 token,
+                                logprob,
                                 tokenizer.as_deref(),
                                 eos,
                                 limits.max_model_len,
@@ -600,11 +621,30 @@ fn fail_one(seq: &mut Sequence, message: &str) {
     seq.finished = Some(FinishReason::Aborted);
 }
 
+/// Reports the log-probability of the prompt token after `position`, whose
+/// logits `row` holds, if the request asked for it and it was not reported
+/// before: the row is reduced here and nothing of it is kept.
+fn report_prompt_logprob(seq: &mut Sequence, position: usize, row: &[f32]) {
+    let Some(n) = seq.logprobs.prompt else {
+        return;
+    };
+    let next = position + 1;
+    if next < seq.prompt_len && next == seq.prompt_logprobs_next {
+        let logprob = token_logprob(row, seq.tokens[next], n);
+        seq.prompt_logprobs_next = next + 1;
+        seq.sink.send(Event::PromptLogprob {
+            position: next,
+            logprob,
+        });
+    }
+}
+
 /// Appends a sampled token, emits its text, and decides whether the
 /// sequence is done.
 fn accept_token(
     seq: &mut Sequence,
     token: u32,
+    logprob: Option<TokenLogprob>,
     tokenizer: Option<&Tokenizer>,
     eos: &[u32],
     max_model_len: usize,
@@ -612,13 +652,18 @@ fn accept_token(
     seq.tokens.push(token);
     let stop_token = seq.params.stop_token_ids.contains(&token);
     if (!seq.ignore_eos && eos.contains(&token)) || stop_token {
+        seq.stop_logprob = logprob;
         // The token that ended the text is not part of it, unless asked for.
         if stop_token && seq.params.include_stop_str_in_output {
             let text = match (&mut seq.text, tokenizer) {
                 (Some(state), Some(t)) => state.push(t, token).unwrap_or_default().0,
                 _ => String::new(),
             };
-            seq.sink.send(Event::Token { id: token, text });
+            seq.sink.send(Event::Token {
+                id: token,
+                text,
+                logprob: seq.stop_logprob.take(),
+            });
         }
         seq.finished = Some(FinishReason::Stop);
         return;
@@ -635,7 +680,11 @@ fn accept_token(
         (Some(state), Some(t)) => state.push(t, token).unwrap_or_default(),
         _ => (String::new(), false),
     };
-    if !seq.sink.send(Event::Token { id: token, text }) {
+    if !seq.sink.send(Event::Token {
+        id: token,
+        text,
+        logprob,
+    }) {
         seq.finished = Some(FinishReason::Aborted);
     } else if stopped || grammar_done {
         seq.finished = Some(FinishReason::Stop);

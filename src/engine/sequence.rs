@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::grammar::Constraint;
+use super::logprobs::{LogprobRequest, TokenLogprob};
 use super::sampling::{Sampler, SamplingParams};
 use crate::text::{StopMatcher, StopStep, StreamDecoder, TextError, Tokenizer};
 
@@ -18,6 +19,8 @@ pub struct Request {
     pub prompt_logits: bool,
     /// Keep generating past end-of-sequence tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Log-probabilities to report, of sampled and of prompt tokens.
+    pub logprobs: LogprobRequest,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -46,14 +49,30 @@ impl FinishReason {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A sampled token and the text it completes; `text` may be empty while
-    /// a partial character or a possible stop string is held back.
-    Token { id: u32, text: String },
+    /// a partial character or a possible stop string is held back. With
+    /// `logprob` when the request asked for sampled tokens' log-probabilities.
+    Token {
+        id: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// The log-probability of prompt token `logprob.id` at `position` (1 or
+    /// more: the first prompt token has no context), given the tokens
+    /// before it. Sent in position order, each once, before any `Token`.
+    PromptLogprob {
+        position: usize,
+        logprob: TokenLogprob,
+    },
     /// Logits of prompt positions `first..first + values.len() / vocab`.
     PromptLogits { first: usize, values: Vec<f32> },
-    /// The request ended; held-back text, if any, is in `text`.
+    /// The request ended; held-back text, if any, is in `text`. When it
+    /// ended on an end-of-sequence token (which has no text and no `Token`
+    /// event) and sampled log-probabilities were asked for, that token's
+    /// are in `stop_logprob`.
     Finished {
         reason: FinishReason,
         text: String,
+        stop_logprob: Option<TokenLogprob>,
         prompt_tokens: usize,
         completion_tokens: usize,
     },
@@ -143,6 +162,12 @@ pub(crate) struct Sequence {
     pub constraint: Option<Constraint>,
     pub prompt_logits: bool,
     pub ignore_eos: bool,
+    pub logprobs: LogprobRequest,
+    /// The next prompt position whose log-probability is to be reported
+    /// (each once, even when a preempted sequence is recomputed).
+    pub prompt_logprobs_next: usize,
+    /// The log-probabilities of the end-of-sequence token that ended it.
+    pub stop_logprob: Option<TokenLogprob>,
     pub sink: Box<dyn EventSink>,
     pub text: Option<TextState>,
     /// Set when the sequence is done; it leaves the engine at the next step.
@@ -152,6 +177,11 @@ pub(crate) struct Sequence {
 impl Sequence {
     pub fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    /// Whether prompt log-probabilities are still to be reported.
+    pub fn wants_prompt_logprobs(&self) -> bool {
+        self.logprobs.prompt.is_some() && self.prompt_logprobs_next < self.prompt_len
     }
 
     /// Tokens still to run through the model before the next sample.

@@ -15,7 +15,7 @@ use crate::checkpoint::config::ModelConfig;
 use crate::geometry::Architecture;
 use crate::plan::Plan;
 use crate::plan::ledger::Category;
-use crate::plan::memory::activation_elements;
+use crate::plan::memory::{LOGITS, PROMPT_LOGITS, activation_elements};
 use crate::step::StepBatch;
 use rope::Rope;
 pub use source::WeightSource;
@@ -195,21 +195,27 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
             &mut st.normed,
         )?;
 
-        // Logits only for the rows that are sampled (or asked for).
+        // Logits only for the rows that are sampled (or asked for): up to
+        // max_num_seqs rows at a time in `logits`, or, when prompt rows are
+        // asked for too, in the planned `prompt_logits` chunk buffer.
         b.compact_rows(&mut st.normed, &st.step, h)?;
         let wanted = batch.logit_rows.len();
+        let (out, chunk) = match &mut st.prompt_logits {
+            Some(buffer) if wanted > st.max_seqs => (buffer, st.prompt_logit_rows),
+            _ => (&mut st.logits, st.max_seqs),
+        };
         let mut first = 0;
         while first < wanted {
-            let count = (wanted - first).min(st.max_seqs);
+            let count = (wanted - first).min(chunk);
             b.matmul(&mut [Matmul {
                 x: &st.normed,
                 x_row: first,
                 rows: count,
                 w: &self.lm_head,
                 bias: None,
-                out: &mut st.logits,
+                out: &mut *out,
             }])?;
-            b.read(&st.logits, count * s.vocab_size, &mut |values| {
+            b.read(out, count * s.vocab_size, &mut |values| {
                 on_logits(first, count, values)
             })?;
             first += count;
@@ -384,6 +390,10 @@ pub struct Buffers<B: Backend> {
     pub dense_gate: Option<B::Buffer>,
     pub dense_up: Option<B::Buffer>,
     pub logits: B::Buffer,
+    /// Rows of prompt logits computed at once, where the plan has a
+    /// `prompt_logits` buffer (more rows than `logits`).
+    pub prompt_logits: Option<B::Buffer>,
+    pub prompt_logit_rows: usize,
     pub step: B::Step,
     pub workspace: B::Workspace,
     pub kv: B::KvCache,
@@ -409,6 +419,8 @@ impl<B: Backend> Buffers<B> {
             Ok(b.alloc(Category::Activations, name, elements)?)
         };
         let dense = find("dense_gate").is_some();
+        let vocab = plan.model.vocab_size.max(1);
+        let prompt_logit_rows = find(PROMPT_LOGITS).map_or(0, |elements| elements / vocab);
         Ok(Buffers {
             max_rows: t,
             max_seqs: s,
@@ -431,7 +443,13 @@ impl<B: Backend> Buffers<B> {
             } else {
                 None
             },
-            logits: alloc("logits")?,
+            logits: alloc(LOGITS)?,
+            prompt_logits: if prompt_logit_rows > 0 {
+                Some(alloc(PROMPT_LOGITS)?)
+            } else {
+                None
+            },
+            prompt_logit_rows,
             step: b.step_storage(&plan.step_metadata)?,
             workspace: b.workspace(&plan.moe_workspace)?,
             kv: b.kv_cache(kv, plan.model.num_layers)?,

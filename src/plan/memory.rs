@@ -243,12 +243,57 @@ pub fn activations(
         buffers.push(buffer("dense_gate", t * i * ACTIVATION_BYTES));
         buffers.push(buffer("dense_up", t * i * ACTIVATION_BYTES));
     }
-    buffers.push(buffer("logits", s * g.vocab_size as u64 * ACTIVATION_BYTES));
+    buffers.push(buffer(LOGITS, s * g.vocab_size as u64 * ACTIVATION_BYTES));
+    let prompt = prompt_logprobs(g, tokens, seqs);
+    if prompt.buffer == PROMPT_LOGITS {
+        buffers.push(buffer(PROMPT_LOGITS, prompt.chunk_bytes));
+    }
     let step = StepMetadataPlan::new(tokens, seqs, blocks_per_seq as usize);
     buffers.push(buffer(STEP_METADATA, step.bytes));
     Activations {
         bytes: buffers.iter().map(|b| b.bytes).sum(),
         buffers,
+    }
+}
+
+/// The activation buffer the sampled rows' logits go to: `max_num_seqs`
+/// rows.
+pub const LOGITS: &str = "logits";
+/// The activation buffer prompt rows' logits go to when a step asks for
+/// more rows than [`LOGITS`] holds (see [`prompt_logprobs`]).
+pub const PROMPT_LOGITS: &str = "prompt_logits";
+/// Rows of logits computed at once for prompt log-probabilities: 64 rows
+/// make one lm_head pass over the weights serve 64 prompt positions, for
+/// 64 × vocab × 4 bytes (37 MiB at Qwen3's vocabulary of 151936).
+pub const PROMPT_LOGPROB_CHUNK_ROWS: usize = 64;
+
+/// What prompt log-probabilities (`echo` with `logprobs`, vLLM's
+/// `prompt_logprobs`) cost. They need the logits of every prompt row, not
+/// only the last: the model computes them `chunk_rows` rows at a time
+/// (`min(64, max_num_batched_tokens)`, at least `max_num_seqs`) into a
+/// planned buffer, [`PROMPT_LOGITS`] (or [`LOGITS`] where that already
+/// holds as many rows), and the engine reduces each row at once to the
+/// prompt token's log-probability, rank and at most 20 alternatives, so
+/// nothing more is held, whatever the prompt's length. `unchunked_bytes` is
+/// what one step's rows would take at once (`max_num_batched_tokens × vocab`
+/// f32), which is never allocated.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PromptLogprobsPlan {
+    /// The buffer they are computed in.
+    pub buffer: &'static str,
+    pub chunk_rows: u64,
+    pub chunk_bytes: u64,
+    pub unchunked_bytes: u64,
+}
+
+pub fn prompt_logprobs(g: &ModelGeometry, tokens: usize, seqs: usize) -> PromptLogprobsPlan {
+    let row = g.vocab_size as u64 * ACTIVATION_BYTES;
+    let rows = PROMPT_LOGPROB_CHUNK_ROWS.min(tokens).max(seqs);
+    PromptLogprobsPlan {
+        buffer: if rows > seqs { PROMPT_LOGITS } else { LOGITS },
+        chunk_rows: rows as u64,
+        chunk_bytes: rows as u64 * row,
+        unchunked_bytes: tokens as u64 * row,
     }
 }
 
@@ -654,6 +699,33 @@ mod tests {
         assert_eq!(format_limit(3 << 30), "3.00 GiB");
         let h = headroom(&host, 0, 0);
         assert_eq!(h.usable_phrase(), "1.00 GiB usable");
+    }
+
+    #[test]
+    fn prompt_logprobs_cost_the_logits_buffer_not_a_step_of_rows() {
+        // Qwen3-30B-A3B: vocab 151936, max_num_seqs 16, 8192 tokens a step.
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("profiles/qwen3-30b-a3b-bf16.toml");
+        let profile = super::super::profile::Profile::load(&path).unwrap();
+        let g = profile.model.geometry();
+        assert_eq!(g.vocab_size, 151_936);
+        assert_eq!(profile.serving.max_num_seqs, 16);
+        let p = prompt_logprobs(&g, 8192, 16);
+        assert_eq!(p.buffer, PROMPT_LOGITS);
+        assert_eq!(p.chunk_rows, 64);
+        assert_eq!(p.chunk_bytes, 64 * 151_936 * 4); // 37.1 MiB
+        assert_eq!(p.unchunked_bytes, 8192 * 151_936 * 4); // 4.64 GiB
+        let a = activations(&g, 8192, 16, 4096, 16);
+        let bytes = |name: &str| a.buffers.iter().find(|b| b.name == name).map(|b| b.bytes);
+        assert_eq!(bytes(PROMPT_LOGITS), Some(p.chunk_bytes));
+        assert_eq!(bytes(LOGITS), Some(16 * 151_936 * 4));
+        // Where the sampled rows' buffer holds as many, it is reused.
+        let p = prompt_logprobs(&g, 8192, 128);
+        assert_eq!((p.buffer, p.chunk_rows), (LOGITS, 128));
+        let a = activations(&g, 8192, 128, 4096, 16);
+        assert!(a.buffers.iter().all(|b| b.name != PROMPT_LOGITS));
+        // Never more rows than a step has.
+        assert_eq!(prompt_logprobs(&g, 5, 4).chunk_rows, 5);
     }
 
     #[test]

@@ -117,6 +117,8 @@ pub struct Plan {
     pub weights: WeightsPlan,
     pub moe_workspace: MoeWorkspace,
     pub activations: Activations,
+    /// Where prompt log-probabilities are computed, and what they cost.
+    pub prompt_logprobs: memory::PromptLogprobsPlan,
     pub runtime_overhead: RuntimeOverhead,
     pub kv_cache: KvPlan,
     /// The step metadata (also the activation buffer `step_metadata`).
@@ -276,6 +278,7 @@ pub fn compute(
             groups: weights.groups,
         },
         moe_workspace: workspace,
+        prompt_logprobs: memory::prompt_logprobs(&g, s.max_num_batched_tokens, s.max_num_seqs),
         activations,
         runtime_overhead: memory::runtime_overhead(&g, s.max_num_seqs, device, overhead),
         kv_cache: KvPlan {

@@ -103,6 +103,20 @@ pub fn render(plan: &Plan) -> String {
         format_size(ws.per_layer_total_bytes),
     );
     row(&mut out, "activations", format_size(plan.activations.bytes));
+    let pl = &plan.prompt_logprobs;
+    row(
+        &mut out,
+        &format!("  {}: {} prompt rows at once", pl.buffer, pl.chunk_rows),
+        format_size(pl.chunk_bytes),
+    );
+    row(
+        &mut out,
+        &format!(
+            "    (all {} at once would be)",
+            plan.serving.max_num_batched_tokens
+        ),
+        format_size(pl.unchunked_bytes),
+    );
     row(
         &mut out,
         "runtime overhead",

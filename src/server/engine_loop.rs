@@ -6,10 +6,10 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::backend::Backend;
-use crate::engine::{AdmissionError, Engine, Event, Request, SeqId};
+use crate::engine::{AdmissionError, Engine, EventSink, Request, SeqId};
 
 /// Why a submission was refused.
 #[derive(Debug)]
@@ -22,7 +22,8 @@ pub enum SubmitError {
 pub enum Command {
     Submit {
         request: Request,
-        events: mpsc::UnboundedSender<Event>,
+        /// Where the request's events go (the handler's channel).
+        events: Box<dyn EventSink>,
         reply: oneshot::Sender<Result<SeqId, SubmitError>>,
     },
 }
@@ -151,7 +152,7 @@ fn handle<B: Backend>(engine: &mut Engine<'_, B>, command: Command, max_queue: u
                 Err(SubmitError::QueueFull)
             } else {
                 engine
-                    .add_request(request, Box::new(events))
+                    .add_request(request, events)
                     .map_err(SubmitError::Admission)
             };
             // The client may have left already; its sequence then ends at the next step.

@@ -34,6 +34,15 @@ pub const MAX_STOP_TOKEN_IDS: usize = 256;
 pub const MAX_GRAMMAR_BYTES: usize = 64 << 10;
 /// Choices per request (`n`): one.
 pub const MAX_N: u32 = 1;
+/// Prompts of one batched completions request (`prompt` as a list); each is
+/// its own engine request and choice.
+pub const MAX_PROMPTS: usize = 64;
+/// The prompts of a batch hold at most this many times `max_model_len`
+/// tokens together.
+pub const BATCH_TOKENS_PER_MODEL_LEN: usize = 4;
+/// Alternatives per position (`logprobs`, `top_logprobs`,
+/// `prompt_logprobs`): OpenAI's limit.
+pub const MAX_TOP_LOGPROBS: usize = crate::engine::MAX_TOP_LOGPROBS;
 /// The body may hold the largest prompt this many times over (JSON's
 /// `\uXXXX` escapes: six bytes for a two- or three-byte character).
 const BODY_PER_PROMPT_BYTE: usize = 3;
@@ -66,6 +75,11 @@ pub struct RequestLimits {
     pub max_logit_bias: usize,
     pub max_stop_token_ids: usize,
     pub max_grammar_bytes: usize,
+    pub max_prompts: usize,
+    /// Token ids of all the prompts of a batch together:
+    /// `4 × max_model_len`.
+    pub max_batch_prompt_tokens: usize,
+    pub max_top_logprobs: usize,
 }
 
 impl RequestLimits {
@@ -89,6 +103,9 @@ impl RequestLimits {
             max_logit_bias: MAX_LOGIT_BIAS,
             max_stop_token_ids: MAX_STOP_TOKEN_IDS,
             max_grammar_bytes: MAX_GRAMMAR_BYTES,
+            max_prompts: MAX_PROMPTS,
+            max_batch_prompt_tokens: max_model_len.saturating_mul(BATCH_TOKENS_PER_MODEL_LEN),
+            max_top_logprobs: MAX_TOP_LOGPROBS,
         }
     }
 
@@ -180,6 +197,47 @@ impl RequestLimits {
             self.max_prompt_tokens,
             Some("prompt"),
         )
+    }
+
+    /// The number of prompts of a batch, before any is tokenized.
+    pub fn check_prompt_count(&self, count: usize) -> Result<(), ApiError> {
+        at_most(
+            "max_prompts",
+            "the number of prompts",
+            count,
+            self.max_prompts,
+            Some("prompt"),
+        )
+    }
+
+    /// The token ids of a batch's prompts so far, together.
+    pub fn check_batch_tokens(&self, total: usize) -> Result<(), ApiError> {
+        at_most(
+            "max_batch_prompt_tokens",
+            "the prompts' number of tokens together",
+            total,
+            self.max_batch_prompt_tokens,
+            Some("prompt"),
+        )
+    }
+
+    /// A count of log-probability alternatives, in `field`: 0 to 20.
+    pub fn check_top_logprobs(&self, field: &'static str, value: i64) -> Result<usize, ApiError> {
+        if value < 0 {
+            return Err(ApiError::invalid(
+                format!("`{field}` must be at least 0, got {value}"),
+                Some(field),
+            ));
+        }
+        let value = usize::try_from(value).unwrap_or(usize::MAX);
+        at_most(
+            "max_top_logprobs",
+            &format!("`{field}`"),
+            value,
+            self.max_top_logprobs,
+            Some(field),
+        )?;
+        Ok(value)
     }
 
     /// A text prompt (or a rendered chat prompt), before tokenizing.
@@ -322,6 +380,20 @@ mod tests {
             Some("max_prompt_tokens")
         );
         assert!(l.check_prompt_ids(1023).is_ok());
+        assert_eq!(
+            l.check_prompt_count(65).unwrap_err().code,
+            Some("max_prompts")
+        );
+        assert!(l.check_prompt_count(64).is_ok());
+        assert_eq!(
+            l.check_batch_tokens(4097).unwrap_err().code,
+            Some("max_batch_prompt_tokens")
+        );
+        let e = l.check_top_logprobs("top_logprobs", 21).unwrap_err();
+        assert_eq!(e.code, Some("max_top_logprobs"));
+        assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+        assert!(l.check_top_logprobs("logprobs", -1).is_err());
+        assert_eq!(l.check_top_logprobs("logprobs", 20).unwrap(), 20);
     }
 
     #[test]

@@ -77,6 +77,7 @@ pub fn serve_greedy<'w, B: Backend + 'w>(
                     params: SamplingParams::greedy(max_tokens),
                     prompt_logits: true,
                     ignore_eos: true,
+                    logprobs: Default::default(),
                 },
                 Box::new(tx),
             )
@@ -102,6 +103,7 @@ pub fn serve_greedy<'w, B: Backend + 'w>(
                     }
                     Event::Token { id, .. } => out.tokens.push(id),
                     Event::Finished { reason, .. } => out.finish = Some(reason),
+                    Event::PromptLogprob { .. } => {}
                     Event::Failed { message } => panic!("request failed: {message}"),
                 }
             }

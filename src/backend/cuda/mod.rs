@@ -39,7 +39,7 @@ use super::{
 use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight, WeightData};
 use crate::host::gpu::GpuInfo;
 use crate::plan::ledger::{Category, Charge, Ledger, WeightsResidency};
-use crate::plan::memory::{MoeWorkspace as MoeWorkspacePlan, SAMPLED_IDS};
+use crate::plan::memory::{LOGITS, MoeWorkspace as MoeWorkspacePlan, PROMPT_LOGITS, SAMPLED_IDS};
 use crate::step::StepBatch;
 use driver::{Device, DeviceMemory, guarded};
 use kernels::{Kernel, Kernels};
@@ -355,7 +355,8 @@ impl Backend for CudaBackend {
             .ledger
             .charge(category, super::f32_bytes(elements), what)?;
         // The logits are what the host reads every step.
-        CudaBuffer::allocate(&self.device, charge, elements, what == "logits")
+        let host_read = what == LOGITS || what == PROMPT_LOGITS;
+        CudaBuffer::allocate(&self.device, charge, elements, host_read)
     }
 
     fn linear<'w>(&self, w: LinearWeight<'w>) -> Result<CudaLinear<'w>, BackendError> {

@@ -8,23 +8,25 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::{mpsc, oneshot};
 
+use super::logprobs::{ChoiceLogprobs, LogprobsAsked};
 use super::outcome::Outcome;
 use super::types::{
-    ASSISTANT, AssistantMessage, ChatChoice, ChatContent, ChatInput, ChatRequest, CommonParams,
-    CompletionRequest, CompletionResponse, ModelCard, ModelList, OneOrMany, Prompt, RequestBody,
-    TextChoice,
+    ASSISTANT, AssistantMessage, ChatChoice, ChatContent, ChatInput, ChatLogprobParams,
+    ChatRequest, CommonParams, CompletionLogprobParams, CompletionRequest, CompletionResponse,
+    ModelCard, ModelList, OneOrMany, Prompt, RequestBody, TextChoice,
 };
-use super::{ResponseMeta, Route, stream};
+use super::{ChoiceMeta, ResponseMeta, Route, stream};
 use crate::engine::grammar::Constraint;
 use crate::engine::sampling::{MAX_TEMPERATURE, SamplingParams};
-use crate::engine::{AdmissionError, Event, Request};
+use crate::engine::{AdmissionError, Event, EventSink, Request};
 use crate::server::engine_loop::{Command, SubmitError};
 use crate::server::errors::ApiError;
+use crate::server::limits::RequestLimits;
 use crate::server::{ServerState, body};
 use crate::text::ChatMessage;
 
@@ -34,14 +36,31 @@ const RETRY_AFTER_SECONDS: u64 = 2;
 pub async fn models(State(state): State<Arc<ServerState>>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
-        data: vec![ModelCard {
-            id: state.config.model_name.clone(),
-            object: "model",
-            created: state.started_unix,
-            owned_by: "sparkrt",
-            max_model_len: state.config.limits.max_model_len,
-        }],
+        data: vec![model_card(&state)],
     })
+}
+
+/// `GET /v1/models/{id}`: the served model's card, or a 404 in OpenAI's
+/// shape for any other id.
+pub async fn model(
+    State(state): State<Arc<ServerState>>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    if id == state.config.model_name {
+        Ok(Json(model_card(&state)))
+    } else {
+        Err(ApiError::model_not_found(&id))
+    }
+}
+
+fn model_card(state: &ServerState) -> ModelCard {
+    ModelCard {
+        id: state.config.model_name.clone(),
+        object: "model",
+        created: state.started_unix,
+        owned_by: "sparkrt",
+        max_model_len: state.config.limits.max_model_len,
+    }
 }
 
 /// Unknown routes answer in OpenAI's error shape too.
@@ -117,11 +136,55 @@ fn admit(state: &ServerState) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A request the engine took: its answer's metadata and its events.
+/// A request the engine took: its answer's metadata and its choices'
+/// events, tagged with the choice's index.
 struct Submitted {
     meta: ResponseMeta,
-    events: mpsc::UnboundedReceiver<Event>,
+    events: mpsc::UnboundedReceiver<(usize, Event)>,
     stream: bool,
+}
+
+/// A parsed request, its prompts tokenized.
+struct Prepared {
+    common: CommonParams,
+    prompts: Vec<PreparedPrompt>,
+    logprobs: LogprobsAsked,
+    echo: bool,
+}
+
+/// One prompt (one choice): its ids and, to echo, its text.
+struct PreparedPrompt {
+    ids: Vec<u32>,
+    text: Option<String>,
+}
+
+impl PreparedPrompt {
+    fn from_text(state: &ServerState, text: String) -> Result<PreparedPrompt, ApiError> {
+        Ok(PreparedPrompt {
+            ids: encode(state, &text)?,
+            text: Some(text),
+        })
+    }
+
+    fn from_ids(state: &ServerState, ids: Vec<u32>) -> Result<PreparedPrompt, ApiError> {
+        state.request_limits.check_prompt_ids(ids.len())?;
+        Ok(PreparedPrompt { ids, text: None })
+    }
+}
+
+/// Routes where a request sends events tagged with its choice's index.
+struct IndexedSink {
+    index: usize,
+    events: mpsc::UnboundedSender<(usize, Event)>,
+}
+
+impl EventSink for IndexedSink {
+    fn send(&mut self, event: Event) -> bool {
+        self.events.send((self.index, event)).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        self.events.is_closed()
+    }
 }
 
 async fn prepare_and_submit(
@@ -130,59 +193,52 @@ async fn prepare_and_submit(
     route: Route,
 ) -> Result<Submitted, ApiError> {
     let job_state = Arc::clone(state);
-    let (common, prompt) = state
+    let prepared = state
         .prep
         .run(bytes.len(), move || prepare(&job_state, &bytes, route))
         .await??;
-    submit(state, common, prompt, route).await
+    submit(state, prepared, route).await
 }
 
 /// On the preparation pool: the body parsed and checked against the limits,
 /// then rendered and tokenized.
-fn prepare(
-    state: &ServerState,
-    bytes: &[u8],
-    route: Route,
-) -> Result<(CommonParams, Vec<u32>), ApiError> {
+fn prepare(state: &ServerState, bytes: &[u8], route: Route) -> Result<Prepared, ApiError> {
     let limits = &state.request_limits;
-    let (mut common, prompt) = match route {
+    let mut prepared = match route {
         Route::Completion => {
             let mut body: CompletionRequest = parse_body(bytes)?;
             body.common.sampling = std::mem::take(&mut body.sampling);
             check_common(state, &body.common)?;
-            let prompt = match body.prompt {
-                Prompt::Ids(ids) => {
-                    limits.check_prompt_ids(ids.len())?;
-                    ids
-                }
-                Prompt::Text(text) => encode(state, &text)?,
-                Prompt::Texts(texts) if texts.len() == 1 => encode(state, &texts[0])?,
-                Prompt::Texts(texts) if texts.is_empty() => {
-                    return Err(ApiError::invalid(
-                        "`prompt` must not be empty",
-                        Some("prompt"),
-                    ));
-                }
-                Prompt::Texts(_) => {
-                    return Err(ApiError::invalid(
-                        "only one prompt per request is supported",
-                        Some("prompt"),
-                    ));
-                }
-            };
-            (body.common, prompt)
+            let echo = body.logprobs.echo.unwrap_or(false);
+            let logprobs = completion_logprobs(limits, &body.logprobs)?;
+            let prompts = completion_prompts(state, body.prompt)?;
+            Prepared {
+                common: body.common,
+                prompts,
+                logprobs,
+                echo,
+            }
         }
         Route::Chat => {
             let mut body: ChatRequest = parse_body(bytes)?;
             body.common.sampling = std::mem::take(&mut body.sampling);
             check_common(state, &body.common)?;
-            let rendered = render_chat(state, body.messages)?;
-            let prompt = encode(state, &rendered)?;
-            (body.common, prompt)
+            let logprobs = chat_logprobs(limits, &body.logprobs)?;
+            let rendered = render_chat(state, body.messages, true)?;
+            let prompt = PreparedPrompt {
+                ids: encode(state, &rendered)?,
+                text: None,
+            };
+            Prepared {
+                common: body.common,
+                prompts: vec![prompt],
+                logprobs,
+                echo: false,
+            }
         }
     };
-    common.constraint = compile_grammar(state, &common)?;
-    Ok((common, prompt))
+    prepared.common.constraint = compile_grammar(state, &prepared.common)?;
+    Ok(prepared)
 }
 
 /// The structured-output fields' grammar, compiled (on the preparation
@@ -204,19 +260,115 @@ fn compile_grammar(
         .map_err(|e| ApiError::invalid(format!("{field}: {e}"), Some(field)))
 }
 
+/// A completions `prompt`, one or a batch, each tokenized; the batch's
+/// count and its tokens together are bounded before (and as) they are made.
+fn completion_prompts(
+    state: &ServerState,
+    prompt: Prompt,
+) -> Result<Vec<PreparedPrompt>, ApiError> {
+    let limits = &state.request_limits;
+    let count = match &prompt {
+        Prompt::Text(_) | Prompt::Ids(_) => 1,
+        Prompt::Texts(v) => v.len(),
+        Prompt::IdLists(v) => v.len(),
+    };
+    if count == 0 {
+        return Err(ApiError::invalid(
+            "`prompt` must not be empty",
+            Some("prompt"),
+        ));
+    }
+    limits.check_prompt_count(count)?;
+    let mut prompts = Vec::with_capacity(count);
+    let mut total = 0usize;
+    let mut add = |p: PreparedPrompt| -> Result<(), ApiError> {
+        total = total.saturating_add(p.ids.len());
+        limits.check_batch_tokens(total)?;
+        prompts.push(p);
+        Ok(())
+    };
+    match prompt {
+        Prompt::Text(text) => add(PreparedPrompt::from_text(state, text)?)?,
+        Prompt::Ids(ids) => add(PreparedPrompt::from_ids(state, ids)?)?,
+        Prompt::Texts(texts) => {
+            for text in texts {
+                add(PreparedPrompt::from_text(state, text)?)?;
+            }
+        }
+        Prompt::IdLists(lists) => {
+            for ids in lists {
+                add(PreparedPrompt::from_ids(state, ids)?)?;
+            }
+        }
+    }
+    Ok(prompts)
+}
+
+/// Completions' `logprobs` (with `echo`, the prompt's too) and vLLM's
+/// `prompt_logprobs`.
+fn completion_logprobs(
+    limits: &RequestLimits,
+    params: &CompletionLogprobParams,
+) -> Result<LogprobsAsked, ApiError> {
+    let sampled = params
+        .logprobs
+        .map(|n| limits.check_top_logprobs("logprobs", n))
+        .transpose()?;
+    let prompt = params
+        .prompt_logprobs
+        .map(|n| limits.check_top_logprobs("prompt_logprobs", n))
+        .transpose()?;
+    Ok(LogprobsAsked {
+        sampled,
+        echo: sampled.filter(|_| params.echo == Some(true)),
+        prompt,
+    })
+}
+
+/// Chat's `logprobs` and `top_logprobs` (which needs `logprobs`).
+fn chat_logprobs(
+    limits: &RequestLimits,
+    params: &ChatLogprobParams,
+) -> Result<LogprobsAsked, ApiError> {
+    let top = params
+        .top_logprobs
+        .map(|n| limits.check_top_logprobs("top_logprobs", n))
+        .transpose()?;
+    let wanted = params.logprobs == Some(true);
+    if top.is_some() && !wanted {
+        return Err(ApiError::invalid(
+            "`top_logprobs` needs `logprobs: true`",
+            Some("top_logprobs"),
+        ));
+    }
+    Ok(LogprobsAsked {
+        sampled: wanted.then(|| top.unwrap_or(0)),
+        ..LogprobsAsked::default()
+    })
+}
+
 /// The limits every route shares, and the model's name.
-fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiError> {
-    state.request_limits.check_common(common)?;
-    if let Some(model) = &common.model
+pub(super) fn check_model(state: &ServerState, model: Option<&str>) -> Result<(), ApiError> {
+    if let Some(model) = model
         && !model.is_empty()
-        && *model != state.config.model_name
+        && model != state.config.model_name
     {
         return Err(ApiError::model_not_found(model));
     }
     Ok(())
 }
 
-fn render_chat(state: &ServerState, input: Vec<ChatInput>) -> Result<String, ApiError> {
+fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiError> {
+    state.request_limits.check_common(common)?;
+    check_model(state, common.model.as_deref())
+}
+
+/// The messages rendered by the model's chat template.
+pub(super) fn render_chat(
+    state: &ServerState,
+    input: Vec<ChatInput>,
+    add_generation_prompt: bool,
+) -> Result<String, ApiError> {
     if input.is_empty() {
         return Err(ApiError::invalid(
             "`messages` must not be empty",
@@ -250,13 +402,15 @@ fn render_chat(state: &ServerState, input: Vec<ChatInput>) -> Result<String, Api
         messages.push(ChatMessage::new(m.role, content));
     }
     template
-        .render(&messages, true)
+        .render(&messages, add_generation_prompt)
         .map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))
 }
 
 /// The body as its route's struct; a field the struct does not take is
 /// refused by name (see [`super::types::Unsupported`]).
-fn parse_body<T: serde::de::DeserializeOwned + RequestBody>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(super) fn parse_body<T: serde::de::DeserializeOwned + RequestBody>(
+    bytes: &[u8],
+) -> Result<T, ApiError> {
     let body: T = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::invalid(format!("invalid request body: {e}"), None))?;
     if let Some(field) = body.unsupported().first_set() {
@@ -269,7 +423,7 @@ fn parse_body<T: serde::de::DeserializeOwned + RequestBody>(bytes: &[u8]) -> Res
 }
 
 /// Text to ids, once its length is known to fit `max_prompt_bytes`.
-fn encode(state: &ServerState, text: &str) -> Result<Vec<u32>, ApiError> {
+pub(super) fn encode(state: &ServerState, text: &str) -> Result<Vec<u32>, ApiError> {
     let tokenizer = state.config.tokenizer.as_ref().ok_or_else(|| {
         ApiError::invalid(
             "this model has no tokenizer; send token ids",
@@ -364,53 +518,75 @@ fn sampling(
 
 async fn submit(
     state: &Arc<ServerState>,
-    common: CommonParams,
-    prompt: Vec<u32>,
+    prepared: Prepared,
     route: Route,
 ) -> Result<Submitted, ApiError> {
-    let params = sampling(
-        &common,
-        prompt.len(),
-        state.config.limits.max_model_len,
-        route,
-    )?;
+    let Prepared {
+        common,
+        prompts,
+        logprobs,
+        echo,
+    } = prepared;
+    let max_model_len = state.config.limits.max_model_len;
+    let params = prompts
+        .iter()
+        .map(|p| sampling(&common, p.ids.len(), max_model_len, route))
+        .collect::<Result<Vec<_>, _>>()?;
     // The guard may have tripped while the prompt was prepared.
     if state.config.guard.tripped() {
         state.counters.rejected();
         return Err(ApiError::memory_guard(RETRY_AFTER_SECONDS));
     }
-    let prompt_len = prompt.len();
-    let prompt_ids = common.return_token_ids.then(|| prompt.clone());
+    let tokenizer = state.config.tokenizer.clone();
     let (events_tx, events) = mpsc::unbounded_channel();
-    let (reply_tx, reply) = oneshot::channel();
-    state
-        .config
-        .engine
-        .commands
-        .send(Command::Submit {
-            request: Request {
-                prompt,
-                params,
-                prompt_logits: false,
-                ignore_eos: common.ignore_eos,
-            },
-            events: events_tx,
-            reply: reply_tx,
-        })
-        .map_err(|_| ApiError::internal("the engine has stopped"))?;
-    match reply.await {
-        Ok(Ok(_)) => {}
-        Ok(Err(SubmitError::QueueFull)) => {
-            state.counters.rejected();
-            return Err(ApiError::queue_full(RETRY_AFTER_SECONDS));
-        }
-        Ok(Err(SubmitError::Admission(e))) => {
-            state.counters.rejected();
-            return Err(admission_error(e));
-        }
-        Ok(Err(SubmitError::ShuttingDown)) | Err(_) => {
-            return Err(ApiError::internal("the server is shutting down")
-                .with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE));
+    let mut choices = Vec::with_capacity(prompts.len());
+    // Each prompt is its own engine request; if one is refused, the
+    // receiver is dropped with this function and the others end at the
+    // engine's next step.
+    for (index, (prompt, params)) in prompts.into_iter().zip(params).enumerate() {
+        let echo_text = echo.then(|| match (prompt.text, &tokenizer) {
+            (Some(text), _) => text,
+            (None, Some(t)) => t.decode(&prompt.ids, false).unwrap_or_default(),
+            (None, None) => String::new(),
+        });
+        choices.push(ChoiceMeta {
+            prompt_ids: prompt.ids.clone(),
+            echo: echo_text,
+        });
+        let (reply_tx, reply) = oneshot::channel();
+        state
+            .config
+            .engine
+            .commands
+            .send(Command::Submit {
+                request: Request {
+                    prompt: prompt.ids,
+                    params,
+                    prompt_logits: false,
+                    ignore_eos: common.ignore_eos,
+                    logprobs: logprobs.engine(),
+                },
+                events: Box::new(IndexedSink {
+                    index,
+                    events: events_tx.clone(),
+                }),
+                reply: reply_tx,
+            })
+            .map_err(|_| ApiError::internal("the engine has stopped"))?;
+        match reply.await {
+            Ok(Ok(_)) => {}
+            Ok(Err(SubmitError::QueueFull)) => {
+                state.counters.rejected();
+                return Err(ApiError::queue_full(RETRY_AFTER_SECONDS));
+            }
+            Ok(Err(SubmitError::Admission(e))) => {
+                state.counters.rejected();
+                return Err(admission_error(e));
+            }
+            Ok(Err(SubmitError::ShuttingDown)) | Err(_) => {
+                return Err(ApiError::internal("the server is shutting down")
+                    .with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE));
+            }
         }
     }
     let meta = ResponseMeta {
@@ -426,8 +602,10 @@ async fn submit(
         created: unix_now(),
         model: state.config.model_name.clone(),
         route,
-        prompt_len,
-        prompt_ids,
+        choices,
+        return_token_ids: common.return_token_ids,
+        logprobs,
+        tokenizer,
         include_usage: common.stream_options.is_some_and(|o| o.include_usage),
     };
     Ok(Submitted {
@@ -445,88 +623,128 @@ fn admission_error(e: AdmissionError) -> ApiError {
     ApiError::invalid(e.to_string(), param)
 }
 
-/// The blocking answer: waits for the whole text, then answers once.
+/// One choice of a blocking answer, as its events arrive.
+struct BlockingChoice {
+    text: String,
+    ids: Vec<u32>,
+    logprobs: ChoiceLogprobs,
+    finish: Option<&'static str>,
+    completion_tokens: usize,
+}
+
+/// The blocking answer: waits for every choice's whole text, then answers
+/// once.
 async fn collect(
     meta: ResponseMeta,
-    mut events: mpsc::UnboundedReceiver<Event>,
+    mut events: mpsc::UnboundedReceiver<(usize, Event)>,
 ) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut ids = Vec::new();
-    while let Some(event) = events.recv().await {
+    let mut choices: Vec<BlockingChoice> = (0..meta.choices.len())
+        .map(|index| BlockingChoice {
+            text: meta.choices[index].echo.clone().unwrap_or_default(),
+            ids: Vec::new(),
+            logprobs: meta.choice_logprobs(index),
+            finish: None,
+            completion_tokens: 0,
+        })
+        .collect();
+    let mut open = choices.len();
+    while open > 0 {
+        let Some((index, event)) = events.recv().await else {
+            return Err(ApiError::internal("the engine dropped the request"));
+        };
+        let Some(choice) = choices.get_mut(index) else {
+            continue;
+        };
         match event {
-            Event::Token { id, text: piece } => {
-                ids.push(id);
-                text.push_str(&piece);
+            Event::Token {
+                id,
+                text: piece,
+                logprob,
+            } => {
+                choice.ids.push(id);
+                choice.text.push_str(&piece);
+                if let Some(t) = &logprob {
+                    choice.logprobs.on_token(t);
+                }
             }
+            Event::PromptLogprob { logprob, .. } => choice.logprobs.on_prompt(&logprob),
             Event::PromptLogits { .. } => {}
             Event::Finished {
                 reason,
                 text: rest,
+                stop_logprob,
                 completion_tokens,
                 ..
             } => {
-                text.push_str(&rest);
-                let completion = completion_tokens.max(ids.len());
-                return Ok(blocking_answer(
-                    meta,
-                    text,
-                    &ids,
-                    reason.as_str(),
-                    completion,
-                ));
+                choice.text.push_str(&rest);
+                if let Some(t) = &stop_logprob {
+                    choice.logprobs.on_token(t);
+                }
+                choice.completion_tokens = completion_tokens.max(choice.ids.len());
+                if choice.finish.replace(reason.as_str()).is_none() {
+                    open -= 1;
+                }
             }
             Event::Failed { message } => {
                 return Err(ApiError::internal(message));
             }
         }
     }
-    Err(ApiError::internal("the engine dropped the request"))
+    Ok(blocking_answer(meta, choices))
 }
 
 /// The one answer of a blocking request, in its route's shape.
-fn blocking_answer(
-    meta: ResponseMeta,
-    text: String,
-    ids: &[u32],
-    finish: &'static str,
-    completion_tokens: usize,
-) -> Response {
-    let usage = meta.usage(completion_tokens);
-    let ids = meta.token_ids(ids, true);
+fn blocking_answer(meta: ResponseMeta, choices: Vec<BlockingChoice>) -> Response {
+    let usage = meta.usage(choices.iter().map(|c| c.completion_tokens).sum());
     match meta.route {
-        Route::Completion => Json(CompletionResponse {
-            id: meta.id,
-            object: "text_completion",
-            created: meta.created,
-            model: meta.model,
-            choices: vec![TextChoice {
-                index: 0,
-                text,
-                logprobs: None,
-                finish_reason: Some(finish),
-                ids,
-            }],
-            usage,
-        })
-        .into_response(),
-        Route::Chat => Json(CompletionResponse {
-            id: meta.id,
-            object: "chat.completion",
-            created: meta.created,
-            model: meta.model,
-            choices: vec![ChatChoice {
-                index: 0,
-                message: AssistantMessage {
-                    role: ASSISTANT,
-                    content: text,
-                },
-                logprobs: None,
-                finish_reason: finish,
-                ids,
-            }],
-            usage,
-        })
-        .into_response(),
+        Route::Completion => {
+            let choices = choices
+                .into_iter()
+                .enumerate()
+                .map(|(index, mut c)| TextChoice {
+                    index: index as u32,
+                    logprobs: c.logprobs.take(),
+                    prompt_logprobs: c.logprobs.take_prompt(),
+                    ids: meta.token_ids(index, &c.ids, true),
+                    text: c.text,
+                    finish_reason: c.finish,
+                })
+                .collect();
+            Json(CompletionResponse {
+                id: meta.id,
+                object: "text_completion",
+                created: meta.created,
+                model: meta.model,
+                choices,
+                usage,
+            })
+            .into_response()
+        }
+        Route::Chat => {
+            let choices = choices
+                .into_iter()
+                .enumerate()
+                .map(|(index, mut c)| ChatChoice {
+                    index: index as u32,
+                    logprobs: c.logprobs.take(),
+                    ids: meta.token_ids(index, &c.ids, true),
+                    message: AssistantMessage {
+                        role: ASSISTANT,
+                        content: c.text,
+                    },
+                    finish_reason: c.finish.unwrap_or("stop"),
+                })
+                .collect();
+            Json(CompletionResponse {
+                id: meta.id,
+                object: "chat.completion",
+                created: meta.created,
+                model: meta.model,
+                choices,
+                usage,
+            })
+            .into_response()
+        }
     }
 }
 

@@ -1,23 +1,37 @@
 //! OpenAI-compatible routes: `/v1/models`, `/v1/completions`,
-//! `/v1/chat/completions`, streamed (SSE) or not.
+//! `/v1/chat/completions`, streamed (SSE) or not; and vLLM's `/tokenize`
+//! and `/detokenize`.
 //!
-//! - [`types`]: the request and answer structs (the wire);
-//! - [`sampling_types`]: the sampling and structured-output request fields;
+//! - [`types`]: the request and answer structs (the wire), with
+//!   [`logprob_types`], [`tokenize_types`] and [`sampling_types`] (the
+//!   sampling and structured-output request fields);
 //! - [`handlers`]: the axum handlers (validation, submission, blocking answers);
-//! - [`stream`]: the SSE stream of chunks.
+//! - [`stream`]: the SSE stream of chunks;
+//! - [`logprobs`]: a choice's log-probabilities in the answer's shape;
+//! - [`tokenize`]: `/tokenize`, `/detokenize`.
 
 mod handlers;
+pub mod logprob_types;
+mod logprobs;
 mod outcome;
 pub mod sampling_types;
 mod stream;
+mod tokenize;
+pub mod tokenize_types;
 pub mod types;
 
-pub use handlers::{chat_completions, completions, method_not_allowed, models, not_found};
+pub use handlers::{chat_completions, completions, method_not_allowed, model, models, not_found};
+pub use tokenize::{detokenize, tokenize};
 
+use std::sync::Arc;
+
+use logprobs::{ChoiceLogprobs, LogprobsAsked};
 use types::{ChoiceTokenIds, Usage};
 
+use crate::text::Tokenizer;
+
 /// Which route a request came from (answer shapes differ).
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Route {
     Completion,
     Chat,
@@ -29,27 +43,48 @@ struct ResponseMeta {
     created: u64,
     model: String,
     route: Route,
-    prompt_len: usize,
-    /// The prompt's token ids when the client asked for token ids
-    /// (`return_token_ids`); output ids are then reported too.
-    prompt_ids: Option<Vec<u32>>,
+    /// One per choice (a completions request may batch prompts), by index.
+    choices: Vec<ChoiceMeta>,
+    /// Whether token ids are reported (`return_token_ids`).
+    return_token_ids: bool,
+    logprobs: LogprobsAsked,
+    tokenizer: Option<Arc<Tokenizer>>,
     include_usage: bool,
 }
 
+/// What one choice's answer needs of its prompt.
+struct ChoiceMeta {
+    prompt_ids: Vec<u32>,
+    /// The prompt's text when the answer echoes it (`echo`).
+    echo: Option<String>,
+}
+
 impl ResponseMeta {
+    /// Usage summed over the choices, from each one's completion tokens.
     fn usage(&self, completion: usize) -> Usage {
-        Usage::new(self.prompt_len, completion)
+        let prompt = self.choices.iter().map(|c| c.prompt_ids.len()).sum();
+        Usage::new(prompt, completion)
     }
 
-    /// The token ids a choice carries: none unless asked for; the prompt's
-    /// only where `with_prompt`.
-    fn token_ids(&self, ids: &[u32], with_prompt: bool) -> ChoiceTokenIds {
-        match &self.prompt_ids {
-            None => ChoiceTokenIds::default(),
-            Some(prompt) => ChoiceTokenIds {
-                prompt_token_ids: with_prompt.then(|| prompt.clone()),
-                token_ids: Some(ids.to_vec()),
-            },
+    /// The token ids choice `index` carries: none unless asked for; the
+    /// prompt's only where `with_prompt`.
+    fn token_ids(&self, index: usize, ids: &[u32], with_prompt: bool) -> ChoiceTokenIds {
+        if !self.return_token_ids {
+            return ChoiceTokenIds::default();
         }
+        ChoiceTokenIds {
+            prompt_token_ids: with_prompt.then(|| self.choices[index].prompt_ids.clone()),
+            token_ids: Some(ids.to_vec()),
+        }
+    }
+
+    /// A fresh log-probability gatherer for choice `index`.
+    fn choice_logprobs(&self, index: usize) -> ChoiceLogprobs {
+        ChoiceLogprobs::new(
+            self.route,
+            self.logprobs,
+            self.tokenizer.clone(),
+            self.choices[index].prompt_ids.first().copied(),
+        )
     }
 }

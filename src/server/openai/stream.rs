@@ -10,6 +10,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use super::logprobs::ChoiceLogprobs;
 use super::outcome::Outcome;
 use super::types::{ASSISTANT, ChatChunkChoice, ChatDelta, CompletionChunk, TextChoice, Usage};
 use super::{ResponseMeta, Route};
@@ -20,59 +21,93 @@ use crate::server::errors::ApiError;
 /// Seconds between keep-alive comments while the engine is silent.
 const KEEP_ALIVE_SECONDS: u64 = 10;
 
+/// One choice's state in the stream.
+struct StreamChoice {
+    /// Ids of tokens whose text is still held back (partial characters,
+    /// possible stop strings): they go out with the next text.
+    ids: Vec<u32>,
+    logprobs: ChoiceLogprobs,
+    /// No chunk of this choice has gone out yet (the first carries the
+    /// prompt's ids, the echoed prompt and `prompt_logprobs`).
+    first: bool,
+    finished: bool,
+}
+
 pub(super) fn sse(
     state: Arc<ServerState>,
     meta: ResponseMeta,
-    mut events: mpsc::UnboundedReceiver<Event>,
+    mut events: mpsc::UnboundedReceiver<(usize, Event)>,
     mut outcome: Outcome,
 ) -> Sse<impl futures_core::Stream<Item = Result<SseEvent, Infallible>>> {
     let body = async_stream::stream! {
-        let mut first = true;
+        let mut choices: Vec<StreamChoice> = (0..meta.choices.len())
+            .map(|index| StreamChoice {
+                ids: Vec::new(),
+                logprobs: meta.choice_logprobs(index),
+                first: true,
+                finished: false,
+            })
+            .collect();
         if meta.route == Route::Chat {
-            yield Ok(meta.choice_chunk(Some(""), &[], None, true));
-            first = false;
+            for (index, choice) in choices.iter_mut().enumerate() {
+                yield Ok(meta.choice_chunk(index, choice, Some(""), None));
+            }
         }
-        // Ids of tokens whose text is still held back (partial characters,
-        // possible stop strings): they go out with the next text. Without a
-        // tokenizer there is no text at all: every token gets its chunk.
-        let mut ids = Vec::new();
+        // Without a tokenizer there is no text at all: every token gets its chunk.
         let chunk_per_token = state.config.tokenizer.is_none();
-        let mut ended = false;
-        while let Some(event) = events.recv().await {
+        let mut open = choices.len();
+        let mut completion_tokens = 0;
+        let mut failed = false;
+        while open > 0 {
+            let Some((index, event)) = events.recv().await else {
+                break;
+            };
+            let Some(choice) = choices.get_mut(index) else {
+                continue;
+            };
             match event {
-                Event::Token { id, text } => {
-                    ids.push(id);
+                Event::Token { id, text, logprob } => {
+                    choice.ids.push(id);
+                    if let Some(t) = &logprob {
+                        choice.logprobs.on_token(t);
+                    }
                     if !text.is_empty() || chunk_per_token {
-                        yield Ok(meta.choice_chunk(Some(&text), &ids, None, first));
-                        ids.clear();
-                        first = false;
+                        yield Ok(meta.choice_chunk(index, choice, Some(&text), None));
                     }
                 }
+                Event::PromptLogprob { logprob, .. } => choice.logprobs.on_prompt(&logprob),
                 Event::PromptLogits { .. } => {}
-                Event::Finished { reason, text, completion_tokens, .. } => {
-                    outcome.finished(true);
-                    if !text.is_empty() || !ids.is_empty() {
-                        yield Ok(meta.choice_chunk(Some(&text), &ids, None, first));
-                        first = false;
+                Event::Finished { reason, text, stop_logprob, completion_tokens: count, .. } => {
+                    if let Some(t) = &stop_logprob {
+                        choice.logprobs.on_token(t);
                     }
-                    yield Ok(meta.choice_chunk(None, &[], Some(reason.as_str()), first));
-                    if meta.include_usage {
-                        yield Ok(meta.usage_chunk(meta.usage(completion_tokens)));
+                    if !text.is_empty() || !choice.ids.is_empty() || stop_logprob.is_some() {
+                        yield Ok(meta.choice_chunk(index, choice, Some(&text), None));
                     }
-                    ended = true;
-                    break;
+                    yield Ok(meta.choice_chunk(index, choice, None, Some(reason.as_str())));
+                    completion_tokens += count;
+                    if !choice.finished {
+                        choice.finished = true;
+                        open -= 1;
+                    }
                 }
                 Event::Failed { message } => {
-                    outcome.finished(false);
                     yield Ok(data(&ApiError::internal(message).body()));
-                    ended = true;
+                    failed = true;
                     break;
                 }
             }
         }
-        if !ended {
+        if open == 0 {
+            outcome.finished(true);
+            if meta.include_usage {
+                yield Ok(meta.usage_chunk(meta.usage(completion_tokens)));
+            }
+        } else {
             outcome.finished(false);
-            yield Ok(data(&ApiError::internal("the engine dropped the request").body()));
+            if !failed {
+                yield Ok(data(&ApiError::internal("the engine dropped the request").body()));
+            }
         }
         yield Ok(SseEvent::default().data("[DONE]"));
     };
@@ -95,36 +130,52 @@ impl ResponseMeta {
         }
     }
 
-    /// One chunk carrying `text` and the ids of the tokens it came from (and
-    /// the finish reason at the end). The first chunk also carries the
-    /// chat role and the prompt's ids.
+    /// One chunk of choice `index` carrying `text`, the ids of the tokens it
+    /// came from and their log-probabilities (and the finish reason at the
+    /// end). The choice's first chunk also carries the chat role, the
+    /// prompt's ids, the echoed prompt and `prompt_logprobs`.
     fn choice_chunk(
         &self,
+        index: usize,
+        choice: &mut StreamChoice,
         text: Option<&str>,
-        ids: &[u32],
         finish: Option<&'static str>,
-        first: bool,
     ) -> SseEvent {
-        let ids = self.token_ids(ids, first);
+        let first = std::mem::replace(&mut choice.first, false);
+        let ids = self.token_ids(index, &choice.ids, first);
+        choice.ids.clear();
+        let logprobs = choice.logprobs.take_nonempty();
         match self.route {
-            Route::Completion => data(&self.chunk(
-                vec![TextChoice {
-                    index: 0,
-                    text: text.unwrap_or("").to_string(),
-                    logprobs: None,
-                    finish_reason: finish,
-                    ids,
-                }],
-                None,
-            )),
+            Route::Completion => {
+                let mut piece = String::new();
+                if first && let Some(echo) = &self.choices[index].echo {
+                    piece.push_str(echo);
+                }
+                piece.push_str(text.unwrap_or(""));
+                data(&self.chunk(
+                    vec![TextChoice {
+                        index: index as u32,
+                        text: piece,
+                        logprobs,
+                        finish_reason: finish,
+                        ids,
+                        prompt_logprobs: if first {
+                            choice.logprobs.take_prompt()
+                        } else {
+                            None
+                        },
+                    }],
+                    None,
+                ))
+            }
             Route::Chat => data(&self.chunk(
                 vec![ChatChunkChoice {
-                    index: 0,
+                    index: index as u32,
                     delta: ChatDelta {
                         role: first.then_some(ASSISTANT),
                         content: text.map(str::to_string),
                     },
-                    logprobs: None,
+                    logprobs,
                     finish_reason: finish,
                     ids,
                 }],

@@ -8,7 +8,9 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::logprob_types::*;
 pub use super::sampling_types::SamplingFields;
+pub use super::tokenize_types::*;
 use crate::engine::grammar::Constraint;
 
 // ---------------------------------------------------------------- requests
@@ -21,13 +23,14 @@ pub enum OneOrMany {
     Many(Vec<String>),
 }
 
-/// A prompt: text, or token ids.
+/// A prompt: text, or token ids; or a batch of either (one choice each).
 #[derive(Deserialize)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
     Texts(Vec<String>),
     Ids(Vec<u32>),
+    IdLists(Vec<Vec<u32>>),
 }
 
 /// Fields common to both routes. A field a route does not know lands in its
@@ -106,6 +109,8 @@ pub struct CompletionRequest {
     pub sampling: SamplingFields,
     pub prompt: Prompt,
     #[serde(flatten)]
+    pub logprobs: CompletionLogprobParams,
+    #[serde(flatten)]
     pub unsupported: Unsupported,
 }
 
@@ -117,6 +122,8 @@ pub struct ChatRequest {
     #[serde(flatten)]
     pub sampling: SamplingFields,
     pub messages: Vec<ChatInput>,
+    #[serde(flatten)]
+    pub logprobs: ChatLogprobParams,
     #[serde(flatten)]
     pub unsupported: Unsupported,
 }
@@ -196,11 +203,6 @@ impl Usage {
     }
 }
 
-/// Token log-probabilities. None are computed yet, so a choice's
-/// `logprobs` is always `null`; this type has no values until they are.
-#[derive(Serialize)]
-pub enum Logprobs {}
-
 /// A blocking answer: `C` is [`TextChoice`] (`object: "text_completion"`) or
 /// [`ChatChoice`] (`object: "chat.completion"`).
 #[derive(Serialize)]
@@ -250,6 +252,9 @@ pub struct TextChoice {
     pub finish_reason: Option<&'static str>,
     #[serde(flatten)]
     pub ids: ChoiceTokenIds,
+    /// vLLM's `prompt_logprobs`, when asked for (on a stream's first chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// A blocking `/v1/chat/completions` choice.
@@ -308,6 +313,7 @@ mod tests {
             logprobs: None,
             finish_reason: None,
             ids: ChoiceTokenIds::default(),
+            prompt_logprobs: None,
         };
         assert_eq!(
             serde_json::to_value(&choice).unwrap(),
