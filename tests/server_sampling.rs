@@ -239,6 +239,29 @@ fn choices_regexes_and_grammars_constrain_the_output() {
     }
 }
 
+/// Batched prompts: each prompt's choice follows its own copy of the grammar.
+#[test]
+fn each_prompt_of_a_batch_follows_the_grammar() {
+    let server = Server::start(&[]);
+    let choices = ["red", "green", "blue"];
+    let body = json!({"prompt": ["one", "two words", "three more words", "four"],
+                      "guided_choice": choices, "temperature": 1, "seed": 3,
+                      "max_tokens": 20});
+    let reply = server.post("/v1/completions", &body);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let answer = reply.json();
+    let texts: Vec<&str> = answer["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts.len(), 4);
+    for text in texts {
+        assert!(choices.contains(&text), "{text:?}");
+    }
+}
+
 #[test]
 fn json_outputs_parse_and_follow_the_schema() {
     let server = Server::start(&[]);
