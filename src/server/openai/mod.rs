@@ -3,7 +3,8 @@
 //! and `/detokenize`.
 //!
 //! - [`types`]: the request and answer structs (the wire), with
-//!   [`logprob_types`] and [`tokenize_types`];
+//!   [`logprob_types`], [`tokenize_types`] and [`sampling_types`] (the
+//!   sampling and structured-output request fields);
 //! - [`handlers`]: the axum handlers (validation, submission, blocking answers);
 //! - [`stream`]: the SSE stream of chunks;
 //! - [`logprobs`]: a choice's log-probabilities in the answer's shape;
@@ -15,6 +16,7 @@ mod handlers;
 pub mod logprob_types;
 mod logprobs;
 mod outcome;
+pub mod sampling_types;
 mod stream;
 mod tokenize;
 pub mod tokenize_types;
