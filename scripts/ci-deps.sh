@@ -17,6 +17,7 @@ readonly PYTHON_PACKAGES=(
 	"langchain_openai langchain-openai" # tests/chat_parsers.rs: bind_tools(...).invoke
 	"numpy numpy"                       # tests/chat_parsers.rs: scripts/scripted_reference.py
 	"transformers transformers"         # (no torch: config, tokenizer and template only)
+	"jsonschema jsonschema" # tests/server_sampling.rs runs scripts/structured_output_check.py
 )
 
 install_tools() {

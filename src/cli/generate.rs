@@ -114,6 +114,7 @@ fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitC
         seed: args.seed,
         max_tokens: args.max_tokens,
         stop: args.stop.clone(),
+        ..SamplingParams::default()
     };
     let (tx, rx) = mpsc::channel();
     engine.add_request(

@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::grammar::Constraint;
 use super::logprobs::{LogprobRequest, TokenLogprob};
 use super::sampling::{Sampler, SamplingParams};
 use crate::text::{StopMatcher, StopStep, StreamDecoder, TextError, Tokenizer};
@@ -28,7 +29,8 @@ pub struct Request {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
-    /// End-of-sequence token or a stop string.
+    /// End-of-sequence token, a stop token or string, or the end of the
+    /// grammar the output follows.
     Stop,
     /// `max_tokens` or `max_model_len` reached.
     Length,
@@ -117,12 +119,13 @@ pub(crate) struct TextState {
 impl TextState {
     pub(crate) fn new(
         tokenizer: &Tokenizer,
-        stop: &[String],
+        params: &SamplingParams,
         skip_special_tokens: bool,
     ) -> TextState {
         TextState {
             decoder: tokenizer.stream_decoder(skip_special_tokens),
-            stops: StopMatcher::new(stop.iter().cloned()),
+            stops: StopMatcher::new(params.stop.iter().cloned())
+                .with_stop_in_output(params.include_stop_str_in_output),
         }
     }
 
@@ -167,6 +170,8 @@ pub(crate) struct Sequence {
     pub ring_slot: Option<usize>,
     pub sampler: Sampler,
     pub params: SamplingParams,
+    /// The grammar the output follows (taken out of `params`), if any.
+    pub constraint: Option<Constraint>,
     pub prompt_logits: bool,
     pub ignore_eos: bool,
     pub logprobs: LogprobRequest,

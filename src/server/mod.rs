@@ -70,6 +70,8 @@ pub struct ServerState {
     /// What a client may size, and the pool prompts are prepared in.
     pub request_limits: RequestLimits,
     pub prep: PrepPool,
+    /// Compiles the structured-output grammars (built on first use).
+    pub grammars: crate::engine::grammar::LazyGrammarCompiler,
     request_ids: AtomicU64,
 }
 
@@ -109,6 +111,7 @@ impl ServerState {
             PREP_BUDGET_BODIES.saturating_mul(request_limits.max_body_bytes),
         );
         ServerState {
+            grammars: crate::engine::grammar::LazyGrammarCompiler::new(config.tokenizer.clone()),
             config,
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

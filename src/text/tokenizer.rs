@@ -134,6 +134,25 @@ impl Tokenizer {
         self.longest_token_bytes
     }
 
+    /// The parts of `tokenizer.json` that say which bytes each token stands
+    /// for: `decoder`, `added_tokens` and `model.vocab` (not the merges), for
+    /// the structured-output grammars' vocabulary.
+    pub fn vocabulary_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        let added: Vec<serde_json::Value> = self
+            .inner
+            .get_added_tokens_decoder()
+            .iter()
+            .map(|(id, token)| {
+                serde_json::json!({"id": id, "content": token.content, "special": token.special})
+            })
+            .collect();
+        Ok(serde_json::json!({
+            "decoder": serde_json::to_value(self.inner.get_decoder())?,
+            "added_tokens": added,
+            "model": {"vocab": self.inner.get_vocab(false)},
+        }))
+    }
+
     /// Number of ids the tokenizer knows, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

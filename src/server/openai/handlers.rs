@@ -22,7 +22,8 @@ use super::types::{
     ModelList, OneOrMany, Prompt, RequestBody, TemplateParams, TextChoice,
 };
 use super::{ChoiceMeta, ResponseMeta, Route, chat_prompt, stream};
-use crate::engine::sampling::SamplingParams;
+use crate::engine::grammar::Constraint;
+use crate::engine::sampling::{MAX_TEMPERATURE, SamplingParams};
 use crate::engine::{AdmissionError, Event, EventSink, Request};
 use crate::server::engine_loop::{Command, SubmitError};
 use crate::server::errors::ApiError;
@@ -216,37 +217,60 @@ async fn prepare_and_submit(
 /// the rendered prompt (it may open reasoning).
 fn prepare(state: &ServerState, bytes: &[u8], route: Route) -> Result<Prepared, ApiError> {
     let limits = &state.request_limits;
-    match route {
+    let mut prepared = match route {
         Route::Completion => {
-            let body: CompletionRequest = parse_body(bytes)?;
+            let mut body: CompletionRequest = parse_body(bytes)?;
+            body.common.sampling = std::mem::take(&mut body.sampling);
             check_common(state, &body.common)?;
             let echo = body.logprobs.echo.unwrap_or(false);
             let logprobs = completion_logprobs(limits, &body.logprobs)?;
             let prompts = completion_prompts(state, body.prompt)?;
-            Ok(Prepared {
+            Prepared {
                 common: body.common,
                 prompts,
                 logprobs,
                 echo,
                 parser: None,
-            })
+            }
         }
         Route::Chat => {
-            let body: ChatRequest = parse_body(bytes)?;
+            let mut body: ChatRequest = parse_body(bytes)?;
+            body.common.sampling = std::mem::take(&mut body.sampling);
             check_common(state, &body.common)?;
             let logprobs = chat_logprobs(limits, &body.logprobs)?;
             let prepared = prepare_chat(state, body.messages, body.template)?;
             let (ids, parser) = render_chat(state, &prepared)?;
             let prompt = PreparedPrompt { ids, text: None };
-            Ok(Prepared {
+            Prepared {
                 common: body.common,
                 prompts: vec![prompt],
                 logprobs,
                 echo: false,
                 parser: Some(parser),
-            })
+            }
         }
-    }
+    };
+    prepared.common.constraint = compile_grammar(state, &prepared.common)?;
+    Ok(prepared)
+}
+
+/// The structured-output fields' grammar, compiled (on the preparation
+/// pool); an invalid one is a 400 naming its field.
+fn compile_grammar(
+    state: &ServerState,
+    common: &CommonParams,
+) -> Result<Option<Constraint>, ApiError> {
+    let Some((spec, field)) = common.sampling.grammar()? else {
+        return Ok(None);
+    };
+    let compiler = state
+        .grammars
+        .get()
+        .map_err(|e| ApiError::invalid(e.to_string(), Some(field)))?;
+    compiler
+        .compile(&spec)
+        .map(Some)
+        .map_err(|e| ApiError::invalid(format!("{field}: {e}"), Some(field)))
 }
 
 /// A completions `prompt`, one or a batch, each tokenized; the batch's
@@ -488,17 +512,27 @@ fn sampling(
         Some(OneOrMany::One(s)) => vec![s.clone()],
         Some(OneOrMany::Many(v)) => v.clone(),
     };
-    let params = SamplingParams {
-        temperature: common.temperature.unwrap_or(1.0),
+    let temperature = common.temperature.unwrap_or(1.0);
+    if temperature > MAX_TEMPERATURE {
+        return Err(ApiError::invalid(
+            format!("temperature must be in [0, {MAX_TEMPERATURE}], got {temperature}"),
+            Some("temperature"),
+        ));
+    }
+    let mut params = SamplingParams {
+        temperature,
         top_k,
         top_p: common.top_p.unwrap_or(1.0),
         seed: common.seed,
         max_tokens,
         stop,
+        constraint: common.constraint.clone(),
+        ..SamplingParams::default()
     };
+    common.sampling.apply_to(&mut params)?;
     params
         .validate()
-        .map_err(|e| ApiError::invalid(e.to_string(), None))?;
+        .map_err(|e| ApiError::invalid(e.to_string(), e.field()))?;
     Ok(params)
 }
 
@@ -605,8 +639,8 @@ pub(super) async fn submit(
 }
 
 fn admission_error(e: AdmissionError) -> ApiError {
-    let param = match e {
-        AdmissionError::Sampling(_) => None,
+    let param = match &e {
+        AdmissionError::Sampling(e) => e.field(),
         _ => Some("prompt"),
     };
     ApiError::invalid(e.to_string(), param)

@@ -4,7 +4,8 @@
 //!
 //! - [`types`]: the request and answer structs (the wire), with the chat
 //!   request's messages and template fields in [`chat_types`],
-//!   [`logprob_types`] and [`tokenize_types`];
+//!   [`logprob_types`], [`tokenize_types`] and [`sampling_types`] (the
+//!   sampling and structured-output request fields);
 //! - [`chat_prompt`]: a chat request into the chat template's input;
 //! - [`handlers`]: the axum handlers (validation, submission, blocking answers);
 //! - [`stream`]: the SSE stream of chunks;
@@ -20,6 +21,7 @@ pub mod logprob_types;
 mod logprobs;
 mod outcome;
 pub mod responses;
+pub mod sampling_types;
 mod stream;
 mod tokenize;
 pub mod tokenize_types;

@@ -12,8 +12,10 @@ pub use super::chat_types::{
     ChatContent, ChatInput, ContentPart, FunctionCallInput, TemplateParams, ToolCallInput,
 };
 pub use super::logprob_types::*;
+pub use super::sampling_types::SamplingFields;
 pub use super::tokenize_types::*;
 pub use super::tool_types::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta};
+use crate::engine::grammar::Constraint;
 
 // ---------------------------------------------------------------- requests
 
@@ -64,6 +66,15 @@ pub struct CommonParams {
     /// vLLM's extension, accepted: with a `tokenizer.json` tokenizer both
     /// values give the same text (see `text::stream`).
     pub spaces_between_special_tokens: Option<bool>,
+    /// Penalties, biases, stop tokens, structured outputs: parsed by the
+    /// request structs (a flattened struct inside this flattened one would
+    /// hide its fields from [`Unsupported`]) and moved here.
+    #[serde(skip)]
+    pub sampling: SamplingFields,
+    /// The grammar of the structured-output fields, compiled on the
+    /// preparation pool.
+    #[serde(skip)]
+    pub constraint: Option<Constraint>,
 }
 
 #[derive(Deserialize)]
@@ -104,6 +115,8 @@ impl Unsupported {
 pub struct CompletionRequest {
     #[serde(flatten)]
     pub common: CommonParams,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
     pub prompt: Prompt,
     #[serde(flatten)]
     pub logprobs: CompletionLogprobParams,
@@ -116,6 +129,8 @@ pub struct CompletionRequest {
 pub struct ChatRequest {
     #[serde(flatten)]
     pub common: CommonParams,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
     pub messages: Vec<ChatInput>,
     /// Tools, template arguments and the generation prompt.
     #[serde(flatten)]
@@ -344,6 +359,14 @@ mod tests {
             serde_json::from_value(json!({"prompt": "p", "max_tokens": 3, "user": null})).unwrap();
         assert_eq!(body.common.max_tokens, Some(3));
         assert_eq!(body.unsupported().first_set(), None);
+
+        // The sampling fields are taken by their struct, not left over.
+        let body: CompletionRequest = serde_json::from_value(
+            json!({"prompt": "p", "max_tokens": 3, "min_p": 0.1, "guided_regex": "a+", "zz": 1}),
+        )
+        .unwrap();
+        assert_eq!(body.sampling.min_p, Some(0.1));
+        assert_eq!(body.unsupported().first_set(), Some("zz"));
     }
 
     #[test]
