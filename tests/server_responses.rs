@@ -107,6 +107,15 @@ fn responses_stream_named_events_and_refuse_what_they_cannot_do() {
             "previous_response_id",
         ),
         (json!({"input": "x", "store": true}), "store"),
+        (
+            json!({"input": "x", "include": ["reasoning.encrypted_content"]}),
+            "include",
+        ),
+        (json!({"input": "x", "truncation": "auto"}), "truncation"),
+        (
+            json!({"input": "x", "text": {"format": {"type": "json_object"}}}),
+            "text",
+        ),
         (json!({"input": "x", "background": true}), "background"),
         (
             json!({"input": "x", "tools": [{"type": "web_search_preview"}]}),
@@ -121,6 +130,21 @@ fn responses_stream_named_events_and_refuse_what_they_cannot_do() {
         let error = reply.assert_error(400);
         assert_eq!(error["param"], param, "{body}: {}", reply.body);
     }
+
+    // What agent SDKs send when they want nothing extra: the same answer.
+    let plain = json!({"input": "x", "max_output_tokens": 3, "temperature": 0});
+    let mut explicit = plain.clone();
+    explicit["include"] = json!([]);
+    explicit["truncation"] = json!("disabled");
+    explicit["text"] = json!({"format": {"type": "text"}});
+    let a = server.post("/v1/responses", &plain);
+    let b = server.post("/v1/responses", &explicit);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(b.status, 200, "{}", b.body);
+    assert_eq!(
+        without_ids(&a.json()["output"]),
+        without_ids(&b.json()["output"])
+    );
 }
 
 fn run_check(server: &Server, expected: &Value) {

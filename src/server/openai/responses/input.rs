@@ -51,6 +51,32 @@ pub fn prepare(
             Some("store"),
         ));
     }
+    if let Some(first) = request.include.as_ref().and_then(|v| v.first()) {
+        return Err(ApiError::invalid(
+            format!(
+                "include = [\"{first}\", ...] is not supported: this server includes nothing extra"
+            ),
+            Some("include"),
+        ));
+    }
+    if let Some(mode) = request.truncation.as_deref()
+        && mode != "disabled"
+    {
+        return Err(ApiError::invalid(
+            format!(
+                "truncation = \"{mode}\" is not supported: only \"disabled\" (an input over the context is refused, never cut)"
+            ),
+            Some("truncation"),
+        ));
+    }
+    if let Some(text) = &request.text
+        && *text != serde_json::json!({"format": {"type": "text"}})
+    {
+        return Err(ApiError::invalid(
+            "only text = {\"format\": {\"type\": \"text\"}} is supported on /v1/responses",
+            Some("text"),
+        ));
+    }
     let effort = match request.reasoning {
         None => None,
         Some(reasoning) => {

@@ -29,6 +29,14 @@ pub struct ResponsesRequest {
     pub previous_response_id: Option<String>,
     /// Only `false` (or absent): nothing is stored.
     pub store: Option<bool>,
+    /// Extra output to include: only the empty list (what agent SDKs send
+    /// when they want nothing extra); anything else is refused by name.
+    pub include: Option<Vec<String>>,
+    /// Only `"disabled"`, what this server does: a prompt over the context
+    /// is a 400, never cut.
+    pub truncation: Option<String>,
+    /// Only `{"format": {"type": "text"}}`, the one output format here.
+    pub text: Option<serde_json::Value>,
     #[serde(flatten)]
     pub unsupported: Unsupported,
 }
