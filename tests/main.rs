@@ -36,6 +36,7 @@ mod kernels_matmul;
 mod kernels_ops;
 mod kernels_quantize;
 mod plan_cli;
+mod plan_layers;
 mod server_api;
 mod server_batching;
 mod server_connections;

@@ -10,6 +10,7 @@ pub mod kernels;
 pub mod make_checkpoint;
 pub mod plan;
 pub mod probe;
+pub mod profile;
 pub mod serve;
 pub mod top;
 
@@ -94,24 +95,6 @@ pub fn load_profile(name_or_path: &str) -> Result<(Profile, PathBuf)> {
     let path = find_profile(name_or_path)?;
     let profile = Profile::load(&path)?;
     Ok((profile, path))
-}
-
-/// The checkpoint folder to use: `--model` if given, else the profile's
-/// `model.path` (relative paths are relative to the profile file).
-pub fn model_dir(
-    explicit: Option<&Path>,
-    profile: &Profile,
-    profile_path: &Path,
-) -> Option<PathBuf> {
-    if let Some(dir) = explicit {
-        return Some(dir.to_path_buf());
-    }
-    let path = profile.model.path.as_ref()?;
-    if path.is_absolute() {
-        Some(path.clone())
-    } else {
-        Some(profile_path.parent().unwrap_or(Path::new(".")).join(path))
-    }
 }
 
 /// A progress bar on stderr for long work (hidden when stderr is not a terminal).
