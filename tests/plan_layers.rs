@@ -291,6 +291,27 @@ fn serve_takes_the_api_key_and_name_flags() {
     assert_eq!(server.get("/v1/models").status, 401);
 }
 
+#[test]
+fn serve_reads_the_api_key_from_the_environment() {
+    // An empty $SPARKRT_API_KEY is refused before the model loads: proof
+    // that serve reads it when neither flag is given.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sparkrt"))
+        .args(["serve", "--port", "0", "--host-root", &box24()])
+        .env("SPARKRT_API_KEY", " ")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("$SPARKRT_API_KEY is empty"),
+        "{}",
+        stderr(&out)
+    );
+    // --api-key and --api-key-file together are refused by name.
+    let out = sparkrt(&["serve", "--api-key", "k", "--api-key-file", "/dev/null"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--api-key-file"), "{}", stderr(&out));
+}
+
 /// The memory request of the first manifest that has one.
 fn memory_request(yaml: &str) -> u64 {
     let line = yaml

@@ -19,8 +19,6 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 
-use crate::plan::profile::Profile;
-
 /// Exit code of a plan that does not fit.
 pub const EXIT_DOES_NOT_FIT: u8 = 3;
 /// Exit code of bad input: a malformed file, flag or checkpoint.
@@ -88,13 +86,6 @@ pub fn find_profile(name_or_path: &str) -> Result<PathBuf> {
             .collect::<Vec<_>>()
             .join(", ")
     )
-}
-
-/// Loads a profile by name or path.
-pub fn load_profile(name_or_path: &str) -> Result<(Profile, PathBuf)> {
-    let path = find_profile(name_or_path)?;
-    let profile = Profile::load(&path)?;
-    Ok((profile, path))
 }
 
 /// A progress bar on stderr for long work (hidden when stderr is not a terminal).

@@ -526,6 +526,11 @@ impl ProfileDraft {
         })
     }
 
+    /// `[host]`, as written (defaults for keys it leaves out).
+    pub fn host(&self) -> &HostSection {
+        &self.file.host
+    }
+
     /// `[model] path`, as written (relative to the profile file).
     pub fn model_path(&self) -> Option<&Path> {
         self.file.model.path.as_deref()
@@ -1101,6 +1106,51 @@ kv_cache = "1MiB"
             let path = entry.unwrap().path();
             Profile::load(&path).unwrap_or_else(|e| panic!("{e}"));
         }
+    }
+
+    #[test]
+    fn a_partial_profile_layers_over_the_checkpoint_and_flags_over_it() {
+        let full = Profile::parse(TINY, "tiny.toml").unwrap();
+        let geometry = full.model.geometry();
+        let draft = ProfileDraft::parse("[serving]\nmax_model_len = 256\n", "s.toml").unwrap();
+        let flags = ServingOverrides {
+            max_num_seqs: Some(2),
+            ..ServingOverrides::default()
+        };
+        let p = draft.clone().resolve(Some(&geometry), &flags).unwrap();
+        assert_eq!(p.model.geometry(), geometry);
+        assert_eq!(p.serving.max_model_len, 256);
+        assert_eq!(p.serving.max_num_seqs, 2);
+        assert_eq!(p.serving.max_num_batched_tokens, 512);
+        assert_eq!(p.sources["model"], ValueSource::Checkpoint);
+        assert_eq!(p.sources["max_model_len"], ValueSource::Profile);
+        assert_eq!(p.sources["max_num_seqs"], ValueSource::Flag);
+        assert_eq!(p.sources["kv_cache"], ValueSource::Default);
+        // Without the checkpoint the geometry is required, named at [model]'s line.
+        let err = draft
+            .resolve(None, &ServingOverrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("[model] architecture: missing"), "{err}");
+        // The default batch holds one token per sequence.
+        let many = ServingOverrides {
+            max_num_seqs: Some(1000),
+            ..ServingOverrides::default()
+        };
+        let p = ProfileDraft::built_in()
+            .resolve(Some(&geometry), &many)
+            .unwrap();
+        assert_eq!(p.serving.max_num_batched_tokens, 1000);
+        // A flag's bad value names the flag, not the file.
+        let zero = ServingOverrides {
+            max_model_len: Some(0),
+            ..ServingOverrides::default()
+        };
+        let err = ProfileDraft::built_in()
+            .resolve(Some(&geometry), &zero)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "--max-model-len: must be at least 1");
     }
 
     #[test]
