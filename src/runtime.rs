@@ -21,7 +21,7 @@ use crate::model::source::CheckpointSource;
 use crate::model::{Buffers, ModelError, Transformer};
 use crate::plan::ledger::{self, Category, Charge, Ledger, WeightsResidency};
 use crate::plan::memory::{self, WeightBytes};
-use crate::plan::profile::{DeviceKind, KubeletMode, Profile};
+use crate::plan::profile::{CheckpointFacts, DeviceKind, KubeletMode, Profile};
 use crate::plan::{self, Plan, PlanDevice, PlanError};
 use crate::text::{TextError, Tokenizer};
 
@@ -150,8 +150,14 @@ pub fn plan_checkpoint(
             plan::check_geometry(&p.model.geometry(), &geometry)?;
             p.clone()
         }
-        None => Profile::for_geometry(&geometry, Some(dir.to_path_buf()))
-            .map_err(|e| RuntimeError::Profile(Box::new(e)))?,
+        None => Profile::for_checkpoint(
+            CheckpointFacts {
+                geometry: &geometry,
+                max_position_embeddings: config.max_position_embeddings,
+            },
+            Some(dir.to_path_buf()),
+        )
+        .map_err(|e| RuntimeError::Profile(Box::new(e)))?,
     };
     let headers = checkpoint::read_headers(dir)?;
     checkpoint::check_tensors(&config, &headers)?;

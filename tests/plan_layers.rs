@@ -143,6 +143,39 @@ fn a_serving_only_profile_plans_and_generates_like_the_full_profile() {
 }
 
 #[test]
+fn the_default_max_model_len_is_at_most_the_checkpoints_context() {
+    let scratch = Scratch::new("context");
+    let dir = scratch.0.join("short");
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(fixture("qwen3-moe-tiny").join(name), dir.join(name)).unwrap();
+    }
+    let config = std::fs::read_to_string(fixture("qwen3-moe-tiny/config.json")).unwrap();
+    assert!(config.contains("\"max_position_embeddings\": 4096"));
+    let config = config.replace(
+        "\"max_position_embeddings\": 4096",
+        "\"max_position_embeddings\": 2048",
+    );
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    let short = dir.display().to_string();
+    let (p, _) = plan(&["--model", &short]);
+    assert_eq!(p["serving"]["max_model_len"], 2048);
+    assert_eq!(p["sources"]["max_model_len"], "checkpoint");
+    // The tiny fixture's 4096 is the default itself.
+    let (p, _) = plan(&["--model", &tiny()]);
+    assert_eq!(p["serving"]["max_model_len"], 4096);
+    assert_eq!(p["sources"]["max_model_len"], "default");
+    // A flag is kept as given.
+    let (p, _) = plan(&["--model", &short, "--max-model-len", "3000"]);
+    assert_eq!(p["serving"]["max_model_len"], 3000);
+    assert_eq!(p["sources"]["max_model_len"], "flag");
+}
+
+#[test]
 fn a_geometry_value_that_disagrees_with_the_checkpoint_is_exit_2_naming_it() {
     let scratch = Scratch::new("disagree");
     let wrong = scratch.write("wrong.toml", "[model]\nnum_layers = 3\n");

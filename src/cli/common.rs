@@ -9,7 +9,8 @@ use anyhow::{Context, Result, bail};
 use super::find_profile;
 use crate::host::HostReading;
 use crate::plan::profile::{
-    DeviceKind, KubeletMode, KvCacheDtype, KvCacheSize, Profile, ProfileDraft, ServingOverrides,
+    CheckpointFacts, DeviceKind, KubeletMode, KvCacheDtype, KvCacheSize, Profile, ProfileDraft,
+    ServingOverrides,
 };
 use crate::runtime::{DeviceOptions, HostSource};
 
@@ -164,11 +165,19 @@ pub fn resolve_profile(
         Some(dir) => Some(dir.to_path_buf()),
         None => from_profile.filter(|dir| need_checkpoint || dir.join("config.json").is_file()),
     };
-    let geometry = match &checkpoint {
-        Some(dir) => Some(crate::checkpoint::config::ModelConfig::load(dir)?.geometry()),
+    let config = match &checkpoint {
+        Some(dir) => Some(crate::checkpoint::config::ModelConfig::load(dir)?),
         None => None,
     };
-    let profile = draft.resolve(geometry.as_ref(), &serving.overrides()?)?;
+    let geometry = config.as_ref().map(|c| c.geometry());
+    let facts = config
+        .as_ref()
+        .zip(geometry.as_ref())
+        .map(|(c, geometry)| CheckpointFacts {
+            geometry,
+            max_position_embeddings: c.max_position_embeddings,
+        });
+    let profile = draft.resolve(facts, &serving.overrides()?)?;
     Ok(Resolved {
         profile,
         checkpoint,
@@ -183,7 +192,8 @@ pub fn resolve_profile(
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct ServingArgs {
     /// Longest sequence, prompt and output [profile: `[serving]
-    /// max_model_len`; default 4096].
+    /// max_model_len`; default 4096, at most the checkpoint's
+    /// max_position_embeddings].
     #[arg(long, value_name = "TOKENS")]
     pub max_model_len: Option<usize>,
     /// Sequences run at once [profile: `max_num_seqs`; default 8].

@@ -455,6 +455,15 @@ pub struct ServingOverrides {
     pub name: Option<String>,
 }
 
+/// What a profile takes from the checkpoint it is laid over (config.json).
+#[derive(Clone, Copy, Debug)]
+pub struct CheckpointFacts<'a> {
+    pub geometry: &'a ModelGeometry,
+    /// The longest context the model was trained for: the default
+    /// `max_model_len` is at most this.
+    pub max_position_embeddings: usize,
+}
+
 /// A profile file parsed but not yet laid over its checkpoint: what is
 /// known before config.json is read (e.g. `[model] path`, where it is).
 #[derive(Clone, Debug)]
@@ -541,11 +550,11 @@ impl ProfileDraft {
     /// `[serving]`, defaults for the rest; then validated.
     pub fn resolve(
         self,
-        checkpoint: Option<&ModelGeometry>,
+        checkpoint: Option<CheckpointFacts<'_>>,
         flags: &ServingOverrides,
     ) -> Result<Profile, ProfileError> {
         let mut sources = BTreeMap::new();
-        let model = match self.resolve_model(checkpoint) {
+        let model = match self.resolve_model(checkpoint.map(|c| c.geometry)) {
             Ok(model) => model,
             Err(key) => {
                 let (line, column) = locate_section(&self.text, "model").unwrap_or((1, 1));
@@ -582,9 +591,16 @@ impl ProfileDraft {
         let mut take = |key: &'static str, source: ValueSource| {
             sources.insert(key, source);
         };
-        let (v, src) = layer(flags.max_model_len, d.max_model_len, || {
+        let (mut v, mut src) = layer(flags.max_model_len, d.max_model_len, || {
             defaults.max_model_len
         });
+        // The default is no longer than the model's trained context.
+        if let Some(c) = checkpoint
+            && src == ValueSource::Default
+            && c.max_position_embeddings < v
+        {
+            (v, src) = (c.max_position_embeddings, ValueSource::Checkpoint);
+        }
         serving.max_model_len = v;
         take("max_model_len", src);
         let (v, src) = layer(flags.max_num_seqs, d.max_num_seqs, || defaults.max_num_seqs);
@@ -735,12 +751,12 @@ impl Profile {
 
     /// A profile for a checkpoint run without a profile file: the checkpoint's
     /// geometry and the default serving limits.
-    pub fn for_geometry(
-        geometry: &ModelGeometry,
+    pub fn for_checkpoint(
+        checkpoint: CheckpointFacts<'_>,
         path: Option<PathBuf>,
     ) -> Result<Profile, ProfileError> {
         let mut profile =
-            ProfileDraft::built_in().resolve(Some(geometry), &ServingOverrides::default())?;
+            ProfileDraft::built_in().resolve(Some(checkpoint), &ServingOverrides::default())?;
         profile.model.path = path;
         Ok(profile)
     }
@@ -1112,12 +1128,18 @@ kv_cache = "1MiB"
     fn a_partial_profile_layers_over_the_checkpoint_and_flags_over_it() {
         let full = Profile::parse(TINY, "tiny.toml").unwrap();
         let geometry = full.model.geometry();
+        let facts = |max_position_embeddings| {
+            Some(CheckpointFacts {
+                geometry: &geometry,
+                max_position_embeddings,
+            })
+        };
         let draft = ProfileDraft::parse("[serving]\nmax_model_len = 256\n", "s.toml").unwrap();
         let flags = ServingOverrides {
             max_num_seqs: Some(2),
             ..ServingOverrides::default()
         };
-        let p = draft.clone().resolve(Some(&geometry), &flags).unwrap();
+        let p = draft.clone().resolve(facts(1 << 20), &flags).unwrap();
         assert_eq!(p.model.geometry(), geometry);
         assert_eq!(p.serving.max_model_len, 256);
         assert_eq!(p.serving.max_num_seqs, 2);
@@ -1138,7 +1160,7 @@ kv_cache = "1MiB"
             ..ServingOverrides::default()
         };
         let p = ProfileDraft::built_in()
-            .resolve(Some(&geometry), &many)
+            .resolve(facts(1 << 20), &many)
             .unwrap();
         assert_eq!(p.serving.max_num_batched_tokens, 1000);
         // A flag's bad value names the flag, not the file.
@@ -1147,10 +1169,19 @@ kv_cache = "1MiB"
             ..ServingOverrides::default()
         };
         let err = ProfileDraft::built_in()
-            .resolve(Some(&geometry), &zero)
+            .resolve(facts(1 << 20), &zero)
             .unwrap_err()
             .to_string();
         assert_eq!(err, "--max-model-len: must be at least 1");
+        // The default max_model_len is cut to the trained context; a
+        // profile's or flag's is kept.
+        let p = ProfileDraft::built_in()
+            .resolve(facts(2048), &ServingOverrides::default())
+            .unwrap();
+        assert_eq!(p.serving.max_model_len, 2048);
+        assert_eq!(p.sources["max_model_len"], ValueSource::Checkpoint);
+        let p = ProfileDraft::built_in().resolve(facts(8192), &ServingOverrides::default());
+        assert_eq!(p.unwrap().sources["max_model_len"], ValueSource::Default);
     }
 
     #[test]
