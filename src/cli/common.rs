@@ -214,8 +214,9 @@ pub struct ServingArgs {
     /// Data-parallel ranks the MoE workspace is sized for [profile: `dp_size`; default 1].
     #[arg(long, value_name = "N")]
     pub dp_size: Option<usize>,
-    /// vLLM's flag, refused: see the README (unified memory).
-    #[arg(long, value_name = "FRACTION", hide = true)]
+    /// vLLM's flag, refused (exit 2): on unified memory the GPU's memory is
+    /// the host's, so a fraction of it is no budget; use --kv-cache SIZE.
+    #[arg(long, value_name = "FRACTION")]
     pub gpu_memory_utilization: Option<f64>,
     /// Name served in /v1/models [profile: `[model] name`; default the folder name].
     #[arg(long, value_name = "NAME")]
