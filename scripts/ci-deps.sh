@@ -14,6 +14,10 @@ readonly TOOLS=(
 
 readonly PYTHON_PACKAGES=(
 	"openai openai" # tests/server_openai_client.rs runs scripts/openai_client_check.py
+	"langchain_openai langchain-openai" # tests/chat_parsers.rs: bind_tools(...).invoke
+	"numpy numpy"                       # tests/chat_parsers.rs: scripts/scripted_reference.py
+	"transformers transformers"         # (no torch: config, tokenizer and template only)
+	"jsonschema jsonschema" # tests/server_sampling.rs runs scripts/structured_output_check.py
 )
 
 install_tools() {

@@ -32,6 +32,7 @@ fn request(logprobs: LogprobRequest, prompt_logits: bool) -> Request {
         prompt_logits,
         ignore_eos: true,
         logprobs,
+        skip_special_tokens: true,
     }
 }
 

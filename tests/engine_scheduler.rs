@@ -45,6 +45,7 @@ fn request(prompt_len: usize, seed: u32, max_tokens: usize) -> Request {
         prompt_logits: false,
         ignore_eos: true,
         logprobs: Default::default(),
+        skip_special_tokens: true,
     }
 }
 

@@ -632,7 +632,7 @@ fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
             completions,
             text("{\"prompt\": \"hi\", \"temperature\": -1}"),
             400,
-            None,
+            Some("temperature"),
         ),
         BadRequest(
             "n above 1",

@@ -381,8 +381,8 @@ fn full_vocabulary_cuts_keep_the_right_tokens() {
     }
 
     let mut workspace = SamplingWorkspace::new(vocab);
-    // A weight (f32) and a rank key (u64) per token.
-    assert_eq!(workspace.bytes(), vocab * 12);
+    // A weight (f32), a processed logit (f32) and a rank key (u64) per token.
+    assert_eq!(workspace.bytes(), vocab * 16);
     let mut top_p = Sampler::new(&params(1.0, None, 0.9, 21)).unwrap();
     let mut top_k = Sampler::new(&params(1.0, Some(50), 1.0, 22)).unwrap();
     for _ in 0..50 {

@@ -41,7 +41,7 @@ fn stream(tokenizer: &Tokenizer, ids: &[u32], skip_special_tokens: bool) -> Vec<
     let mut emitted = String::new();
     let mut chunks = Vec::new();
     for &id in ids {
-        let chunk = decoder.push(tokenizer, id).unwrap();
+        let chunk = decoder.push(tokenizer, id).unwrap().text;
         emitted.push_str(&chunk);
         assert!(
             full.starts_with(&emitted),
@@ -295,7 +295,7 @@ fn an_unfinished_character_is_flushed_as_a_replacement_char() {
     let mut decoder = StreamDecoder::new(false);
     let emitted: String = ids
         .iter()
-        .map(|&id| decoder.push(&tokenizer, id).unwrap())
+        .map(|&id| decoder.push(&tokenizer, id).unwrap().text)
         .collect();
     assert_eq!(emitted, "a");
     let rest = decoder.finish(&tokenizer).unwrap();
@@ -409,7 +409,7 @@ fn stop_string_split_across_streamed_tokens_is_found() {
     let mut emitted = String::new();
     let mut stopped_at = None;
     for (i, &id) in ids.iter().enumerate() {
-        let chunk = decoder.push(&tokenizer, id).unwrap();
+        let chunk = decoder.push(&tokenizer, id).unwrap().text;
         match stops.push(&chunk) {
             StopStep::Continue { emit } => emitted.push_str(&emit),
             StopStep::Stopped { emit, stop_index } => {

@@ -21,6 +21,7 @@ mod layout;
 pub mod linear;
 pub mod page_cache;
 pub mod quant;
+pub mod scripted;
 pub mod synthetic;
 pub mod view;
 mod weights;

@@ -130,7 +130,43 @@ pub fn write_checkpoint(
     Ok(())
 }
 
-fn shape_of(expected: &Expected) -> Vec<usize> {
+/// Writes one safetensors file of `tensors` (name, dtype, shape, raw
+/// little-endian bytes), the header laid out as [`write_checkpoint`] does.
+pub(crate) fn write_tensor_file(
+    path: &Path,
+    tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
+) -> Result<(), CheckpointError> {
+    let io = |source: std::io::Error| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut header = serde_json::Map::new();
+    let mut offset = 0u64;
+    for (name, dtype, shape, bytes) in tensors {
+        let len = bytes.len() as u64;
+        header.insert(
+            name.clone(),
+            json!({"dtype": dtype.name(), "shape": shape, "data_offsets": [offset, offset + len]}),
+        );
+        offset += len;
+    }
+    let mut header_text = serde_json::Value::Object(header).to_string();
+    while !(8 + header_text.len()).is_multiple_of(8) {
+        header_text.push(' ');
+    }
+    let file = File::create(path).map_err(io)?;
+    let mut w = BufWriter::with_capacity(1 << 20, file);
+    w.write_all(&(header_text.len() as u64).to_le_bytes())
+        .and_then(|_| w.write_all(header_text.as_bytes()))
+        .map_err(io)?;
+    for (_, _, _, bytes) in tensors {
+        w.write_all(bytes).map_err(io)?;
+    }
+    w.flush().map_err(io)
+}
+
+/// The shape of an expected tensor (a scalar has none).
+pub(crate) fn shape_of(expected: &Expected) -> Vec<usize> {
     match &expected.shape {
         ExpectedShape::Exact(shape) => shape.clone(),
         ExpectedShape::Scalar => Vec::new(),

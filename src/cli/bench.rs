@@ -239,6 +239,7 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
                     prompt_logits: false,
                     ignore_eos: true,
                     logprobs: Default::default(),
+                    skip_special_tokens: true,
                 },
                 Box::new(tx),
             )?;

@@ -7,12 +7,15 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use super::find_profile;
+use crate::geometry::Architecture;
 use crate::host::HostReading;
 use crate::plan::profile::{
     CheckpointFacts, DeviceKind, KubeletMode, KvCacheDtype, KvCacheSize, Profile, ProfileDraft,
     ServingOverrides,
 };
 use crate::runtime::{DeviceOptions, HostSource};
+use crate::text::Tokenizer;
+use crate::text::parsers::{OutputParsers, ParserNames, ReasoningParserName, ToolParserName};
 
 /// The profile used when neither `--model` nor `--profile` is given: the
 /// tiny reference model in tests/fixtures.
@@ -46,6 +49,38 @@ pub struct ModelArgs {
     /// $XDG_CACHE_HOME/sparkrt, else ~/.cache/sparkrt].
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
+}
+
+/// How chat answers are parsed into reasoning and tool calls (`serve`), by
+/// vLLM's flag names and parser names.
+#[derive(Debug, Default, clap::Args)]
+pub struct ParserArgs {
+    /// Reasoning parser: qwen3, openai_gptoss or none [default: by the
+    /// model's family: qwen3_moe → qwen3, gpt_oss → openai_gptoss].
+    #[arg(long, value_name = "NAME")]
+    pub reasoning_parser: Option<ReasoningParserName>,
+    /// Tool-call parser: hermes, openai_gptoss (or openai) or none
+    /// [default: by the model's family: qwen3_moe → hermes, gpt_oss →
+    /// openai_gptoss].
+    #[arg(long, value_name = "NAME")]
+    pub tool_call_parser: Option<ToolParserName>,
+}
+
+impl ParserArgs {
+    /// The parsers for a model of `architecture`, checked against its
+    /// tokenizer.
+    pub fn output_parsers(
+        &self,
+        architecture: Architecture,
+        tokenizer: Option<&Tokenizer>,
+    ) -> Result<OutputParsers> {
+        let names = ParserNames::for_model(
+            Some(architecture),
+            self.reasoning_parser,
+            self.tool_call_parser,
+        );
+        Ok(OutputParsers::new(names, tokenizer)?)
+    }
 }
 
 /// `--backend`: the profile's `[backend] device` values.

@@ -152,6 +152,7 @@ fn generate<B: Backend>(
         seed: args.seed,
         max_tokens: args.max_tokens,
         stop: args.stop.clone(),
+        ..SamplingParams::default()
     };
     let (tx, rx) = mpsc::channel();
     engine.add_request(
@@ -161,6 +162,7 @@ fn generate<B: Backend>(
             prompt_logits: args.logits_out.is_some(),
             ignore_eos: args.ignore_eos,
             logprobs: Default::default(),
+            skip_special_tokens: true,
         },
         Box::new(tx),
     )?;

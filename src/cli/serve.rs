@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::EXIT_DOES_NOT_FIT;
-use super::common::{ModelArgs, ServingArgs, dummy_if_asked, resolve, set_threads};
+use super::common::{ModelArgs, ParserArgs, ServingArgs, dummy_if_asked, resolve, set_threads};
 use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
 use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, WithBackend};
@@ -24,6 +24,8 @@ use crate::server::{ServerConfig, ServerState, expose, fds, router};
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub parsers: ParserArgs,
     #[command(flatten)]
     pub serving: ServingArgs,
     /// Listen on a non-loopback `--host` without an API key (logged as a
@@ -138,6 +140,9 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     if chat_template.is_none() {
         tracing::info!("no chat template in the checkpoint: /v1/chat/completions answers 400");
     }
+    let output_parsers = args
+        .parsers
+        .output_parsers(loaded.config.architecture, loaded.tokenizer.as_deref())?;
     let source = loaded.source();
     let engine = loaded.engine(&source)?;
     let limits = engine.limits().clone();
@@ -171,6 +176,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         engine_counters,
         tokenizer: loaded.tokenizer.clone(),
         chat_template,
+        output_parsers,
         api_key,
         host_root: args.model.host_root.clone(),
     }));

@@ -1,8 +1,11 @@
-//! The generation engine: paged KV block bookkeeping, sampling and the step
+//! The generation engine: paged KV block bookkeeping, sampling (logits
+//! processors, structured-output grammars), log-probabilities and the step
 //! loop (continuous batching), which fills each step's `step::StepBatch`.
 
+pub mod grammar;
 pub mod kv_blocks;
 pub mod logprobs;
+pub mod processors;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;

@@ -1,10 +1,14 @@
 //! Choosing the next token from a row of logits.
 //!
-//! Greedy when `temperature == 0` (argmax, lowest id on ties); otherwise the
-//! logits are divided by the temperature, cut to the `top_k` most likely
-//! tokens, cut again to the smallest set of those whose probability reaches
-//! `top_p` (nucleus), and one token is drawn from what is left (the order
-//! transformers applies them in).
+//! First the request's logits processors ([`super::processors`]: the
+//! grammar's mask, `logit_bias`, `min_tokens`, the penalties, `min_p`, in
+//! vLLM's order) rewrite a copy of the row; a request that sets none of
+//! them reads the model's row directly. Then: greedy when
+//! `temperature == 0` (argmax, lowest id on ties); otherwise the logits are
+//! divided by the temperature, cut to the `top_k` most likely tokens, cut
+//! again to the smallest set of those whose probability reaches `top_p`
+//! (nucleus), and one token is drawn from what is left (the order
+//! transformers and vLLM apply them in).
 //!
 //! Tokens are ranked by (logit descending, id ascending), a total order, so
 //! both cuts keep exactly the tokens ranked at or above one *threshold*
@@ -14,8 +18,8 @@
 //!
 //! Reproducibility: each request owns its random generator, seeded from its
 //! `seed`, and each sampled token consumes exactly one draw, so a request's
-//! tokens depend only on its own logits and seed, never on which other
-//! requests share its batch.
+//! tokens depend only on its own logits, prompt, output and seed, never on
+//! which other requests share its batch.
 //!
 //! Cost, with V ≈ 152k: a few O(V) passes and no O(V log V) sort. Top-k is
 //! one `select_nth_unstable` (and then only k exponentials); top-p first
@@ -26,6 +30,8 @@ use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::time::SystemTime;
 
+use super::grammar::Constraint;
+use super::processors::LogitProcessors;
 use crate::util::rng::SplitMix64;
 
 /// Where the nucleus search splits the candidates first (see
@@ -48,7 +54,35 @@ pub struct SamplingParams {
     pub max_tokens: usize,
     /// Generation ends before any of these strings.
     pub stop: Vec<String>,
+    /// Also emit the stop string (or stop token's text) that ended the text.
+    pub include_stop_str_in_output: bool,
+    /// Generation ends at any of these token ids (besides end-of-sequence).
+    pub stop_token_ids: Vec<u32>,
+    /// End-of-sequence and `stop_token_ids` are masked until this many
+    /// tokens were generated.
+    pub min_tokens: usize,
+    /// OpenAI's: subtracted once from every token the output holds; in [-2, 2].
+    pub presence_penalty: f32,
+    /// OpenAI's: subtracted per occurrence in the output; in [-2, 2].
+    pub frequency_penalty: f32,
+    /// transformers' and vLLM's, over prompt and output: positive logits are
+    /// divided by it, negative ones multiplied; > 0, 1 is off.
+    pub repetition_penalty: f32,
+    /// Drop tokens whose probability is below `min_p ×` the top one's; in
+    /// [0, 1], 0 is off.
+    pub min_p: f32,
+    /// `(token id, bias)` added to the logits; biases in [-100, 100].
+    pub logit_bias: Vec<(u32, f32)>,
+    /// A grammar the output must follow (structured outputs).
+    pub constraint: Option<Constraint>,
 }
+
+/// OpenAI's bounds of the two penalties.
+pub const PENALTY_RANGE: (f32, f32) = (-2.0, 2.0);
+/// OpenAI's bound of a logit bias.
+pub const LOGIT_BIAS_RANGE: (f32, f32) = (-100.0, 100.0);
+/// OpenAI's highest temperature (the server's bound; the engine takes any).
+pub const MAX_TEMPERATURE: f32 = 2.0;
 
 impl Default for SamplingParams {
     /// OpenAI's defaults: temperature 1, no cuts, 16 tokens.
@@ -60,6 +94,15 @@ impl Default for SamplingParams {
             seed: None,
             max_tokens: 16,
             stop: Vec::new(),
+            include_stop_str_in_output: false,
+            stop_token_ids: Vec::new(),
+            min_tokens: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            min_p: 0.0,
+            logit_bias: Vec::new(),
+            constraint: None,
         }
     }
 }
@@ -99,6 +142,56 @@ impl SamplingParams {
         if let Some(index) = self.stop.iter().position(String::is_empty) {
             return Err(SamplingError::EmptyStopString { index });
         }
+        let in_range = |v: f32, (low, high): (f32, f32)| v >= low && v <= high;
+        for (field, value) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !in_range(value, PENALTY_RANGE) {
+                return Err(SamplingError::PenaltyOutOfRange { field, value });
+            }
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return Err(SamplingError::RepetitionPenaltyOutOfRange(
+                self.repetition_penalty,
+            ));
+        }
+        if !in_range(self.min_p, (0.0, 1.0)) {
+            return Err(SamplingError::MinPOutOfRange(self.min_p));
+        }
+        if let Some(&(id, bias)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, bias)| !in_range(*bias, LOGIT_BIAS_RANGE))
+        {
+            return Err(SamplingError::LogitBiasOutOfRange { id, bias });
+        }
+        if self.min_tokens > self.max_tokens {
+            return Err(SamplingError::MinTokensAboveMaxTokens {
+                min_tokens: self.min_tokens,
+                max_tokens: self.max_tokens,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the token ids the fields name against the model's vocabulary.
+    pub fn validate_ids(&self, vocab: usize) -> Result<(), SamplingError> {
+        let outside = |id: &u32| *id as usize >= vocab;
+        if let Some(&(id, _)) = self.logit_bias.iter().find(|(id, _)| outside(id)) {
+            return Err(SamplingError::TokenOutsideVocab {
+                field: "logit_bias",
+                id,
+                vocab,
+            });
+        }
+        if let Some(&id) = self.stop_token_ids.iter().find(|id| outside(id)) {
+            return Err(SamplingError::TokenOutsideVocab {
+                field: "stop_token_ids",
+                id,
+                vocab,
+            });
+        }
         Ok(())
     }
 }
@@ -109,6 +202,25 @@ pub enum SamplingError {
     NegativeTemperature(f32),
     #[error("temperature must be a finite number, got {0}")]
     NonFiniteTemperature(f32),
+    #[error("{field} must be in [-2, 2], got {value}")]
+    PenaltyOutOfRange { field: &'static str, value: f32 },
+    #[error("repetition_penalty must be a finite number > 0, got {0}")]
+    RepetitionPenaltyOutOfRange(f32),
+    #[error("min_p must be in [0, 1], got {0}")]
+    MinPOutOfRange(f32),
+    #[error("logit_bias of token {id} must be in [-100, 100], got {bias}")]
+    LogitBiasOutOfRange { id: u32, bias: f32 },
+    #[error("min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})")]
+    MinTokensAboveMaxTokens {
+        min_tokens: usize,
+        max_tokens: usize,
+    },
+    #[error("{field} names token {id}, outside the vocabulary of {vocab} tokens")]
+    TokenOutsideVocab {
+        field: &'static str,
+        id: u32,
+        vocab: usize,
+    },
     #[error("top_p must be in (0, 1], got {0}")]
     TopPOutOfRange(f32),
     #[error("top_k must be at least 1 (leave it unset to keep every token)")]
@@ -125,6 +237,28 @@ pub enum SamplingError {
     AllTokensMasked,
     #[error("the logits row has {vocab} entries but the sampling workspace holds only {capacity}")]
     WorkspaceTooSmall { vocab: usize, capacity: usize },
+}
+
+impl SamplingError {
+    /// The request field the error is about, if it is about one.
+    pub fn field(&self) -> Option<&'static str> {
+        use SamplingError::*;
+        Some(match self {
+            NegativeTemperature(_) | NonFiniteTemperature(_) => "temperature",
+            TopPOutOfRange(_) => "top_p",
+            ZeroTopK => "top_k",
+            ZeroMaxTokens => "max_tokens",
+            EmptyStopString { .. } => "stop",
+            PenaltyOutOfRange { field, .. } | TokenOutsideVocab { field, .. } => field,
+            RepetitionPenaltyOutOfRange(_) => "repetition_penalty",
+            MinPOutOfRange(_) => "min_p",
+            LogitBiasOutOfRange { .. } => "logit_bias",
+            MinTokensAboveMaxTokens { .. } => "min_tokens",
+            EmptyLogits | NonFiniteLogit { .. } | AllTokensMasked | WorkspaceTooSmall { .. } => {
+                return None;
+            }
+        })
+    }
 }
 
 /// Rank of a vocabulary entry as one integer: a larger key is a more likely
@@ -157,6 +291,8 @@ fn descending(a: &u64, b: &u64) -> std::cmp::Ordering {
 /// that sampling allocates nothing per token.
 #[derive(Debug)]
 pub struct SamplingWorkspace {
+    /// The row as the logits processors left it.
+    processed: Vec<f32>,
     /// Unnormalised probability of each token, in id order.
     weights: Vec<f32>,
     /// Rank keys of the candidates, reordered by the selections.
@@ -166,6 +302,7 @@ pub struct SamplingWorkspace {
 impl SamplingWorkspace {
     pub fn new(vocab_size: usize) -> SamplingWorkspace {
         SamplingWorkspace {
+            processed: Vec::with_capacity(vocab_size),
             weights: Vec::with_capacity(vocab_size),
             keys: Vec::with_capacity(vocab_size),
         }
@@ -173,7 +310,7 @@ impl SamplingWorkspace {
 
     /// Bytes this workspace holds, for the memory ledger.
     pub fn bytes(&self) -> usize {
-        self.weights.capacity() * std::mem::size_of::<f32>()
+        (self.weights.capacity() + self.processed.capacity()) * std::mem::size_of::<f32>()
             + self.keys.capacity() * std::mem::size_of::<u64>()
     }
 
@@ -190,12 +327,25 @@ pub struct Sampler {
     top_p: f32,
     seed: u64,
     rng: SplitMix64,
+    processors: LogitProcessors,
 }
 
 impl Sampler {
     /// Validates `params` and seeds the generator (a fresh seed when the
-    /// request gives none; [`seed`](Self::seed) tells which).
+    /// request gives none; [`seed`](Self::seed) tells which). No prompt
+    /// (for `repetition_penalty`) and no end-of-sequence ids (for
+    /// `min_tokens`): see [`for_prompt`](Self::for_prompt).
     pub fn new(params: &SamplingParams) -> Result<Sampler, SamplingError> {
+        Sampler::for_prompt(params, &[], &[])
+    }
+
+    /// As [`new`](Self::new), for a request with this prompt on a model with
+    /// these end-of-sequence ids.
+    pub fn for_prompt(
+        params: &SamplingParams,
+        prompt: &[u32],
+        eos: &[u32],
+    ) -> Result<Sampler, SamplingError> {
         params.validate()?;
         let seed = params.seed.unwrap_or_else(fresh_seed);
         Ok(Sampler {
@@ -204,6 +354,7 @@ impl Sampler {
             top_p: params.top_p,
             seed,
             rng: SplitMix64::new(seed),
+            processors: LogitProcessors::new(params, prompt, eos),
         })
     }
 
@@ -217,15 +368,78 @@ impl Sampler {
         logits: &[f32],
         workspace: &mut SamplingWorkspace,
     ) -> Result<u32, SamplingError> {
-        let (best, max_logit) = checked_argmax(logits)?;
-        if self.temperature == 0.0 {
-            return Ok(best);
-        }
+        self.sample_masked(logits, None, workspace)
+    }
+
+    /// Picks the next token from one row of logits, among the tokens
+    /// `allowed` has a bit set for (bit `id % 32` of word `id / 32`; ids
+    /// past its end are not allowed) when it is given (a grammar's mask).
+    pub fn sample_masked(
+        &mut self,
+        logits: &[f32],
+        allowed: Option<&[u32]>,
+        workspace: &mut SamplingWorkspace,
+    ) -> Result<u32, SamplingError> {
         if workspace.capacity() < logits.len() {
             return Err(SamplingError::WorkspaceTooSmall {
                 vocab: logits.len(),
                 capacity: workspace.capacity(),
             });
+        }
+        let token = if allowed.is_none() && !self.processors.is_active() {
+            self.choose(logits, workspace)?
+        } else {
+            let mut row = std::mem::take(&mut workspace.processed);
+            let chosen = self
+                .process(logits, allowed, &mut row)
+                .and_then(|()| self.choose(&row, workspace));
+            workspace.processed = row;
+            chosen?
+        };
+        self.processors.record(token);
+        Ok(token)
+    }
+
+    /// Copies `logits` into `row` (refusing NaN and +inf) and applies the
+    /// mask and the processors to it.
+    fn process(
+        &self,
+        logits: &[f32],
+        allowed: Option<&[u32]>,
+        row: &mut Vec<f32>,
+    ) -> Result<(), SamplingError> {
+        if let Some((index, &value)) = logits
+            .iter()
+            .enumerate()
+            .find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
+        {
+            return Err(SamplingError::NonFiniteLogit { index, value });
+        }
+        row.clear();
+        match allowed {
+            None => row.extend_from_slice(logits),
+            Some(bits) => row.extend(logits.iter().enumerate().map(|(id, &logit)| {
+                let word = bits.get(id / 32).copied().unwrap_or(0);
+                if word >> (id % 32) & 1 == 1 {
+                    logit
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })),
+        }
+        self.processors.apply(row);
+        Ok(())
+    }
+
+    /// Greedy, or temperature, top-k, top-p and one draw.
+    fn choose(
+        &mut self,
+        logits: &[f32],
+        workspace: &mut SamplingWorkspace,
+    ) -> Result<u32, SamplingError> {
+        let (best, max_logit) = checked_argmax(logits)?;
+        if self.temperature == 0.0 {
+            return Ok(best);
         }
         let draw = self.rng.next_f64();
         let threshold = self.cut(logits, max_logit, workspace);
@@ -266,7 +480,7 @@ impl Sampler {
     ) -> Option<u64> {
         // Shifted by the maximum so that no exponential overflows.
         let weight = |id: usize| ((logits[id] - max_logit) / self.temperature).exp();
-        let SamplingWorkspace { weights, keys } = workspace;
+        let SamplingWorkspace { weights, keys, .. } = workspace;
         let vocab = logits.len();
         weights.clear();
         weights.resize(vocab, 0.0);

@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
 
+use rayon::prelude::*;
+
+use super::grammar::{Constraint, GrammarError, TokenMask};
 use super::kv_blocks::BlockAllocator;
 use super::logprobs::{TokenLogprob, token_logprob};
 use super::sampling::{Sampler, SamplingError, SamplingWorkspace};
@@ -170,7 +173,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
     /// Queues a request; its events go to `sink`.
     pub fn add_request(
         &mut self,
-        request: Request,
+        mut request: Request,
         sink: Box<dyn EventSink>,
     ) -> Result<SeqId, AdmissionError> {
         if let Some(count) = request.logprobs.too_many() {
@@ -189,13 +192,15 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         if let Some(&id) = request.prompt.iter().find(|&&id| id as usize >= vocab) {
             return Err(AdmissionError::TokenOutOfRange { id, vocab });
         }
-        let sampler = Sampler::new(&request.params)?;
+        request.params.validate_ids(vocab)?;
+        let sampler = Sampler::for_prompt(&request.params, &request.prompt, &self.eos)?;
+        let constraint = request.params.constraint.take();
         let id = self.next_id;
         self.next_id += 1;
         let text = self
             .tokenizer
             .as_ref()
-            .map(|t| TextState::new(t, &request.params.stop));
+            .map(|t| TextState::new(t, &request.params, request.skip_special_tokens));
         self.waiting.push_back(Sequence {
             id,
             prompt_len: request.prompt.len(),
@@ -205,6 +210,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             ring_slot: None,
             sampler,
             params: request.params,
+            constraint,
             prompt_logits: request.prompt_logits,
             ignore_eos: request.ignore_eos,
             logprobs: request.logprobs,
@@ -464,43 +470,111 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         let vocab = model.settings.vocab_size;
         let mut sampled = 0;
         let mut failure: Option<String> = None;
-        model.forward(*backend, batch, buffers, &mut |first, count, values| {
-            for row in 0..count {
-                let (index, samples) = logit_owners[first + row];
-                let logits = &values[row * vocab..(row + 1) * vocab];
-                let seq = &mut running[index];
-                let position = batch.positions[batch.logit_rows[first + row] as usize] as usize;
-                if seq.prompt_logits && position < seq.prompt_len {
-                    seq.sink.send(Event::PromptLogits {
-                        first: position,
-                        values: logits.to_vec(),
-                    });
-                }
-                report_prompt_logprob(seq, position, logits);
-                if !samples {
-                    continue;
-                }
-                match seq.sampler.sample(logits, sampling) {
-                    Ok(token) => {
-                        sampled += 1;
-                        // From the raw row, before any processing (vLLM's default).
-                        let logprob = seq
-                            .logprobs
-                            .sampled
-                            .map(|n| token_logprob(logits, token, n));
-                        accept_token(
-                            seq,
-                            token,
-                            logprob,
-                            tokenizer.as_deref(),
-                            eos,
-                            limits.max_model_len,
-                        );
+        // The grammar masks of the constrained sequences that sample in this
+        // step are computed beside the forward pass (they depend only on the
+        // tokens so far), in parallel; only those sequences wait for them.
+        let mut constraints: Vec<Option<(Constraint, Result<TokenMask, GrammarError>)>> =
+            Vec::new();
+        let to_mask: Vec<(usize, Constraint)> = logit_owners
+            .iter()
+            .filter(|&&(_, samples)| samples)
+            .filter_map(|&(index, _)| Some((index, running[index].constraint.take()?)))
+            .collect();
+        let constrained: Vec<usize> = to_mask.iter().map(|&(index, _)| index).collect();
+        let forward = std::thread::scope(|scope| {
+            let mut masks = (!to_mask.is_empty()).then(|| {
+                scope.spawn(move || {
+                    to_mask
+                        .into_par_iter()
+                        .map(|(index, mut constraint)| {
+                            let mask = constraint.mask();
+                            (index, constraint, mask)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            });
+            let forward = model.forward(*backend, batch, buffers, &mut |first, count, values| {
+                for row in 0..count {
+                    let (index, samples) = logit_owners[first + row];
+                    let logits = &values[row * vocab..(row + 1) * vocab];
+                    let seq = &mut running[index];
+                    let position = batch.positions[batch.logit_rows[first + row] as usize] as usize;
+                    if seq.prompt_logits && position < seq.prompt_len {
+                        seq.sink.send(Event::PromptLogits {
+                            first: position,
+                            values: logits.to_vec(),
+                        });
                     }
-                    Err(e) => failure = Some(format!("sampling failed: {e}")),
+                    report_prompt_logprob(seq, position, logits);
+                    if !samples {
+                        continue;
+                    }
+                    let mut mask = None;
+                    if constrained.contains(&index) {
+                        if let Some(handle) = masks.take() {
+                            constraints.resize_with(running_len(&constrained), || None);
+                            for (i, c, m) in handle.join().unwrap_or_default() {
+                                constraints[i] = Some((c, m));
+                            }
+                        }
+                        match constraints.get_mut(index).and_then(Option::take) {
+                            Some((constraint, Ok(bits))) => {
+                                seq.constraint = Some(constraint);
+                                mask = Some(bits);
+                            }
+                            Some((_, Err(e))) => {
+                                fail_one(seq, &format!("structured output: {e}"));
+                                continue;
+                            }
+                            None => {
+                                fail_one(seq, "structured output: the mask was not computed");
+                                continue;
+                            }
+                        }
+                    }
+                    match seq.sampler.sample_masked(logits, mask.as_deref(), sampling) {
+                        Ok(token) => {
+                            sampled += 1;
+                            // From the raw row, before any processing (vLLM's default).
+                            let logprob = seq
+                                .logprobs
+                                .sampled
+                                .map(|n| token_logprob(logits, token, n));
+                            accept_token(
+                                seq,
+                                token,
+                                logprob,
+                                tokenizer.as_deref(),
+                                eos,
+                                limits.max_model_len,
+                            );
+                        }
+                        // The request's own settings left nothing to choose
+                        // (a grammar and `min_tokens` at odds): it alone fails.
+                        Err(SamplingError::AllTokensMasked) if mask.is_some() => fail_one(
+                            seq,
+                            "sampling failed: the grammar and min_tokens leave no token",
+                        ),
+                        Err(e) => failure = Some(format!("sampling failed: {e}")),
+                    }
+                }
+            });
+            // A forward pass that failed before any constrained row: the
+            // masks are still out.
+            if let Some(handle) = masks.take() {
+                for (index, constraint, _) in handle.join().unwrap_or_default() {
+                    running[index].constraint = Some(constraint);
                 }
             }
-        })?;
+            forward
+        });
+        // Constraints of rows the forward pass did not reach go back.
+        for (index, slot) in constraints.into_iter().enumerate() {
+            if let Some((constraint, _)) = slot {
+                running[index].constraint = Some(constraint);
+            }
+        }
+        forward?;
         // The scheduled tokens are now in the cache.
         let mut prompt_tokens = 0;
         for &(index, chunk) in scheduled.iter() {
@@ -534,6 +608,19 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
     }
 }
 
+/// One past the largest running index among `indices`.
+fn running_len(indices: &[usize]) -> usize {
+    indices.iter().max().map_or(0, |&i| i + 1)
+}
+
+/// Ends one sequence with a failure (the others go on).
+fn fail_one(seq: &mut Sequence, message: &str) {
+    seq.sink.send(Event::Failed {
+        message: message.to_string(),
+    });
+    seq.finished = Some(FinishReason::Aborted);
+}
+
 /// Reports the log-probability of the prompt token after `position`, whose
 /// logits `row` holds, if the request asked for it and it was not reported
 /// before: the row is reduced here and nothing of it is kept.
@@ -563,22 +650,45 @@ fn accept_token(
     max_model_len: usize,
 ) {
     seq.tokens.push(token);
-    if !seq.ignore_eos && eos.contains(&token) {
+    let stop_token = seq.params.stop_token_ids.contains(&token);
+    if (!seq.ignore_eos && eos.contains(&token)) || stop_token {
         seq.stop_logprob = logprob;
+        // The token that ended the text is not part of it, unless asked for.
+        if stop_token && seq.params.include_stop_str_in_output {
+            let (text, hidden, _) = match (&mut seq.text, tokenizer) {
+                (Some(state), Some(t)) => state.push(t, token).unwrap_or_default(),
+                _ => (String::new(), None, false),
+            };
+            seq.sink.send(Event::Token {
+                id: token,
+                text,
+                logprob: seq.stop_logprob.take(),
+                hidden,
+            });
+        }
         seq.finished = Some(FinishReason::Stop);
         return;
     }
-    let (text, stopped) = match (&mut seq.text, tokenizer) {
+    let mut grammar_done = false;
+    if let Some(constraint) = &mut seq.constraint {
+        if let Err(e) = constraint.consume(token) {
+            fail_one(seq, &format!("structured output: {e}"));
+            return;
+        }
+        grammar_done = constraint.is_finished();
+    }
+    let (text, hidden, stopped) = match (&mut seq.text, tokenizer) {
         (Some(state), Some(t)) => state.push(t, token).unwrap_or_default(),
-        _ => (String::new(), false),
+        _ => (String::new(), None, false),
     };
     if !seq.sink.send(Event::Token {
         id: token,
         text,
         logprob,
+        hidden,
     }) {
         seq.finished = Some(FinishReason::Aborted);
-    } else if stopped {
+    } else if stopped || grammar_done {
         seq.finished = Some(FinishReason::Stop);
     } else if seq.generated() >= seq.params.max_tokens || seq.tokens.len() >= max_model_len {
         seq.finished = Some(FinishReason::Length);

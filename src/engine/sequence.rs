@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::grammar::Constraint;
 use super::logprobs::{LogprobRequest, TokenLogprob};
 use super::sampling::{Sampler, SamplingParams};
 use crate::text::{StopMatcher, StopStep, StreamDecoder, TextError, Tokenizer};
@@ -20,12 +21,16 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Log-probabilities to report, of sampled and of prompt tokens.
     pub logprobs: LogprobRequest,
+    /// Leave special tokens out of the text (they are then reported apart,
+    /// in [`Event::Token`]'s `hidden`); the OpenAI routes' default.
+    pub skip_special_tokens: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
-    /// End-of-sequence token or a stop string.
+    /// End-of-sequence token, a stop token or string, or the end of the
+    /// grammar the output follows.
     Stop,
     /// `max_tokens` or `max_model_len` reached.
     Length,
@@ -49,10 +54,13 @@ pub enum Event {
     /// A sampled token and the text it completes; `text` may be empty while
     /// a partial character or a possible stop string is held back. With
     /// `logprob` when the request asked for sampled tokens' log-probabilities.
+    /// `hidden` is the token's own text when it is a special token left out
+    /// of `text` (`skip_special_tokens`): output parsers read it, clients do not.
     Token {
         id: u32,
         text: String,
         logprob: Option<TokenLogprob>,
+        hidden: Option<String>,
     },
     /// The log-probability of prompt token `logprob.id` at `position` (1 or
     /// more: the first prompt token has no context), given the tokens
@@ -109,23 +117,30 @@ pub(crate) struct TextState {
 }
 
 impl TextState {
-    pub(crate) fn new(tokenizer: &Tokenizer, stop: &[String]) -> TextState {
+    pub(crate) fn new(
+        tokenizer: &Tokenizer,
+        params: &SamplingParams,
+        skip_special_tokens: bool,
+    ) -> TextState {
         TextState {
-            decoder: tokenizer.stream_decoder(true),
-            stops: StopMatcher::new(stop.iter().cloned()),
+            decoder: tokenizer.stream_decoder(skip_special_tokens),
+            stops: StopMatcher::new(params.stop.iter().cloned())
+                .with_stop_in_output(params.include_stop_str_in_output),
         }
     }
 
-    /// The text to emit for `id`, and whether a stop string completed.
+    /// The text to emit for `id`, the special token's text left out of it
+    /// (if so), and whether a stop string completed.
     pub(crate) fn push(
         &mut self,
         tokenizer: &Tokenizer,
         id: u32,
-    ) -> Result<(String, bool), TextError> {
+    ) -> Result<(String, Option<String>, bool), TextError> {
         let piece = self.decoder.push(tokenizer, id)?;
-        Ok(match self.stops.push(&piece) {
-            StopStep::Continue { emit } => (emit, false),
-            StopStep::Stopped { emit, .. } => (emit, true),
+        Ok(match self.stops.push(&piece.text) {
+            StopStep::Continue { emit } => (emit, piece.hidden, false),
+            // The token comes after the stop string: nothing of it is sent.
+            StopStep::Stopped { emit, .. } => (emit, None, true),
         })
     }
 
@@ -155,6 +170,8 @@ pub(crate) struct Sequence {
     pub ring_slot: Option<usize>,
     pub sampler: Sampler,
     pub params: SamplingParams,
+    /// The grammar the output follows (taken out of `params`), if any.
+    pub constraint: Option<Constraint>,
     pub prompt_logits: bool,
     pub ignore_eos: bool,
     pub logprobs: LogprobRequest,

@@ -10,7 +10,7 @@
 //! the engine thread's per-token work (stop strings) stays negligible.
 
 use super::errors::ApiError;
-use super::openai::types::{ChatContent, ChatInput, CommonParams, OneOrMany};
+use super::openai::types::{ChatContent, ChatInput, CommonParams, OneOrMany, SamplingFields};
 
 /// Stop strings per request (OpenAI allows 4; vLLM has no limit).
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -24,6 +24,14 @@ pub const MAX_CONTENT_PARTS: usize = 2048;
 pub const MAX_ROLE_BYTES: usize = 64;
 /// Bytes of the `model` field.
 pub const MAX_MODEL_NAME_BYTES: usize = 256;
+/// Entries of `logit_bias` (OpenAI sets no bound; the engine's per-token
+/// work is proportional to it).
+pub const MAX_LOGIT_BIAS: usize = 1024;
+/// Entries of `stop_token_ids`.
+pub const MAX_STOP_TOKEN_IDS: usize = 256;
+/// Bytes of a request's structured-output fields (schema, regex, grammar,
+/// choices): bounds the grammar's compile time on the preparation pool.
+pub const MAX_GRAMMAR_BYTES: usize = 64 << 10;
 /// Choices per request (`n`): one.
 pub const MAX_N: u32 = 1;
 /// Prompts of one batched completions request (`prompt` as a list); each is
@@ -64,6 +72,9 @@ pub struct RequestLimits {
     pub max_role_bytes: usize,
     pub max_model_name_bytes: usize,
     pub max_n: u32,
+    pub max_logit_bias: usize,
+    pub max_stop_token_ids: usize,
+    pub max_grammar_bytes: usize,
     pub max_prompts: usize,
     /// Token ids of all the prompts of a batch together:
     /// `4 × max_model_len`.
@@ -89,6 +100,9 @@ impl RequestLimits {
             max_role_bytes: MAX_ROLE_BYTES,
             max_model_name_bytes: MAX_MODEL_NAME_BYTES,
             max_n: MAX_N,
+            max_logit_bias: MAX_LOGIT_BIAS,
+            max_stop_token_ids: MAX_STOP_TOKEN_IDS,
+            max_grammar_bytes: MAX_GRAMMAR_BYTES,
             max_prompts: MAX_PROMPTS,
             max_batch_prompt_tokens: max_model_len.saturating_mul(BATCH_TOKENS_PER_MODEL_LEN),
             max_top_logprobs: MAX_TOP_LOGPROBS,
@@ -146,7 +160,32 @@ impl RequestLimits {
                 Some("stop"),
             )?;
         }
-        Ok(())
+        self.check_sampling(&common.sampling)
+    }
+
+    /// The sampling fields whose size a client chooses.
+    fn check_sampling(&self, sampling: &SamplingFields) -> Result<(), ApiError> {
+        at_most(
+            "max_logit_bias",
+            "the number of logit_bias entries",
+            sampling.logit_bias.as_ref().map_or(0, |m| m.len()),
+            self.max_logit_bias,
+            Some("logit_bias"),
+        )?;
+        at_most(
+            "max_stop_token_ids",
+            "the number of stop_token_ids",
+            sampling.stop_token_ids.as_ref().map_or(0, Vec::len),
+            self.max_stop_token_ids,
+            Some("stop_token_ids"),
+        )?;
+        at_most(
+            "max_grammar_bytes",
+            "the structured-output fields' length in bytes",
+            sampling.grammar_bytes(),
+            self.max_grammar_bytes,
+            None,
+        )
     }
 
     /// A prompt given as token ids.

@@ -25,6 +25,7 @@ use axum::routing::{get, post};
 use crate::engine::{EngineCounters, EngineLimits};
 use crate::plan::Plan;
 use crate::plan::ledger::Ledger;
+use crate::text::parsers::OutputParsers;
 use crate::text::{ChatTemplate, Tokenizer};
 use engine_loop::EngineHandle;
 use guard::MemoryGuard;
@@ -69,6 +70,8 @@ pub struct ServerState {
     /// What a client may size, and the pool prompts are prepared in.
     pub request_limits: RequestLimits,
     pub prep: PrepPool,
+    /// Compiles the structured-output grammars (built on first use).
+    pub grammars: crate::engine::grammar::LazyGrammarCompiler,
     request_ids: AtomicU64,
 }
 
@@ -85,6 +88,8 @@ pub struct ServerConfig {
     pub engine_counters: Arc<EngineCounters>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub chat_template: Option<ChatTemplate>,
+    /// How chat answers are split into reasoning, content and tool calls.
+    pub output_parsers: OutputParsers,
     /// The key every route but `/health` and `/ready` requires; `None`
     /// leaves them open.
     pub api_key: Option<String>,
@@ -106,6 +111,7 @@ impl ServerState {
             PREP_BUDGET_BODIES.saturating_mul(request_limits.max_body_bytes),
         );
         ServerState {
+            grammars: crate::engine::grammar::LazyGrammarCompiler::new(config.tokenizer.clone()),
             config,
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -15,6 +15,7 @@
 //!    still become a stop string and says when one completed.
 mod chat;
 mod config_files;
+pub mod parsers;
 mod python_json;
 mod stop;
 mod stream;

@@ -4,7 +4,8 @@
 //! the matcher holds back the end of the text while it could still be the
 //! start of a stop string, and releases it once it cannot. Text before a stop
 //! string is emitted; the stop string and anything after it are not (the
-//! OpenAI API's behaviour). Generation ends at the first stop string to
+//! OpenAI API's behaviour), unless the stop string is asked for too (vLLM's
+//! `include_stop_str_in_output`: then it is emitted, and nothing after it). Generation ends at the first stop string to
 //! complete, as it would if the text arrived one character at a time.
 
 /// What the caller may do after a chunk of text.
@@ -23,6 +24,9 @@ pub enum StopStep {
 pub struct StopMatcher {
     /// Non-empty stop strings with their index in the caller's list.
     stops: Vec<(usize, String)>,
+    /// Whether the stop string itself is emitted (vLLM's
+    /// `include_stop_str_in_output`).
+    include_stop: bool,
     /// Text received but not yet emitted: always a possible start of a stop
     /// string, except transiently inside `push`.
     held: String,
@@ -38,15 +42,22 @@ impl StopMatcher {
                 .enumerate()
                 .filter(|(_, stop)| !stop.is_empty())
                 .collect(),
+            include_stop: false,
             held: String::new(),
         }
+    }
+
+    /// Emits the stop string too, not only the text before it.
+    pub fn with_stop_in_output(mut self, include: bool) -> StopMatcher {
+        self.include_stop = include;
+        self
     }
 
     /// Feeds the next chunk of generated text.
     pub fn push(&mut self, text: &str) -> StopStep {
         self.held.push_str(text);
-        if let Some((start, stop_index)) = self.earliest_stop() {
-            let emit = self.held[..start].to_owned();
+        if let Some((start, end, stop_index)) = self.earliest_stop() {
+            let emit = self.held[..if self.include_stop { end } else { start }].to_owned();
             self.held.clear();
             return StopStep::Stopped { emit, stop_index };
         }
@@ -66,12 +77,12 @@ impl StopMatcher {
         &self.held
     }
 
-    /// Byte offset and index of the stop string that completes first in the
+    /// Byte range and index of the stop string that completes first in the
     /// held text: the one that ends earliest, and of those the longest (then
     /// the one listed first). Scanning a whole chunk this way gives the same
     /// answer as feeding it one character at a time, so the result does not
     /// depend on how the text was cut into chunks.
-    fn earliest_stop(&self) -> Option<(usize, usize)> {
+    fn earliest_stop(&self) -> Option<(usize, usize, usize)> {
         self.stops
             .iter()
             .filter_map(|&(index, ref stop)| {
@@ -79,7 +90,7 @@ impl StopMatcher {
                 Some((start + stop.len(), start, index))
             })
             .min()
-            .map(|(_end, start, index)| (start, index))
+            .map(|(end, start, index)| (start, end, index))
     }
 
     /// Byte offset of the longest suffix of the held text that is a proper
@@ -112,5 +123,26 @@ mod tests {
         // "EX" cannot become "END": all of it goes out.
         assert_eq!(m.push("X"), StopStep::Continue { emit: "EX".into() });
         assert_eq!(m.held(), "");
+    }
+
+    #[test]
+    fn the_stop_string_is_emitted_when_asked_for() {
+        let mut m = StopMatcher::new(["END"]).with_stop_in_output(true);
+        assert_eq!(m.push("abcE"), StopStep::Continue { emit: "abc".into() });
+        assert_eq!(
+            m.push("NDxyz"),
+            StopStep::Stopped {
+                emit: "END".into(),
+                stop_index: 0
+            }
+        );
+        let mut m = StopMatcher::new(["END"]);
+        assert_eq!(
+            m.push("abENDx"),
+            StopStep::Stopped {
+                emit: "ab".into(),
+                stop_index: 0
+            }
+        );
     }
 }

@@ -10,6 +10,19 @@
 //! tokens, and emits what the window's text adds beyond the context's text,
 //! but only once the text does not end in U+FFFD, i.e. no character is still
 //! incomplete. The emitted chunks then concatenate to the full decode.
+//!
+//! Special tokens: with `skip_special_tokens` a special token never enters
+//! the window (as `tokenizers`' own decode filters it out before its
+//! decoder runs), and [`StreamDecoder::push`] hands its text back apart, as
+//! [`Decoded::hidden`], so output parsers can still act on it (gpt-oss's
+//! harmony tokens are special) while the client does not see it. Without
+//! it, special tokens are decoded in place, verbatim.
+//!
+//! `spaces_between_special_tokens` (vLLM's field): a `tokenizer.json`
+//! tokenizer writes added tokens verbatim, with no space around them, which
+//! is what transformers' fast tokenizers and vLLM's fast detokenizer give
+//! for either value (only transformers' slow, Python tokenizers put spaces
+//! there). The value is accepted and changes nothing here.
 
 use super::{TextError, Tokenizer};
 
@@ -20,6 +33,15 @@ use super::{TextError, Tokenizer};
 const MAX_PENDING_TOKENS: usize = 16;
 
 const REPLACEMENT_CHAR: char = '\u{FFFD}';
+
+/// What one id adds to the stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decoded {
+    /// Text the id completes, as the client sees it.
+    pub text: String,
+    /// The id's own text when it is a special token left out of `text`.
+    pub hidden: Option<String>,
+}
 
 /// Turns a stream of token ids into text chunks that never change afterwards.
 ///
@@ -44,8 +66,23 @@ impl StreamDecoder {
     }
 
     /// Adds one id; returns the text it completes (often empty: a partial
-    /// character, or a special token that is skipped).
-    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, TextError> {
+    /// character, or a special token that is skipped, whose text is then in
+    /// [`Decoded::hidden`]).
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<Decoded, TextError> {
+        if self.skip_special_tokens
+            && let Some(special) = tokenizer.special_token_text(id)
+        {
+            return Ok(Decoded {
+                text: String::new(),
+                hidden: Some(special.to_owned()),
+            });
+        }
+        let text = self.push_text_token(tokenizer, id)?;
+        Ok(Decoded { text, hidden: None })
+    }
+
+    /// `push` for an id that enters the window.
+    fn push_text_token(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, TextError> {
         self.window.push(id);
         let (context_text, text) = self.decode_window(tokenizer)?;
         let pending = self.window.len() - self.emitted;
@@ -73,10 +110,11 @@ impl StreamDecoder {
         Ok(rest)
     }
 
-    /// Decodes the context alone and the whole window.
+    /// Decodes the context alone and the whole window (skipped special
+    /// tokens never enter it: the rest is decoded as it is).
     fn decode_window(&self, tokenizer: &Tokenizer) -> Result<(String, String), TextError> {
-        let context = tokenizer.decode(&self.window[..self.emitted], self.skip_special_tokens)?;
-        let text = tokenizer.decode(&self.window, self.skip_special_tokens)?;
+        let context = tokenizer.decode(&self.window[..self.emitted], false)?;
+        let text = tokenizer.decode(&self.window, false)?;
         Ok((context, text))
     }
 }

@@ -1,6 +1,7 @@
 //! The checkpoint's tokenizer (`tokenizer.json`, run by HF `tokenizers`) and
 //! the token ids that end a generation.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use super::TextError;
@@ -18,6 +19,9 @@ pub struct Tokenizer {
     eos_token_ids: Vec<u32>,
     special_tokens: SpecialTokens,
     longest_token_bytes: usize,
+    /// The text of every added token marked special, by id (what
+    /// `skip_special_tokens` leaves out).
+    special_token_texts: HashMap<u32, String>,
 }
 
 impl Tokenizer {
@@ -55,12 +59,19 @@ impl Tokenizer {
         eos_token_ids.sort_unstable();
         eos_token_ids.dedup();
         let longest_token_bytes = longest_token_bytes(&inner);
+        let special_token_texts = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, token)| (id, token.content))
+            .collect();
 
         Ok(Tokenizer {
             inner,
             eos_token_ids,
             special_tokens: config.special_tokens,
             longest_token_bytes,
+            special_token_texts,
         })
     }
 
@@ -103,6 +114,12 @@ impl Tokenizer {
         &self.special_tokens
     }
 
+    /// The text of `id` when it is a special token (an added token marked
+    /// `special`, which `skip_special_tokens` leaves out).
+    pub fn special_token_text(&self, id: u32) -> Option<&str> {
+        self.special_token_texts.get(&id).map(String::as_str)
+    }
+
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
@@ -115,6 +132,25 @@ impl Tokenizer {
     /// SentencePiece's `▁` and `<0x41>` are longer than what they stand for.)
     pub fn longest_token_bytes(&self) -> usize {
         self.longest_token_bytes
+    }
+
+    /// The parts of `tokenizer.json` that say which bytes each token stands
+    /// for: `decoder`, `added_tokens` and `model.vocab` (not the merges), for
+    /// the structured-output grammars' vocabulary.
+    pub fn vocabulary_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        let added: Vec<serde_json::Value> = self
+            .inner
+            .get_added_tokens_decoder()
+            .iter()
+            .map(|(id, token)| {
+                serde_json::json!({"id": id, "content": token.content, "special": token.special})
+            })
+            .collect();
+        Ok(serde_json::json!({
+            "decoder": serde_json::to_value(self.inner.get_decoder())?,
+            "added_tokens": added,
+            "model": {"vocab": self.inner.get_vocab(false)},
+        }))
     }
 
     /// Number of ids the tokenizer knows, added tokens included.

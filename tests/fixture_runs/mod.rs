@@ -78,6 +78,7 @@ pub fn serve_greedy<'w, B: Backend + 'w>(
                     prompt_logits: true,
                     ignore_eos: true,
                     logprobs: Default::default(),
+                    skip_special_tokens: true,
                 },
                 Box::new(tx),
             )

@@ -15,19 +15,22 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::logprobs::{ChoiceLogprobs, LogprobsAsked};
 use super::outcome::Outcome;
+use super::tool_types::{finish_reason, message_parts};
 use super::types::{
     ASSISTANT, AssistantMessage, ChatChoice, ChatContent, ChatInput, ChatLogprobParams,
     ChatRequest, CommonParams, CompletionLogprobParams, CompletionRequest, CompletionResponse,
     ModelCard, ModelList, OneOrMany, Prompt, RequestBody, TextChoice,
 };
 use super::{ChoiceMeta, ResponseMeta, Route, stream};
-use crate::engine::sampling::SamplingParams;
+use crate::engine::grammar::Constraint;
+use crate::engine::sampling::{MAX_TEMPERATURE, SamplingParams};
 use crate::engine::{AdmissionError, Event, EventSink, Request};
 use crate::server::engine_loop::{Command, SubmitError};
 use crate::server::errors::ApiError;
 use crate::server::limits::RequestLimits;
 use crate::server::{ServerState, body};
 use crate::text::ChatMessage;
+use crate::text::parsers::{OutputParser, ParsedMessage, TokenPiece};
 
 /// Seconds a client is told to wait after a 429 or 503.
 const RETRY_AFTER_SECONDS: u64 = 2;
@@ -111,9 +114,16 @@ async fn handle(
         }
     };
     if submitted.stream {
-        Ok(stream::sse(state, submitted.meta, submitted.events, outcome).into_response())
+        Ok(stream::sse(
+            state,
+            submitted.meta,
+            submitted.events,
+            submitted.parsers,
+            outcome,
+        )
+        .into_response())
     } else {
-        let answer = collect(submitted.meta, submitted.events).await;
+        let answer = collect(submitted.meta, submitted.events, submitted.parsers).await;
         outcome.finished(answer.is_ok());
         answer
     }
@@ -135,12 +145,14 @@ fn admit(state: &ServerState) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A request the engine took: its answer's metadata and its choices'
-/// events, tagged with the choice's index.
+/// A request the engine took: its answer's metadata, its choices' events
+/// (tagged with the choice's index) and, per choice, the parser its output
+/// goes through (chat: reasoning and tool calls; completions: none).
 struct Submitted {
     meta: ResponseMeta,
     events: mpsc::UnboundedReceiver<(usize, Event)>,
     stream: bool,
+    parsers: Vec<Option<OutputParser>>,
 }
 
 /// A parsed request, its prompts tokenized.
@@ -149,6 +161,8 @@ struct Prepared {
     prompts: Vec<PreparedPrompt>,
     logprobs: LogprobsAsked,
     echo: bool,
+    /// The chat route's output parser (its one prompt's).
+    parser: Option<OutputParser>,
 }
 
 /// One prompt (one choice): its ids and, to echo, its text.
@@ -200,40 +214,67 @@ async fn prepare_and_submit(
 }
 
 /// On the preparation pool: the body parsed and checked against the limits,
-/// then rendered and tokenized.
+/// then rendered and tokenized; a chat answer's output parser starts from
+/// the rendered prompt (it may open reasoning).
 fn prepare(state: &ServerState, bytes: &[u8], route: Route) -> Result<Prepared, ApiError> {
     let limits = &state.request_limits;
-    match route {
+    let mut prepared = match route {
         Route::Completion => {
-            let body: CompletionRequest = parse_body(bytes)?;
+            let mut body: CompletionRequest = parse_body(bytes)?;
+            body.common.sampling = std::mem::take(&mut body.sampling);
             check_common(state, &body.common)?;
             let echo = body.logprobs.echo.unwrap_or(false);
             let logprobs = completion_logprobs(limits, &body.logprobs)?;
             let prompts = completion_prompts(state, body.prompt)?;
-            Ok(Prepared {
+            Prepared {
                 common: body.common,
                 prompts,
                 logprobs,
                 echo,
-            })
+                parser: None,
+            }
         }
         Route::Chat => {
-            let body: ChatRequest = parse_body(bytes)?;
+            let mut body: ChatRequest = parse_body(bytes)?;
+            body.common.sampling = std::mem::take(&mut body.sampling);
             check_common(state, &body.common)?;
             let logprobs = chat_logprobs(limits, &body.logprobs)?;
             let rendered = render_chat(state, body.messages, true)?;
+            let parser = state.config.output_parsers.start(&rendered);
             let prompt = PreparedPrompt {
                 ids: encode(state, &rendered)?,
                 text: None,
             };
-            Ok(Prepared {
+            Prepared {
                 common: body.common,
                 prompts: vec![prompt],
                 logprobs,
                 echo: false,
-            })
+                parser: Some(parser),
+            }
         }
-    }
+    };
+    prepared.common.constraint = compile_grammar(state, &prepared.common)?;
+    Ok(prepared)
+}
+
+/// The structured-output fields' grammar, compiled (on the preparation
+/// pool); an invalid one is a 400 naming its field.
+fn compile_grammar(
+    state: &ServerState,
+    common: &CommonParams,
+) -> Result<Option<Constraint>, ApiError> {
+    let Some((spec, field)) = common.sampling.grammar()? else {
+        return Ok(None);
+    };
+    let compiler = state
+        .grammars
+        .get()
+        .map_err(|e| ApiError::invalid(e.to_string(), Some(field)))?;
+    compiler
+        .compile(&spec)
+        .map(Some)
+        .map_err(|e| ApiError::invalid(format!("{field}: {e}"), Some(field)))
 }
 
 /// A completions `prompt`, one or a batch, each tokenized; the batch's
@@ -468,17 +509,27 @@ fn sampling(
         Some(OneOrMany::One(s)) => vec![s.clone()],
         Some(OneOrMany::Many(v)) => v.clone(),
     };
-    let params = SamplingParams {
-        temperature: common.temperature.unwrap_or(1.0),
+    let temperature = common.temperature.unwrap_or(1.0);
+    if temperature > MAX_TEMPERATURE {
+        return Err(ApiError::invalid(
+            format!("temperature must be in [0, {MAX_TEMPERATURE}], got {temperature}"),
+            Some("temperature"),
+        ));
+    }
+    let mut params = SamplingParams {
+        temperature,
         top_k,
         top_p: common.top_p.unwrap_or(1.0),
         seed: common.seed,
         max_tokens,
         stop,
+        constraint: common.constraint.clone(),
+        ..SamplingParams::default()
     };
+    common.sampling.apply_to(&mut params)?;
     params
         .validate()
-        .map_err(|e| ApiError::invalid(e.to_string(), None))?;
+        .map_err(|e| ApiError::invalid(e.to_string(), e.field()))?;
     Ok(params)
 }
 
@@ -492,6 +543,7 @@ async fn submit(
         prompts,
         logprobs,
         echo,
+        parser,
     } = prepared;
     let max_model_len = state.config.limits.max_model_len;
     let params = prompts
@@ -531,6 +583,7 @@ async fn submit(
                     prompt_logits: false,
                     ignore_eos: common.ignore_eos,
                     logprobs: logprobs.engine(),
+                    skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
                 },
                 events: Box::new(IndexedSink {
                     index,
@@ -578,12 +631,13 @@ async fn submit(
         meta,
         events,
         stream: common.stream,
+        parsers: vec![parser],
     })
 }
 
 fn admission_error(e: AdmissionError) -> ApiError {
-    let param = match e {
-        AdmissionError::Sampling(_) => None,
+    let param = match &e {
+        AdmissionError::Sampling(e) => e.field(),
         _ => Some("prompt"),
     };
     ApiError::invalid(e.to_string(), param)
@@ -594,21 +648,28 @@ struct BlockingChoice {
     text: String,
     ids: Vec<u32>,
     logprobs: ChoiceLogprobs,
+    /// The chat route's output parser and what it made of the text so far.
+    parser: Option<OutputParser>,
+    message: ParsedMessage,
     finish: Option<&'static str>,
     completion_tokens: usize,
 }
 
 /// The blocking answer: waits for every choice's whole text, then answers
-/// once.
+/// once. A chat text goes through the same parser as a stream's, so the
+/// message is the concatenation of what the stream would have sent.
 async fn collect(
     meta: ResponseMeta,
     mut events: mpsc::UnboundedReceiver<(usize, Event)>,
+    mut parsers: Vec<Option<OutputParser>>,
 ) -> Result<Response, ApiError> {
     let mut choices: Vec<BlockingChoice> = (0..meta.choices.len())
         .map(|index| BlockingChoice {
             text: meta.choices[index].echo.clone().unwrap_or_default(),
             ids: Vec::new(),
             logprobs: meta.choice_logprobs(index),
+            parser: parsers.get_mut(index).and_then(Option::take),
+            message: ParsedMessage::default(),
             finish: None,
             completion_tokens: 0,
         })
@@ -626,8 +687,16 @@ async fn collect(
                 id,
                 text: piece,
                 logprob,
+                hidden,
             } => {
                 choice.ids.push(id);
+                if let Some(parser) = choice.parser.as_mut() {
+                    choice.message.apply_all(parser.push(TokenPiece {
+                        id,
+                        text: &piece,
+                        hidden: hidden.as_deref(),
+                    }));
+                }
                 choice.text.push_str(&piece);
                 if let Some(t) = &logprob {
                     choice.logprobs.on_token(t);
@@ -643,6 +712,10 @@ async fn collect(
                 ..
             } => {
                 choice.text.push_str(&rest);
+                if let Some(parser) = choice.parser.as_mut() {
+                    choice.message.apply_all(parser.push_text(&rest));
+                    choice.message.apply_all(parser.finish());
+                }
                 if let Some(t) = &stop_logprob {
                     choice.logprobs.on_token(t);
                 }
@@ -690,15 +763,25 @@ fn blocking_answer(meta: ResponseMeta, choices: Vec<BlockingChoice>) -> Response
             let choices = choices
                 .into_iter()
                 .enumerate()
-                .map(|(index, mut c)| ChatChoice {
-                    index: index as u32,
-                    logprobs: c.logprobs.take(),
-                    ids: meta.token_ids(index, &c.ids, true),
-                    message: AssistantMessage {
-                        role: ASSISTANT,
-                        content: c.text,
-                    },
-                    finish_reason: c.finish.unwrap_or("stop"),
+                .map(|(index, mut c)| {
+                    let (content, reasoning, tool_calls) = match c.parser {
+                        Some(_) => message_parts(c.message),
+                        None => (Some(c.text), None, Vec::new()),
+                    };
+                    let finish = finish_reason(c.finish.unwrap_or("stop"), !tool_calls.is_empty());
+                    ChatChoice {
+                        index: index as u32,
+                        logprobs: c.logprobs.take(),
+                        ids: meta.token_ids(index, &c.ids, true),
+                        message: AssistantMessage {
+                            role: ASSISTANT,
+                            content,
+                            reasoning_content: reasoning.clone(),
+                            reasoning,
+                            tool_calls,
+                        },
+                        finish_reason: finish,
+                    }
                 })
                 .collect();
             Json(CompletionResponse {

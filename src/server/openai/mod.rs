@@ -3,19 +3,24 @@
 //! and `/detokenize`.
 //!
 //! - [`types`]: the request and answer structs (the wire), with
-//!   [`logprob_types`] and [`tokenize_types`];
+//!   [`logprob_types`], [`tokenize_types`] and [`sampling_types`] (the
+//!   sampling and structured-output request fields);
 //! - [`handlers`]: the axum handlers (validation, submission, blocking answers);
 //! - [`stream`]: the SSE stream of chunks;
 //! - [`logprobs`]: a choice's log-probabilities in the answer's shape;
 //! - [`tokenize`]: `/tokenize`, `/detokenize`.
+//! - [`tool_types`]: the reasoning and tool-call answer shapes, from the
+//!   output parsers ([`crate::text::parsers`]).
 
 mod handlers;
 pub mod logprob_types;
 mod logprobs;
 mod outcome;
+pub mod sampling_types;
 mod stream;
 mod tokenize;
 pub mod tokenize_types;
+pub mod tool_types;
 pub mod types;
 
 pub use handlers::{chat_completions, completions, method_not_allowed, model, models, not_found};

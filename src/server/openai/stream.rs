@@ -1,6 +1,13 @@
 //! The SSE stream of a `stream: true` request: one chunk per piece of text
 //! as the engine produces it, the finish reason, the usage when asked for,
 //! then `[DONE]`.
+//!
+//! A chat stream sends its output parser's deltas, one chunk each, as
+//! OpenAI and vLLM do: `delta.reasoning_content` (and `reasoning`),
+//! `delta.content`, and for a tool call first `tool_calls: [{index, id,
+//! type: "function", function: {name, arguments: ""}}]`, then
+//! `tool_calls: [{index, function: {arguments: piece}}]`; the finish reason
+//! is `tool_calls` when the model called tools and stopped by itself.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -12,11 +19,13 @@ use tokio::sync::mpsc;
 
 use super::logprobs::ChoiceLogprobs;
 use super::outcome::Outcome;
+use super::tool_types::{finish_reason, tool_call_delta};
 use super::types::{ASSISTANT, ChatChunkChoice, ChatDelta, CompletionChunk, TextChoice, Usage};
 use super::{ResponseMeta, Route};
 use crate::engine::Event;
 use crate::server::ServerState;
 use crate::server::errors::ApiError;
+use crate::text::parsers::{Delta, OutputParser, TokenPiece};
 
 /// Seconds between keep-alive comments while the engine is silent.
 const KEEP_ALIVE_SECONDS: u64 = 10;
@@ -27,6 +36,10 @@ struct StreamChoice {
     /// possible stop strings): they go out with the next text.
     ids: Vec<u32>,
     logprobs: ChoiceLogprobs,
+    /// The chat route's output parser (reasoning, tool calls); completions
+    /// have none and stream their text as it comes.
+    parser: Option<OutputParser>,
+    made_tool_calls: bool,
     /// No chunk of this choice has gone out yet (the first carries the
     /// prompt's ids, the echoed prompt and `prompt_logprobs`).
     first: bool,
@@ -37,6 +50,7 @@ pub(super) fn sse(
     state: Arc<ServerState>,
     meta: ResponseMeta,
     mut events: mpsc::UnboundedReceiver<(usize, Event)>,
+    mut parsers: Vec<Option<OutputParser>>,
     mut outcome: Outcome,
 ) -> Sse<impl futures_core::Stream<Item = Result<SseEvent, Infallible>>> {
     let body = async_stream::stream! {
@@ -44,6 +58,8 @@ pub(super) fn sse(
             .map(|index| StreamChoice {
                 ids: Vec::new(),
                 logprobs: meta.choice_logprobs(index),
+                parser: parsers.get_mut(index).and_then(Option::take),
+                made_tool_calls: false,
                 first: true,
                 finished: false,
             })
@@ -66,12 +82,17 @@ pub(super) fn sse(
                 continue;
             };
             match event {
-                Event::Token { id, text, logprob } => {
+                Event::Token { id, text, logprob, hidden } => {
                     choice.ids.push(id);
                     if let Some(t) = &logprob {
                         choice.logprobs.on_token(t);
                     }
-                    if !text.is_empty() || chunk_per_token {
+                    let piece = TokenPiece { id, text: &text, hidden: hidden.as_deref() };
+                    if let Some(deltas) = choice.parser.as_mut().map(|p| p.push(piece)) {
+                        for delta in deltas {
+                            yield Ok(meta.delta_chunk(index, choice, &delta));
+                        }
+                    } else if !text.is_empty() || chunk_per_token {
                         yield Ok(meta.choice_chunk(index, choice, Some(&text), None));
                     }
                 }
@@ -81,10 +102,23 @@ pub(super) fn sse(
                     if let Some(t) = &stop_logprob {
                         choice.logprobs.on_token(t);
                     }
-                    if !text.is_empty() || !choice.ids.is_empty() || stop_logprob.is_some() {
-                        yield Ok(meta.choice_chunk(index, choice, Some(&text), None));
+                    let mut reason = reason.as_str();
+                    if let Some(parser) = choice.parser.as_mut() {
+                        let mut deltas = parser.push_text(&text);
+                        deltas.extend(parser.finish());
+                        for delta in deltas {
+                            yield Ok(meta.delta_chunk(index, choice, &delta));
+                        }
+                        reason = finish_reason(reason, choice.made_tool_calls);
+                        // Ids whose text was held back and came to nothing
+                        // go out with the finish reason.
+                        yield Ok(meta.choice_chunk(index, choice, None, Some(reason)));
+                    } else {
+                        if !text.is_empty() || !choice.ids.is_empty() || stop_logprob.is_some() {
+                            yield Ok(meta.choice_chunk(index, choice, Some(&text), None));
+                        }
+                        yield Ok(meta.choice_chunk(index, choice, None, Some(reason)));
                     }
-                    yield Ok(meta.choice_chunk(index, choice, None, Some(reason.as_str())));
                     completion_tokens += count;
                     if !choice.finished {
                         choice.finished = true;
@@ -141,12 +175,11 @@ impl ResponseMeta {
         text: Option<&str>,
         finish: Option<&'static str>,
     ) -> SseEvent {
-        let first = std::mem::replace(&mut choice.first, false);
-        let ids = self.token_ids(index, &choice.ids, first);
-        choice.ids.clear();
-        let logprobs = choice.logprobs.take_nonempty();
         match self.route {
             Route::Completion => {
+                let first = std::mem::replace(&mut choice.first, false);
+                let ids = self.token_ids(index, &choice.ids, first);
+                choice.ids.clear();
                 let mut piece = String::new();
                 if first && let Some(echo) = &self.choices[index].echo {
                     piece.push_str(echo);
@@ -156,7 +189,7 @@ impl ResponseMeta {
                     vec![TextChoice {
                         index: index as u32,
                         text: piece,
-                        logprobs,
+                        logprobs: choice.logprobs.take_nonempty(),
                         finish_reason: finish,
                         ids,
                         prompt_logprobs: if first {
@@ -168,26 +201,71 @@ impl ResponseMeta {
                     None,
                 ))
             }
-            Route::Chat => data(&self.chunk(
-                vec![ChatChunkChoice {
-                    index: index as u32,
-                    delta: ChatDelta {
-                        role: first.then_some(ASSISTANT),
-                        content: text.map(str::to_string),
-                    },
-                    logprobs,
-                    finish_reason: finish,
-                    ids,
-                }],
-                None,
-            )),
+            Route::Chat => {
+                let delta = ChatDelta {
+                    content: text.map(str::to_string),
+                    ..ChatDelta::default()
+                };
+                self.chat_chunk(index, choice, delta, finish)
+            }
         }
+    }
+
+    /// One chat chunk carrying a parser's delta.
+    fn delta_chunk(&self, index: usize, choice: &mut StreamChoice, delta: &Delta) -> SseEvent {
+        choice.made_tool_calls |= matches!(delta, Delta::ToolCallStart { .. });
+        self.chat_chunk(index, choice, chat_delta(delta), None)
+    }
+
+    /// One chat chunk of choice `index` carrying `delta`, the ids of the
+    /// tokens it came from and their log-probabilities; the choice's first
+    /// one also the role and the prompt's ids.
+    fn chat_chunk(
+        &self,
+        index: usize,
+        choice: &mut StreamChoice,
+        mut delta: ChatDelta,
+        finish: Option<&'static str>,
+    ) -> SseEvent {
+        let first = std::mem::replace(&mut choice.first, false);
+        delta.role = first.then_some(ASSISTANT);
+        let ids = self.token_ids(index, &choice.ids, first);
+        choice.ids.clear();
+        data(&self.chunk(
+            vec![ChatChunkChoice {
+                index: index as u32,
+                delta,
+                logprobs: choice.logprobs.take_nonempty(),
+                finish_reason: finish,
+                ids,
+            }],
+            None,
+        ))
     }
 
     /// The chunk after the last choice when the client asked for usage: no
     /// choices, the usage.
     fn usage_chunk(&self, usage: Usage) -> SseEvent {
         data(&self.chunk(Vec::<TextChoice>::new(), Some(usage)))
+    }
+}
+
+/// A parser delta as a chat chunk's delta.
+fn chat_delta(delta: &Delta) -> ChatDelta {
+    match delta {
+        Delta::Reasoning(text) => ChatDelta {
+            reasoning_content: Some(text.clone()),
+            reasoning: Some(text.clone()),
+            ..ChatDelta::default()
+        },
+        Delta::Content(text) => ChatDelta {
+            content: Some(text.clone()),
+            ..ChatDelta::default()
+        },
+        Delta::ToolCallStart { .. } | Delta::ToolCallArguments { .. } => ChatDelta {
+            tool_calls: tool_call_delta(delta).map(|d| vec![d]),
+            ..ChatDelta::default()
+        },
     }
 }
 

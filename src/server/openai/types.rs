@@ -9,7 +9,10 @@
 use serde::{Deserialize, Serialize};
 
 pub use super::logprob_types::*;
+pub use super::sampling_types::SamplingFields;
 pub use super::tokenize_types::*;
+pub use super::tool_types::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta};
+use crate::engine::grammar::Constraint;
 
 // ---------------------------------------------------------------- requests
 
@@ -54,6 +57,21 @@ pub struct CommonParams {
     /// vLLM's extension: also answer the prompt's and the output's token ids.
     #[serde(default)]
     pub return_token_ids: bool,
+    /// vLLM's extension: leave special tokens out of the answer's text
+    /// (default true). Output parsers read them either way.
+    pub skip_special_tokens: Option<bool>,
+    /// vLLM's extension, accepted: with a `tokenizer.json` tokenizer both
+    /// values give the same text (see `text::stream`).
+    pub spaces_between_special_tokens: Option<bool>,
+    /// Penalties, biases, stop tokens, structured outputs: parsed by the
+    /// request structs (a flattened struct inside this flattened one would
+    /// hide its fields from [`Unsupported`]) and moved here.
+    #[serde(skip)]
+    pub sampling: SamplingFields,
+    /// The grammar of the structured-output fields, compiled on the
+    /// preparation pool.
+    #[serde(skip)]
+    pub constraint: Option<Constraint>,
 }
 
 #[derive(Deserialize)]
@@ -94,6 +112,8 @@ impl Unsupported {
 pub struct CompletionRequest {
     #[serde(flatten)]
     pub common: CommonParams,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
     pub prompt: Prompt,
     #[serde(flatten)]
     pub logprobs: CompletionLogprobParams,
@@ -106,6 +126,8 @@ pub struct CompletionRequest {
 pub struct ChatRequest {
     #[serde(flatten)]
     pub common: CommonParams,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
     pub messages: Vec<ChatInput>,
     #[serde(flatten)]
     pub logprobs: ChatLogprobParams,
@@ -253,11 +275,21 @@ pub struct ChatChoice {
     pub ids: ChoiceTokenIds,
 }
 
+/// The answer's message. With an output parser, reasoning and tool calls
+/// are apart from the content, which is then `null` when there is none.
 #[derive(Serialize)]
 pub struct AssistantMessage {
     /// Always `"assistant"`.
     pub role: &'static str,
-    pub content: String,
+    pub content: Option<String>,
+    /// The reasoning (vLLM's name, which the OpenAI clients read through
+    /// `model_extra`); `reasoning` repeats it under vLLM's newer name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// A streamed `/v1/chat/completions` choice.
@@ -271,14 +303,21 @@ pub struct ChatChunkChoice {
     pub ids: ChoiceTokenIds,
 }
 
-/// What a chat chunk adds: the role on the first chunk, then content; the
-/// last chunk (with the finish reason) has neither: `{}`.
+/// What a chat chunk adds: the role on the first chunk, then content,
+/// reasoning (under both names, as for [`AssistantMessage`]) or tool-call
+/// pieces; the last chunk (with the finish reason) has none: `{}`.
 #[derive(Serialize, Default)]
 pub struct ChatDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// The one role answers come from.
@@ -335,6 +374,14 @@ mod tests {
             serde_json::from_value(json!({"prompt": "p", "max_tokens": 3, "user": null})).unwrap();
         assert_eq!(body.common.max_tokens, Some(3));
         assert_eq!(body.unsupported().first_set(), None);
+
+        // The sampling fields are taken by their struct, not left over.
+        let body: CompletionRequest = serde_json::from_value(
+            json!({"prompt": "p", "max_tokens": 3, "min_p": 0.1, "guided_regex": "a+", "zz": 1}),
+        )
+        .unwrap();
+        assert_eq!(body.sampling.min_p, Some(0.1));
+        assert_eq!(body.unsupported().first_set(), Some("zz"));
     }
 
     #[test]
