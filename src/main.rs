@@ -38,6 +38,8 @@ enum Command {
     MakeCheckpoint(cli::make_checkpoint::MakeCheckpointArgs),
     /// Compile every CUDA kernel with NVRTC (no GPU needed) and list them.
     Kernels(cli::kernels::KernelsArgs),
+    /// Write a commented profile from a checkpoint (`profile init --model DIR`).
+    Profile(cli::profile::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Command::Top(a) => cli::top::run(a),
         Command::MakeCheckpoint(a) => cli::make_checkpoint::run(a),
         Command::Kernels(a) => cli::kernels::run(a),
+        Command::Profile(a) => cli::profile::run(a),
     };
     match result {
         Ok(code) => code,

@@ -21,7 +21,7 @@ use crate::model::source::CheckpointSource;
 use crate::model::{Buffers, ModelError, Transformer};
 use crate::plan::ledger::{self, Category, Charge, Ledger, WeightsResidency};
 use crate::plan::memory::{self, WeightBytes};
-use crate::plan::profile::{DeviceKind, KubeletMode, Profile};
+use crate::plan::profile::{CheckpointFacts, DeviceKind, KubeletMode, Profile};
 use crate::plan::{self, Plan, PlanDevice, PlanError};
 use crate::text::{TextError, Tokenizer};
 
@@ -33,6 +33,9 @@ pub enum RuntimeError {
     Host(#[from] HostError),
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// Boxed: a profile error carries its file and message.
+    #[error(transparent)]
+    Profile(Box<crate::plan::profile::ProfileError>),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
@@ -147,7 +150,14 @@ pub fn plan_checkpoint(
             plan::check_geometry(&p.model.geometry(), &geometry)?;
             p.clone()
         }
-        None => Profile::for_geometry(&geometry, Some(dir.to_path_buf())),
+        None => Profile::for_checkpoint(
+            CheckpointFacts {
+                geometry: &geometry,
+                max_position_embeddings: config.max_position_embeddings,
+            },
+            Some(dir.to_path_buf()),
+        )
+        .map_err(|e| RuntimeError::Profile(Box::new(e)))?,
     };
     let headers = checkpoint::read_headers(dir)?;
     checkpoint::check_tensors(&config, &headers)?;
@@ -172,17 +182,29 @@ pub fn plan_profile(
 ) -> Result<Plan, RuntimeError> {
     let gpu_present = crate::host::gpu::probe().first().is_some();
     let device = PlanDevice::resolve(profile.backend.device, gpu_present);
-    if let Some(dir) = checkpoint {
-        let (_, _, plan) = plan_checkpoint(dir, Some(profile), host, device)?;
-        return Ok(plan);
-    }
     let reading = host.read(profile.host.kubelet)?;
-    Ok(plan::compute(
-        profile,
-        &plan::host_figures(&reading),
-        None,
-        device,
-    ))
+    plan_profile_on(profile, checkpoint, &plan::host_figures(&reading), device)
+}
+
+/// [`plan_profile`] on given host figures (a node model, not a reading)
+/// and device.
+pub fn plan_profile_on(
+    profile: &Profile,
+    checkpoint: Option<&Path>,
+    host: &memory::HostFigures,
+    device: PlanDevice,
+) -> Result<Plan, RuntimeError> {
+    let weights = match checkpoint {
+        Some(dir) => {
+            let config = ModelConfig::load(dir)?;
+            plan::check_geometry(&profile.model.geometry(), &config.geometry())?;
+            let headers = checkpoint::read_headers(dir)?;
+            checkpoint::check_tensors(&config, &headers)?;
+            Some(header_weight_bytes(&config, &headers))
+        }
+        None => None,
+    };
+    Ok(plan::compute(profile, host, weights, device))
 }
 
 impl LoadedModel {

@@ -38,6 +38,7 @@ mod kernels_matmul;
 mod kernels_ops;
 mod kernels_quantize;
 mod plan_cli;
+mod plan_layers;
 mod sampling_processors;
 mod server_api;
 mod server_batching;

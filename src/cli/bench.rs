@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use super::common::{ModelArgs, dummy_if_asked, resolve, set_threads};
+use super::common::{ModelArgs, ServingArgs, dummy_if_asked, resolve, set_threads};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cpu::kernels::measure_read_bandwidth_of;
@@ -24,7 +24,7 @@ use crate::engine::sampling::SamplingParams;
 use crate::engine::{Event, Request};
 use crate::geometry::WeightGroup;
 use crate::plan::Plan;
-use crate::plan::profile::{Profile, ServingSection};
+use crate::plan::profile::ValueSource;
 use crate::runtime::{Loaded, LoadedModel};
 use crate::units::format_size;
 use crate::util::rng::SplitMix64;
@@ -33,6 +33,8 @@ use crate::util::rng::SplitMix64;
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub serving: ServingArgs,
     /// Prompt tokens per request (random ids).
     #[arg(long, default_value_t = 512)]
     pub prompt_len: usize,
@@ -165,25 +167,24 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     if args.prompt_len == 0 || args.generate == 0 || args.repeats == 0 {
         bail!("--prompt-len, --gen and --repeats must be at least 1");
     }
-    let (dir, profile) = resolve(&args.model)?;
+    let (dir, mut profile) = resolve(&args.model, &args.serving)?;
     let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
-    // Without a profile the limits are derived from the config: raise them
-    // to hold the batch asked for (a profile's limits are kept as written).
-    let profile = match profile {
-        Some(p) => Some(p),
-        None if args.batch > ServingSection::default().max_num_seqs => {
-            let config = crate::checkpoint::config::ModelConfig::load(&dir)?;
-            let mut p = Profile::for_geometry(&config.geometry(), Some(dir.clone()));
-            p.serving.max_num_seqs = args.batch;
-            p.serving.max_num_batched_tokens = p.serving.max_num_batched_tokens.max(args.batch);
-            Some(p)
+    // Limits neither the profile nor a flag set are raised to hold the
+    // batch asked for (those set are kept as written).
+    let sources = &profile.sources;
+    if sources.get("max_num_seqs") == Some(&ValueSource::Default)
+        && args.batch > profile.serving.max_num_seqs
+    {
+        profile.serving.max_num_seqs = args.batch;
+        if sources.get("max_num_batched_tokens") == Some(&ValueSource::Default) {
+            let tokens = &mut profile.serving.max_num_batched_tokens;
+            *tokens = (*tokens).max(args.batch);
         }
-        None => None,
-    };
+    }
     let host = args.model.host();
     let loaded = LoadedModel::open_with(
         &dir,
-        profile.as_ref(),
+        Some(&profile),
         &host,
         PageCachePolicy::WillNeed,
         &args.model.device_options(),

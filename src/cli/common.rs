@@ -6,10 +6,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use super::{load_profile, model_dir};
+use super::find_profile;
 use crate::geometry::Architecture;
 use crate::host::HostReading;
-use crate::plan::profile::{DeviceKind, KubeletMode, Profile};
+use crate::plan::profile::{
+    CheckpointFacts, DeviceKind, KubeletMode, KvCacheDtype, KvCacheSize, Profile, ProfileDraft,
+    ServingOverrides,
+};
 use crate::runtime::{DeviceOptions, HostSource};
 use crate::text::ChatTemplate;
 use crate::text::Tokenizer;
@@ -163,25 +166,204 @@ impl HostArgs {
     }
 }
 
-/// The checkpoint folder and profile `args` name.
-pub fn resolve(args: &ModelArgs) -> Result<(PathBuf, Option<Profile>)> {
-    let (profile, profile_path) = match (&args.profile, &args.model) {
-        (Some(name), _) => {
-            let (p, path) = load_profile(name)?;
-            (Some(p), Some(path))
-        }
-        (None, None) => {
-            let (p, path) = load_profile(DEFAULT_PROFILE)?;
-            (Some(p), Some(path))
-        }
-        (None, Some(_)) => (None, None),
+/// The checkpoint folder and profile `args` name, the profile laid over
+/// the checkpoint's config.json and `serving`'s flags over the profile.
+pub fn resolve(args: &ModelArgs, serving: &ServingArgs) -> Result<(PathBuf, Profile)> {
+    let name = match (&args.profile, &args.model) {
+        (Some(name), _) => Some(name.as_str()),
+        (None, None) => Some(DEFAULT_PROFILE),
+        (None, Some(_)) => None,
     };
-    let dir = match (&profile, &profile_path) {
-        (Some(p), Some(path)) => model_dir(args.model.as_deref(), p, path),
-        _ => args.model.clone(),
+    let resolved = resolve_profile(name, args.model.as_deref(), serving, true)?;
+    let dir = resolved
+        .checkpoint
+        .context("no checkpoint: pass --model DIR or a profile with model.path")?;
+    Ok((dir, resolved.profile))
+}
+
+/// A profile resolved over its checkpoint, and where they were found.
+pub struct Resolved {
+    pub profile: Profile,
+    /// The checkpoint folder whose config.json the profile was laid over.
+    pub checkpoint: Option<PathBuf>,
+    /// The profile file (`None`: the built-in defaults).
+    pub profile_path: Option<PathBuf>,
+}
+
+/// Loads profile `name` (or none: the built-in defaults), finds its
+/// checkpoint (`explicit`, else the profile's `model.path`; that one, when
+/// `need_checkpoint` is false, only once downloaded) and lays the profile
+/// over the checkpoint's config.json and the flags over the profile.
+pub fn resolve_profile(
+    name: Option<&str>,
+    explicit: Option<&Path>,
+    serving: &ServingArgs,
+    need_checkpoint: bool,
+) -> Result<Resolved> {
+    let (draft, profile_path) = match name {
+        Some(name) => {
+            let path = find_profile(name)?;
+            (ProfileDraft::load(&path)?, Some(path))
+        }
+        None => (ProfileDraft::built_in(), None),
+    };
+    let from_profile = draft.model_path().map(|path| {
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            let base = profile_path.as_deref().and_then(Path::parent);
+            base.unwrap_or(Path::new(".")).join(path)
+        }
+    });
+    let checkpoint = match explicit {
+        Some(dir) => Some(dir.to_path_buf()),
+        None => from_profile.filter(|dir| need_checkpoint || dir.join("config.json").is_file()),
+    };
+    let config = match &checkpoint {
+        Some(dir) => Some(crate::checkpoint::config::ModelConfig::load(dir)?),
+        None => None,
+    };
+    let geometry = config.as_ref().map(|c| c.geometry());
+    let facts = config
+        .as_ref()
+        .zip(geometry.as_ref())
+        .map(|(c, geometry)| CheckpointFacts {
+            geometry,
+            max_position_embeddings: c.max_position_embeddings,
+        });
+    let profile = draft.resolve(facts, &serving.overrides()?)?;
+    Ok(Resolved {
+        profile,
+        checkpoint,
+        profile_path,
+    })
+}
+
+/// Serving flags, one set for `plan`, `serve`, `generate` and `bench`. Each
+/// overrides its profile key and the plan records it as `flag`. `--host`,
+/// `--port` and the API key only matter to `serve`; `plan`, `generate` and
+/// `bench` accept and ignore them, so one command line works for all four.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct ServingArgs {
+    /// Longest sequence, prompt and output [profile: `[serving]
+    /// max_model_len`; default 4096, at most the checkpoint's
+    /// max_position_embeddings].
+    #[arg(long, value_name = "TOKENS")]
+    pub max_model_len: Option<usize>,
+    /// Sequences run at once [profile: `max_num_seqs`; default 8].
+    #[arg(long, value_name = "N")]
+    pub max_num_seqs: Option<usize>,
+    /// Tokens one engine step takes [profile: `max_num_batched_tokens`;
+    /// default max(512, max_num_seqs)].
+    #[arg(long, value_name = "TOKENS")]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Element type of keys and values, `bf16` or `f32` [profile:
+    /// `kv_cache_dtype`; default bf16].
+    #[arg(long, value_name = "DTYPE", value_parser = parse_kv_dtype)]
+    pub kv_cache_dtype: Option<KvCacheDtype>,
+    /// KV cache size (`24GiB`) or `auto`: what remains, capped at max_num_seqs
+    /// × max_model_len [profile: `kv_cache`; default auto; generate: the request].
+    #[arg(long, value_name = "SIZE|auto", value_parser = parse_kv_cache)]
+    pub kv_cache: Option<KvCacheSize>,
+    /// Data-parallel ranks the MoE workspace is sized for [profile: `dp_size`; default 1].
+    #[arg(long, value_name = "N")]
+    pub dp_size: Option<usize>,
+    /// vLLM's flag, refused (exit 2): on unified memory the GPU's memory is
+    /// the host's, so a fraction of it is no budget; use --kv-cache SIZE.
+    #[arg(long, value_name = "FRACTION")]
+    pub gpu_memory_utilization: Option<f64>,
+    /// Name served in /v1/models [profile: `[model] name`; default the folder name].
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// serve: address to listen on: an IPv4 or IPv6 address (`::1`, `[::1]`),
+    /// `localhost` or a host name (resolved). Anything but loopback needs an
+    /// API key (or `--insecure-no-api-key`).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// serve: port (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// serve: the API key every route but /health and /ready requires
+    /// (visible to `ps`: prefer --api-key-file or $SPARKRT_API_KEY).
+    #[arg(long, value_name = "KEY", conflicts_with = "api_key_file")]
+    pub api_key: Option<String>,
+    /// serve: file holding the API key [default: $SPARKRT_API_KEY if set].
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
+}
+
+/// The environment variable `serve` reads the API key from when neither
+/// `--api-key` nor `--api-key-file` is given.
+pub const API_KEY_ENV: &str = "SPARKRT_API_KEY";
+
+impl ServingArgs {
+    /// The profile overrides these flags make.
+    pub fn overrides(&self) -> Result<ServingOverrides> {
+        if let Some(fraction) = self.gpu_memory_utilization {
+            bail!(
+                "--gpu-memory-utilization {fraction} is refused: on unified memory the GPU's \
+                 memory is the host's, shared with the OS, the page cache and the kubelet, so a \
+                 fraction of it is no budget. The plan budgets from MemAvailable less the \
+                 eviction threshold and reserves; cap the KV cache with --kv-cache SIZE, or raise \
+                 [host] os_reserve / safety_margin in a profile"
+            );
+        }
+        Ok(ServingOverrides {
+            max_model_len: self.max_model_len,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            dp_size: self.dp_size,
+            kv_cache_dtype: self.kv_cache_dtype,
+            kv_cache: self.kv_cache,
+            name: self.served_model_name.clone(),
+        })
     }
-    .context("no checkpoint: pass --model DIR or a profile with model.path")?;
-    Ok((dir, profile))
+
+    /// The API key: `--api-key`, else `--api-key-file`, else $SPARKRT_API_KEY.
+    pub fn api_key(&self) -> Result<Option<String>> {
+        let (key, from) = if let Some(key) = &self.api_key {
+            (key.trim().to_string(), "--api-key".to_string())
+        } else if let Some(path) = &self.api_key_file {
+            let text = crate::util::files::read_regular_to_string(
+                path,
+                crate::limits::MAX_SMALL_FILE_BYTES,
+            )
+            .with_context(|| format!("reading the API key file {}", path.display()))?;
+            (
+                text.trim().to_string(),
+                format!("the API key file {}", path.display()),
+            )
+        } else {
+            match std::env::var(API_KEY_ENV) {
+                Ok(key) => (key.trim().to_string(), format!("${API_KEY_ENV}")),
+                Err(std::env::VarError::NotPresent) => return Ok(None),
+                Err(std::env::VarError::NotUnicode(_)) => {
+                    bail!("${API_KEY_ENV} is not valid UTF-8")
+                }
+            }
+        };
+        if key.is_empty() {
+            bail!("{from} is empty");
+        }
+        Ok(Some(key))
+    }
+}
+
+fn parse_kv_dtype(text: &str) -> Result<KvCacheDtype, String> {
+    match text {
+        "bf16" => Ok(KvCacheDtype::Bf16),
+        "f32" => Ok(KvCacheDtype::F32),
+        other => Err(format!("{other:?} is not a KV cache dtype: bf16 or f32")),
+    }
+}
+
+fn parse_kv_cache(text: &str) -> Result<KvCacheSize, String> {
+    if text == "auto" {
+        return Ok(KvCacheSize::Auto);
+    }
+    crate::units::parse_bytes(text)
+        .map(KvCacheSize::Bytes)
+        .map_err(|e| format!("{e} (a size such as 24GiB, or auto)"))
 }
 
 /// Sets rayon's global pool to `threads` (once per process). More threads

@@ -10,13 +10,17 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use super::EXIT_DOES_NOT_FIT;
-use super::common::{ChatTemplateArgs, ModelArgs, dummy_if_asked, resolve, set_threads};
+use super::common::{
+    ChatTemplateArgs, ModelArgs, ServingArgs, dummy_if_asked, resolve, set_threads,
+};
 use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
 use crate::engine::sampling::SamplingParams;
 use crate::engine::{Event, FinishReason, Request};
+use crate::plan::memory;
+use crate::plan::profile::{KvCacheSize, Profile, ValueSource};
 use crate::runtime::{Loaded, LoadedModel, RuntimeError, WithBackend};
-use crate::text::ChatMessage;
+use crate::text::{ChatMessage, Tokenizer};
 
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
@@ -24,6 +28,8 @@ pub struct GenerateArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub template: ChatTemplateArgs,
+    #[command(flatten)]
+    pub serving: ServingArgs,
     /// Raw prompt text.
     #[arg(long, group = "input")]
     pub prompt: Option<String>,
@@ -68,16 +74,22 @@ struct GenerateReport {
     finish_reason: &'static str,
     prefill_tok_s: f64,
     decode_tok_s: f64,
+    /// Tokens the KV cache holds, and why that many (`request`: sized to
+    /// prompt + max_tokens, rounded up to whole blocks).
+    kv_cache_tokens: u64,
+    kv_cache_source: &'static str,
 }
 
 pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     set_threads(args.model.threads)?;
-    let (dir, profile) = resolve(&args.model)?;
+    let (dir, mut profile) = resolve(&args.model, &args.serving)?;
+    let prompt = prompt_ids(args, &dir)?;
+    size_kv_to_request(&mut profile, prompt.len() + args.max_tokens);
     let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
     let host = args.model.host();
     let loaded = match LoadedModel::open_with(
         &dir,
-        profile.as_ref(),
+        Some(&profile),
         &host,
         PageCachePolicy::Keep,
         &args.model.device_options(),
@@ -88,22 +100,52 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         }
         other => other?,
     };
-    loaded.run(Generate(args))
+    loaded.run(Generate(args, prompt))
+}
+
+/// Sizes the KV cache to the one request of `tokens` (prompt + max
+/// tokens, rounded up to whole blocks) unless the profile or a flag set
+/// `kv_cache`: the plan's `max_model_len` becomes that length too, since
+/// the plan holds at least one full-length sequence. A request longer than
+/// `max_model_len` is left for the engine to refuse, naming it.
+fn size_kv_to_request(profile: &mut Profile, tokens: usize) {
+    if profile.sources.get("kv_cache") != Some(&ValueSource::Default) {
+        return;
+    }
+    let s = &mut profile.serving;
+    let block = s.kv_block_size.max(1);
+    let length = tokens.max(1).div_ceil(block) * block;
+    if length > s.max_model_len {
+        return;
+    }
+    let per_token = memory::kv_bytes_per_token(&profile.model.geometry(), s.kv_cache_dtype.bytes());
+    s.max_model_len = length;
+    s.kv_cache = KvCacheSize::Bytes(length as u64 * per_token);
+    for key in ["kv_cache", "max_model_len"] {
+        profile.sources.insert(key, ValueSource::Request);
+    }
+    tracing::info!(
+        "KV cache sized to the request: {length} tokens ({} blocks)",
+        length / block
+    );
 }
 
 /// One prompt through an engine on the loaded model.
-struct Generate<'a>(&'a GenerateArgs);
+struct Generate<'a>(&'a GenerateArgs, Vec<u32>);
 
 impl WithBackend for Generate<'_> {
     type Output = Result<ExitCode>;
 
     fn run<B: Backend>(self, loaded: &Loaded<B>) -> Result<ExitCode> {
-        generate(self.0, loaded)
+        generate(self.0, self.1, loaded)
     }
 }
 
-fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitCode> {
-    let prompt = prompt_ids(args, loaded)?;
+fn generate<B: Backend>(
+    args: &GenerateArgs,
+    prompt: Vec<u32>,
+    loaded: &Loaded<B>,
+) -> Result<ExitCode> {
     let source = loaded.source();
     let mut engine = loaded.engine(&source)?;
 
@@ -195,6 +237,12 @@ fn generate<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<ExitC
             finish_reason: finish.as_str(),
             prefill_tok_s: rate(prompt.len(), prefill_s),
             decode_tok_s: rate(tokens.len().saturating_sub(1), decode_s),
+            kv_cache_tokens: loaded.plan.kv_cache.tokens,
+            kv_cache_source: loaded
+                .plan
+                .sources
+                .get("kv_cache")
+                .map_or("default", |s| s.name()),
         };
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -218,28 +266,30 @@ fn rate(tokens: usize, seconds: f64) -> f64 {
     }
 }
 
-fn prompt_ids<B: Backend>(args: &GenerateArgs, loaded: &Loaded<B>) -> Result<Vec<u32>> {
+/// The prompt's token ids, read before the model loads so the KV cache
+/// can be sized to it.
+fn prompt_ids(args: &GenerateArgs, dir: &Path) -> Result<Vec<u32>> {
     if let Some(ids) = &args.prompt_ids {
         return Ok(ids.clone());
     }
-    let tokenizer = loaded.tokenizer.as_ref().with_context(|| {
-        format!(
-            "{} has no tokenizer.json: pass --prompt-ids",
-            loaded.dir.display()
-        )
-    })?;
+    if args.prompt.is_none() && args.chat.is_none() {
+        bail!("give a prompt: --prompt TEXT, --chat TEXT or --prompt-ids 1,2,3");
+    }
+    // `exists`, not `is_file`: a tokenizer.json that is not a file is refused.
+    if !dir.join("tokenizer.json").exists() {
+        bail!("{} has no tokenizer.json: pass --prompt-ids", dir.display());
+    }
+    let tokenizer = Tokenizer::from_dir(dir)?;
     if let Some(text) = &args.prompt {
         return Ok(tokenizer.encode(text, false)?);
     }
-    if let Some(message) = &args.chat {
-        let template = match args.template.load(&loaded.dir)? {
-            Some(template) => template,
-            None => crate::text::ChatTemplate::from_dir(&loaded.dir)?,
-        };
-        let rendered = template.render(&[ChatMessage::new("user", message.as_str())], true)?;
-        return Ok(tokenizer.encode(&rendered, false)?);
-    }
-    bail!("give a prompt: --prompt TEXT, --chat TEXT or --prompt-ids 1,2,3")
+    let message = args.chat.as_deref().unwrap_or_default();
+    let template = match args.template.load(dir)? {
+        Some(template) => template,
+        None => crate::text::ChatTemplate::from_dir(dir)?,
+    };
+    let rendered = template.render(&[ChatMessage::new("user", message)], true)?;
+    Ok(tokenizer.encode(&rendered, false)?)
 }
 
 fn write_logits(path: &Path, logits: &[f32], rows: usize, vocab: usize) -> Result<()> {

@@ -10,6 +10,7 @@ pub mod kernels;
 pub mod make_checkpoint;
 pub mod plan;
 pub mod probe;
+pub mod profile;
 pub mod serve;
 pub mod top;
 
@@ -17,8 +18,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
-
-use crate::plan::profile::Profile;
 
 /// Exit code of a plan that does not fit.
 pub const EXIT_DOES_NOT_FIT: u8 = 3;
@@ -87,31 +86,6 @@ pub fn find_profile(name_or_path: &str) -> Result<PathBuf> {
             .collect::<Vec<_>>()
             .join(", ")
     )
-}
-
-/// Loads a profile by name or path.
-pub fn load_profile(name_or_path: &str) -> Result<(Profile, PathBuf)> {
-    let path = find_profile(name_or_path)?;
-    let profile = Profile::load(&path)?;
-    Ok((profile, path))
-}
-
-/// The checkpoint folder to use: `--model` if given, else the profile's
-/// `model.path` (relative paths are relative to the profile file).
-pub fn model_dir(
-    explicit: Option<&Path>,
-    profile: &Profile,
-    profile_path: &Path,
-) -> Option<PathBuf> {
-    if let Some(dir) = explicit {
-        return Some(dir.to_path_buf());
-    }
-    let path = profile.model.path.as_ref()?;
-    if path.is_absolute() {
-        Some(path.clone())
-    } else {
-        Some(profile_path.parent().unwrap_or(Path::new(".")).join(path))
-    }
 }
 
 /// A progress bar on stderr for long work (hidden when stderr is not a terminal).

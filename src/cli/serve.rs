@@ -8,22 +8,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use super::EXIT_DOES_NOT_FIT;
 use super::common::{
-    ChatTemplateArgs, ModelArgs, ParserArgs, dummy_if_asked, resolve, set_threads,
+    ChatTemplateArgs, ModelArgs, ParserArgs, ServingArgs, dummy_if_asked, resolve, set_threads,
 };
 use crate::backend::Backend;
 use crate::checkpoint::PageCachePolicy;
-use crate::limits::MAX_SMALL_FILE_BYTES;
 use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, WithBackend};
 use crate::server::engine_loop::{self, EngineHandle, Gauges};
 use crate::server::guard::MemoryGuard;
 use crate::server::listen::{self, ConnectionLimits};
 use crate::server::{ServerConfig, ServerState, expose, fds, router};
 use crate::text::ChatTemplate;
-use crate::util::files::read_regular_to_string;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -33,17 +31,8 @@ pub struct ServeArgs {
     pub template: ChatTemplateArgs,
     #[command(flatten)]
     pub parsers: ParserArgs,
-    /// Address to listen on: an IPv4 or IPv6 address (`::1`, `[::1]`),
-    /// `localhost` or a host name (resolved). Anything but loopback needs
-    /// `--api-key-file` (or `--insecure-no-api-key`).
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-    /// Port (0 picks a free one; the address is printed).
-    #[arg(long, default_value_t = 8000)]
-    pub port: u16,
-    /// File holding the API key every route but /health and /ready requires.
-    #[arg(long, value_name = "FILE")]
-    pub api_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub serving: ServingArgs,
     /// Listen on a non-loopback `--host` without an API key (logged as a
     /// warning): anyone who reaches the port can use the model.
     #[arg(long)]
@@ -68,30 +57,15 @@ pub struct ServeArgs {
     /// How often the memory guard reads MemAvailable, in milliseconds.
     #[arg(long, default_value_t = 500)]
     pub guard_interval_ms: u64,
-    /// Name served in /v1/models [default: the profile's model name or the folder name].
-    #[arg(long)]
-    pub served_model_name: Option<String>,
 }
 
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     set_threads(args.model.threads)?;
-    let api_key = match &args.api_key_file {
-        Some(path) => {
-            let key = read_regular_to_string(path, MAX_SMALL_FILE_BYTES)
-                .with_context(|| format!("reading the API key file {}", path.display()))?
-                .trim()
-                .to_string();
-            if key.is_empty() {
-                bail!("the API key file {} is empty", path.display());
-            }
-            Some(key)
-        }
-        None => None,
-    };
+    let api_key = args.serving.api_key()?;
     // Where and how it listens is checked before the model loads.
-    let address = expose::resolve(&args.host, args.port)?;
+    let address = expose::resolve(&args.serving.host, args.serving.port)?;
     if expose::check(
-        &args.host,
+        &args.serving.host,
         address,
         api_key.is_some(),
         args.insecure_no_api_key,
@@ -108,7 +82,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         max_connections: fds::connection_cap(open_files, args.max_connections)?,
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
     };
-    let (dir, profile) = resolve(&args.model)?;
+    let (dir, profile) = resolve(&args.model, &args.serving)?;
     let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
     // Before the weights load: a broken template is a start-up error; none
     // at all leaves the chat routes answering 400.
@@ -122,7 +96,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     };
     let loaded = match LoadedModel::open_with(
         &dir,
-        profile.as_ref(),
+        Some(&profile),
         &host,
         PageCachePolicy::WillNeed,
         &args.model.device_options(),
@@ -170,14 +144,11 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         connections,
         chat_template,
     } = job;
-    let model_name = args
-        .served_model_name
-        .clone()
-        .or_else(|| loaded.profile.model.name.clone())
-        .unwrap_or_else(|| {
-            dir.file_name()
-                .map_or("model".to_string(), |n| n.to_string_lossy().into_owned())
-        });
+    // `--served-model-name` is laid over `[model] name` in the profile.
+    let model_name = loaded.profile.model.name.clone().unwrap_or_else(|| {
+        dir.file_name()
+            .map_or("model".to_string(), |n| n.to_string_lossy().into_owned())
+    });
     let output_parsers = args
         .parsers
         .output_parsers(loaded.config.architecture, loaded.tokenizer.as_deref())?;

@@ -7,8 +7,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 
 use super::common::HostArgs;
-use super::load_profile;
+use super::find_profile;
 use crate::plan::memory::{self, HostFigures};
+use crate::plan::profile::ProfileDraft;
 use crate::plan::profile::{HostSection, KubeletMode};
 use sparkrt_tui::{HostSnapshot, HostSource, TopOptions};
 
@@ -60,7 +61,9 @@ impl HostSource for ProbeSource {
 
 pub fn run(args: &TopArgs) -> Result<ExitCode> {
     let reserves = match &args.profile {
-        Some(p) => load_profile(p)?.0.host,
+        // Only the reserves: a profile that leaves its geometry to the
+        // checkpoint is fine here.
+        Some(p) => ProfileDraft::load(&find_profile(p)?)?.host().clone(),
         None => HostSection {
             kubelet: KubeletMode::Auto,
             ..HostSection::default()

@@ -128,6 +128,9 @@ pub struct Plan {
     pub shortfall: Option<Shortfall>,
     /// max_model_len and friends, echoed so the plan reads on its own.
     pub serving: profile::ServingSection,
+    /// Where each serving value (and the geometry, `model`) came from:
+    /// flag, request, profile, checkpoint or default.
+    pub sources: std::collections::BTreeMap<&'static str, profile::ValueSource>,
 }
 
 impl Plan {
@@ -297,6 +300,7 @@ pub fn compute(
         total,
         shortfall,
         serving: s.clone(),
+        sources: profile.sources.clone(),
     }
 }
 

@@ -2,6 +2,7 @@
 //! (`profiles/*.toml`). Unknown keys are errors and every error names the
 //! file, line and column.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -37,6 +38,9 @@ pub enum ProfileError {
         section: &'static str,
         limit: LimitExceeded,
     },
+    /// A command-line flag's value the profile rules refuse.
+    #[error("{flag}: {message}")]
+    Flag { flag: String, message: String },
 }
 
 /// A parsed, validated profile.
@@ -48,6 +52,36 @@ pub struct Profile {
     pub serving: ServingSection,
     pub host: HostSection,
     pub backend: BackendSection,
+    /// Where each serving value (and the geometry, key `model`) came from.
+    pub sources: BTreeMap<&'static str, ValueSource>,
+}
+
+/// Where a value of the profile came from, most specific first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ValueSource {
+    /// A command-line flag (`--max-model-len`, ...).
+    Flag,
+    /// Sized to the one request of `sparkrt generate`.
+    Request,
+    /// The profile file.
+    Profile,
+    /// The checkpoint's config.json.
+    Checkpoint,
+    /// The documented default.
+    Default,
+}
+
+impl ValueSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            ValueSource::Flag => "flag",
+            ValueSource::Request => "request",
+            ValueSource::Profile => "profile",
+            ValueSource::Checkpoint => "checkpoint",
+            ValueSource::Default => "default",
+        }
+    }
 }
 
 /// `[model]`: the architecture and the geometry the plan needs, so a plan
@@ -305,7 +339,7 @@ pub const DEFAULT_CPU_OVERHEAD: u64 = 256 * MIB;
 pub const DEFAULT_CUDA_OVERHEAD: u64 = GIB;
 
 /// A byte count written as `"24GiB"`, `"512Mi"` or a plain integer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
 pub struct ByteSize(pub u64);
 
@@ -353,20 +387,104 @@ impl<'de> Visitor<'de> for SizeVisitor {
     }
 }
 
-#[derive(Deserialize)]
+/// `[model]` as written: every key optional. With a checkpoint at hand the
+/// geometry comes from its config.json (a value given here must agree, see
+/// `plan::check_geometry`); without one the geometry keys are required.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelDraft {
+    name: Option<String>,
+    path: Option<PathBuf>,
+    architecture: Option<Architecture>,
+    quantization: Option<Quantization>,
+    num_layers: Option<usize>,
+    hidden_size: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_kv_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: Option<usize>,
+    num_experts: Option<usize>,
+    top_k: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+    decoder_sparse_step: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    layer_types: Option<Vec<LayerAttention>>,
+    sliding_window: Option<usize>,
+}
+
+/// `[serving]` as written: every key optional (defaults in
+/// [`ServingSection::default`]).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServingDraft {
+    max_model_len: Option<usize>,
+    max_num_seqs: Option<usize>,
+    max_num_batched_tokens: Option<usize>,
+    dp_size: Option<usize>,
+    kv_cache_dtype: Option<KvCacheDtype>,
+    kv_cache: Option<KvCacheSize>,
+    kv_block_size: Option<usize>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ProfileFile {
-    model: ModelSection,
-    serving: ServingSection,
+    #[serde(default)]
+    model: ModelDraft,
+    #[serde(default)]
+    serving: ServingDraft,
     #[serde(default)]
     host: HostSection,
     #[serde(default)]
     backend: BackendSection,
 }
 
-impl Profile {
-    /// Reads and validates a profile file.
-    pub fn load(path: &Path) -> Result<Profile, ProfileError> {
+/// Serving values given on the command line; each overrides its profile key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServingOverrides {
+    pub max_model_len: Option<usize>,
+    pub max_num_seqs: Option<usize>,
+    pub max_num_batched_tokens: Option<usize>,
+    pub dp_size: Option<usize>,
+    pub kv_cache_dtype: Option<KvCacheDtype>,
+    pub kv_cache: Option<KvCacheSize>,
+    /// `--served-model-name`: overrides `[model] name`.
+    pub name: Option<String>,
+}
+
+/// What a profile takes from the checkpoint it is laid over (config.json).
+#[derive(Clone, Copy, Debug)]
+pub struct CheckpointFacts<'a> {
+    pub geometry: &'a ModelGeometry,
+    /// The longest context the model was trained for: the default
+    /// `max_model_len` is at most this.
+    pub max_position_embeddings: usize,
+}
+
+/// A profile file parsed but not yet laid over its checkpoint: what is
+/// known before config.json is read (e.g. `[model] path`, where it is).
+#[derive(Clone, Debug)]
+pub struct ProfileDraft {
+    source: String,
+    text: String,
+    file: ProfileFile,
+}
+
+/// `flag`, else `profile`, else `default`, with where the value came from.
+fn layer<T>(flag: Option<T>, profile: Option<T>, default: impl FnOnce() -> T) -> (T, ValueSource) {
+    match (flag, profile) {
+        (Some(v), _) => (v, ValueSource::Flag),
+        (None, Some(v)) => (v, ValueSource::Profile),
+        (None, None) => (default(), ValueSource::Default),
+    }
+}
+
+impl ProfileDraft {
+    /// Reads a profile file (syntax and unknown keys checked).
+    pub fn load(path: &Path) -> Result<ProfileDraft, ProfileError> {
         let text =
             read_regular_to_string(path, limits::MAX_SMALL_FILE_BYTES).map_err(|source| {
                 ProfileError::Read {
@@ -374,11 +492,20 @@ impl Profile {
                     source,
                 }
             })?;
-        Profile::parse(&text, &path.display().to_string())
+        ProfileDraft::parse(&text, &path.display().to_string())
     }
 
-    /// Parses and validates profile text; `source` names it in errors.
-    pub fn parse(text: &str, source: &str) -> Result<Profile, ProfileError> {
+    /// No profile file: every value from the checkpoint or the defaults.
+    pub fn built_in() -> ProfileDraft {
+        ProfileDraft {
+            source: BUILT_IN.to_string(),
+            text: String::new(),
+            file: ProfileFile::default(),
+        }
+    }
+
+    /// Parses profile text; `source` names it in errors.
+    pub fn parse(text: &str, source: &str) -> Result<ProfileDraft, ProfileError> {
         let file: ProfileFile = toml::from_str(text).map_err(|e| {
             let (line, column) = e
                 .span()
@@ -401,48 +528,237 @@ impl Profile {
                 },
             }
         })?;
-        let profile = Profile {
+        Ok(ProfileDraft {
             source: source.to_string(),
-            model: file.model,
-            serving: file.serving,
-            host: file.host,
-            backend: file.backend,
+            text: text.to_string(),
+            file,
+        })
+    }
+
+    /// `[host]`, as written (defaults for keys it leaves out).
+    pub fn host(&self) -> &HostSection {
+        &self.file.host
+    }
+
+    /// `[model] path`, as written (relative to the profile file).
+    pub fn model_path(&self) -> Option<&Path> {
+        self.file.model.path.as_deref()
+    }
+
+    /// The profile: `[model]` laid over `checkpoint` (config.json's
+    /// geometry; without one every geometry key is required), `flags` over
+    /// `[serving]`, defaults for the rest; then validated.
+    pub fn resolve(
+        self,
+        checkpoint: Option<CheckpointFacts<'_>>,
+        flags: &ServingOverrides,
+    ) -> Result<Profile, ProfileError> {
+        let mut sources = BTreeMap::new();
+        let model = match self.resolve_model(checkpoint.map(|c| c.geometry)) {
+            Ok(model) => model,
+            Err(key) => {
+                let (line, column) = locate_section(&self.text, "model").unwrap_or((1, 1));
+                return Err(ProfileError::Invalid {
+                    file: self.source.clone(),
+                    line,
+                    column,
+                    message: format!(
+                        "[model] {key}: missing: without a checkpoint (--model DIR or \
+                         [model] path) the profile must give the model's geometry"
+                    ),
+                });
+            }
+        };
+        let mut model = model;
+        sources.insert(
+            "model",
+            if checkpoint.is_some() {
+                ValueSource::Checkpoint
+            } else {
+                ValueSource::Profile
+            },
+        );
+        let (name, name_source) = layer(
+            flags.name.clone().map(Some),
+            model.name.take().map(Some),
+            || None,
+        );
+        model.name = name;
+        sources.insert("name", name_source);
+        let d = &self.file.serving;
+        let defaults = ServingSection::default();
+        let mut serving = defaults.clone();
+        let mut take = |key: &'static str, source: ValueSource| {
+            sources.insert(key, source);
+        };
+        let (mut v, mut src) = layer(flags.max_model_len, d.max_model_len, || {
+            defaults.max_model_len
+        });
+        // The default is no longer than the model's trained context.
+        if let Some(c) = checkpoint
+            && src == ValueSource::Default
+            && c.max_position_embeddings < v
+        {
+            (v, src) = (c.max_position_embeddings, ValueSource::Checkpoint);
+        }
+        serving.max_model_len = v;
+        take("max_model_len", src);
+        let (v, src) = layer(flags.max_num_seqs, d.max_num_seqs, || defaults.max_num_seqs);
+        serving.max_num_seqs = v;
+        take("max_num_seqs", src);
+        // The default holds at least one token per running sequence.
+        let seqs = serving.max_num_seqs;
+        let (v, src) = layer(
+            flags.max_num_batched_tokens,
+            d.max_num_batched_tokens,
+            || defaults.max_num_batched_tokens.max(seqs),
+        );
+        serving.max_num_batched_tokens = v;
+        take("max_num_batched_tokens", src);
+        let (v, src) = layer(flags.dp_size, d.dp_size, || defaults.dp_size);
+        serving.dp_size = v;
+        take("dp_size", src);
+        let (v, src) = layer(flags.kv_cache_dtype, d.kv_cache_dtype, || {
+            defaults.kv_cache_dtype
+        });
+        serving.kv_cache_dtype = v;
+        take("kv_cache_dtype", src);
+        let (v, src) = layer(flags.kv_cache, d.kv_cache, || defaults.kv_cache);
+        serving.kv_cache = v;
+        take("kv_cache", src);
+        let (v, src) = layer(None, d.kv_block_size, || defaults.kv_block_size);
+        serving.kv_block_size = v;
+        take("kv_block_size", src);
+        let profile = Profile {
+            source: self.source.clone(),
+            model,
+            serving,
+            host: self.file.host.clone(),
+            backend: self.file.backend.clone(),
+            sources,
+        };
+        profile.validate(&self.text)?;
+        Ok(profile)
+    }
+
+    /// `[model]` over the checkpoint's geometry; `Err(key)` names the first
+    /// required key missing when there is no checkpoint.
+    fn resolve_model(
+        &self,
+        checkpoint: Option<&ModelGeometry>,
+    ) -> Result<ModelSection, &'static str> {
+        let d = self.file.model.clone();
+        macro_rules! required {
+            ($field:ident) => {
+                match (d.$field, checkpoint) {
+                    (Some(v), _) => v,
+                    (None, Some(g)) => g.$field.clone(),
+                    (None, None) => return Err(stringify!($field)),
+                }
+            };
+        }
+        macro_rules! optional {
+            ($field:ident, $default:expr) => {
+                match (d.$field, checkpoint) {
+                    (Some(v), _) => v,
+                    (None, Some(g)) => g.$field.clone(),
+                    (None, None) => $default,
+                }
+            };
+        }
+        Ok(ModelSection {
+            name: d.name,
+            path: d.path,
+            architecture: required!(architecture),
+            quantization: required!(quantization),
+            num_layers: required!(num_layers),
+            hidden_size: required!(hidden_size),
+            num_attention_heads: required!(num_attention_heads),
+            num_kv_heads: required!(num_kv_heads),
+            head_dim: required!(head_dim),
+            vocab_size: required!(vocab_size),
+            num_experts: required!(num_experts),
+            top_k: required!(top_k),
+            moe_intermediate_size: required!(moe_intermediate_size),
+            intermediate_size: optional!(intermediate_size, 0),
+            mlp_only_layers: optional!(mlp_only_layers, Vec::new()),
+            decoder_sparse_step: optional!(decoder_sparse_step, 1),
+            tie_word_embeddings: optional!(tie_word_embeddings, false),
+            attention_bias: optional!(attention_bias, false),
+            layer_types: optional!(layer_types, Vec::new()),
+            sliding_window: d
+                .sliding_window
+                .or(checkpoint.and_then(|g| g.sliding_window)),
+        })
+    }
+}
+
+/// The `source` of a profile made without a file.
+pub const BUILT_IN: &str = "<built-in defaults>";
+
+impl Profile {
+    /// Reads and validates a profile file that gives its whole geometry.
+    pub fn load(path: &Path) -> Result<Profile, ProfileError> {
+        ProfileDraft::load(path)?.resolve(None, &ServingOverrides::default())
+    }
+
+    /// Parses and validates profile text that gives its whole geometry;
+    /// `source` names it in errors.
+    pub fn parse(text: &str, source: &str) -> Result<Profile, ProfileError> {
+        ProfileDraft::parse(text, source)?.resolve(None, &ServingOverrides::default())
+    }
+
+    /// Limits and sanity checks; errors point at the key in `text`, or
+    /// name the flag that set the value.
+    fn validate(&self, text: &str) -> Result<(), ProfileError> {
+        let flag_error = |key: &str, message: String| {
+            let key = key.split(' ').next().unwrap_or_default();
+            (self.sources.get(key) == Some(&ValueSource::Flag)).then(|| ProfileError::Flag {
+                flag: format!("--{}", key.replace('_', "-")),
+                message,
+            })
         };
         // Before any check that walks the layers or sizes a list.
-        if let Err((section, limit)) = profile.check_limits() {
+        if let Err((section, limit)) = self.check_limits() {
+            if let Some(e) = flag_error(&limit.field, limit.to_string()) {
+                return Err(e);
+            }
             // A product (`num_layers × num_experts`) points at its first factor.
             let key = limit.field.split(' ').next().unwrap_or_default();
             let (line, column) = locate_key(text, section, key).unwrap_or((1, 1));
             return Err(ProfileError::Limit {
-                file: source.to_string(),
+                file: self.source.clone(),
                 line,
                 column,
                 section,
                 limit,
             });
         }
-        if let Some((section, key, message)) = profile.first_problem() {
+        if let Some((section, key, message)) = self.first_problem() {
+            if let Some(e) = flag_error(key, message.clone()) {
+                return Err(e);
+            }
             let (line, column) = locate_key(text, section, key).unwrap_or((1, 1));
             return Err(ProfileError::Invalid {
-                file: source.to_string(),
+                file: self.source.clone(),
                 line,
                 column,
                 message: format!("[{section}] {key}: {message}"),
             });
         }
-        Ok(profile)
+        Ok(())
     }
 
     /// A profile for a checkpoint run without a profile file: the checkpoint's
-    /// geometry and modest serving limits.
-    pub fn for_geometry(geometry: &ModelGeometry, path: Option<PathBuf>) -> Profile {
-        Profile {
-            source: "<built-in defaults>".to_string(),
-            model: ModelSection::from_geometry(geometry, path),
-            serving: ServingSection::default(),
-            host: HostSection::default(),
-            backend: BackendSection::default(),
-        }
+    /// geometry and the default serving limits.
+    pub fn for_checkpoint(
+        checkpoint: CheckpointFacts<'_>,
+        path: Option<PathBuf>,
+    ) -> Result<Profile, ProfileError> {
+        let mut profile =
+            ProfileDraft::built_in().resolve(Some(checkpoint), &ServingOverrides::default())?;
+        profile.model.path = path;
+        Ok(profile)
     }
 
     /// Every size of `[model]`, `[serving]` and `[backend]` against
@@ -690,6 +1006,13 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// The line of the `[section]` header, for a key that is missing from it.
+fn locate_section(text: &str, section: &str) -> Option<(usize, usize)> {
+    text.lines()
+        .position(|l| l.trim() == format!("[{section}]"))
+        .map(|index| (index + 1, 1))
+}
+
 /// Finds `key = ...` inside `[section]`, for errors found after parsing.
 fn locate_key(text: &str, section: &str, key: &str) -> Option<(usize, usize)> {
     let mut in_section = false;
@@ -799,6 +1122,66 @@ kv_cache = "1MiB"
             let path = entry.unwrap().path();
             Profile::load(&path).unwrap_or_else(|e| panic!("{e}"));
         }
+    }
+
+    #[test]
+    fn a_partial_profile_layers_over_the_checkpoint_and_flags_over_it() {
+        let full = Profile::parse(TINY, "tiny.toml").unwrap();
+        let geometry = full.model.geometry();
+        let facts = |max_position_embeddings| {
+            Some(CheckpointFacts {
+                geometry: &geometry,
+                max_position_embeddings,
+            })
+        };
+        let draft = ProfileDraft::parse("[serving]\nmax_model_len = 256\n", "s.toml").unwrap();
+        let flags = ServingOverrides {
+            max_num_seqs: Some(2),
+            ..ServingOverrides::default()
+        };
+        let p = draft.clone().resolve(facts(1 << 20), &flags).unwrap();
+        assert_eq!(p.model.geometry(), geometry);
+        assert_eq!(p.serving.max_model_len, 256);
+        assert_eq!(p.serving.max_num_seqs, 2);
+        assert_eq!(p.serving.max_num_batched_tokens, 512);
+        assert_eq!(p.sources["model"], ValueSource::Checkpoint);
+        assert_eq!(p.sources["max_model_len"], ValueSource::Profile);
+        assert_eq!(p.sources["max_num_seqs"], ValueSource::Flag);
+        assert_eq!(p.sources["kv_cache"], ValueSource::Default);
+        // Without the checkpoint the geometry is required, named at [model]'s line.
+        let err = draft
+            .resolve(None, &ServingOverrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("[model] architecture: missing"), "{err}");
+        // The default batch holds one token per sequence.
+        let many = ServingOverrides {
+            max_num_seqs: Some(1000),
+            ..ServingOverrides::default()
+        };
+        let p = ProfileDraft::built_in()
+            .resolve(facts(1 << 20), &many)
+            .unwrap();
+        assert_eq!(p.serving.max_num_batched_tokens, 1000);
+        // A flag's bad value names the flag, not the file.
+        let zero = ServingOverrides {
+            max_model_len: Some(0),
+            ..ServingOverrides::default()
+        };
+        let err = ProfileDraft::built_in()
+            .resolve(facts(1 << 20), &zero)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "--max-model-len: must be at least 1");
+        // The default max_model_len is cut to the trained context; a
+        // profile's or flag's is kept.
+        let p = ProfileDraft::built_in()
+            .resolve(facts(2048), &ServingOverrides::default())
+            .unwrap();
+        assert_eq!(p.serving.max_model_len, 2048);
+        assert_eq!(p.sources["max_model_len"], ValueSource::Checkpoint);
+        let p = ProfileDraft::built_in().resolve(facts(8192), &ServingOverrides::default());
+        assert_eq!(p.unwrap().sources["max_model_len"], ValueSource::Default);
     }
 
     #[test]

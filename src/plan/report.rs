@@ -40,6 +40,31 @@ pub fn render(plan: &Plan) -> String {
         m.moe_intermediate_size
     );
 
+    let _ = writeln!(out, "\nServing (where each value came from)");
+    let source = |key: &str| plan.sources.get(key).map_or("default", |s| s.name());
+    let sv = &plan.serving;
+    let kv_cache = match sv.kv_cache {
+        super::profile::KvCacheSize::Auto => "auto".to_string(),
+        super::profile::KvCacheSize::Bytes(b) => format_size(b),
+    };
+    let serving_rows: [(&str, String); 8] = [
+        ("geometry", format!("{} layers", m.num_layers)),
+        ("name", m.name.clone().unwrap_or_else(|| "-".to_string())),
+        ("max_model_len", sv.max_model_len.to_string()),
+        ("max_num_seqs", sv.max_num_seqs.to_string()),
+        (
+            "max_num_batched_tokens",
+            sv.max_num_batched_tokens.to_string(),
+        ),
+        ("dp_size", sv.dp_size.to_string()),
+        ("kv_cache_dtype", sv.kv_cache_dtype.name().to_string()),
+        ("kv_cache", kv_cache),
+    ];
+    for (key, value) in serving_rows {
+        let from = source(if key == "geometry" { "model" } else { key });
+        let _ = writeln!(out, "  {key:<24}{value:>18}  ({from})");
+    }
+
     let _ = writeln!(out, "\nHost");
     let row = |out: &mut String, label: &str, value: String| {
         let _ = writeln!(out, "  {label:<42}{value:>14}");
