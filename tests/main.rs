@@ -45,6 +45,7 @@ mod server_connections;
 mod server_guard;
 mod server_limits;
 mod server_logprobs;
+mod server_metrics;
 mod server_openai_client;
 mod server_sampling;
 mod text_chat;

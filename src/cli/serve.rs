@@ -217,7 +217,8 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         .context("starting the HTTP runtime")?;
 
     let served = std::thread::scope(|scope| {
-        scope.spawn(|| engine_loop::run(engine, receiver, &gauges, max_queue));
+        let latency = Arc::clone(&state.latency);
+        scope.spawn(move || engine_loop::run(engine, receiver, &gauges, max_queue, &latency));
         let result = runtime.block_on(async {
             let listener = tokio::net::TcpListener::bind(address)
                 .await
