@@ -39,6 +39,7 @@ mod kernels_ops;
 mod kernels_quantize;
 mod plan_cli;
 mod sampling_processors;
+mod serve_summary;
 mod server_api;
 mod server_batching;
 mod server_connections;

@@ -11,6 +11,7 @@ pub mod make_checkpoint;
 pub mod plan;
 pub mod probe;
 pub mod serve;
+pub mod summary;
 pub mod top;
 
 use std::path::{Path, PathBuf};
