@@ -18,6 +18,7 @@ readonly PYTHON_PACKAGES=(
 	"numpy numpy"                       # tests/chat_parsers.rs: scripts/scripted_reference.py
 	"transformers transformers"         # (no torch: config, tokenizer and template only)
 	"jsonschema jsonschema" # tests/server_sampling.rs runs scripts/structured_output_check.py
+	"prometheus_client prometheus-client" # tests/server_metrics.rs parses /metrics
 )
 
 install_tools() {

@@ -14,6 +14,10 @@ use sparkrt::cli;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as text (colour only on a terminal, never with NO_COLOR)
+    /// or as one JSON object each, for log collectors.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: cli::summary::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -44,7 +48,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let args = Cli::parse();
-    init_logging();
+    cli::summary::init_logging(args.log_format);
     let result = match &args.command {
         Command::Probe(a) => cli::probe::run(a),
         Command::Plan(a) => cli::plan::run(a),
@@ -67,14 +71,4 @@ fn main() -> ExitCode {
             cli::exit_code_for(&error)
         }
     }
-}
-
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SPARKRT_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
 }

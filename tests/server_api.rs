@@ -213,10 +213,7 @@ fn completions_equal_generate_blocking_and_streamed() {
 
     let metrics = server.metrics();
     assert_eq!(metrics.get("sparkrt_requests_total{outcome=\"ok\"}"), 7.0);
-    assert_eq!(
-        metrics.get("sparkrt_requests_total{outcome=\"error\"}"),
-        0.0
-    );
+    assert_eq!(metrics.get("sparkrt_requests_total{outcome=\"5xx\"}"), 0.0);
 }
 
 #[test]
@@ -479,7 +476,7 @@ fn memory_and_metrics_follow_the_contract() {
 
     let m = server.metrics();
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"ok\"}"), 1.0);
-    assert_eq!(m.get("sparkrt_requests_total{outcome=\"error\"}"), 0.0);
+    assert_eq!(m.get("sparkrt_requests_total{outcome=\"5xx\"}"), 0.0);
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"rejected\"}"), 0.0);
     assert_eq!(m.get("sparkrt_requests_running"), 0.0);
     assert_eq!(m.get("sparkrt_requests_waiting"), 0.0);
@@ -507,8 +504,16 @@ fn memory_and_metrics_follow_the_contract() {
     // /v1/stats: the same figures as JSON, read with the monitor's types.
     let reply = server.get("/v1/stats");
     assert_eq!(reply.status, 200, "{}", reply.body);
+    let stats = ServingStats::parse(&reply.body).unwrap();
+    // One request: one TTFT sample; its 3 tokens: two inter-token gaps.
+    let ttft = stats
+        .ttft_seconds
+        .expect("the request's time to first token");
+    assert!(ttft.p50 > 0.0 && ttft.p50 == ttft.p99, "{ttft:?}");
+    let itl = stats.itl_seconds.expect("its inter-token latencies");
+    assert!(itl.p50 > 0.0 && itl.p50 <= itl.p99, "{itl:?}");
     assert_eq!(
-        ServingStats::parse(&reply.body).unwrap(),
+        stats,
         ServingStats {
             requests: RequestOutcomes {
                 ok: 1,
@@ -524,6 +529,8 @@ fn memory_and_metrics_follow_the_contract() {
             kv_blocks_used: 0,
             kv_blocks_free: 512,
             guard_tripped: false,
+            ttft_seconds: Some(ttft),
+            itl_seconds: Some(itl),
         }
     );
     // The monitor reads /v1/memory with the types the server wrote it with.
@@ -784,10 +791,7 @@ fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
     server.wait_until_idle();
     let metrics = server.metrics();
     assert_eq!(metrics.get("sparkrt_requests_total{outcome=\"ok\"}"), 2.0);
-    assert_eq!(
-        metrics.get("sparkrt_requests_total{outcome=\"error\"}"),
-        0.0
-    );
+    assert_eq!(metrics.get("sparkrt_requests_total{outcome=\"5xx\"}"), 0.0);
     assert_eq!(server.get("/health").status, 200);
 }
 

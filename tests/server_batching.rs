@@ -108,7 +108,7 @@ fn concurrent_greedy_requests_get_the_tokens_each_gets_alone() {
     server.wait_until_idle();
     let m = server.metrics();
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"ok\"}"), 64.0);
-    assert_eq!(m.get("sparkrt_requests_total{outcome=\"error\"}"), 0.0);
+    assert_eq!(m.get("sparkrt_requests_total{outcome=\"5xx\"}"), 0.0);
     assert_eq!(m.get("sparkrt_kv_blocks_free"), 512.0);
 }
 
@@ -154,7 +154,7 @@ fn a_tiny_kv_cache_queues_and_preempts_and_every_block_comes_back() {
     );
     assert_eq!(m.get("sparkrt_kv_blocks_free"), 32.0);
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"ok\"}"), 32.0);
-    assert_eq!(m.get("sparkrt_requests_total{outcome=\"error\"}"), 0.0);
+    assert_eq!(m.get("sparkrt_requests_total{outcome=\"5xx\"}"), 0.0);
     // Each prompt counts once (twice served), recomputed or not.
     let prompt_tokens: usize = requests
         .iter()

@@ -194,10 +194,12 @@ fn stop_strings_messages_and_sizes_over_the_limits_get_400() {
     let reply = chat(json!({"messages": [one], "stop": seventeen}));
     assert_over_limit(&reply, "max_stop_strings", 17, 16);
 
-    // None of these counted as served, failed or cancelled.
+    // The twelve refusals above counted as 4xx; none as served, failed or
+    // cancelled.
     let m = server.metrics();
+    assert_eq!(m.get("sparkrt_requests_total{outcome=\"4xx\"}"), 12.0);
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"ok\"}"), 1.0);
-    assert_eq!(m.get("sparkrt_requests_total{outcome=\"error\"}"), 0.0);
+    assert_eq!(m.get("sparkrt_requests_total{outcome=\"5xx\"}"), 0.0);
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"cancelled\"}"), 0.0);
 }
 
@@ -268,7 +270,7 @@ fn a_client_that_leaves_mid_stream_is_counted_cancelled() {
     server.wait_until_idle();
     let m = server.metrics();
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"ok\"}"), 0.0);
-    assert_eq!(m.get("sparkrt_requests_total{outcome=\"error\"}"), 0.0);
+    assert_eq!(m.get("sparkrt_requests_total{outcome=\"5xx\"}"), 0.0);
     assert!(m.get("sparkrt_generation_tokens_total") < 1000.0);
     let stats = server.get("/v1/stats").json();
     assert_eq!(stats["requests"]["cancelled"], 1);

@@ -12,6 +12,7 @@ pub mod plan;
 pub mod probe;
 pub mod profile;
 pub mod serve;
+pub mod summary;
 pub mod top;
 
 use std::path::{Path, PathBuf};

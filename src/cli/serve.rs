@@ -190,6 +190,22 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         host_root: args.model.host_root.clone(),
     }));
 
+    let mut summary = super::summary::StartupSummary::new(
+        &loaded.plan,
+        &state.config.model_name,
+        &format!("{} ({:?})", loaded.backend.name(), loaded.plan.device).to_lowercase(),
+        &format!(
+            "{:?}",
+            loaded
+                .ledger
+                .snapshot()
+                .weights_residency
+                .unwrap_or(sparkrt_tui::wire::WeightsResidency::Mapped)
+        )
+        .to_lowercase(),
+    );
+    summary.api_key = state.config.api_key.is_some();
+
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -197,13 +213,16 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         .context("starting the HTTP runtime")?;
 
     let served = std::thread::scope(|scope| {
-        scope.spawn(|| engine_loop::run(engine, receiver, &gauges, max_queue));
+        let latency = Arc::clone(&state.latency);
+        scope.spawn(move || engine_loop::run(engine, receiver, &gauges, max_queue, &latency));
         let result = runtime.block_on(async {
             let listener = tokio::net::TcpListener::bind(address)
                 .await
                 .with_context(|| format!("binding {address}"))?;
             let bound = listener.local_addr()?;
-            eprintln!("sparkrt: listening on http://{bound}");
+            summary.address = format!("http://{bound}");
+            summary.emit();
+            super::summary::listening(&summary.address);
             tracing::info!(
                 max_connections = connections.max_connections,
                 header_timeout_ms = connections.header_read_timeout.as_millis() as u64,
@@ -226,7 +245,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     stop_guard.store(true, Ordering::Release);
     let _ = guard_thread.join();
     served.map_err(super::RuntimeFailure)?;
-    eprintln!("sparkrt: stopped");
+    super::summary::say("stopped");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -250,8 +269,8 @@ async fn shutdown_signal(drain: Duration) {
         _ = ctrl_c => {},
         _ = terminate => {},
     }
-    eprintln!(
-        "sparkrt: shutting down (finishing requests in flight for up to {} s)",
+    super::summary::say(&format!(
+        "shutting down (finishing requests in flight for up to {} s)",
         drain.as_secs_f64()
-    );
+    ));
 }

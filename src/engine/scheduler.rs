@@ -219,6 +219,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             sink,
             text,
             finished: None,
+            scheduled_reported: false,
         });
         Ok(id)
     }
@@ -405,6 +406,10 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                 self.logit_owners.push((index, sampled));
             }
             self.scheduled.push((index, chunk));
+            let seq = &mut self.running[index];
+            if !std::mem::replace(&mut seq.scheduled_reported, true) {
+                seq.sink.scheduled();
+            }
             budget -= chunk;
             index += 1;
         }

@@ -93,6 +93,9 @@ pub trait EventSink: Send {
     fn is_closed(&self) -> bool {
         false
     }
+    /// The sequence is in a step for the first time (its queue time ends):
+    /// for timing sinks, called once.
+    fn scheduled(&mut self) {}
 }
 
 impl EventSink for std::sync::mpsc::Sender<Event> {
@@ -184,6 +187,8 @@ pub(crate) struct Sequence {
     pub text: Option<TextState>,
     /// Set when the sequence is done; it leaves the engine at the next step.
     pub finished: Option<FinishReason>,
+    /// Whether its sink was told it is scheduled ([`EventSink::scheduled`]).
+    pub scheduled_reported: bool,
 }
 
 impl Sequence {

@@ -4,10 +4,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::latency::LatencyMetrics;
 use crate::backend::Backend;
 use crate::engine::{AdmissionError, Engine, EventSink, Request, SeqId};
 
@@ -66,9 +67,10 @@ pub fn run<B: Backend>(
     commands: Receiver<Command>,
     gauges: &Gauges,
     max_queue: usize,
+    latency: &LatencyMetrics,
 ) {
     watch(gauges, || {
-        serve_commands(engine, commands, gauges, max_queue)
+        serve_commands(engine, commands, gauges, max_queue, latency)
     });
 }
 
@@ -94,6 +96,7 @@ fn serve_commands<B: Backend>(
     commands: Receiver<Command>,
     gauges: &Gauges,
     max_queue: usize,
+    latency: &LatencyMetrics,
 ) {
     gauges
         .kv_blocks_total
@@ -122,10 +125,18 @@ fn serve_commands<B: Backend>(
                 }
             }
         }
-        if let Err(e) = engine.step() {
-            gauges.step_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::error!("engine step failed: {e}");
-            engine.fail_all(&e.to_string());
+        let started = Instant::now();
+        match engine.step() {
+            Ok(report) => latency.observe_step(
+                started.elapsed().as_secs_f64(),
+                report.tokens,
+                report.sampled,
+            ),
+            Err(e) => {
+                gauges.step_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!("engine step failed: {e}");
+                engine.fail_all(&e.to_string());
+            }
         }
         gauges
             .running

@@ -8,6 +8,7 @@ pub mod errors;
 pub mod expose;
 pub mod fds;
 pub mod guard;
+pub mod latency;
 pub mod limits;
 pub mod listen;
 pub mod observe;
@@ -36,24 +37,43 @@ use prep::PrepPool;
 /// the tokenizer's memory is proportional to its input, so this bounds it.
 const PREP_BUDGET_BODIES: usize = 2;
 
-/// Request outcomes for `/metrics`.
+/// Requests to the generation routes by outcome, for `/metrics`: each is
+/// counted once, by its answer's status or by how its stream ended.
 #[derive(Debug, Default)]
 pub struct RequestCounters {
     pub ok: AtomicU64,
-    pub error: AtomicU64,
+    /// Answered 4xx (bad input, unknown model, a body too large).
+    pub client_error: AtomicU64,
+    /// Answered 5xx, or failed after its stream started.
+    pub server_error: AtomicU64,
+    /// Refused for capacity: 429 (queue full) or 503 (memory guard, engine
+    /// stopped, shutting down).
     pub rejected: AtomicU64,
     /// Admitted, then the client went away before the answer ended.
     pub cancelled: AtomicU64,
 }
 
 impl RequestCounters {
+    /// An answer that ran to its end (`ok`) or failed on the way (5xx).
     pub fn finished(&self, ok: bool) {
-        let counter = if ok { &self.ok } else { &self.error };
+        let counter = if ok { &self.ok } else { &self.server_error };
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn rejected(&self) {
-        self.rejected.fetch_add(1, Ordering::Relaxed);
+    /// A request answered with an error `status` before any output.
+    pub fn refused(&self, status: axum::http::StatusCode) {
+        let counter = if status == axum::http::StatusCode::TOO_MANY_REQUESTS
+            || status == axum::http::StatusCode::SERVICE_UNAVAILABLE
+        {
+            &self.rejected
+        } else if status.is_client_error() {
+            &self.client_error
+        } else if status.is_success() {
+            &self.ok
+        } else {
+            &self.server_error
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn cancelled(&self) {
@@ -72,6 +92,9 @@ pub struct ServerState {
     pub prep: PrepPool,
     /// Compiles the structured-output grammars (built on first use).
     pub grammars: crate::engine::grammar::LazyGrammarCompiler,
+    /// The latency histograms (observed by the requests' event sinks and
+    /// the engine loop).
+    pub latency: Arc<latency::LatencyMetrics>,
     request_ids: AtomicU64,
 }
 
@@ -111,6 +134,7 @@ impl ServerState {
             PREP_BUDGET_BODIES.saturating_mul(request_limits.max_body_bytes),
         );
         ServerState {
+            latency: Arc::new(latency::LatencyMetrics::new(config.limits.max_model_len)),
             grammars: crate::engine::grammar::LazyGrammarCompiler::new(config.tokenizer.clone()),
             config,
             started_unix: std::time::SystemTime::now()

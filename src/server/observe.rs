@@ -13,7 +13,8 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use sparkrt_tui::wire::{
-    self, HostSnapshot, KvState, MemoryReport, RequestOutcomes, ServingStats, WeightsResidency,
+    self, HostSnapshot, KvState, MemoryReport, Percentiles, RequestOutcomes, ServingStats,
+    WeightsResidency,
 };
 
 use super::ServerState;
@@ -71,10 +72,12 @@ fn serving_stats(state: &ServerState) -> ServingStats {
     let e = &state.config.engine_counters;
     let kv_used = g.kv_blocks_used.load(Ordering::Relaxed) as u64;
     let kv_total = g.kv_blocks_total.load(Ordering::Relaxed) as u64;
+    let recent = state.latency.recent();
+    let percentiles = |p: Option<(f64, f64)>| p.map(|(p50, p99)| Percentiles { p50, p99 });
     ServingStats {
         requests: RequestOutcomes {
             ok: c.ok.load(Ordering::Relaxed),
-            error: c.error.load(Ordering::Relaxed),
+            error: c.client_error.load(Ordering::Relaxed) + c.server_error.load(Ordering::Relaxed),
             rejected: c.rejected.load(Ordering::Relaxed),
             cancelled: c.cancelled.load(Ordering::Relaxed),
         },
@@ -86,6 +89,8 @@ fn serving_stats(state: &ServerState) -> ServingStats {
         kv_blocks_used: kv_used,
         kv_blocks_free: kv_total.saturating_sub(kv_used),
         guard_tripped: state.config.guard.tripped(),
+        ttft_seconds: percentiles(recent.ttft),
+        itl_seconds: percentiles(recent.itl),
     }
 }
 
@@ -95,6 +100,8 @@ pub async fn stats(State(state): State<Arc<ServerState>>) -> Json<ServingStats> 
 
 pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
     let stats = serving_stats(&state);
+    let c = &state.counters;
+    let count = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, u64)]| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -106,10 +113,11 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
     metric(
         "sparkrt_requests_total",
         "counter",
-        "Requests by outcome.",
+        "Requests to the generation routes by outcome: ok, 4xx, 5xx (or failed mid-stream), rejected (429/503 for capacity), cancelled.",
         &[
             ("{outcome=\"ok\"}".into(), stats.requests.ok),
-            ("{outcome=\"error\"}".into(), stats.requests.error),
+            ("{outcome=\"4xx\"}".into(), count(&c.client_error)),
+            ("{outcome=\"5xx\"}".into(), count(&c.server_error)),
             ("{outcome=\"rejected\"}".into(), stats.requests.rejected),
             ("{outcome=\"cancelled\"}".into(), stats.requests.cancelled),
         ],
@@ -188,6 +196,7 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
         "1 while the memory guard refuses new work.",
         &plain(u64::from(stats.guard_tripped)),
     );
+    state.latency.encode(&mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 

@@ -117,8 +117,8 @@ impl Server {
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
-                    if let Some(url) = line.strip_prefix("sparkrt: listening on ") {
-                        let _ = bound_tx.send(url.trim().to_string());
+                    if let Some(url) = listening_on(&line) {
+                        let _ = bound_tx.send(url);
                     }
                     let mut log = log.lock().unwrap();
                     log.push_str(&line);
@@ -513,4 +513,14 @@ pub fn ids(value: &Value) -> Vec<u32> {
         .iter()
         .map(|v| v.as_u64().expect("a token id") as u32)
         .collect()
+}
+
+/// The address of `sparkrt: listening on URL`, or of the json event with a
+/// `listening_on` field (`--log-format json`).
+fn listening_on(line: &str) -> Option<String> {
+    if let Some(url) = line.strip_prefix("sparkrt: listening on ") {
+        return Some(url.trim().to_string());
+    }
+    let event: serde_json::Value = serde_json::from_str(line).ok()?;
+    event["fields"]["listening_on"].as_str().map(str::to_string)
 }

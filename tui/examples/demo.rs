@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use sparkrt_tui::wire::{
     Category, GuardState, KvState, Ledger, LedgerEntry, MEMORY_PATH, MemoryReport, PageCachePolicy,
-    RequestOutcomes, STATS_PATH, ServingStats, WeightsResidency,
+    Percentiles, RequestOutcomes, STATS_PATH, ServingStats, WeightsResidency,
 };
 use sparkrt_tui::{GpuProcess, HostSnapshot, HostSource, TopOptions};
 
@@ -127,6 +127,15 @@ fn stats_at(t: f64) -> ServingStats {
         kv_blocks_used: used,
         kv_blocks_free: blocks_total - used,
         guard_tripped: mem_available(t) < 20 * GIB,
+        // Latency grows with the KV fill (a busier batch).
+        ttft_seconds: Some(Percentiles {
+            p50: 0.1 + 0.4 * kv_fill(t),
+            p99: 0.3 + 1.2 * kv_fill(t),
+        }),
+        itl_seconds: Some(Percentiles {
+            p50: 0.02 + 0.03 * kv_fill(t),
+            p99: 0.05 + 0.1 * kv_fill(t),
+        }),
     }
 }
 

@@ -192,7 +192,7 @@ pub struct GpuProcess {
 
 /// The answer of `GET /v1/stats`: the serving figures, read at one instant.
 /// Counters (`*_total`, `requests`) count since the server started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ServingStats {
     pub requests: RequestOutcomes,
     /// Sequences being served.
@@ -207,14 +207,31 @@ pub struct ServingStats {
     pub kv_blocks_free: u64,
     /// Whether the memory guard refuses new work.
     pub guard_tripped: bool,
+    /// Time to first token over the server's most recent requests (absent
+    /// before the first token, and from older servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_seconds: Option<Percentiles>,
+    /// Inter-token latency over the most recent tokens (as `ttft_seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub itl_seconds: Option<Percentiles>,
+}
+
+/// The median and the 99th percentile of a latency, in seconds, over a
+/// window of recent samples (the server says how many in its README).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
 }
 
 /// Finished requests by outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestOutcomes {
     pub ok: u64,
+    /// Answered 4xx or 5xx (not a capacity refusal), or failed mid-answer.
     pub error: u64,
-    /// Refused before they started (queue full, memory guard, admission).
+    /// Refused for capacity before they started (429 queue full, 503
+    /// memory guard or engine gone).
     pub rejected: u64,
     /// Admitted, then the client went away before the answer ended (absent
     /// from older servers: 0).

@@ -5,7 +5,7 @@ use crate::common;
 use common::STATS_OK;
 use serde_json::error::Category;
 use sparkrt_tui::stats::StatsParseError;
-use sparkrt_tui::wire::{RequestOutcomes, ServingStats};
+use sparkrt_tui::wire::{Percentiles, RequestOutcomes, ServingStats};
 
 /// The canned answer with one JSON value replaced (by its pointer path).
 fn with(pointer: &str, value: serde_json::Value) -> String {
@@ -41,6 +41,14 @@ fn canned_answer_parses_to_its_figures() {
             kv_blocks_used: 5120,
             kv_blocks_free: 15360,
             guard_tripped: false,
+            ttft_seconds: Some(Percentiles {
+                p50: 0.125,
+                p99: 0.75
+            }),
+            itl_seconds: Some(Percentiles {
+                p50: 0.025,
+                p99: 0.07
+            }),
         }
     );
 }
@@ -145,4 +153,14 @@ fn garbage_is_a_syntax_error_with_its_line_number() {
     let error = json_error("{\"requests_running\": three}");
     assert_eq!(error.classify(), Category::Syntax);
     assert!(error.to_string().contains("line 1"), "{error}");
+}
+
+#[test]
+fn an_answer_without_latencies_reads_as_none_yet() {
+    let mut doc: serde_json::Value = serde_json::from_str(STATS_OK).unwrap();
+    let object = doc.as_object_mut().unwrap();
+    object.remove("ttft_seconds").unwrap();
+    object.remove("itl_seconds").unwrap();
+    let stats = ServingStats::parse(&doc.to_string()).unwrap();
+    assert_eq!((stats.ttft_seconds, stats.itl_seconds), (None, None));
 }

@@ -154,6 +154,8 @@ fn headline_legend_and_panels_show_the_figures() {
         "gen 54.5 · prompt 812.0",
         "kv blocks used 5120 · free 15360 (25%)",
         "ok 120 · error 2 · rejected 5",
+        "ttft p50 125ms p99 750ms",
+        "itl p50 25ms p99 70ms",
         "trips < 18.0 GiB",
         // host
         "evictionHard   16.0 GiB",

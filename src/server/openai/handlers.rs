@@ -4,7 +4,7 @@
 //! ([`super::stream`]).
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -27,6 +27,7 @@ use crate::engine::sampling::{MAX_TEMPERATURE, SamplingParams};
 use crate::engine::{AdmissionError, Event, EventSink, Request};
 use crate::server::engine_loop::{Command, SubmitError};
 use crate::server::errors::ApiError;
+use crate::server::latency::TimedSink;
 use crate::server::limits::RequestLimits;
 use crate::server::{ServerState, body};
 use crate::text::parsers::{OutputParser, ParsedMessage, TokenPiece};
@@ -101,14 +102,20 @@ async fn handle(
     body: Body,
     route: Route,
 ) -> Result<Response, ApiError> {
-    let bytes = body::read(headers, body, state.request_limits.max_body_bytes).await?;
-    admit(&state)?;
-    // From here a client that leaves is counted as cancelled.
+    // Every request is counted once: refused by its error's status, else by
+    // how its answer ends; a client that leaves first is counted cancelled.
     let mut outcome = Outcome::new(Arc::clone(&state));
-    let submitted = match prepare_and_submit(&state, bytes, route).await {
+    let arrived = outcome.arrived;
+    let submitted = match async {
+        let bytes = body::read(headers, body, state.request_limits.max_body_bytes).await?;
+        admit(&state)?;
+        prepare_and_submit(&state, bytes, route, arrived).await
+    }
+    .await
+    {
         Ok(s) => s,
         Err(e) => {
-            outcome.dismiss();
+            outcome.refused(&e);
             return Err(e);
         }
     };
@@ -138,7 +145,6 @@ pub(super) fn admit(state: &ServerState) -> Result<(), ApiError> {
         );
     }
     if state.config.guard.tripped() {
-        state.counters.rejected();
         return Err(ApiError::memory_guard(RETRY_AFTER_SECONDS));
     }
     Ok(())
@@ -203,13 +209,14 @@ async fn prepare_and_submit(
     state: &Arc<ServerState>,
     bytes: Bytes,
     route: Route,
+    arrived: Instant,
 ) -> Result<Submitted, ApiError> {
     let job_state = Arc::clone(state);
     let prepared = state
         .prep
         .run(bytes.len(), move || prepare(&job_state, &bytes, route))
         .await??;
-    submit(state, prepared, route).await
+    submit(state, prepared, route, arrived).await
 }
 
 /// On the preparation pool: the body parsed and checked against the limits,
@@ -540,6 +547,7 @@ pub(super) async fn submit(
     state: &Arc<ServerState>,
     prepared: Prepared,
     route: Route,
+    arrived: Instant,
 ) -> Result<Submitted, ApiError> {
     let Prepared {
         common,
@@ -555,7 +563,6 @@ pub(super) async fn submit(
         .collect::<Result<Vec<_>, _>>()?;
     // The guard may have tripped while the prompt was prepared.
     if state.config.guard.tripped() {
-        state.counters.rejected();
         return Err(ApiError::memory_guard(RETRY_AFTER_SECONDS));
     }
     let tokenizer = state.config.tokenizer.clone();
@@ -588,23 +595,23 @@ pub(super) async fn submit(
                     logprobs: logprobs.engine(),
                     skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
                 },
-                events: Box::new(IndexedSink {
-                    index,
-                    events: events_tx.clone(),
-                }),
+                events: Box::new(TimedSink::new(
+                    IndexedSink {
+                        index,
+                        events: events_tx.clone(),
+                    },
+                    Arc::clone(&state.latency),
+                    arrived,
+                )),
                 reply: reply_tx,
             })
             .map_err(|_| ApiError::internal("the engine has stopped"))?;
         match reply.await {
             Ok(Ok(_)) => {}
             Ok(Err(SubmitError::QueueFull)) => {
-                state.counters.rejected();
                 return Err(ApiError::queue_full(RETRY_AFTER_SECONDS));
             }
-            Ok(Err(SubmitError::Admission(e))) => {
-                state.counters.rejected();
-                return Err(admission_error(e));
-            }
+            Ok(Err(SubmitError::Admission(e))) => return Err(admission_error(e)),
             Ok(Err(SubmitError::ShuttingDown)) | Err(_) => {
                 return Err(ApiError::internal("the server is shutting down")
                     .with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE));

@@ -1,16 +1,20 @@
-//! Counts one admitted request's outcome exactly once: `ok` or `error` when
-//! the answer says so, `cancelled` when it is dropped first. axum drops a
+//! Counts one request's outcome exactly once: by its error's status when it
+//! is refused, `ok` or a server error when its answer ends, `cancelled` when
+//! it is dropped first. axum drops a
 //! handler's future, and a stream's body, when the client goes away; the
 //! engine then ends the sequence at its next step (its event channel is
 //! closed), and this guard is where the request is counted.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::server::ServerState;
 
 pub(super) struct Outcome {
     state: Arc<ServerState>,
     counted: bool,
+    /// When the request came in (its latencies count from here).
+    pub(super) arrived: Instant,
 }
 
 impl Outcome {
@@ -18,10 +22,11 @@ impl Outcome {
         Outcome {
             state,
             counted: false,
+            arrived: Instant::now(),
         }
     }
 
-    /// The request got its answer (`ok`) or failed (`error`).
+    /// The request got its answer (`ok`) or failed (a server error).
     pub(super) fn finished(&mut self, ok: bool) {
         if !self.counted {
             self.state.counters.finished(ok);
@@ -29,9 +34,9 @@ impl Outcome {
         }
     }
 
-    /// The request was refused before it started: counted by whoever
-    /// refused it (`rejected`), or not at all (a 4xx for bad input).
-    pub(super) fn dismiss(mut self) {
+    /// The request was answered with `error` before any output.
+    pub(super) fn refused(mut self, error: &crate::server::errors::ApiError) {
+        self.state.counters.refused(error.status);
         self.counted = true;
     }
 }

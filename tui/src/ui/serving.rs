@@ -10,6 +10,7 @@ use ratatui::widgets::{Paragraph, Wrap};
 use super::style::{dim, panel};
 use crate::app::App;
 use crate::units::Units;
+use crate::wire::Percentiles;
 
 fn rate(value: Option<f64>) -> String {
     value.map_or_else(|| "–".to_string(), |v| format!("{v:.1}"))
@@ -40,6 +41,11 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
             )));
             lines.push(Line::raw(kv_line(m.kv_blocks_used, m.kv_blocks_free)));
             lines.push(Line::raw(format!(
+                "latency   ttft {} · itl {}",
+                percentiles(m.ttft_seconds),
+                percentiles(m.itl_seconds)
+            )));
+            lines.push(Line::raw(format!(
                 "done      ok {} · error {} · rejected {} · cancelled {}",
                 m.requests.ok, m.requests.error, m.requests.rejected, m.requests.cancelled
             )));
@@ -67,6 +73,23 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         Paragraph::new(lines).wrap(Wrap { trim: true }).block(block),
         area,
     );
+}
+
+/// `p50 120ms p99 750ms`, or a dash before the server has a sample.
+fn percentiles(p: Option<Percentiles>) -> String {
+    p.map_or_else(
+        || "–".to_string(),
+        |p| format!("p50 {} p99 {}", millis(p.p50), millis(p.p99)),
+    )
+}
+
+fn millis(seconds: f64) -> String {
+    let ms = seconds * 1000.0;
+    if ms < 10.0 {
+        format!("{ms:.1}ms")
+    } else {
+        format!("{ms:.0}ms")
+    }
 }
 
 fn kv_line(used: u64, free: u64) -> String {

@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -38,13 +38,19 @@ pub async fn responses(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = body::read(&headers, body, state.request_limits.max_body_bytes).await?;
-    handlers::admit(&state)?;
+    // Counted once, as the other generation routes are (see `Outcome`).
     let mut outcome = Outcome::new(Arc::clone(&state));
-    let (submitted, echo) = match prepare_and_submit(&state, bytes).await {
+    let arrived = outcome.arrived;
+    let (submitted, echo) = match async {
+        let bytes = body::read(&headers, body, state.request_limits.max_body_bytes).await?;
+        handlers::admit(&state)?;
+        prepare_and_submit(&state, bytes, arrived).await
+    }
+    .await
+    {
         Ok(s) => s,
         Err(e) => {
-            outcome.dismiss();
+            outcome.refused(&e);
             return Err(e);
         }
     };
@@ -64,6 +70,7 @@ pub async fn responses(
 async fn prepare_and_submit(
     state: &Arc<ServerState>,
     bytes: Bytes,
+    arrived: Instant,
 ) -> Result<(Submitted, Echo), ApiError> {
     let job_state = Arc::clone(state);
     let (prepared, echo) = state
@@ -83,7 +90,7 @@ async fn prepare_and_submit(
             Ok::<_, ApiError>((prepared, echo))
         })
         .await??;
-    let submitted = handlers::submit(state, prepared, Route::Chat).await?;
+    let submitted = handlers::submit(state, prepared, Route::Chat, arrived).await?;
     Ok((submitted, echo))
 }
 
