@@ -306,7 +306,10 @@ fn tool_call(i: usize, j: usize, call: ToolCallInput) -> Result<ToolCall, ApiErr
 }
 
 /// A field of a nested object that no struct takes: 400 naming its path.
-fn refuse_unknown(unsupported: &Unsupported, at: impl Fn() -> String) -> Result<(), ApiError> {
+pub(super) fn refuse_unknown(
+    unsupported: &Unsupported,
+    at: impl Fn() -> String,
+) -> Result<(), ApiError> {
     match unsupported.first_set() {
         None => Ok(()),
         Some(field) => Err(ApiError::unsupported_parameter(
@@ -317,7 +320,7 @@ fn refuse_unknown(unsupported: &Unsupported, at: impl Fn() -> String) -> Result<
 }
 
 /// A 400 whose `param` is a path built from the request (`messages[2].…`).
-fn invalid_at(param: String, message: String) -> ApiError {
+pub(super) fn invalid_at(param: String, message: String) -> ApiError {
     let mut error = ApiError::invalid(message, None);
     error.param = Some(Cow::Owned(param));
     error

@@ -227,6 +227,15 @@ impl Progress {
     }
 }
 
+/// One prompt, one choice: its parser (its events are index 0).
+fn only_parser(parsers: Vec<Option<OutputParser>>) -> OutputParser {
+    parsers
+        .into_iter()
+        .flatten()
+        .next()
+        .unwrap_or_else(OutputParser::off)
+}
+
 /// The blocking answer: the whole output, then one response object.
 async fn collect(answer: Answer, submitted: Submitted) -> Result<ResponseObject, ApiError> {
     let Submitted {
@@ -235,12 +244,7 @@ async fn collect(answer: Answer, submitted: Submitted) -> Result<ResponseObject,
         parsers,
         ..
     } = submitted;
-    // One prompt, one choice: its parser and its events (index 0).
-    let parser = parsers
-        .into_iter()
-        .flatten()
-        .next()
-        .unwrap_or_else(OutputParser::off);
+    let parser = only_parser(parsers);
     let prompt_len = meta.choices.first().map_or(0, |c| c.prompt_ids.len());
     let mut progress = Progress::new(parser, answer.id.trim_start_matches("resp_"));
     while let Some(event) = events.recv().await {
@@ -274,12 +278,7 @@ fn stream(
         parsers,
         ..
     } = submitted;
-    // One prompt, one choice: its parser and its events (index 0).
-    let parser = parsers
-        .into_iter()
-        .flatten()
-        .next()
-        .unwrap_or_else(OutputParser::off);
+    let parser = only_parser(parsers);
     let prompt_len = meta.choices.first().map_or(0, |c| c.prompt_ids.len());
     let body = async_stream::stream! {
         let mut sequence = 0u64;

@@ -7,7 +7,6 @@
 //! (`{"type": "function", "name", ...}`) become the chat form
 //! (`{"type": "function", "function": {"name", ...}}`) the templates read.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 
 use minijinja::Value;
@@ -15,8 +14,8 @@ use minijinja::Value;
 use super::types::{InputContent, InputItem, InputPart, ResponseInput, ResponsesRequest};
 use crate::server::errors::ApiError;
 use crate::server::limits::RequestLimits;
-use crate::server::openai::chat_prompt::{self, PreparedChat};
-use crate::server::openai::types::{CommonParams, TemplateParams, Unsupported};
+use crate::server::openai::chat_prompt::{self, PreparedChat, invalid_at, refuse_unknown};
+use crate::server::openai::types::{CommonParams, TemplateParams};
 use crate::text::{ChatMessage, ToolCall};
 
 /// What the response object repeats of its request.
@@ -355,22 +354,6 @@ fn only(item: &InputItem, allowed: &[&str], at: impl Fn() -> String) -> Result<(
 
 fn missing(at: &str, field: &str) -> ApiError {
     invalid_at(format!("{at}.{field}"), format!("{at} needs `{field}`"))
-}
-
-fn refuse_unknown(unsupported: &Unsupported, at: impl Fn() -> String) -> Result<(), ApiError> {
-    match unsupported.first_set() {
-        None => Ok(()),
-        Some(field) => Err(ApiError::unsupported_parameter(
-            &format!("{}.{field}", at()),
-            "is not supported by this server",
-        )),
-    }
-}
-
-fn invalid_at(param: String, message: String) -> ApiError {
-    let mut error = ApiError::invalid(message, None);
-    error.param = Some(Cow::Owned(param));
-    error
 }
 
 #[cfg(test)]
