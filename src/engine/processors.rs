@@ -27,7 +27,18 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::sampling::SamplingParams;
+/// The request fields the processors read (from the engine's
+/// `SamplingParams`, which this module does not depend on).
+pub struct ProcessorSettings<'a> {
+    pub logit_bias: &'a [(u32, f32)],
+    pub stop_token_ids: &'a [u32],
+    pub min_tokens: usize,
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub min_p: f32,
+    pub temperature: f32,
+}
 
 /// The processors' state for one request.
 #[derive(Clone, Debug, Default)]
@@ -53,13 +64,13 @@ pub struct LogitProcessors {
 
 impl LogitProcessors {
     /// `eos` is the model's end-of-sequence ids (for `min_tokens`).
-    pub fn new(params: &SamplingParams, prompt: &[u32], eos: &[u32]) -> LogitProcessors {
+    pub fn new(params: ProcessorSettings<'_>, prompt: &[u32], eos: &[u32]) -> LogitProcessors {
         let repetition = params.repetition_penalty != 1.0;
-        let mut end_tokens: Vec<u32> = eos.iter().chain(&params.stop_token_ids).copied().collect();
+        let mut end_tokens: Vec<u32> = eos.iter().chain(params.stop_token_ids).copied().collect();
         end_tokens.sort_unstable();
         end_tokens.dedup();
         LogitProcessors {
-            bias: params.logit_bias.clone(),
+            bias: params.logit_bias.to_vec(),
             end_tokens,
             min_tokens: params.min_tokens,
             repetition_penalty: params.repetition_penalty,

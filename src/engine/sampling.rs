@@ -31,7 +31,7 @@ use std::hash::BuildHasher;
 use std::time::SystemTime;
 
 use super::grammar::Constraint;
-use super::processors::LogitProcessors;
+use super::processors::{LogitProcessors, ProcessorSettings};
 use crate::util::rng::SplitMix64;
 
 /// Where the nucleus search splits the candidates first (see
@@ -108,6 +108,20 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// The fields the logits processors read.
+    fn processor_settings(&self) -> ProcessorSettings<'_> {
+        ProcessorSettings {
+            logit_bias: &self.logit_bias,
+            stop_token_ids: &self.stop_token_ids,
+            min_tokens: self.min_tokens,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            min_p: self.min_p,
+            temperature: self.temperature,
+        }
+    }
+
     /// Greedy decoding of at most `max_tokens` tokens.
     pub fn greedy(max_tokens: usize) -> SamplingParams {
         SamplingParams {
@@ -354,7 +368,7 @@ impl Sampler {
             top_p: params.top_p,
             seed,
             rng: SplitMix64::new(seed),
-            processors: LogitProcessors::new(params, prompt, eos),
+            processors: LogitProcessors::new(params.processor_settings(), prompt, eos),
         })
     }
 
