@@ -14,6 +14,7 @@ mod kernels_common;
 mod server;
 
 mod chat_parsers;
+mod chat_prefix_reuse;
 mod checkpoint_config;
 mod checkpoint_fixtures;
 mod checkpoint_fuzz_corpus;
