@@ -289,10 +289,52 @@ fn n_and_best_of_out_of_range_are_400s_naming_the_field() {
 #[test]
 fn a_client_that_leaves_ends_every_choice() {
     let server = Server::start(&[]);
-    let body = completion_body(json!({"n": 4, "max_tokens": 200, "stream": true}));
+    let max_tokens = 1000;
+    let body = completion_body(json!({"n": 4, "max_tokens": max_tokens, "stream": true}));
     let mut stream = server.open_stream("/v1/completions", &body);
     assert!(stream.next_data().is_some());
     drop(stream);
-    // Every choice's sequence ends and frees its blocks.
+    // Every choice's sequence ends and frees its blocks, long before the
+    // choices could have generated their 4 × 1000 tokens.
     server.wait_until_idle();
+    let generated = server.metrics().get("sparkrt_generation_tokens_total");
+    assert!(
+        generated < f64::from(max_tokens),
+        "{generated} tokens generated"
+    );
+}
+
+#[test]
+fn each_choice_follows_the_grammar_with_its_own_state() {
+    let server = Server::start(&[]);
+    let words = ["yes", "no", "maybe", "perhaps"];
+    let body = |extra: Value| {
+        with(
+            json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0,
+                   "guided_choice": words}),
+            extra,
+        )
+    };
+    let n = 6;
+    let answer = post(
+        &server,
+        "/v1/completions",
+        &body(json!({"seed": SEED, "n": n})),
+    );
+    let texts: Vec<&str> = answer["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts.len(), n as usize);
+    for (j, text) in texts.iter().enumerate() {
+        assert!(words.contains(text), "choice {j}: {text:?}");
+        let alone = post(
+            &server,
+            "/v1/completions",
+            &body(json!({"seed": SEED + j as u64})),
+        );
+        assert_eq!(alone["choices"][0]["text"], *text, "choice {j}");
+    }
 }
