@@ -844,6 +844,7 @@ async fn collect(
                 stop_logprob,
                 prompt_tokens,
                 completion_tokens,
+                ..
             } => {
                 choice.text.push_str(&rest);
                 if let Some(parser) = choice.parser.as_mut() {

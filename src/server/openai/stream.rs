@@ -101,7 +101,7 @@ pub(super) fn sse(
                 }
                 Event::PromptLogprob { logprob, .. } => choice.logprobs.on_prompt(&logprob),
                 Event::PromptLogits { .. } => {}
-                Event::Finished { reason, text, stop_logprob, prompt_tokens, completion_tokens } => {
+                Event::Finished { reason, text, stop_logprob, prompt_tokens, completion_tokens, .. } => {
                     if let Some(t) = &stop_logprob {
                         choice.logprobs.on_token(t);
                     }
