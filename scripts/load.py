@@ -8,9 +8,22 @@ requests/s, output tokens/s, p50/p99 time to first token and inter-token
 latency, and the server's peak RSS (VmHWM from /proc) against the plan's
 total from /v1/memory, which it must stay within (+5%).
 
+`--workload shared-prefix` sends every request one system prompt of
+`--system-tokens` ids followed by its own question of `--prompt-tokens` ids
+(an agent's or a chat UI's traffic), and also prints the prefix-cache hit
+rate: cached prompt tokens over prompt tokens, from
+`usage.prompt_tokens_details.cached_tokens` where the server reports it
+("not reported" where it does not), and the /metrics counters
+`sparkrt_prefix_cache_queries_total` / `sparkrt_prefix_cache_hits_total`
+(their increase over the run) where they exist. Run it once against a
+server with prefix caching and once with `serve --no-prefix-caching` to
+compare the TTFTs.
+
 Usage:
   scripts/load.py --url http://127.0.0.1:8000 --clients 8 --requests 32 \\
       --prompt-tokens 128 --output-tokens 64 [--pid PID] [--api-key KEY]
+  scripts/load.py --url http://127.0.0.1:8000 --workload shared-prefix \\
+      --system-tokens 2048 --prompt-tokens 32 --output-tokens 16
 
 Without --pid the server is found by the port it listens on (/proc/net/tcp),
 which needs the same machine and permission to read its /proc entries.
@@ -35,7 +48,12 @@ def parse_args():
     p.add_argument("--url", required=True, help="server root, http://HOST:PORT")
     p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients")
     p.add_argument("--requests", type=int, default=32, help="requests in all")
-    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--workload", choices=["random", "shared-prefix"], default="random",
+                   help="random prompts, or one shared system prompt and a question each")
+    p.add_argument("--system-tokens", type=int, default=1024,
+                   help="shared-prefix: tokens of the system prompt every request starts with")
+    p.add_argument("--prompt-tokens", type=int, default=128,
+                   help="tokens of each prompt (shared-prefix: of each question, after the system prompt)")
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--warmup", type=int, default=1, help="requests sent one by one before measuring")
     p.add_argument("--pid", type=int, help="server process id (default: found by port)")
@@ -64,14 +82,17 @@ class Client:
             self.conn = http.client.HTTPConnection(self.host, self.port, timeout=3600)
         return self.conn
 
-    def get_json(self, path):
+    def get(self, path):
         conn = self._connection()
         conn.request("GET", path, headers=self.headers)
         response = conn.getresponse()
         body = response.read()
         if response.status != 200:
             raise RuntimeError(f"GET {path}: {response.status} {body[:200]!r}")
-        return json.loads(body)
+        return body
+
+    def get_json(self, path):
+        return json.loads(self.get(path))
 
     def stream(self, body):
         """Streams one completion; returns (start, [(time, tokens in the chunk)], usage)."""
@@ -120,6 +141,33 @@ def percentile(values, q):
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+PREFIX_COUNTERS = ("sparkrt_prefix_cache_queries_total", "sparkrt_prefix_cache_hits_total")
+
+
+def prefix_counters(client):
+    """The prefix-cache counters of /metrics (summed over their labels), or
+    None where the server has none."""
+    totals = {}
+    try:
+        text = client.get("/metrics").decode()
+    except RuntimeError:
+        return None
+    for row in text.splitlines():
+        if row.startswith("#") or not row.strip():
+            continue
+        name = row.split("{", 1)[0].split(" ", 1)[0]
+        if name in PREFIX_COUNTERS:
+            totals[name] = totals.get(name, 0.0) + float(row.rsplit(" ", 1)[1])
+    return totals if len(totals) == len(PREFIX_COUNTERS) else None
+
+
+def cached_tokens(usage):
+    """`usage.prompt_tokens_details.cached_tokens`, or None when not reported."""
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    value = details.get("cached_tokens")
+    return value if isinstance(value, int) else None
+
+
 def listening_pid(port):
     """The process listening on TCP `port` (IPv4 or IPv6), from /proc."""
     inodes = set()
@@ -162,7 +210,9 @@ def main():
     vocab = memory["plan"]["model"]["vocab_size"]
     plan_total = memory["plan"]["total"]
     max_model_len = memory["plan"]["serving"]["max_model_len"]
-    if args.prompt_tokens + args.output_tokens > max_model_len:
+    shared = args.workload == "shared-prefix"
+    prompt_len = args.prompt_tokens + (args.system_tokens if shared else 0)
+    if prompt_len + args.output_tokens > max_model_len:
         raise SystemExit(f"prompt + output tokens exceed max_model_len = {max_model_len}")
     pid = args.pid or listening_pid(client.port)
 
@@ -170,10 +220,12 @@ def main():
     # Ids from the low 90% of the vocabulary: special tokens sit at the end.
     id_range = max(1, int(vocab * 0.9))
 
+    system = [rng.randrange(id_range) for _ in range(args.system_tokens)] if shared else []
+
     def request_body():
         return {
             "model": model,
-            "prompt": [rng.randrange(id_range) for _ in range(args.prompt_tokens)],
+            "prompt": system + [rng.randrange(id_range) for _ in range(args.prompt_tokens)],
             "max_tokens": args.output_tokens,
             "ignore_eos": True,
             "temperature": 0,
@@ -184,6 +236,7 @@ def main():
 
     for _ in range(args.warmup):
         client.stream(request_body())
+    counters_before = prefix_counters(client)
 
     lock = threading.Lock()
     bodies = [request_body() for _ in range(args.requests)]
@@ -214,11 +267,19 @@ def main():
     for t in threads:
         t.join()
     wall = time.perf_counter() - began
+    counters_after = prefix_counters(client)
 
     ttft = []
     itl = []
     output_tokens = 0
+    prompt_tokens = 0
+    cached = 0
+    cached_reported = bool(results)
     for start, arrivals, usage in results:
+        prompt_tokens += (usage or {}).get("prompt_tokens", prompt_len)
+        c = cached_tokens(usage)
+        cached_reported = cached_reported and c is not None
+        cached += c or 0
         if usage is not None:
             output_tokens += usage["completion_tokens"]
         else:
@@ -236,7 +297,9 @@ def main():
         "clients": args.clients,
         "requests": len(results),
         "failed": len(failures),
-        "prompt_tokens": args.prompt_tokens,
+        "workload": args.workload,
+        "prompt_tokens": prompt_len,
+        "system_tokens": args.system_tokens if shared else 0,
         "output_tokens_per_request": args.output_tokens,
         "wall_s": wall,
         "requests_per_s": len(results) / wall,
@@ -248,13 +311,32 @@ def main():
         "plan_total_bytes": plan_total,
         "server_pid": pid,
     }
-    print(f"model {model}: {args.clients} clients, {len(results)} requests "
-          f"({len(failures)} failed), {args.prompt_tokens} prompt + {args.output_tokens} output tokens each")
+    shape = f"{args.system_tokens} shared + {args.prompt_tokens}" if shared else f"{args.prompt_tokens}"
+    print(f"model {model}: {args.workload} workload, {args.clients} clients, {len(results)} requests "
+          f"({len(failures)} failed), {shape} prompt + {args.output_tokens} output tokens each")
     print(f"  wall               {wall:10.2f} s")
     print(f"  requests/s         {figures['requests_per_s']:10.2f}")
     print(f"  output tok/s       {figures['output_tok_per_s']:10.1f}")
     print(f"  TTFT p50 / p99     {figures['ttft_p50_ms']:10.1f} / {figures['ttft_p99_ms']:.1f} ms")
     print(f"  ITL  p50 / p99     {figures['itl_p50_ms']:10.1f} / {figures['itl_p99_ms']:.1f} ms")
+    if shared:
+        # Hit rate by the answers' usage: 0 where the server does not say
+        # (a server without prefix caching serves no cached tokens).
+        hit_rate = cached / prompt_tokens if cached_reported and prompt_tokens else None
+        figures.update({"cached_tokens": cached if cached_reported else None,
+                        "hit_rate": hit_rate})
+        if hit_rate is None:
+            print("  hit rate (usage)   not reported (no usage.prompt_tokens_details.cached_tokens): 0")
+        else:
+            print(f"  hit rate (usage)   {100 * hit_rate:10.1f} %  ({cached} of {prompt_tokens} prompt tokens cached)")
+        if counters_before is None or counters_after is None:
+            print("  hit rate (metrics) not reported (no sparkrt_prefix_cache_* counters in /metrics)")
+        else:
+            queries = counters_after[PREFIX_COUNTERS[0]] - counters_before[PREFIX_COUNTERS[0]]
+            hits = counters_after[PREFIX_COUNTERS[1]] - counters_before[PREFIX_COUNTERS[1]]
+            figures.update({"prefix_cache_queries": queries, "prefix_cache_hits": hits})
+            rate = f"{100 * hits / queries:10.1f} %" if queries else "       n/a"
+            print(f"  hit rate (metrics) {rate}  ({hits:.0f} hit of {queries:.0f} queried tokens)")
     ok = not failures
     for message in failures[:5]:
         print(f"  failure: {message}", file=sys.stderr)

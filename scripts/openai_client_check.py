@@ -5,7 +5,8 @@ Usage: openai_client_check.py BASE_URL [API_KEY]
 
 BASE_URL is the server's root (http://127.0.0.1:PORT); the client is pointed
 at BASE_URL/v1. Checks models, completions and chat completions, blocking and
-streamed, that both ways give the same greedy text, that usage adds up, and
+streamed, that both ways give the same greedy text, that usage adds up, that
+n = 2 gives two indexed choices (and the same ones streamed), and
 that errors come back as the client's typed exceptions. Prints one line per
 check and exits non-zero on the first failure.
 """
@@ -113,6 +114,32 @@ def main():
     check(all(len(t) <= 2 for t in lp.top_logprobs[1:]), "at most 2 alternatives")
     batch = client.completions.create(model=model, prompt=[prompt, "Hi"], max_tokens=3, temperature=0)
     check([c.index for c in batch.choices] == [0, 1], "a batch of prompts gives a choice each")
+
+    # n = 2: two choices, each with its index, read through the client's types.
+    two = client.completions.create(
+        model=model, prompt=prompt, max_tokens=4, n=2, seed=3, extra_body={"ignore_eos": True}
+    )
+    check([c.index for c in two.choices] == [0, 1], f"n=2 completions: indexes {two.choices}")
+    check(two.usage.completion_tokens == 8, f"n=2: the choices' tokens are summed: {two.usage}")
+    chat_two = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=4, n=2, seed=3
+    )
+    check([c.index for c in chat_two.choices] == [0, 1], "n=2 chat: indexes 0, 1")
+    check(
+        all(c.message.role == "assistant" for c in chat_two.choices),
+        "n=2 chat: every choice is an assistant message",
+    )
+    streamed = {}
+    for chunk in client.chat.completions.create(
+        model=model, messages=messages, max_tokens=4, n=2, seed=3, stream=True
+    ):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+    check(
+        [streamed.get(c.index) for c in chat_two.choices]
+        == [c.message.content or "" for c in chat_two.choices],
+        f"n=2 chat streamed per index equals the blocking choices: {streamed}",
+    )
 
     # Errors arrive as the client's typed exceptions.
     try:

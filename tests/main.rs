@@ -45,6 +45,7 @@ mod serve_summary;
 mod server_api;
 mod server_batching;
 mod server_chat_template;
+mod server_choices;
 mod server_connections;
 mod server_guard;
 mod server_limits;

@@ -642,9 +642,9 @@ fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
             Some("temperature"),
         ),
         BadRequest(
-            "n above 1",
+            "n above max_n",
             completions,
-            text("{\"prompt\": \"hi\", \"n\": 2}"),
+            text("{\"prompt\": \"hi\", \"n\": 17}"),
             400,
             Some("n"),
         ),

@@ -167,8 +167,8 @@ fn stop_strings_messages_and_sizes_over_the_limits_get_400() {
 
     let reply = completions(json!({"prompt": "Hi", "max_tokens": MAX_MODEL_LEN + 1}));
     assert_over_limit(&reply, "max_tokens", MAX_MODEL_LEN + 1, MAX_MODEL_LEN);
-    let reply = completions(json!({"prompt": "Hi", "n": 5}));
-    assert_over_limit(&reply, "max_n", 5, 1);
+    let reply = completions(json!({"prompt": "Hi", "n": 17}));
+    assert_over_limit(&reply, "max_n", 17, 16);
     let reply = completions(json!({"prompt": vec![1u32; MAX_MODEL_LEN]}));
     assert_over_limit(
         &reply,

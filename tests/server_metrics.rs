@@ -72,8 +72,8 @@ fn histograms_and_outcomes_count_every_request_of_a_run() {
     }
     let bad = [
         json!({"prompt": [1, 2], "max_tokens": 0}),
-        json!({"prompt": [1, 2], "n": 2}),
-        json!({"prompt": [1, 2], "best_of": 3}),
+        json!({"prompt": [1, 2], "n": 0}),
+        json!({"prompt": [1, 2], "n": 3, "best_of": 2}),
     ];
     for body in &bad {
         server.post("/v1/completions", body).assert_error(400);

@@ -52,7 +52,7 @@ fn out_of_range_values_are_a_400_naming_the_field_on_both_routes() {
         ("stop_token_ids", json!([99999])),
         ("min_tokens", json!(-1)),
         ("min_tokens", json!(9)),
-        ("best_of", json!(2)),
+        ("best_of", json!(0)),
         ("response_format", json!({"type": "bogus"})),
         ("response_format", json!({"type": "json_schema"})),
         (

@@ -611,6 +611,30 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         }
         Ok(sampled)
     }
+
+    /// Queues one request as `sinks.len()` choices (n > 1, best_of): choice j's events go to
+    /// sinks[j]; when the request is seeded, choice j samples with seed `seed.wrapping_add(j)`
+    /// (vLLM's rule), so `n = 4, seed = s` equals four requests seeded s, s+1, s+2, s+3.
+    /// All or none: if one choice is refused, those queued before it are aborted.
+    pub fn add_request_group(
+        &mut self,
+        request: Request,
+        sinks: Vec<Box<dyn EventSink>>,
+    ) -> Result<Vec<SeqId>, AdmissionError> {
+        let mut ids = Vec::with_capacity(sinks.len());
+        for (j, sink) in sinks.into_iter().enumerate() {
+            let mut choice = request.clone();
+            choice.params.seed = request.params.seed.map(|s| s.wrapping_add(j as u64));
+            match self.add_request(choice, sink) {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    ids.iter().for_each(|&id| self.abort(id));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(ids)
+    }
 }
 
 /// One past the largest running index among `indices`.

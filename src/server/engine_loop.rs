@@ -21,11 +21,13 @@ pub enum SubmitError {
 }
 
 pub enum Command {
+    /// One prompt's choices (`n`, `best_of`), queued together or not at all.
     Submit {
         request: Request,
-        /// Where the request's events go (the handler's channel).
-        events: Box<dyn EventSink>,
-        reply: oneshot::Sender<Result<SeqId, SubmitError>>,
+        /// Where each choice's events go (the handler's channel), choice j
+        /// at `sinks[j]`.
+        sinks: Vec<Box<dyn EventSink>>,
+        reply: oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
     },
 }
 
@@ -154,22 +156,29 @@ fn handle<B: Backend>(engine: &mut Engine<'_, B>, command: Command, max_queue: u
     match command {
         Command::Submit {
             request,
-            events,
+            sinks,
             reply,
         } => {
             let result = if !open {
                 Err(SubmitError::ShuttingDown)
-            } else if engine.num_waiting() >= max_queue {
+            } else if !queue_has_room(engine.num_waiting(), sinks.len(), max_queue) {
                 Err(SubmitError::QueueFull)
             } else {
                 engine
-                    .add_request(request, events)
+                    .add_request_group(request, sinks)
                     .map_err(SubmitError::Admission)
             };
             // The client may have left already; its sequence then ends at the next step.
             let _ = reply.send(result);
         }
     }
+}
+
+/// Whether `choices` more sequences may join `waiting` ones: every choice
+/// counts, and a group larger than the whole queue still gets in when the
+/// queue is empty (else it could never be served).
+fn queue_has_room(waiting: usize, choices: usize, max_queue: usize) -> bool {
+    waiting + choices <= max_queue.max(choices)
 }
 
 /// A handle to submit work to the engine thread.
@@ -182,6 +191,18 @@ pub struct EngineHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_choice_of_a_group_counts_against_the_queue() {
+        assert!(queue_has_room(0, 1, 4));
+        assert!(queue_has_room(3, 1, 4));
+        assert!(!queue_has_room(4, 1, 4));
+        assert!(queue_has_room(1, 3, 4));
+        assert!(!queue_has_room(2, 3, 4));
+        // Larger than the queue: only into an empty one.
+        assert!(queue_has_room(0, 6, 4));
+        assert!(!queue_has_room(1, 6, 4));
+    }
 
     #[test]
     fn a_loop_that_returns_clears_loaded_without_a_failure() {

@@ -39,8 +39,11 @@ pub const MAX_STOP_TOKEN_IDS: usize = 256;
 /// Bytes of a request's structured-output fields (schema, regex, grammar,
 /// choices): bounds the grammar's compile time on the preparation pool.
 pub const MAX_GRAMMAR_BYTES: usize = 64 << 10;
-/// Choices per request (`n`): one.
-pub const MAX_N: u32 = 1;
+/// Choices per prompt: `n`, and `best_of` (the candidates generated).
+pub const MAX_N: u32 = 16;
+/// Choices of one request, all its prompts together (prompts × `best_of`,
+/// or × `n`): each is an engine sequence.
+pub const MAX_CHOICES: usize = 64;
 /// Prompts of one batched completions request (`prompt` as a list); each is
 /// its own engine request and choice.
 pub const MAX_PROMPTS: usize = 64;
@@ -85,6 +88,7 @@ pub struct RequestLimits {
     pub max_role_bytes: usize,
     pub max_model_name_bytes: usize,
     pub max_n: u32,
+    pub max_choices: usize,
     pub max_logit_bias: usize,
     pub max_stop_token_ids: usize,
     pub max_grammar_bytes: usize,
@@ -116,6 +120,7 @@ impl RequestLimits {
             max_role_bytes: MAX_ROLE_BYTES,
             max_model_name_bytes: MAX_MODEL_NAME_BYTES,
             max_n: MAX_N,
+            max_choices: MAX_CHOICES,
             max_logit_bias: MAX_LOGIT_BIAS,
             max_stop_token_ids: MAX_STOP_TOKEN_IDS,
             max_grammar_bytes: MAX_GRAMMAR_BYTES,
@@ -181,6 +186,15 @@ impl RequestLimits {
 
     /// The sampling fields whose size a client chooses.
     fn check_sampling(&self, sampling: &SamplingFields) -> Result<(), ApiError> {
+        if let Some(best_of) = sampling.best_of {
+            at_most(
+                "max_n",
+                "`best_of`",
+                usize::try_from(best_of).unwrap_or(0),
+                self.max_n as usize,
+                Some("best_of"),
+            )?;
+        }
         at_most(
             "max_logit_bias",
             "the number of logit_bias entries",
@@ -223,6 +237,18 @@ impl RequestLimits {
             count,
             self.max_prompts,
             Some("prompt"),
+        )
+    }
+
+    /// The engine sequences of one request: `prompts` prompts of
+    /// `per_prompt` choices each (`best_of`, else `n`).
+    pub fn check_choices(&self, prompts: usize, per_prompt: usize) -> Result<(), ApiError> {
+        at_most(
+            "max_choices",
+            "the number of choices (prompts × n, or × best_of)",
+            prompts.saturating_mul(per_prompt),
+            self.max_choices,
+            Some("n"),
         )
     }
 
@@ -488,9 +514,22 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.code, Some("max_tokens"));
         let e = l
-            .check_common(&common(serde_json::json!({"n": 3})))
+            .check_common(&common(serde_json::json!({"n": 17})))
             .unwrap_err();
         assert_eq!(e.code, Some("max_n"));
+        let mut best_of = common(serde_json::json!({}));
+        best_of.sampling.best_of = Some(17);
+        assert_eq!(
+            l.check_common(&best_of).unwrap_err().param.as_deref(),
+            Some("best_of")
+        );
+        best_of.sampling.best_of = Some(16);
+        assert!(l.check_common(&best_of).is_ok());
+        assert_eq!(
+            l.check_choices(5, 13).unwrap_err().code,
+            Some("max_choices")
+        );
+        assert!(l.check_choices(4, 16).is_ok());
         assert!(
             l.check_common(&common(serde_json::json!({
                 "stop": vec!["y".repeat(256); 16], "max_tokens": 1024, "n": 1

@@ -19,12 +19,12 @@ use super::tool_types::{finish_reason, message_parts};
 use super::types::{
     ASSISTANT, AssistantMessage, ChatChoice, ChatInput, ChatLogprobParams, ChatRequest,
     CommonParams, CompletionLogprobParams, CompletionRequest, CompletionResponse, ModelCard,
-    ModelList, OneOrMany, Prompt, RequestBody, TemplateParams, TextChoice,
+    ModelList, OneOrMany, Prompt, RequestBody, TemplateParams, TextChoice, Usage,
 };
 use super::{ChoiceMeta, ResponseMeta, Route, chat_prompt, stream};
 use crate::engine::grammar::Constraint;
 use crate::engine::sampling::{MAX_TEMPERATURE, SamplingParams};
-use crate::engine::{AdmissionError, Event, EventSink, Request};
+use crate::engine::{AdmissionError, Event, EventSink, Request, TokenLogprob};
 use crate::server::engine_loop::{Command, SubmitError};
 use crate::server::errors::ApiError;
 use crate::server::latency::TimedSink;
@@ -129,7 +129,13 @@ async fn handle(
         )
         .into_response())
     } else {
-        let answer = collect(submitted.meta, submitted.events, submitted.parsers).await;
+        let answer = collect(
+            submitted.meta,
+            submitted.events,
+            submitted.parsers,
+            submitted.fanout,
+        )
+        .await;
         outcome.finished(answer.is_ok());
         answer
     }
@@ -158,19 +164,41 @@ pub(super) struct Submitted {
     pub(super) events: mpsc::UnboundedReceiver<(usize, Event)>,
     pub(super) stream: bool,
     pub(super) parsers: Vec<Option<OutputParser>>,
+    pub(super) fanout: Fanout,
 }
 
 /// A parsed request, its prompts tokenized.
 pub(super) struct Prepared {
     pub(super) common: CommonParams,
     pub(super) prompts: Vec<PreparedPrompt>,
+    pub(super) fanout: Fanout,
     pub(super) logprobs: LogprobsAsked,
     pub(super) echo: bool,
-    /// The chat route's output parser (its one prompt's).
-    pub(super) parser: Option<OutputParser>,
+    /// The chat route's output parsers, one per choice of its one prompt
+    /// (each choice parses its own text); none for completions.
+    pub(super) parsers: Vec<OutputParser>,
 }
 
-/// One prompt (one choice): its ids and, to echo, its text.
+/// How many choices each prompt fans out into (`n`, `best_of`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Fanout {
+    /// Choices answered per prompt.
+    pub(super) n: usize,
+    /// Candidates generated per prompt (at least `n`); when more than `n`,
+    /// the `n` with the highest cumulative log-probability are answered.
+    pub(super) best_of: usize,
+}
+
+impl Fanout {
+    pub(super) const ONE: Fanout = Fanout { n: 1, best_of: 1 };
+
+    /// Whether the answer is a pick among more candidates than it returns.
+    fn picks(&self) -> bool {
+        self.best_of > self.n
+    }
+}
+
+/// One prompt (its `n` choices): its ids and, to echo, its text.
 pub(super) struct PreparedPrompt {
     pub(super) ids: Vec<u32>,
     pub(super) text: Option<String>,
@@ -229,31 +257,35 @@ fn prepare(state: &ServerState, bytes: &[u8], route: Route) -> Result<Prepared, 
             let mut body: CompletionRequest = parse_body(bytes)?;
             body.common.sampling = std::mem::take(&mut body.sampling);
             check_common(state, &body.common)?;
+            let fanout = fanout(&body.common, route)?;
             let echo = body.logprobs.echo.unwrap_or(false);
             let logprobs = completion_logprobs(limits, &body.logprobs)?;
-            let prompts = completion_prompts(state, body.prompt)?;
+            let prompts = completion_prompts(state, body.prompt, fanout)?;
             Prepared {
                 common: body.common,
                 prompts,
+                fanout,
                 logprobs,
                 echo,
-                parser: None,
+                parsers: Vec::new(),
             }
         }
         Route::Chat => {
             let mut body: ChatRequest = parse_body(bytes)?;
             body.common.sampling = std::mem::take(&mut body.sampling);
             check_common(state, &body.common)?;
+            let fanout = fanout(&body.common, route)?;
             let logprobs = chat_logprobs(limits, &body.logprobs)?;
             let prepared = prepare_chat(state, body.messages, body.template)?;
-            let (ids, parser) = render_chat(state, &prepared)?;
+            let (ids, parsers) = render_chat_choices(state, &prepared, fanout.best_of)?;
             let prompt = PreparedPrompt { ids, text: None };
             Prepared {
                 common: body.common,
                 prompts: vec![prompt],
+                fanout,
                 logprobs,
                 echo: false,
-                parser: Some(parser),
+                parsers,
             }
         }
     };
@@ -280,18 +312,61 @@ fn compile_grammar(
         .map_err(|e| ApiError::invalid(format!("{field}: {e}"), Some(field)))
 }
 
-/// A completions `prompt`, one or a batch, each tokenized; the batch's
-/// count and its tokens together are bounded before (and as) they are made.
-fn completion_prompts(
-    state: &ServerState,
-    prompt: Prompt,
-) -> Result<Vec<PreparedPrompt>, ApiError> {
-    let limits = &state.request_limits;
-    let count = match &prompt {
+/// `n` and `best_of`: 1 ≤ n ≤ best_of ≤ `max_n` (the upper bounds are
+/// [`RequestLimits::check_common`]'s), `best_of` on completions only (as in
+/// OpenAI's API) and not streamed (a pick needs every candidate finished).
+fn fanout(common: &CommonParams, route: Route) -> Result<Fanout, ApiError> {
+    let n = match common.n {
+        None => 1,
+        Some(0) => return Err(ApiError::invalid("`n` must be at least 1", Some("n"))),
+        Some(n) => n as usize,
+    };
+    let best_of = match common.sampling.best_of {
+        None => n,
+        Some(_) if route == Route::Chat => {
+            return Err(ApiError::unsupported_parameter(
+                "best_of",
+                "is a /v1/completions field (the chat API has none; use n)",
+            ));
+        }
+        Some(b) if b > 1 && common.stream => {
+            return Err(ApiError::invalid(
+                "best_of is not supported with stream",
+                Some("best_of"),
+            ));
+        }
+        Some(b) => match usize::try_from(b) {
+            Ok(b) if b >= n => b,
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("`best_of` must be at least `n` ({n}), got {b}"),
+                    Some("best_of"),
+                ));
+            }
+        },
+    };
+    Ok(Fanout { n, best_of })
+}
+
+/// How many prompts a completions `prompt` holds.
+fn prompt_count(prompt: &Prompt) -> usize {
+    match prompt {
         Prompt::Text(_) | Prompt::Ids(_) => 1,
         Prompt::Texts(v) => v.len(),
         Prompt::IdLists(v) => v.len(),
-    };
+    }
+}
+
+/// A completions `prompt`, one or a batch, each tokenized; the batch's
+/// count, its choices (`fanout` per prompt) and its tokens together are
+/// bounded before (and as) they are made.
+fn completion_prompts(
+    state: &ServerState,
+    prompt: Prompt,
+    fanout: Fanout,
+) -> Result<Vec<PreparedPrompt>, ApiError> {
+    let limits = &state.request_limits;
+    let count = prompt_count(&prompt);
     if count == 0 {
         return Err(ApiError::invalid(
             "`prompt` must not be empty",
@@ -299,6 +374,7 @@ fn completion_prompts(
         ));
     }
     limits.check_prompt_count(count)?;
+    limits.check_choices(count, fanout.best_of)?;
     let mut prompts = Vec::with_capacity(count);
     let mut total = 0usize;
     let mut add = |p: PreparedPrompt| -> Result<(), ApiError> {
@@ -402,10 +478,32 @@ pub(super) fn render_chat(
     state: &ServerState,
     prepared: &chat_prompt::PreparedChat,
 ) -> Result<(Vec<u32>, OutputParser), ApiError> {
+    let (prompt, mut parsers) = render_chat_choices(state, prepared, 1)?;
+    Ok((prompt, parsers.pop().unwrap_or_else(OutputParser::off)))
+}
+
+/// As [`render_chat`], with one parser for each of `choices` answers.
+fn render_chat_choices(
+    state: &ServerState,
+    prepared: &chat_prompt::PreparedChat,
+    choices: usize,
+) -> Result<(Vec<u32>, Vec<OutputParser>), ApiError> {
     let rendered = render_text(state, prepared)?;
     let prompt = encode(state, &rendered)?;
     let parsers = chat_prompt::output_parsers(&state.config.output_parsers, prepared.tools_offered);
-    Ok((prompt, parsers.start(&rendered)))
+    let started = (0..choices).map(|_| parsers.start(&rendered)).collect();
+    Ok((prompt, started))
+}
+
+/// `/v1/responses` answers one choice: `n` other than 1 is refused there.
+pub(super) fn refuse_n(common: &CommonParams) -> Result<(), ApiError> {
+    if common.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid(
+            "only n = 1 is supported on /v1/responses",
+            Some("n"),
+        ));
+    }
+    Ok(())
 }
 
 /// Plain messages rendered by the chat template (`/tokenize`).
@@ -478,9 +576,6 @@ fn sampling(
             Some("model"),
         ));
     }
-    if common.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
-    }
     if prompt_len >= max_model_len {
         return Err(ApiError::invalid(
             format!(
@@ -552,9 +647,10 @@ pub(super) async fn submit(
     let Prepared {
         common,
         prompts,
+        fanout,
         logprobs,
         echo,
-        parser,
+        parsers,
     } = prepared;
     let max_model_len = state.config.limits.max_model_len;
     let params = prompts
@@ -565,22 +661,43 @@ pub(super) async fn submit(
     if state.config.guard.tripped() {
         return Err(ApiError::memory_guard(RETRY_AFTER_SECONDS));
     }
+    let mut engine_logprobs = logprobs.engine();
+    if fanout.picks() {
+        // The pick needs every sampled token's log-probability; the answer
+        // shows them only where the client asked (`logprobs`).
+        engine_logprobs.sampled = engine_logprobs.sampled.or(Some(0));
+    }
     let tokenizer = state.config.tokenizer.clone();
     let (events_tx, events) = mpsc::unbounded_channel();
-    let mut choices = Vec::with_capacity(prompts.len());
-    // Each prompt is its own engine request; if one is refused, the
-    // receiver is dropped with this function and the others end at the
-    // engine's next step.
-    for (index, (prompt, params)) in prompts.into_iter().zip(params).enumerate() {
+    let mut choices = Vec::with_capacity(prompts.len() * fanout.best_of);
+    // Each prompt is one engine submission of its `best_of` choices; if one
+    // is refused, the receiver is dropped with this function and the
+    // others end at the engine's next step.
+    for (prompt_index, (prompt, params)) in prompts.into_iter().zip(params).enumerate() {
         let echo_text = echo.then(|| match (prompt.text, &tokenizer) {
             (Some(text), _) => text,
             (None, Some(t)) => t.decode(&prompt.ids, false).unwrap_or_default(),
             (None, None) => String::new(),
         });
-        choices.push(ChoiceMeta {
-            prompt_ids: prompt.ids.clone(),
-            echo: echo_text,
-        });
+        let prompt_ids: Arc<[u32]> = prompt.ids.as_slice().into();
+        let first = prompt_index * fanout.best_of;
+        let sinks = (first..first + fanout.best_of)
+            .map(|index| {
+                choices.push(ChoiceMeta {
+                    prompt: prompt_index,
+                    prompt_ids: Arc::clone(&prompt_ids),
+                    echo: echo_text.clone(),
+                });
+                Box::new(TimedSink::new(
+                    IndexedSink {
+                        index,
+                        events: events_tx.clone(),
+                    },
+                    Arc::clone(&state.latency),
+                    arrived,
+                )) as Box<dyn EventSink>
+            })
+            .collect();
         let (reply_tx, reply) = oneshot::channel();
         state
             .config
@@ -592,17 +709,10 @@ pub(super) async fn submit(
                     params,
                     prompt_logits: false,
                     ignore_eos: common.ignore_eos,
-                    logprobs: logprobs.engine(),
+                    logprobs: engine_logprobs,
                     skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
                 },
-                events: Box::new(TimedSink::new(
-                    IndexedSink {
-                        index,
-                        events: events_tx.clone(),
-                    },
-                    Arc::clone(&state.latency),
-                    arrived,
-                )),
+                sinks,
                 reply: reply_tx,
             })
             .map_err(|_| ApiError::internal("the engine has stopped"))?;
@@ -641,7 +751,8 @@ pub(super) async fn submit(
         meta,
         events,
         stream: common.stream,
-        parsers: vec![parser],
+        parsers: parsers.into_iter().map(Some).collect(),
+        fanout,
     })
 }
 
@@ -663,6 +774,16 @@ struct BlockingChoice {
     message: ParsedMessage,
     finish: Option<&'static str>,
     completion_tokens: usize,
+    /// The sum of its sampled tokens' log-probabilities (`best_of` picks by
+    /// it; 0 when the engine was not asked for them).
+    cumulative_logprob: f64,
+}
+
+impl BlockingChoice {
+    fn on_logprob(&mut self, t: &TokenLogprob) {
+        self.cumulative_logprob += f64::from(t.logprob);
+        self.logprobs.on_token(t);
+    }
 }
 
 /// The blocking answer: waits for every choice's whole text, then answers
@@ -672,7 +793,9 @@ async fn collect(
     meta: ResponseMeta,
     mut events: mpsc::UnboundedReceiver<(usize, Event)>,
     mut parsers: Vec<Option<OutputParser>>,
+    fanout: Fanout,
 ) -> Result<Response, ApiError> {
+    let mut usage = meta.usage_tally();
     let mut choices: Vec<BlockingChoice> = (0..meta.choices.len())
         .map(|index| BlockingChoice {
             text: meta.choices[index].echo.clone().unwrap_or_default(),
@@ -682,6 +805,7 @@ async fn collect(
             message: ParsedMessage::default(),
             finish: None,
             completion_tokens: 0,
+            cumulative_logprob: 0.0,
         })
         .collect();
     let mut open = choices.len();
@@ -709,7 +833,7 @@ async fn collect(
                 }
                 choice.text.push_str(&piece);
                 if let Some(t) = &logprob {
-                    choice.logprobs.on_token(t);
+                    choice.on_logprob(t);
                 }
             }
             Event::PromptLogprob { logprob, .. } => choice.logprobs.on_prompt(&logprob),
@@ -718,6 +842,7 @@ async fn collect(
                 reason,
                 text: rest,
                 stop_logprob,
+                prompt_tokens,
                 completion_tokens,
                 ..
             } => {
@@ -727,11 +852,13 @@ async fn collect(
                     choice.message.apply_all(parser.finish());
                 }
                 if let Some(t) = &stop_logprob {
-                    choice.logprobs.on_token(t);
+                    choice.on_logprob(t);
                 }
                 choice.completion_tokens = completion_tokens.max(choice.ids.len());
                 if choice.finish.replace(reason.as_str()).is_none() {
                     open -= 1;
+                    let prompt = meta.choices[index].prompt;
+                    usage.finished(prompt, prompt_tokens, choice.completion_tokens);
                 }
             }
             Event::Failed { message } => {
@@ -739,22 +866,52 @@ async fn collect(
             }
         }
     }
-    Ok(blocking_answer(meta, choices))
+    let cumulative: Vec<f64> = choices.iter().map(|c| c.cumulative_logprob).collect();
+    let mut candidates: Vec<Option<BlockingChoice>> = choices.into_iter().map(Some).collect();
+    let answered = answered_candidates(&cumulative, fanout)
+        .into_iter()
+        .filter_map(|c| Some((c, candidates.get_mut(c)?.take()?)))
+        .collect();
+    Ok(blocking_answer(meta, answered, usage.usage()))
 }
 
-/// The one answer of a blocking request, in its route's shape.
-fn blocking_answer(meta: ResponseMeta, choices: Vec<BlockingChoice>) -> Response {
-    let usage = meta.usage(choices.iter().map(|c| c.completion_tokens).sum());
+/// Which candidates are answered, in the answer's order: all of them when
+/// each prompt generated `n`; else, prompt by prompt, the `n` of its
+/// `best_of` with the highest cumulative log-probability, best first (the
+/// earlier candidate on a tie). Choice `i` of the answer has index `i`, so
+/// prompt p's choices are `p * n ..`.
+fn answered_candidates(cumulative: &[f64], fanout: Fanout) -> Vec<usize> {
+    let all: Vec<usize> = (0..cumulative.len()).collect();
+    if !fanout.picks() {
+        return all;
+    }
+    all.chunks(fanout.best_of)
+        .flat_map(|group| {
+            let mut ranked = group.to_vec();
+            ranked.sort_by(|&a, &b| cumulative[b].total_cmp(&cumulative[a]).then(a.cmp(&b)));
+            ranked.truncate(fanout.n);
+            ranked
+        })
+        .collect()
+}
+
+/// The one answer of a blocking request, in its route's shape: `choices`
+/// are (candidate index, its choice) in the answer's order.
+fn blocking_answer(
+    meta: ResponseMeta,
+    choices: Vec<(usize, BlockingChoice)>,
+    usage: Usage,
+) -> Response {
     match meta.route {
         Route::Completion => {
             let choices = choices
                 .into_iter()
                 .enumerate()
-                .map(|(index, mut c)| TextChoice {
+                .map(|(index, (candidate, mut c))| TextChoice {
                     index: index as u32,
                     logprobs: c.logprobs.take(),
                     prompt_logprobs: c.logprobs.take_prompt(),
-                    ids: meta.token_ids(index, &c.ids, true),
+                    ids: meta.token_ids(candidate, &c.ids, true),
                     text: c.text,
                     finish_reason: c.finish,
                 })
@@ -773,7 +930,7 @@ fn blocking_answer(meta: ResponseMeta, choices: Vec<BlockingChoice>) -> Response
             let choices = choices
                 .into_iter()
                 .enumerate()
-                .map(|(index, mut c)| {
+                .map(|(index, (candidate, mut c))| {
                     let (content, reasoning, tool_calls) = match c.parser {
                         Some(_) => message_parts(c.message),
                         None => (Some(c.text), None, Vec::new()),
@@ -782,7 +939,7 @@ fn blocking_answer(meta: ResponseMeta, choices: Vec<BlockingChoice>) -> Response
                     ChatChoice {
                         index: index as u32,
                         logprobs: c.logprobs.take(),
-                        ids: meta.token_ids(index, &c.ids, true),
+                        ids: meta.token_ids(candidate, &c.ids, true),
                         message: AssistantMessage {
                             role: ASSISTANT,
                             content,
@@ -811,4 +968,22 @@ fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_of_answers_the_top_n_of_each_prompt_best_first() {
+        let pick = Fanout { n: 2, best_of: 3 };
+        // Two prompts of three candidates; a tie goes to the earlier one.
+        let cumulative = [-3.0, -1.0, -2.0, -0.5, -0.5, -9.0];
+        assert_eq!(answered_candidates(&cumulative, pick), [1, 2, 3, 4]);
+        let top1 = Fanout { n: 1, best_of: 3 };
+        assert_eq!(answered_candidates(&cumulative, top1), [1, 3]);
+        // Without a pick every candidate is answered, in order.
+        let all = Fanout { n: 3, best_of: 3 };
+        assert_eq!(answered_candidates(&cumulative, all), [0, 1, 2, 3, 4, 5]);
+    }
 }

@@ -52,7 +52,8 @@ struct ResponseMeta {
     created: u64,
     model: String,
     route: Route,
-    /// One per choice (a completions request may batch prompts), by index.
+    /// One per engine sequence, by the index its events carry: prompt p's
+    /// choices (`best_of` of them, else `n`) are `p * best_of ..`.
     choices: Vec<ChoiceMeta>,
     /// Whether token ids are reported (`return_token_ids`).
     return_token_ids: bool,
@@ -63,16 +64,50 @@ struct ResponseMeta {
 
 /// What one choice's answer needs of its prompt.
 struct ChoiceMeta {
-    prompt_ids: Vec<u32>,
+    /// Which prompt of the request it answers.
+    prompt: usize,
+    /// That prompt's ids (shared by its choices).
+    prompt_ids: Arc<[u32]>,
     /// The prompt's text when the answer echoes it (`echo`).
     echo: Option<String>,
 }
 
+/// A request's usage, summed as vLLM sums it: each prompt's tokens once,
+/// however many choices it fanned out into, and every choice's completion
+/// tokens (with `best_of`, every candidate's: they were all generated).
+struct UsageTally {
+    /// Whether each prompt's tokens are counted yet.
+    prompt_counted: Vec<bool>,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+}
+
+impl UsageTally {
+    /// A choice of prompt `prompt` ended: the counts of its
+    /// `Event::Finished` (the prompt's are the same for all its choices).
+    fn finished(&mut self, prompt: usize, prompt_tokens: usize, completion_tokens: usize) {
+        if let Some(counted) = self.prompt_counted.get_mut(prompt)
+            && !std::mem::replace(counted, true)
+        {
+            self.prompt_tokens += prompt_tokens;
+        }
+        self.completion_tokens += completion_tokens;
+    }
+
+    fn usage(&self) -> Usage {
+        Usage::new(self.prompt_tokens, self.completion_tokens)
+    }
+}
+
 impl ResponseMeta {
-    /// Usage summed over the choices, from each one's completion tokens.
-    fn usage(&self, completion: usize) -> Usage {
-        let prompt = self.choices.iter().map(|c| c.prompt_ids.len()).sum();
-        Usage::new(prompt, completion)
+    /// An empty tally for this request's prompts.
+    fn usage_tally(&self) -> UsageTally {
+        let prompts = self.choices.last().map_or(0, |c| c.prompt + 1);
+        UsageTally {
+            prompt_counted: vec![false; prompts],
+            prompt_tokens: 0,
+            completion_tokens: 0,
+        }
     }
 
     /// The token ids choice `index` carries: none unless asked for; the
@@ -82,7 +117,7 @@ impl ResponseMeta {
             return ChoiceTokenIds::default();
         }
         ChoiceTokenIds {
-            prompt_token_ids: with_prompt.then(|| self.choices[index].prompt_ids.clone()),
+            prompt_token_ids: with_prompt.then(|| self.choices[index].prompt_ids.to_vec()),
             token_ids: Some(ids.to_vec()),
         }
     }
@@ -95,5 +130,27 @@ impl ResponseMeta {
             self.tokenizer.clone(),
             self.choices[index].prompt_ids.first().copied(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_counts_each_prompt_once_and_every_choice() {
+        let mut tally = UsageTally {
+            prompt_counted: vec![false; 2],
+            prompt_tokens: 0,
+            completion_tokens: 0,
+        };
+        // Prompt 0 (5 tokens) and prompt 1 (3 tokens), two choices each.
+        for (prompt, prompt_tokens, completion) in [(0, 5, 4), (1, 3, 2), (0, 5, 1), (1, 3, 7)] {
+            tally.finished(prompt, prompt_tokens, completion);
+        }
+        let usage = tally.usage();
+        assert_eq!(usage.prompt_tokens, 8);
+        assert_eq!(usage.completion_tokens, 14);
+        assert_eq!(usage.total_tokens, 22);
     }
 }

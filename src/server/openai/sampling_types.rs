@@ -33,7 +33,9 @@ pub struct SamplingFields {
     pub min_tokens: Option<i64>,
     /// vLLM's extension.
     pub include_stop_str_in_output: Option<bool>,
-    /// Only 1 (one candidate per choice) is supported.
+    /// Completions only: candidates generated per prompt, of which the `n`
+    /// with the highest cumulative log-probability are answered (read by
+    /// the handlers' fan-out, not by the sampler).
     pub best_of: Option<i64>,
     /// OpenAI's: `{type: "text" | "json_object" | "json_schema", json_schema}`.
     pub response_format: Option<Value>,
@@ -49,14 +51,6 @@ pub struct SamplingFields {
 impl SamplingFields {
     /// Sets the processors' fields of `params`.
     pub fn apply_to(&self, params: &mut SamplingParams) -> Result<(), ApiError> {
-        if let Some(best_of) = self.best_of
-            && best_of != 1
-        {
-            return Err(ApiError::invalid(
-                "only best_of = 1 is supported",
-                Some("best_of"),
-            ));
-        }
         params.presence_penalty = self.presence_penalty.unwrap_or(0.0);
         params.frequency_penalty = self.frequency_penalty.unwrap_or(0.0);
         params.repetition_penalty = self.repetition_penalty.unwrap_or(1.0);

@@ -1,6 +1,9 @@
 //! The SSE stream of a `stream: true` request: one chunk per piece of text
 //! as the engine produces it, the finish reason, the usage when asked for,
-//! then `[DONE]`.
+//! then `[DONE]`. With several choices (a batch of prompts, `n`) their
+//! chunks interleave as the engine produces them, each carrying its choice's
+//! `index`, each choice with its own parser, logprobs and finish reason; the
+//! usage chunk comes once, after the last choice finished.
 //!
 //! A chat stream sends its output parser's deltas, one chunk each, as
 //! OpenAI and vLLM do: `delta.reasoning_content` (and `reasoning`),
@@ -72,7 +75,7 @@ pub(super) fn sse(
         // Without a tokenizer there is no text at all: every token gets its chunk.
         let chunk_per_token = state.config.tokenizer.is_none();
         let mut open = choices.len();
-        let mut completion_tokens = 0;
+        let mut usage = meta.usage_tally();
         let mut failed = false;
         while open > 0 {
             let Some((index, event)) = events.recv().await else {
@@ -98,7 +101,7 @@ pub(super) fn sse(
                 }
                 Event::PromptLogprob { logprob, .. } => choice.logprobs.on_prompt(&logprob),
                 Event::PromptLogits { .. } => {}
-                Event::Finished { reason, text, stop_logprob, completion_tokens: count, .. } => {
+                Event::Finished { reason, text, stop_logprob, prompt_tokens, completion_tokens, .. } => {
                     if let Some(t) = &stop_logprob {
                         choice.logprobs.on_token(t);
                     }
@@ -119,10 +122,10 @@ pub(super) fn sse(
                         }
                         yield Ok(meta.choice_chunk(index, choice, None, Some(reason)));
                     }
-                    completion_tokens += count;
                     if !choice.finished {
                         choice.finished = true;
                         open -= 1;
+                        usage.finished(meta.choices[index].prompt, prompt_tokens, completion_tokens);
                     }
                 }
                 Event::Failed { message } => {
@@ -135,7 +138,7 @@ pub(super) fn sse(
         if open == 0 {
             outcome.finished(true);
             if meta.include_usage {
-                yield Ok(meta.usage_chunk(meta.usage(completion_tokens)));
+                yield Ok(meta.usage_chunk(usage.usage()));
             }
         } else {
             outcome.finished(false);

@@ -23,7 +23,7 @@ use super::types::{
 };
 use crate::engine::Event;
 use crate::server::errors::ApiError;
-use crate::server::openai::handlers::{self, Prepared, PreparedPrompt, Submitted};
+use crate::server::openai::handlers::{self, Fanout, Prepared, PreparedPrompt, Submitted};
 use crate::server::openai::logprobs::LogprobsAsked;
 use crate::server::openai::outcome::Outcome;
 use crate::server::openai::{ResponseMeta, Route};
@@ -78,14 +78,16 @@ async fn prepare_and_submit(
         .run(bytes.len(), move || {
             let request: ResponsesRequest = handlers::parse_body(&bytes)?;
             handlers::check_common(&job_state, &request.common)?;
+            handlers::refuse_n(&request.common)?;
             let (common, chat, echo) = input::prepare(request, &job_state.request_limits)?;
             let (ids, parser) = handlers::render_chat(&job_state, &chat)?;
             let prepared = Prepared {
                 common,
                 prompts: vec![PreparedPrompt { ids, text: None }],
+                fanout: Fanout::ONE,
                 logprobs: LogprobsAsked::default(),
                 echo: false,
-                parser: Some(parser),
+                parsers: vec![parser],
             };
             Ok::<_, ApiError>((prepared, echo))
         })
