@@ -5,8 +5,13 @@
 //   expert_down   down projections (+ bias) of every routed row
 //   moe_combine   per token, the routing-weighted sum of its k rows, in rank
 //                 order (deterministic: no atomics)
+// expert_gate_up_mma and expert_down_mma are the tensor-core forms of the
+// two projections (mma.cuh: each expert's rows as tiles of 8, 16 features
+// per warp); the host picks one form per step, one launch either way
+// (src/backend/cuda/moe.rs).
 // The semantics are those of src/backend/cpu/moe.rs.
 #include "linear.cuh"
+#include "mma.cuh"
 
 #define ROUTE_WARPS 4
 #define MAX_EXPERTS 1024
@@ -16,6 +21,11 @@
 // accumulators per row (register pressure).
 #define EXPERT_TILE 4
 #define NONE 0xffffffffu
+// Tensor-core forms: warps per block (MMA_M features each), and tiles of
+// MMA_N routed rows per pass (gate/up keeps two sets of accumulators).
+#define EXPERT_MMA_WARPS 4
+#define GATE_UP_MMA_TILES 4
+#define DOWN_MMA_TILES 8
 
 #define ROUTER_SOFTMAX_TOPK 0u
 #define ROUTER_SOFTMAX_TOPK_RENORM 1u
@@ -224,6 +234,17 @@ struct GateUpParams {
 };
 static_assert(sizeof(GateUpParams) == 72, "GateUpParams layout");
 
+// The activation of one gate/up pair, biases included: clamped SwiGLU
+// (interleaved experts) or silu(gate) · up.
+__device__ __forceinline__ float expert_activation(const GateUpParams& p, float g, float u) {
+    if (p.interleaved) {
+        float gc = fminf(g, p.limit);
+        float uc = fminf(fmaxf(u, -p.limit), p.limit);
+        return (uc + 1.0f) * gc * (1.0f / (1.0f + expf(-(p.alpha * gc))));
+    }
+    return g / (1.0f + expf(-g)) * u;
+}
+
 // Grid: ceil(inter / EXPERT_WARPS); warp = output feature j of every expert
 // in turn (empty experts are skipped by reading their offsets).
 extern "C" __global__ void __launch_bounds__(EXPERT_WARPS * WARP, 4) expert_gate_up(GateUpParams p) {
@@ -273,16 +294,70 @@ extern "C" __global__ void __launch_bounds__(EXPERT_WARPS * WARP, 4) expert_gate
                     float g = warp_sum(acc_gate[t]);
                     float u = warp_sum(acc_up[t]);
                     if (lane == 0u) {
-                        float a;
-                        if (p.interleaved) {
-                            float gc = fminf(g + gate_bias, p.limit);
-                            float uc = fminf(fmaxf(u + up_bias, -p.limit), p.limit);
-                            a = (uc + 1.0f) * gc * (1.0f / (1.0f + expf(-(p.alpha * gc))));
-                        } else {
-                            a = g / (1.0f + expf(-g)) * u;
-                        }
-                        ((float*)p.act)[(u64)(p0 + t) * p.inter + j] = a;
+                        ((float*)p.act)[(u64)(p0 + t) * p.inter + j] =
+                            expert_activation(p, g + gate_bias, u + up_bias);
                     }
+                }
+            }
+        }
+    }
+}
+
+// Grid: (ceil(inter / (EXPERT_MMA_WARPS · MMA_M)), num_experts); block
+// EXPERT_MMA_WARPS warps, warp = features j0 .. j0+16 of expert blockIdx.y
+// over its routed rows, GATE_UP_MMA_TILES tiles per pass.
+extern "C" __global__ void __launch_bounds__(EXPERT_MMA_WARPS * WARP)
+    expert_gate_up_mma(GateUpParams p) {
+    const u32 lane = threadIdx.x % WARP;
+    const u32 j0 = (blockIdx.x * EXPERT_MMA_WARPS + threadIdx.x / WARP) * MMA_M;
+    const u32 e = blockIdx.y;
+    const u32 begin = ((const u32*)p.offsets)[e];
+    const u32 end = ((const u32*)p.offsets)[e + 1u];
+    if (j0 >= p.inter || begin >= end) {
+        return;
+    }
+    const u32* sorted = (const u32*)p.sorted_rows;
+    const ExpertWeights* experts = (const ExpertWeights*)p.experts;
+    // Interleaved: feature j is gate row 2j and up row 2j + 1 of one weight.
+    const Weight gate = experts[e].gate;
+    const Weight up = p.interleaved ? gate : experts[e].up;
+    const u32 stride = p.interleaved ? 2u : 1u;
+    const u64 bias = experts[e].gate_up_bias;
+    const float gate_scale = weight_accumulator_scale(gate);
+    const float up_scale = weight_accumulator_scale(up);
+    for (u32 p0 = begin; p0 < end; p0 += GATE_UP_MMA_TILES * MMA_N) {
+        const u32 count = min(GATE_UP_MMA_TILES * MMA_N, end - p0);
+        const u32 tiles = (count + MMA_N - 1u) / MMA_N;
+        const float* x[GATE_UP_MMA_TILES];
+        float acc_gate[GATE_UP_MMA_TILES][4];
+        float acc_up[GATE_UP_MMA_TILES][4];
+#pragma unroll
+        for (int t = 0; t < GATE_UP_MMA_TILES; ++t) {
+            u32 r = (u32)t * MMA_N + (lane >> 2);
+            x[t] = r < count ? (const float*)p.x + (u64)(sorted[p0 + r] / p.top_k) * p.hidden
+                             : nullptr;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                acc_gate[t][i] = 0.0f;
+                acc_up[t][i] = 0.0f;
+            }
+        }
+        mma_rows<GATE_UP_MMA_TILES>(gate, j0, p.inter, stride, 0u, lane, x, tiles, acc_gate);
+        mma_rows<GATE_UP_MMA_TILES>(up, j0, p.inter, stride, stride - 1u, lane, x, tiles, acc_up);
+#pragma unroll
+        for (int t = 0; t < GATE_UP_MMA_TILES; ++t) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                u32 j = j0 + mma_feature(lane, i);
+                u32 r = (u32)t * MMA_N + mma_token(lane, i);
+                if ((u32)t < tiles && j < p.inter && r < count) {
+                    float g = acc_gate[t][i] * gate_scale;
+                    float u = acc_up[t][i] * up_scale;
+                    if (p.interleaved && bias) {
+                        g = g + vector_get(bias, p.bias_bf16, 2u * j);
+                        u = u + vector_get(bias, p.bias_bf16, 2u * j + 1u);
+                    }
+                    ((float*)p.act)[(u64)(p0 + r) * p.inter + j] = expert_activation(p, g, u);
                 }
             }
         }
@@ -338,6 +413,53 @@ extern "C" __global__ void __launch_bounds__(EXPERT_WARPS * WARP, 4) expert_down
                         ((float*)p.down_out)[(u64)(p0 + t) * p.hidden + n] =
                             bias_ptr ? sum + bias : sum;
                     }
+                }
+            }
+        }
+    }
+}
+
+// Grid: (ceil(hidden / (EXPERT_MMA_WARPS · MMA_M)), num_experts); warp =
+// features n0 .. n0+16 of expert blockIdx.y over its rows, DOWN_MMA_TILES
+// tiles per pass.
+extern "C" __global__ void __launch_bounds__(EXPERT_MMA_WARPS * WARP)
+    expert_down_mma(DownParams p) {
+    const u32 lane = threadIdx.x % WARP;
+    const u32 n0 = (blockIdx.x * EXPERT_MMA_WARPS + threadIdx.x / WARP) * MMA_M;
+    const u32 e = blockIdx.y;
+    const u32 begin = ((const u32*)p.offsets)[e];
+    const u32 end = ((const u32*)p.offsets)[e + 1u];
+    if (n0 >= p.hidden || begin >= end) {
+        return;
+    }
+    const ExpertWeights* experts = (const ExpertWeights*)p.experts;
+    const Weight down = experts[e].down;
+    const u64 bias = experts[e].down_bias;
+    const float scale = weight_accumulator_scale(down);
+    for (u32 p0 = begin; p0 < end; p0 += DOWN_MMA_TILES * MMA_N) {
+        const u32 count = min(DOWN_MMA_TILES * MMA_N, end - p0);
+        const u32 tiles = (count + MMA_N - 1u) / MMA_N;
+        const float* x[DOWN_MMA_TILES];
+        float acc[DOWN_MMA_TILES][4];
+#pragma unroll
+        for (int t = 0; t < DOWN_MMA_TILES; ++t) {
+            u32 r = (u32)t * MMA_N + (lane >> 2);
+            x[t] = r < count ? (const float*)p.act + (u64)(p0 + r) * p.inter : nullptr;
+            acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+        }
+        mma_rows<DOWN_MMA_TILES>(down, n0, p.hidden, 1u, 0u, lane, x, tiles, acc);
+#pragma unroll
+        for (int t = 0; t < DOWN_MMA_TILES; ++t) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                u32 n = n0 + mma_feature(lane, i);
+                u32 r = (u32)t * MMA_N + mma_token(lane, i);
+                if ((u32)t < tiles && n < p.hidden && r < count) {
+                    float v = acc[t][i] * scale;
+                    if (bias) {
+                        v = v + vector_get(bias, p.bias_bf16, n);
+                    }
+                    ((float*)p.down_out)[(u64)(p0 + r) * p.hidden + n] = v;
                 }
             }
         }

@@ -9,6 +9,7 @@ use crate::cuda_common;
 use crate::fixture_runs;
 
 use sparkrt::backend::Backend;
+use sparkrt::backend::cuda::TENSOR_CORE_MIN_ROWS;
 use sparkrt::checkpoint::PageCachePolicy;
 use sparkrt::engine::FinishReason;
 use sparkrt::plan::ledger::WeightsResidency;
@@ -97,6 +98,15 @@ fn fixtures_through_cuda_match_the_reference_and_the_cpu() {
     }
     for name in FIXTURES {
         let r = reference(name);
+        // The prompt's prefill (all its rows in one step) runs the
+        // tensor-core kernels, its decode steps (one row) the warp-per-row
+        // ones: the crossover is a rule on a step's rows, checked by
+        // tests/cuda_kernels.rs.
+        assert!(
+            r.input_ids.len() >= TENSOR_CORE_MIN_ROWS,
+            "{name}: a {}-token prompt would not reach the tensor cores",
+            r.input_ids.len()
+        );
         let prompt = std::slice::from_ref(&r.input_ids);
         let cuda = run(
             name,
@@ -117,10 +127,12 @@ fn fixtures_through_cuda_match_the_reference_and_the_cpu() {
         eprintln!(
             "{name}: CUDA logits differ by {to_reference} from the reference, {to_cpu} from the CPU"
         );
-        // f32 throughout: the CPU's tolerance to the reference holds. The
-        // CPU quantizes MXFP4 experts' activations to int16 (gpt-oss-tiny:
-        // about 1e-3 from the reference), so the two backends are held to
-        // the reference's tolerance, not a tighter one.
+        // f32 accumulation throughout, activations exact (f32 in the GEMV,
+        // three BF16 terms on the tensor cores): the CPU's tolerance to the
+        // reference holds. The CPU quantizes MXFP4
+        // experts' activations to int16 (gpt-oss-tiny: about 1e-3 from the
+        // reference), so the two backends are held to the reference's
+        // tolerance, not a tighter one.
         assert!(
             to_reference < 2e-3,
             "{name}: prompt logits differ by {to_reference}"
@@ -144,6 +156,8 @@ fn cuda_chunked_prefill_single_steps_and_batches_equal_one_full_pass() {
         let prompt = std::slice::from_ref(&r.input_ids);
         let full = run(name, &profile(name), DeviceKind::Cuda, prompt, 8);
 
+        // Chunks of 5 rows and single rows run the GEMV, the full prompt
+        // the tensor cores: the two paths agree to 1e-4 on the logits.
         let mut chunked = profile(name);
         chunked.serving.max_num_batched_tokens = 5;
         chunked.serving.max_num_seqs = 4;

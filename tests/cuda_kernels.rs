@@ -1,8 +1,10 @@
 //! Every CUDA kernel against the CPU backend on random inputs: sizes that
 //! are not multiples of the tiles, one row and many, misaligned weights in
-//! every format, experts with few or no rows. Skipped, with the reason
-//! printed, on a machine without a usable GPU.
+//! every format, experts with few or no rows; the tensor-core kernels and
+//! the warp-per-row ones alike. Skipped, with the reason printed, on a
+//! machine without a usable GPU (the emulator's own mma test needs g++).
 
+use crate::common;
 use crate::cuda_common;
 use crate::format_cases;
 use crate::kernels_common;
@@ -10,7 +12,7 @@ use crate::kernels_common;
 use cuda_common::{Both, assert_close, workspace_plan};
 use kernels_common::{Format, OwnedWeight, Rng, random_weight, random_x};
 use sparkrt::backend::cpu::kernels::{Isa, quantizes_activations};
-use sparkrt::backend::cuda::WeightsPolicy;
+use sparkrt::backend::cuda::{MatmulPath, TENSOR_CORE_MIN_ROWS, WeightsPolicy};
 use sparkrt::backend::{
     AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, KvLayout, Matmul, RouterKind,
     StepMetadataPlan,
@@ -181,37 +183,201 @@ fn matmul_matches_the_cpu_in_every_format_size_and_alignment() {
             "matmul {:?} [{n}, {k}] × {tokens} rows, offset {}",
             w.format, w.offset
         );
-        if exact {
-            assert_eq!(c, g, "{what}");
-        } else {
-            // Summation order differs: bound the error by the terms' sizes.
-            let view = w.view();
-            let mut row = vec![0f32; k];
-            for t in 0..tokens {
-                for j in 0..n {
-                    view.decode_row(j, &mut row).unwrap();
-                    let xs = &x[(x_row + t) * k..(x_row + t + 1) * k];
-                    let magnitude: f32 = row.iter().zip(xs).map(|(a, b)| (a * b).abs()).sum();
-                    let mut bound = kernels_common::tolerance(k, magnitude) + 1e-6;
-                    // The CPU multiplies MXFP4 with int16-quantized activations.
-                    if quantizes_activations(Isa::best(), &view) {
-                        bound += kernels_common::quantization_bound(xs, &view, j);
-                    }
-                    let (a, e) = (c[t * n + j], g[t * n + j]);
-                    assert!(
-                        (a - e).abs() <= bound,
-                        "{what} [{t}, {j}]: cpu {a} vs cuda {e}, bound {bound}"
-                    );
-                }
+        let mma = tokens >= TENSOR_CORE_MIN_ROWS && w.format != Format::F32;
+        assert_matmul_close(&what, w, &x, x_row, tokens, &c, &g, exact, mma);
+    }
+}
+
+/// CPU `c` against CUDA `g` for `tokens` rows of `x` (from `x_row`) times
+/// `w`: equal when `exact` (values on a coarse grid: every order of
+/// summation gives the same f32); else within the summation-order bound of
+/// Σ|terms| (`kernels_common::tolerance`), plus the CPU's quantization of
+/// MXFP4 activations. The tensor cores (`mma`) decode the weights to BF16
+/// exactly and split each activation exactly into three BF16 terms
+/// (kernels/mma.cuh): their only error is summing 3·k exact partial
+/// products in f32, so their bound is the same one over 3·k terms.
+#[allow(clippy::too_many_arguments)]
+fn assert_matmul_close(
+    what: &str,
+    w: &OwnedWeight,
+    x: &[f32],
+    x_row: usize,
+    tokens: usize,
+    c: &[f32],
+    g: &[f32],
+    exact: bool,
+    mma: bool,
+) {
+    if exact {
+        assert_eq!(c, g, "{what}");
+        return;
+    }
+    let (k, n) = (w.cols, w.rows);
+    let view = w.view();
+    let mut row = vec![0f32; k];
+    for j in 0..n {
+        view.decode_row(j, &mut row).unwrap();
+        for t in 0..tokens {
+            let xs = &x[(x_row + t) * k..(x_row + t + 1) * k];
+            let magnitude: f32 = row.iter().zip(xs).map(|(a, b)| (a * b).abs()).sum();
+            let terms = if mma { 3 * k } else { k };
+            let mut bound = kernels_common::tolerance(terms, magnitude) + 1e-6;
+            // The CPU multiplies MXFP4 with int16-quantized activations.
+            if quantizes_activations(Isa::best(), &view) {
+                bound += kernels_common::quantization_bound(xs, &view, j);
             }
+            let (a, e) = (c[t * n + j], g[t * n + j]);
+            assert!(
+                (a - e).abs() <= bound,
+                "{what} [{t}, {j}]: cpu {a} vs cuda {e}, bound {bound}"
+            );
         }
     }
+}
+
+/// Launches of `kernel` so far.
+fn launches_of(b: &Both, kernel: &str) -> u64 {
+    b.cuda
+        .launch_counts()
+        .iter()
+        .find(|(name, _)| *name == kernel)
+        .map_or(0, |&(_, n)| n)
+}
+
+#[test]
+fn tensor_core_matmul_matches_the_cpu_in_every_format_and_awkward_shape() {
+    let mut rng = Rng::new(21);
+    // [rows, cols]: rows not multiples of 16; BF16 columns not multiples
+    // of 16 (partial k tiles, odd rows misaligned); FP4 columns whole groups.
+    let shapes: [(Format, usize, usize); 8] = [
+        (Format::Bf16, 37, 100),
+        (Format::Bf16, 16, 16),
+        (Format::Bf16, 5, 7),
+        (Format::Bf16, 70, 33),
+        (Format::Nvfp4, 37, 48),
+        (Format::Nvfp4, 70, 16),
+        (Format::Mxfp4, 21, 64),
+        (Format::Mxfp4, 40, 96),
+    ];
+    let mut weights = Vec::new();
+    for (i, &(format, rows, cols)) in shapes.iter().enumerate() {
+        for exact in [true, false] {
+            weights.push(random_weight(&mut rng, format, rows, cols, i % 5, exact));
+        }
+    }
+    let bias = OwnedVector::bf16(&rng.floats(70, -1.0, 1.0), 1);
+    let Some(b) = Both::new(
+        "tensor-core matmul",
+        &regions(&weights, std::slice::from_ref(&bias)),
+        WeightsPolicy::Copy,
+    ) else {
+        return;
+    };
+    b.cuda.set_matmul_path(MatmulPath::TensorCores);
+    let before = launches_of(&b, "matmul_mma");
+    let mut launches = 0;
+    for (i, w) in weights.iter().enumerate() {
+        let exact = i % 2 == 0;
+        let (k, n) = (w.cols, w.rows);
+        let (wc, wg) = (
+            b.cpu.linear(w.view()).unwrap(),
+            b.cuda.linear(w.view()).unwrap(),
+        );
+        let short = OwnedVector {
+            bytes: bias.bytes[..bias.offset + 2 * n].to_vec(),
+            offset: bias.offset,
+            len: n,
+        };
+        let (bc, bg) = (
+            b.cpu.vector(short.view()).unwrap(),
+            b.cuda.vector(bias.view()).unwrap(),
+        );
+        // 64 rows fill one block's tiles; 70 spill into a second block.
+        for tokens in [1, 7, 9, 33, 64, 70] {
+            let x_row = tokens % 3;
+            let x = random_x(&mut rng, (x_row + tokens) * k, exact);
+            let (xc, xg) = b.buffers(&x, x.len());
+            let (mut oc, mut og) = b.zeros(tokens * n);
+            let with_bias = tokens % 2 == 1;
+            b.cpu
+                .matmul(&mut [Matmul {
+                    x: &xc,
+                    x_row,
+                    rows: tokens,
+                    w: &wc,
+                    bias: with_bias.then_some(&bc),
+                    out: &mut oc,
+                }])
+                .unwrap();
+            b.cuda
+                .matmul(&mut [Matmul {
+                    x: &xg,
+                    x_row,
+                    rows: tokens,
+                    w: &wg,
+                    bias: with_bias.then_some(&bg),
+                    out: &mut og,
+                }])
+                .unwrap();
+            launches += 1;
+            let what = format!(
+                "matmul_mma {:?} [{n}, {k}] × {tokens} rows, offset {}, exact {exact}",
+                w.format, w.offset
+            );
+            let (c, g) = (b.read_cpu(&oc, tokens * n), b.read_cuda(&og, tokens * n));
+            assert_matmul_close(&what, w, &x, x_row, tokens, &c, &g, exact, true);
+        }
+    }
+    // Every one of them ran on the tensor cores.
+    assert_eq!(launches_of(&b, "matmul_mma") - before, launches);
+}
+
+#[test]
+fn the_crossover_picks_the_gemv_up_to_eight_rows_and_tensor_cores_past() {
+    let mut rng = Rng::new(22);
+    let weights = [
+        random_weight(&mut rng, Format::Bf16, 20, 32, 0, true),
+        random_weight(&mut rng, Format::F32, 20, 32, 0, true),
+    ];
+    let Some(b) = Both::new("crossover", &regions(&weights, &[]), WeightsPolicy::Copy) else {
+        return;
+    };
+    let x = random_x(&mut rng, 64 * 32, true);
+    let (_, xg) = b.buffers(&x, x.len());
+    let (_, mut og) = b.zeros(64 * 20);
+    let mut run = |w: &OwnedWeight, rows: usize| {
+        let wg = b.cuda.linear(w.view()).unwrap();
+        let (gemv, mma) = (launches_of(&b, "matmul"), launches_of(&b, "matmul_mma"));
+        b.cuda
+            .matmul(&mut [Matmul {
+                x: &xg,
+                x_row: 0,
+                rows,
+                w: &wg,
+                bias: None,
+                out: &mut og,
+            }])
+            .unwrap();
+        (
+            launches_of(&b, "matmul") - gemv,
+            launches_of(&b, "matmul_mma") - mma,
+        )
+    };
+    assert_eq!(TENSOR_CORE_MIN_ROWS, 9);
+    for rows in [1, 7, 8] {
+        assert_eq!(run(&weights[0], rows), (1, 0), "{rows} rows");
+    }
+    for rows in [9, 33, 64] {
+        assert_eq!(run(&weights[0], rows), (0, 1), "{rows} rows");
+    }
+    // F32 weights have no BF16 form: always the GEMV.
+    assert_eq!(run(&weights[1], 33), (1, 0), "F32");
 }
 
 #[test]
 fn matmul_runs_several_jobs_in_one_launch() {
     let mut rng = Rng::new(12);
-    let weights: Vec<OwnedWeight> = [(24, 48), (8, 48), (8, 48), (3, 48), (5, 48)]
+    let weights: Vec<OwnedWeight> = [(70, 48), (8, 48), (8, 48), (3, 48), (5, 48)]
         .iter()
         .enumerate()
         .map(|(i, &(r, c))| random_weight(&mut rng, Format::Bf16, r, c, i, true))
@@ -219,8 +385,14 @@ fn matmul_runs_several_jobs_in_one_launch() {
     let Some(b) = Both::new("matmul jobs", &regions(&weights, &[]), WeightsPolicy::Copy) else {
         return;
     };
-    let tokens = 6;
-    let x = random_x(&mut rng, tokens * 48, true);
+    // Six rows: the GEMV; 40: the tensor cores (block indices over jobs).
+    for tokens in [6, 40] {
+        several_jobs_in_one_launch(&b, &weights, tokens, &mut rng);
+    }
+}
+
+fn several_jobs_in_one_launch(b: &Both, weights: &[OwnedWeight], tokens: usize, rng: &mut Rng) {
+    let x = random_x(rng, tokens * 48, true);
     let (xc, xg) = b.buffers(&x, x.len());
     let wc: Vec<_> = weights
         .iter()
@@ -266,7 +438,7 @@ fn matmul_runs_several_jobs_in_one_launch() {
         assert_eq!(
             b.read_cpu(&outs_c[i], n),
             b.read_cuda(&outs_g[i], n),
-            "job {i}"
+            "job {i}, {tokens} rows"
         );
     }
 }
@@ -813,6 +985,26 @@ fn routed_experts_match_the_cpu() {
             format: Format::Bf16,
             interleaved: false,
         },
+        // A few experts with many rows each: several tensor-core passes per
+        // expert, features and columns not multiples of 16.
+        MoeCase {
+            experts: 4,
+            top_k: 2,
+            rows: 64,
+            h: 40,
+            i: 37,
+            format: Format::Bf16,
+            interleaved: false,
+        },
+        MoeCase {
+            experts: 6,
+            top_k: 3,
+            rows: 9,
+            h: 48,
+            i: 32,
+            format: Format::Nvfp4,
+            interleaved: false,
+        },
         // gpt_oss: interleaved gate/up with biases, MXFP4, clamped SwiGLU.
         MoeCase {
             experts: 8,
@@ -829,6 +1021,15 @@ fn routed_experts_match_the_cpu() {
             rows: 21,
             h: 96,
             i: 64,
+            format: Format::Mxfp4,
+            interleaved: true,
+        },
+        MoeCase {
+            experts: 5,
+            top_k: 2,
+            rows: 33,
+            h: 64,
+            i: 32,
             format: Format::Mxfp4,
             interleaved: true,
         },
@@ -908,34 +1109,41 @@ fn routed_experts_match_the_cpu() {
             .map(|v| v * 0.125)
             .collect();
         let (xc, xg) = b.buffers(&x, x.len());
-        for (r, kind) in ROUTERS.iter().enumerate() {
-            // Logits on a coarse grid: ties between experts are common.
-            let logits: Vec<f32> = (0..rows * e).map(|_| rng.int(-6, 6) as f32 * 0.5).collect();
-            let (lc, lg) = b.buffers(&logits, logits.len());
-            let (mut oc, mut og) = b.zeros(rows * h);
-            b.cpu.route(&lc, rows, e, k, *kind, &mut ws_c).unwrap();
-            b.cuda.route(&lg, rows, e, k, *kind, &mut ws_g).unwrap();
-            b.cpu
-                .moe(&xc, rows, &experts_c, &mut ws_c, &mut oc)
-                .unwrap();
-            b.cuda
-                .moe(&xg, rows, &experts_g, &mut ws_g, &mut og)
-                .unwrap();
-            let (out_c, out_g) = (b.read_cpu(&oc, rows * h), b.read_cuda(&og, rows * h));
-            let scale = out_c.iter().fold(0f32, |m, v| m.max(v.abs()));
-            // The CPU quantizes MXFP4 experts' inputs to 15 bits per block
-            // (exact for the gate/up input on its grid, not for the down
-            // input past the activation); CUDA keeps f32.
-            let relative = if format == Format::Mxfp4 { 2e-4 } else { 2e-6 };
-            assert_close(
-                &format!(
-                    "moe case {c} ({e} experts, top-{k}, {rows} rows, {format:?}), router {r}"
-                ),
-                &out_c,
-                &out_g,
-                relative * scale.max(1.0),
-                1e-5,
-            );
+        // Both kernel families at every row count (the crossover would pick
+        // the GEMV for ≤ 8 rows, the tensor cores past).
+        for path in [MatmulPath::WarpPerRow, MatmulPath::TensorCores] {
+            b.cuda.set_matmul_path(path);
+            for (r, kind) in ROUTERS.iter().enumerate() {
+                // Logits on a coarse grid: ties between experts are common.
+                let logits: Vec<f32> = (0..rows * e).map(|_| rng.int(-6, 6) as f32 * 0.5).collect();
+                let (lc, lg) = b.buffers(&logits, logits.len());
+                let (mut oc, mut og) = b.zeros(rows * h);
+                b.cpu.route(&lc, rows, e, k, *kind, &mut ws_c).unwrap();
+                b.cuda.route(&lg, rows, e, k, *kind, &mut ws_g).unwrap();
+                b.cpu
+                    .moe(&xc, rows, &experts_c, &mut ws_c, &mut oc)
+                    .unwrap();
+                b.cuda
+                    .moe(&xg, rows, &experts_g, &mut ws_g, &mut og)
+                    .unwrap();
+                let (out_c, out_g) = (b.read_cpu(&oc, rows * h), b.read_cuda(&og, rows * h));
+                let scale = out_c.iter().fold(0f32, |m, v| m.max(v.abs()));
+                // The CPU quantizes MXFP4 experts' inputs to 15 bits per block
+                // (exact for the gate/up input on its grid, not for the down
+                // input past the activation); CUDA keeps them exact (f32 in
+                // the GEMV, three BF16 terms on the tensor cores).
+                let relative = if format == Format::Mxfp4 { 2e-4 } else { 2e-6 };
+                assert_close(
+                    &format!(
+                        "moe case {c} ({e} experts, top-{k}, {rows} rows, {format:?}), \
+                         router {r}, {path:?}"
+                    ),
+                    &out_c,
+                    &out_g,
+                    relative * scale.max(1.0),
+                    1e-5,
+                );
+            }
         }
     }
 }
@@ -974,4 +1182,37 @@ fn weights_attached_in_place_read_the_same_as_a_copy() {
         auto.cuda.ledger().snapshot().weights_residency
     );
     assert_eq!(outs[0], outs[1]);
+}
+
+/// The emulator's mma.sync (kernels/emu/mma.h) against a scalar A·B + C, in
+/// kernels/emu/tests/mma_test.cpp (built here with driver.cpp): the
+/// fragment layouts every tensor-core test above relies on. Needs g++ only.
+#[test]
+fn emulator_mma_follows_the_ptx_fragment_layouts() {
+    if !common::tool_present("emulator mma", common::missing_command("g++")) {
+        return;
+    }
+    let emu = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/emu");
+    let exe = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("emulator-mma-test");
+    let build = std::process::Command::new("g++")
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-pthread",
+            "-fno-strict-aliasing",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(emu.join("tests/mma_test.cpp"))
+        .arg(emu.join("driver.cpp"))
+        .output()
+        .unwrap();
+    assert!(
+        build.status.success(),
+        "building the mma test: {}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let run = std::process::Command::new(&exe).output().unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success() && stdout.trim() == "ok", "{stdout}");
 }

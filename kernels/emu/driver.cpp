@@ -159,6 +159,27 @@ unsigned sparkrt_emu_match_any(unsigned value) {
     return mask;
 }
 
+// Up to GATHER_WORDS values per thread, for the warp-collectives (mma.h).
+static const unsigned GATHER_WORDS = 16;
+static unsigned gather_slots[1024 * GATHER_WORDS];
+
+void sparkrt_emu_warp_gather(const unsigned* mine, unsigned words, unsigned* all) {
+    unsigned base = current & ~31u;
+    if (words > GATHER_WORDS || base + 32 > blockDim.x) {
+        // A collective needs a whole warp (the hardware's .aligned rule).
+        std::fprintf(stderr, "emulator: %s: a warp-collective in a partial warp\n",
+                     launch_kernel->name);
+        std::abort();
+    }
+    std::memcpy(&gather_slots[current * GATHER_WORDS], mine, words * sizeof(unsigned));
+    sparkrt_emu_syncwarp();
+    for (unsigned lane = 0; lane < 32; ++lane) {
+        std::memcpy(all + lane * words, &gather_slots[(base + lane) * GATHER_WORDS],
+                    words * sizeof(unsigned));
+    }
+    sparkrt_emu_syncwarp();
+}
+
 float* sparkrt_emu_dynamic_shared() { return dynamic_shared.data(); }
 
 // Releases the barriers every live thread concerned has reached; false when

@@ -90,6 +90,9 @@ inline T __shfl_sync(unsigned, T v, int lane) {
 }
 inline unsigned __match_any_sync(unsigned, unsigned v) { return sparkrt_emu_match_any(v); }
 
+// mma.sync as a warp-collective.
+#include "mma.h"
+
 // One kernel's entry for the driver's table.
 struct EmuKernel {
     const char* name;

@@ -15,9 +15,10 @@ use super::driver::{Device, Handle, driver};
 use super::nvrtc::{self, Compiled, Source};
 
 /// Headers every kernel file may include.
-pub const HEADERS: [(&str, &str); 2] = [
+pub const HEADERS: [(&str, &str); 3] = [
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
     ("linear.cuh", include_str!("../../../kernels/linear.cuh")),
+    ("mma.cuh", include_str!("../../../kernels/mma.cuh")),
 ];
 
 /// One `.cu` file: one NVRTC compilation, one module.
@@ -89,7 +90,8 @@ impl KernelFile {
     }
 }
 
-/// Every entry point the backend launches.
+/// Every entry point the backend launches. The `*Mma` kernels run on the
+/// tensor cores (`mma.sync` BF16, kernels/mma.cuh); [`Kernel::uses_mma`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     RmsNorm,
@@ -101,9 +103,12 @@ pub enum Kernel {
     CompactRows,
     Argmax,
     Matmul,
+    MatmulMma,
     RouteGroup,
     ExpertGateUp,
+    ExpertGateUpMma,
     ExpertDown,
+    ExpertDownMma,
     MoeCombine,
     Attention,
     AttentionCombine,
@@ -111,7 +116,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 19] = [
         Kernel::RmsNorm,
         Kernel::RopeTable,
         Kernel::QkNormRope,
@@ -121,9 +126,12 @@ impl Kernel {
         Kernel::CompactRows,
         Kernel::Argmax,
         Kernel::Matmul,
+        Kernel::MatmulMma,
         Kernel::RouteGroup,
         Kernel::ExpertGateUp,
+        Kernel::ExpertGateUpMma,
         Kernel::ExpertDown,
+        Kernel::ExpertDownMma,
         Kernel::MoeCombine,
         Kernel::Attention,
         Kernel::AttentionCombine,
@@ -142,14 +150,25 @@ impl Kernel {
             Kernel::CompactRows => "compact_rows",
             Kernel::Argmax => "argmax",
             Kernel::Matmul => "matmul",
+            Kernel::MatmulMma => "matmul_mma",
             Kernel::RouteGroup => "route_group",
             Kernel::ExpertGateUp => "expert_gate_up",
+            Kernel::ExpertGateUpMma => "expert_gate_up_mma",
             Kernel::ExpertDown => "expert_down",
+            Kernel::ExpertDownMma => "expert_down_mma",
             Kernel::MoeCombine => "moe_combine",
             Kernel::Attention => "attention",
             Kernel::AttentionCombine => "attention_combine",
             Kernel::KvAppend => "kv_append",
         }
+    }
+
+    /// Whether the kernel's inner loop is `mma.sync` (its SASS holds HMMA).
+    pub fn uses_mma(self) -> bool {
+        matches!(
+            self,
+            Kernel::MatmulMma | Kernel::ExpertGateUpMma | Kernel::ExpertDownMma
+        )
     }
 
     /// Index of its file in [`FILES`].
@@ -161,10 +180,13 @@ impl Kernel {
             | Kernel::Add
             | Kernel::CompactRows
             | Kernel::Argmax => 1,
-            Kernel::Matmul => 2,
-            Kernel::RouteGroup | Kernel::ExpertGateUp | Kernel::ExpertDown | Kernel::MoeCombine => {
-                3
-            }
+            Kernel::Matmul | Kernel::MatmulMma => 2,
+            Kernel::RouteGroup
+            | Kernel::ExpertGateUp
+            | Kernel::ExpertGateUpMma
+            | Kernel::ExpertDown
+            | Kernel::ExpertDownMma
+            | Kernel::MoeCombine => 3,
             Kernel::Attention | Kernel::AttentionCombine | Kernel::KvAppend => 4,
         }
     }

@@ -50,6 +50,36 @@ pub use memory::{CudaBuffer, CudaKvCache, CudaStep, CudaWorkspace};
 pub use moe::CudaExperts;
 pub use weights::WeightsPolicy;
 
+/// Which kernels compute the linear layers and experts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MatmulPath {
+    /// By the crossover ([`TENSOR_CORE_MIN_ROWS`]).
+    #[default]
+    Auto,
+    /// The warp-per-row FP32 kernels (`matmul`, `expert_gate_up`, `expert_down`).
+    WarpPerRow,
+    /// The tensor-core kernels wherever the device and the weights allow
+    /// (sm_80 and newer; not F32 weights).
+    TensorCores,
+}
+
+/// The crossover: steps of at least this many rows (tokens) run the
+/// tensor-core kernels (`matmul_mma`, `expert_gate_up_mma`,
+/// `expert_down_mma`); fewer run the warp-per-row GEMV.
+///
+/// The model: the GEMV reads each weight once per `TOKEN_TILE` (8) rows,
+/// so up to 8 rows (batch-1..8 decode) it streams the weights exactly once,
+/// is bound by memory bandwidth (≤ 16 FLOPs per weight element, within the
+/// CUDA cores' f32 rate at any DRAM bandwidth the weights can stream at),
+/// and keeps the activations f32. A tensor-core tile holds 8 rows, so below
+/// 8 it computes padding and reads the weights no less. From 9 rows on the
+/// GEMV makes another pass over the weights per 8 rows (traffic ∝ ⌈rows/8⌉)
+/// and its FMAs become the limit, while `matmul_mma` reads them once per 64
+/// rows on the tensor cores. An expert gets at most one row per token, so
+/// the same rule on the step's tokens keeps every expert at ≤ 8 rows on the
+/// GEMV side. docs/ARCHITECTURE.md ("CUDA matmuls") has the whole argument.
+pub const TENSOR_CORE_MIN_ROWS: usize = p::TOKEN_TILE + 1;
+
 #[derive(Clone, Debug, Error)]
 pub enum CudaError {
     #[error("{0}")]
@@ -99,6 +129,10 @@ pub struct CudaBackend {
     split_len: AtomicU32,
     /// Dynamic shared memory the attention kernel may use.
     attention_shared: u32,
+    /// `mma.sync` BF16 exists (sm_80 and newer).
+    tensor_cores: bool,
+    /// A [`MatmulPath`] forced by tests (0 = auto, 1 = GEMV, 2 = tensor cores).
+    matmul_path: AtomicU32,
     _sampled_charge: Charge,
 }
 
@@ -159,6 +193,8 @@ impl CudaBackend {
                 max_sample_rows: rows,
                 split_len: AtomicU32::new(0),
                 attention_shared,
+                tensor_cores: device.info.compute_capability.0 >= 8,
+                matmul_path: AtomicU32::new(0),
                 _sampled_charge: sampled_charge,
             };
             backend.smoke_test()?;
@@ -234,6 +270,30 @@ impl CudaBackend {
     pub fn set_attention_split(&self, len: Option<usize>) {
         let len = len.map_or(0, |l| (l as u32).max(1).div_ceil(p::KEY_TILE) * p::KEY_TILE);
         self.split_len.store(len, Ordering::Relaxed);
+    }
+
+    /// Forces the matmul and expert kernels (tests of both paths), or
+    /// restores the crossover ([`MatmulPath::Auto`]).
+    pub fn set_matmul_path(&self, path: MatmulPath) {
+        let code = match path {
+            MatmulPath::Auto => 0,
+            MatmulPath::WarpPerRow => 1,
+            MatmulPath::TensorCores => 2,
+        };
+        self.matmul_path.store(code, Ordering::Relaxed);
+    }
+
+    /// Whether `rows` rows over weights that all allow it (`mma_formats`:
+    /// none is F32) run on the tensor cores.
+    fn tensor_cores_for(&self, rows: usize, mma_formats: bool) -> bool {
+        if !self.tensor_cores || !mma_formats {
+            return false;
+        }
+        match self.matmul_path.load(Ordering::Relaxed) {
+            1 => false,
+            2 => true,
+            _ => rows >= TENSOR_CORE_MIN_ROWS,
+        }
     }
 
     /// Kernel launches so far, by kernel name.
@@ -489,6 +549,16 @@ impl Backend for CudaBackend {
     fn matmul(&self, jobs: &mut [Matmul<'_, '_, Self>]) -> Result<(), BackendError> {
         self.device.bind()?;
         for chunk in jobs.chunks(p::MAX_JOBS) {
+            // One launch per chunk, on one kernel: the tensor cores when
+            // the chunk's largest job crosses over and no weight is F32.
+            let most_rows = chunk.iter().map(|j| j.rows).max().unwrap_or(0);
+            let mma_formats = chunk.iter().all(|j| j.w.weight.format != p::FMT_F32);
+            let mma = self.tensor_cores_for(most_rows, mma_formats);
+            let features_per_block = if mma {
+                p::MMA_WARPS * p::MMA_FEATURES
+            } else {
+                p::MATMUL_WARPS
+            };
             let mut params = p::MatmulParams::default();
             let mut blocks = 0u32;
             for job in chunk {
@@ -517,10 +587,22 @@ impl Backend for CudaBackend {
                 };
                 params.count += 1;
                 blocks = blocks
-                    .checked_add(u32_of("output features", n)?.div_ceil(p::MATMUL_WARPS))
+                    .checked_add(u32_of("output features", n)?.div_ceil(features_per_block))
                     .ok_or_else(|| BackendError::Shape("matmul grid too large".to_string()))?;
             }
-            if params.count > 0 {
+            if params.count == 0 {
+                continue;
+            }
+            if mma {
+                let row_blocks = u32_of("rows", most_rows)?.div_ceil(p::MMA_TOKENS);
+                self.launch(
+                    Kernel::MatmulMma,
+                    (blocks, row_blocks, 1),
+                    p::MMA_WARPS * 32,
+                    0,
+                    &params,
+                )?;
+            } else {
                 self.launch(
                     Kernel::Matmul,
                     (blocks, 1, 1),

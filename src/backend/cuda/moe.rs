@@ -25,6 +25,8 @@ pub struct CudaExperts<'w> {
     bias_bf16: bool,
     limit: f32,
     alpha: f32,
+    /// No expert weight is F32 (the tensor-core kernels take the others).
+    mma_formats: bool,
     _charge: Charge,
     _borrow: PhantomData<&'w [u8]>,
 }
@@ -126,6 +128,11 @@ impl<'w> CudaExperts<'w> {
             ExpertActivation::ClampedSwiglu { limit, alpha } => (limit, alpha),
             ExpertActivation::SiluMul => (f32::INFINITY, 1.0),
         };
+        let mma_formats = table.iter().all(|entry| {
+            let down = entry.down.format != p::FMT_F32;
+            let gate = entry.gate.format != p::FMT_F32;
+            down && gate && (interleaved || entry.up.format != p::FMT_F32)
+        });
         let bytes = std::mem::size_of_val(table.as_slice());
         let charge = b
             .ledger
@@ -141,6 +148,7 @@ impl<'w> CudaExperts<'w> {
             bias_bf16: bias_bf16.unwrap_or(true),
             limit,
             alpha,
+            mma_formats,
             _charge: charge,
             _borrow: PhantomData,
         })
@@ -257,14 +265,31 @@ impl CudaBackend {
             limit: experts.limit,
             alpha: experts.alpha,
         };
-        let blocks = gate_up.inter.div_ceil(p::EXPERT_WARPS);
-        self.launch(
-            Kernel::ExpertGateUp,
-            (blocks, 1, 1),
-            p::EXPERT_WARPS * 32,
-            0,
-            &gate_up,
-        )?;
+        // The crossover on the step's tokens (see TENSOR_CORE_MIN_ROWS): one
+        // launch per projection either way.
+        let mma = self.tensor_cores_for(rows, experts.mma_formats);
+        let experts_count = gate_up.num_experts;
+        if mma {
+            let blocks = gate_up
+                .inter
+                .div_ceil(p::EXPERT_MMA_WARPS * p::MMA_FEATURES);
+            self.launch(
+                Kernel::ExpertGateUpMma,
+                (blocks, experts_count, 1),
+                p::EXPERT_MMA_WARPS * 32,
+                0,
+                &gate_up,
+            )?;
+        } else {
+            let blocks = gate_up.inter.div_ceil(p::EXPERT_WARPS);
+            self.launch(
+                Kernel::ExpertGateUp,
+                (blocks, 1, 1),
+                p::EXPERT_WARPS * 32,
+                0,
+                &gate_up,
+            )?;
+        }
         let down = p::DownParams {
             experts: experts.table.ptr(),
             act: ws.activation.ptr(),
@@ -275,14 +300,25 @@ impl CudaBackend {
             inter: gate_up.inter,
             bias_bf16: experts.bias_bf16.into(),
         };
-        let blocks = down.hidden.div_ceil(p::EXPERT_WARPS);
-        self.launch(
-            Kernel::ExpertDown,
-            (blocks, 1, 1),
-            p::EXPERT_WARPS * 32,
-            0,
-            &down,
-        )?;
+        if mma {
+            let blocks = down.hidden.div_ceil(p::EXPERT_MMA_WARPS * p::MMA_FEATURES);
+            self.launch(
+                Kernel::ExpertDownMma,
+                (blocks, experts_count, 1),
+                p::EXPERT_MMA_WARPS * 32,
+                0,
+                &down,
+            )?;
+        } else {
+            let blocks = down.hidden.div_ceil(p::EXPERT_WARPS);
+            self.launch(
+                Kernel::ExpertDown,
+                (blocks, 1, 1),
+                p::EXPERT_WARPS * 32,
+                0,
+                &down,
+            )?;
+        }
         let combine = p::CombineParams {
             down_out: ws.down_output.ptr(),
             positions: ws.topk_ids.ptr(),

@@ -23,6 +23,15 @@ pub const MAX_TOP_K: usize = 32;
 pub const MATMUL_WARPS: u32 = 4;
 pub const EXPERT_WARPS: u32 = 4;
 pub const ROUTE_WARPS: u32 = 4;
+/// `matmul_mma`: warps per block (16 output features each) and rows per
+/// block (`MMA_TILES` tiles of 8).
+pub const MMA_WARPS: u32 = 4;
+pub const MMA_FEATURES: u32 = 16;
+pub const MMA_TOKENS: u32 = 64;
+/// `expert_gate_up_mma`, `expert_down_mma`: warps per block.
+pub const EXPERT_MMA_WARPS: u32 = 4;
+/// Rows per pass of the warp-per-row kernels (`TOKEN_TILE` of linear.cuh).
+pub const TOKEN_TILE: usize = 8;
 pub const ATTN_THREADS: u32 = 128;
 pub const Q_TILE: u32 = 16;
 pub const KEY_TILE: u32 = 32;
