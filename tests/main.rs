@@ -24,6 +24,7 @@ mod cuda_fallback;
 mod cuda_fixtures;
 mod cuda_kernels;
 mod cuda_nvrtc;
+mod cuda_sass;
 mod engine_fixtures;
 mod engine_logprobs;
 mod engine_scheduler;
