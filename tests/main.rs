@@ -13,6 +13,7 @@ mod kernels_common;
 #[path = "common/server.rs"]
 mod server;
 
+mod bench_perf_model;
 mod chat_parsers;
 mod checkpoint_config;
 mod checkpoint_fixtures;
