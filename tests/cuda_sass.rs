@@ -116,15 +116,21 @@ type ArchSass = (
 );
 
 fn disassemble_all(cuobjdump: &Cuobjdump, arch: &str) -> ArchSass {
+    // One thread per file, as the backend compiles them (NVRTC is thread-safe).
+    let compiled: Vec<_> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = kernels::FILES
+            .iter()
+            .map(|file| scope.spawn(move || (file.name, file.compile(arch))))
+            .collect();
+        jobs.into_iter().map(|job| job.join().unwrap()).collect()
+    });
     let mut sass = BTreeMap::new();
     let mut files = BTreeMap::new();
-    for file in &kernels::FILES {
-        let compiled = file
-            .compile(arch)
-            .unwrap_or_else(|e| panic!("{arch} {}: {e}", file.name));
+    for (file, compiled) in compiled {
+        let compiled = compiled.unwrap_or_else(|e| panic!("{arch} {file}: {e}"));
         sass.extend(cuobjdump.counts(&compiled.cubin).unwrap());
         for k in nvrtc::report(&compiled) {
-            files.insert(k.name, (file.name, k.spill_stores, k.spill_loads));
+            files.insert(k.name, (file, k.spill_stores, k.spill_loads));
         }
     }
     (sass, files)

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
+use rayon::prelude::*;
 use serde::Serialize;
 
 use super::RuntimeFailure;
@@ -106,8 +107,20 @@ pub fn run(args: &KernelsArgs) -> Result<ExitCode> {
     };
     let mut failed = false;
     for arch in &archs {
-        for file in &kernels::FILES {
-            match file.compile(arch) {
+        // The files compile (and disassemble) in parallel; rows keep their order.
+        let built: Vec<_> = kernels::FILES
+            .par_iter()
+            .map(|file| {
+                let compiled = file.compile(arch);
+                let sass = match (&cuobjdump, &compiled) {
+                    (Some(tool), Ok(compiled)) => Some(tool.counts(&compiled.cubin)),
+                    _ => None,
+                };
+                (file, compiled, sass)
+            })
+            .collect();
+        for (file, compiled, sass) in built {
+            match compiled {
                 Ok(compiled) => {
                     report.files.push(FileRow {
                         arch: arch.clone(),
@@ -115,7 +128,7 @@ pub fn run(args: &KernelsArgs) -> Result<ExitCode> {
                         cubin_bytes: Some(compiled.cubin.len()),
                         error: None,
                     });
-                    let sass = match cuobjdump.as_ref().map(|t| t.counts(&compiled.cubin)) {
+                    let sass = match sass {
                         Some(Ok(counts)) => counts,
                         Some(Err(e)) => {
                             report.sass = SassSource::Failed(e.to_string());
