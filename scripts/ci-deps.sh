@@ -84,6 +84,25 @@ install_nvrtc() {
 	fi
 }
 
+# cuobjdump and the nvdisasm it runs (pip `nvidia-cuda-cuobjdump` and
+# `nvidia-cuda-nvdisasm`, into nvidia/cu13/bin) for tests/cuda_sass.rs and
+# `sparkrt kernels`' SASS columns.
+install_cuobjdump() {
+	if command -v cuobjdump >/dev/null 2>&1 && command -v nvdisasm >/dev/null 2>&1; then
+		echo "ci-deps: cuobjdump present (system)"
+		return
+	fi
+	if [[ -n "$(bash "$(dirname "$0")/cuobjdump-path.sh" 2>/dev/null)" ]]; then
+		echo "ci-deps: cuobjdump present (pip)"
+		return
+	fi
+	echo "ci-deps: installing nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm (pip)"
+	if ! python3 -m pip install --quiet --disable-pip-version-check nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm; then
+		echo "ci-deps: pip could not install cuobjdump; the SASS tests will fail under CI" >&2
+	fi
+}
+
 install_tools
 install_python_packages
 install_nvrtc
+install_cuobjdump

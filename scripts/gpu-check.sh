@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The CUDA backend's check on a machine with an NVIDIA GPU (issue 5), in one
 # go and in under 8 minutes: a release build; the kernels compiled for this
-# GPU with their registers and spills; the CUDA tests (every kernel against
-# the CPU backend, the fixtures against the transformers references); then
-# `sparkrt bench` on CUDA for the bench models (written once with
-# `sparkrt make-checkpoint` into $SPARKRT_BENCH_DIR, default
-# target/gpu-check-models, and reused on a rerun). Prints every figure and
-# exits non-zero if any step failed.
+# GPU with their registers, spills and SASS counts (HMMA, LDL/STL, by
+# cuobjdump); the CUDA tests (every kernel against the CPU backend, the
+# fixtures against the transformers references, the SASS proof for sm_90
+# and sm_121); then `sparkrt bench` on CUDA for the bench models (written
+# once with `sparkrt make-checkpoint` into $SPARKRT_BENCH_DIR, default
+# target/gpu-check-models, and reused on a rerun), and their performance
+# models side by side. Prints every figure and exits non-zero if any step
+# failed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -14,8 +16,9 @@ start=$SECONDS
 failed=()
 models="${SPARKRT_BENCH_DIR:-target/gpu-check-models}"
 sparkrt=./target/release/sparkrt
+logs=target/gpu-check-logs
 # The CUDA topics of the one integration-test binary (tests/main.rs).
-cuda_tests=(cuda_kernels:: cuda_fixtures:: cuda_nvrtc:: cuda_fallback::)
+cuda_tests=(cuda_kernels:: cuda_fixtures:: cuda_nvrtc:: cuda_sass:: cuda_fallback::)
 
 step() {
 	printf '\n== %s [%ds]\n' "$1" $((SECONDS - start))
@@ -35,14 +38,22 @@ step "GPU"
 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader ||
 	echo "nvidia-smi not found"
 
+# cuobjdump (and the nvdisasm it runs) for the SASS columns and cuda_sass::
+# tests: the CUDA toolkit's, else pip's; one quick try to install it.
+if ! command -v cuobjdump >/dev/null 2>&1 && [[ ! -x /usr/local/cuda/bin/cuobjdump && -z "$(bash scripts/cuobjdump-path.sh)" ]]; then
+	python3 -m pip install --quiet --disable-pip-version-check --retries 0 --timeout 10 \
+		nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm ||
+		echo "cuobjdump not installed: the SASS columns and tests will say so"
+fi
+
 run "release build" cargo build --release --quiet
 run "test binaries" cargo test --release --quiet --no-run --test integration
-run "kernels for this GPU (NVRTC, registers, spills)" "$sparkrt" kernels
+run "kernels for this GPU (NVRTC, registers, spills, HMMA, LDL/STL)" "$sparkrt" kernels
 
 # The tests print their figures (logit differences, weights residency).
 cuda_test_run() {
 	cargo test --release --test integration -- "${cuda_tests[@]}" --nocapture --test-threads 1 2>&1 |
-		grep -E '^test |differ|residency|skipping|panicked|test result'
+		grep -E '^test |differ|residency|skipp|panicked|test result'
 	return "${PIPESTATUS[0]}"
 }
 run "CUDA tests" cuda_test_run
@@ -54,12 +65,35 @@ for model in qwen3-30b-a3b-8l gpt-oss-120b-4l; do
 	fi
 done
 
+# A bench run, its output kept in $logs/NAME.txt for the summary below.
+bench() {
+	local name="$1"
+	shift
+	"$sparkrt" bench --backend cuda "$@" 2>&1 | tee "$logs/$name.txt"
+	return "${PIPESTATUS[0]}"
+}
+mkdir -p "$logs"
+rm -f "$logs"/*.txt
 run "bench qwen3-30b-a3b-8l, batch 1" \
-	"$sparkrt" bench --model "$models/qwen3-30b-a3b-8l" --backend cuda --prompt-len 512 --gen 64 --repeats 2
+	bench qwen3-batch-1 --model "$models/qwen3-30b-a3b-8l" --prompt-len 512 --gen 64 --repeats 2
 run "bench qwen3-30b-a3b-8l, batch 32" \
-	"$sparkrt" bench --model "$models/qwen3-30b-a3b-8l" --backend cuda --prompt-len 128 --gen 64 --repeats 1 --batch 32
+	bench qwen3-batch-32 --model "$models/qwen3-30b-a3b-8l" --prompt-len 128 --gen 64 --repeats 1 --batch 32
 run "bench gpt-oss-120b-4l, batch 1" \
-	"$sparkrt" bench --model "$models/gpt-oss-120b-4l" --backend cuda --prompt-len 512 --gen 64 --repeats 2
+	bench gpt-oss-batch-1 --model "$models/gpt-oss-120b-4l" --prompt-len 512 --gen 64 --repeats 2
+
+# The performance model of each run together (README: Performance model):
+# launches per layer, bytes per decode step, FLOPs per prefill token, and
+# the measured rates as fractions of the bandwidth and tensor-core peak.
+perf_summary() {
+	local log
+	for log in "$logs"/*.txt; do
+		[[ -f "$log" ]] || continue
+		echo "-- $(basename "$log" .txt)"
+		grep -E '^  (prefill|decode|read bandwidth|launches / layer) ' "$log"
+		sed -n '/performance model/,$p' "$log" | tail -n +2
+	done
+}
+run "performance model" perf_summary
 
 step "done"
 if ((${#failed[@]} > 0)); then

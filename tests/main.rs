@@ -13,6 +13,7 @@ mod kernels_common;
 #[path = "common/server.rs"]
 mod server;
 
+mod bench_perf_model;
 mod chat_parsers;
 mod chat_prefix_reuse;
 mod checkpoint_config;
@@ -25,6 +26,7 @@ mod cuda_fallback;
 mod cuda_fixtures;
 mod cuda_kernels;
 mod cuda_nvrtc;
+mod cuda_sass;
 mod engine_fixtures;
 mod engine_logprobs;
 mod engine_scheduler;

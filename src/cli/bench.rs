@@ -5,6 +5,12 @@
 //! The bandwidth is measured by reading the weights the process already
 //! maps (those read every decode step first), so that the measurement
 //! neither grows the process nor inflates its peak RSS.
+//!
+//! A performance model checkable on paper comes with the figures: weight
+//! and KV bytes read per decode step and FLOPs per prefill token (from
+//! `plan::memory` and `plan::perf`), turned into fractions of the memory
+//! bandwidth and, on a GPU in `plan::perf`'s table, of its BF16
+//! tensor-core peak.
 
 use std::process::ExitCode;
 use std::sync::mpsc;
@@ -24,6 +30,13 @@ use crate::engine::sampling::SamplingParams;
 use crate::engine::{Event, Request};
 use crate::geometry::WeightGroup;
 use crate::plan::Plan;
+use crate::plan::memory::{
+    decode_kv_bytes_per_step, decode_weight_bytes_per_step, expected_distinct_experts,
+};
+use crate::plan::perf::{
+    DevicePeaks, activated_params_per_token, attention_flops_per_prompt_token, device_peaks,
+    prefill_flops_per_token,
+};
 use crate::plan::profile::ValueSource;
 use crate::runtime::{Loaded, LoadedModel};
 use crate::units::format_size;
@@ -83,6 +96,151 @@ struct BenchReport {
     launches_per_layer: Option<f64>,
     /// Launches per decode step by kernel (CUDA).
     launches_by_kernel: Vec<(&'static str, f64)>,
+    perf_model: PerfModel,
+}
+
+/// The model's work per step against the measured rates (see the README's
+/// "Performance model").
+#[derive(Serialize)]
+struct PerfModel {
+    /// Weight bytes one decode step reads at batch 1: every non-expert
+    /// weight, top_k experts per MoE layer, one embedding row.
+    weight_bytes_per_step_batch_1: u64,
+    /// The same at `--batch` B: the distinct experts the batch's tokens
+    /// are routed to, expected under uniform routing.
+    weight_bytes_per_step: u64,
+    /// E·(1 − (1 − k/E)^B) per MoE layer.
+    distinct_experts_per_moe_layer: f64,
+    /// Context the KV traffic is taken at: prompt + gen/2, the mean over
+    /// the timed decode.
+    kv_context_tokens: usize,
+    /// KV bytes one decode step reads for the B sequences at that context.
+    kv_bytes_per_step: u64,
+    /// Parameters one token is multiplied by (lm_head and embedding aside).
+    activated_params: u64,
+    /// 2 × activated_params + attention at the prompt length.
+    flops_per_prefill_token: f64,
+    attention_flops_per_prefill_token: f64,
+    /// decode tok/s ÷ B × (weights + KV per step).
+    decode_bytes_s: f64,
+    /// decode_bytes_s ÷ the read bandwidth (`None` when none was measured:
+    /// a model smaller than one measuring pass).
+    decode_bandwidth_fraction: Option<f64>,
+    /// prefill tok/s × flops_per_prefill_token.
+    prefill_flops_s: f64,
+    /// The GPU's dense BF16 tensor-core peak (`None` off the table or on the CPU).
+    tensor_core_peak_flops: Option<f64>,
+    /// prefill_flops_s ÷ tensor_core_peak_flops.
+    prefill_peak_fraction: Option<f64>,
+}
+
+impl PerfModel {
+    fn of<B: Backend>(
+        args: &BenchArgs,
+        loaded: &Loaded<B>,
+        rates: (f64, f64),
+        bandwidth: f64,
+        peaks: Option<DevicePeaks>,
+    ) -> PerfModel {
+        let (prefill_tok_s, decode_tok_s) = rates;
+        let plan = &loaded.plan;
+        let m = &plan.model;
+        let geometry = loaded.config.geometry();
+        let per_step = |batch| {
+            decode_weight_bytes_per_step(
+                &plan.weights.groups,
+                m.top_k,
+                m.num_experts,
+                m.vocab_size,
+                batch,
+            )
+        };
+        let kv_context_tokens = args.prompt_len + args.generate / 2;
+        let kv_bytes_per_step = decode_kv_bytes_per_step(
+            plan.kv_cache.bytes_per_token,
+            &plan.kv_cache.sliding,
+            kv_context_tokens,
+            args.batch,
+        );
+        let weight_bytes_per_step = per_step(args.batch);
+        let flops_per_prefill_token = prefill_flops_per_token(&geometry, args.prompt_len);
+        let decode_bytes_s = decode_tok_s / args.batch.max(1) as f64
+            * (weight_bytes_per_step + kv_bytes_per_step) as f64;
+        let prefill_flops_s = prefill_tok_s * flops_per_prefill_token;
+        let tensor_core_peak_flops = peaks.map(|p| p.bf16_dense_flops);
+        PerfModel {
+            weight_bytes_per_step_batch_1: per_step(1),
+            weight_bytes_per_step,
+            distinct_experts_per_moe_layer: expected_distinct_experts(
+                m.num_experts,
+                m.top_k,
+                args.batch,
+            ),
+            kv_context_tokens,
+            kv_bytes_per_step,
+            activated_params: activated_params_per_token(&geometry),
+            flops_per_prefill_token,
+            attention_flops_per_prefill_token: attention_flops_per_prompt_token(
+                &geometry,
+                args.prompt_len,
+            ),
+            decode_bytes_s,
+            decode_bandwidth_fraction: (bandwidth > 0.0).then(|| decode_bytes_s / bandwidth),
+            prefill_flops_s,
+            tensor_core_peak_flops,
+            prefill_peak_fraction: tensor_core_peak_flops.map(|peak| prefill_flops_s / peak),
+        }
+    }
+
+    fn print(&self, batch: usize, prompt_len: usize) {
+        println!("  performance model (README: Performance model)");
+        println!(
+            "    weights / decode step, batch 1   {:>14}",
+            format_size(self.weight_bytes_per_step_batch_1)
+        );
+        if batch > 1 {
+            println!(
+                "    weights / decode step, batch {batch:<4}{:>14}  ({:.1} distinct experts / MoE layer)",
+                format_size(self.weight_bytes_per_step),
+                self.distinct_experts_per_moe_layer
+            );
+        }
+        println!(
+            "    KV / decode step at {} tokens  {:>14}",
+            self.kv_context_tokens,
+            format_size(self.kv_bytes_per_step)
+        );
+        println!(
+            "    activated parameters / token     {:>14}",
+            si(self.activated_params as f64, "")
+        );
+        println!(
+            "    FLOPs / prefill token at {prompt_len:<6}  {:>14}  (attention {})",
+            si(self.flops_per_prefill_token, "FLOP"),
+            si(self.attention_flops_per_prefill_token, "FLOP")
+        );
+        let reads = si(self.decode_bytes_s, "B/s");
+        match self.decode_bandwidth_fraction {
+            Some(fraction) => println!(
+                "    decode reads                     {reads:>14}  = {:.1} % of the read bandwidth",
+                100.0 * fraction
+            ),
+            None => println!(
+                "    decode reads                     {reads:>14}  (no read bandwidth measured)"
+            ),
+        }
+        let compute = si(self.prefill_flops_s, "FLOP/s");
+        match (self.tensor_core_peak_flops, self.prefill_peak_fraction) {
+            (Some(peak), Some(fraction)) => println!(
+                "    prefill compute                  {compute:>14}  = {:.2} % of the {} BF16 tensor-core peak",
+                100.0 * fraction,
+                si(peak, "FLOP/s")
+            ),
+            _ => println!(
+                "    prefill compute                  {compute:>14}  (no tensor-core peak known here)"
+            ),
+        }
+    }
 }
 
 /// What bench reports of a backend beyond its ops: the GPU's name, its
@@ -296,9 +454,11 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
     }
     let threads = rayon::current_num_threads();
     let gpu = loaded.backend.gpu();
-    let (bandwidth, bandwidth_source) = match loaded.backend.spec_bandwidth() {
-        Some(peak) => (peak, "device peak, from its memory clock and bus width"),
-        None => {
+    let peaks = gpu.as_ref().and_then(|(name, _)| device_peaks(name));
+    let (bandwidth, bandwidth_source) = match (peaks, loaded.backend.spec_bandwidth()) {
+        (Some(p), _) => (p.bandwidth_bytes_s, "NVIDIA's published figure"),
+        (None, Some(peak)) => (peak, "device peak, from its memory clock and bus width"),
+        (None, None) => {
             let regions = weight_regions(&loaded.checkpoint, loaded);
             let measured = measure_read_bandwidth_of(threads, &regions, BANDWIDTH_BYTES);
             (measured, "measured, CPU reads of the mapped weights")
@@ -311,9 +471,17 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
         .then(|| per_step(decode_launches.iter().map(|(_, n)| n).sum()));
     let layers = loaded.plan.model.num_layers.max(1) as f64;
     let decode_tok_s = median(&mut decode);
+    let prefill_tok_s = median(&mut prefill);
     let rss = RssComponents::of(&loaded.plan);
+    let perf_model = PerfModel::of(
+        args,
+        loaded,
+        (prefill_tok_s, decode_tok_s),
+        bandwidth,
+        peaks,
+    );
     let report = BenchReport {
-        prefill_tok_s: median(&mut prefill),
+        prefill_tok_s,
         decode_tok_s,
         peak_rss_bytes: crate::host::process::peak_rss_bytes(),
         rss_budget_bytes: (rss.total() as f64 * (1.0 + RSS_SLACK)) as u64,
@@ -335,6 +503,7 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
             .filter(|(_, n)| *n > 0)
             .map(|&(name, n)| (name, per_step(n)))
             .collect(),
+        perf_model,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -407,8 +576,19 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
                 println!("    {name:<22}{n:>8.1} per step");
             }
         }
+        report.perf_model.print(args.batch, args.prompt_len);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `value` with a decimal prefix: 3.35 G, 989.0 TFLOP/s.
+fn si(value: f64, unit: &str) -> String {
+    let prefixes = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")];
+    let (scale, prefix) = prefixes
+        .into_iter()
+        .find(|&(scale, _)| value.abs() >= scale)
+        .unwrap_or((1.0, ""));
+    format!("{:.2} {prefix}{unit}", value / scale)
 }
 
 fn median(values: &mut [f64]) -> f64 {

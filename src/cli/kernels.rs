@@ -1,13 +1,19 @@
 //! `sparkrt kernels`: compiles every CUDA kernel with the NVRTC found on
 //! this machine (no GPU needed) and lists each with its CUBIN size,
-//! registers and spills; exits 1 if any file fails to compile.
+//! registers and spills, and — from `cuobjdump -sass` of that CUBIN — its
+//! tensor-core (HMMA) instructions and local-memory loads/stores (LDL/STL);
+//! exits 1 if any file fails to compile. Without cuobjdump the SASS columns
+//! say so; that is not a failure.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
+use rayon::prelude::*;
 use serde::Serialize;
 
 use super::RuntimeFailure;
+use crate::backend::cuda::sass::{Cuobjdump, SassCounts};
 use crate::backend::cuda::{self, kernels, nvrtc};
 
 #[derive(Debug, clap::Args)]
@@ -16,6 +22,10 @@ pub struct KernelsArgs {
     /// repeatable [default: the GPU's own].
     #[arg(long = "arch", value_name = "SM")]
     pub archs: Vec<String>,
+    /// The `cuobjdump` that disassembles the CUBINs [default: PATH, then
+    /// pip's nvidia/cu13/bin, then the CUDA toolkit].
+    #[arg(long, value_name = "PATH")]
+    pub cuobjdump: Option<PathBuf>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -30,6 +40,8 @@ struct KernelRow {
     registers: Option<u32>,
     spill_stores: Option<u64>,
     spill_loads: Option<u64>,
+    /// From `cuobjdump -sass`; `None` without cuobjdump (see `Report::sass`).
+    sass: Option<SassCounts>,
 }
 
 #[derive(Serialize)]
@@ -41,9 +53,21 @@ struct FileRow {
 }
 
 #[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum SassSource {
+    Cuobjdump(String),
+    /// Why cuobjdump (or the nvdisasm it runs) was not found.
+    NotFound(String),
+    /// A disassembly that failed.
+    Failed(String),
+}
+
+#[derive(Serialize)]
 struct Report {
     nvrtc: String,
     nvrtc_version: String,
+    /// The cuobjdump used, or why there is no SASS.
+    sass: SassSource,
     files: Vec<FileRow>,
     kernels: Vec<KernelRow>,
 }
@@ -61,6 +85,14 @@ pub fn run(args: &KernelsArgs) -> Result<ExitCode> {
         bail!("--arch {bad}: expected sm_<major><minor>, e.g. sm_121 or sm_90");
     }
     let found = nvrtc::load().map_err(|e| RuntimeFailure(e.into()))?;
+    let (cuobjdump, sass) = match Cuobjdump::find(args.cuobjdump.as_deref()) {
+        Ok(tool) => {
+            let path = tool.path.display().to_string();
+            (Some(tool), SassSource::Cuobjdump(path))
+        }
+        Err(e) if args.cuobjdump.is_some() => bail!("--cuobjdump: {e}"),
+        Err(e) => (None, SassSource::NotFound(e.to_string())),
+    };
     let mut report = Report {
         nvrtc: found
             .path
@@ -69,13 +101,26 @@ pub fn run(args: &KernelsArgs) -> Result<ExitCode> {
                 p.display().to_string()
             }),
         nvrtc_version: format!("{}.{}", found.version.0, found.version.1),
+        sass,
         files: Vec::new(),
         kernels: Vec::new(),
     };
     let mut failed = false;
     for arch in &archs {
-        for file in &kernels::FILES {
-            match file.compile(arch) {
+        // The files compile (and disassemble) in parallel; rows keep their order.
+        let built: Vec<_> = kernels::FILES
+            .par_iter()
+            .map(|file| {
+                let compiled = file.compile(arch);
+                let sass = match (&cuobjdump, &compiled) {
+                    (Some(tool), Ok(compiled)) => Some(tool.counts(&compiled.cubin)),
+                    _ => None,
+                };
+                (file, compiled, sass)
+            })
+            .collect();
+        for (file, compiled, sass) in built {
+            match compiled {
                 Ok(compiled) => {
                     report.files.push(FileRow {
                         arch: arch.clone(),
@@ -83,15 +128,24 @@ pub fn run(args: &KernelsArgs) -> Result<ExitCode> {
                         cubin_bytes: Some(compiled.cubin.len()),
                         error: None,
                     });
+                    let sass = match sass {
+                        Some(Ok(counts)) => counts,
+                        Some(Err(e)) => {
+                            report.sass = SassSource::Failed(e.to_string());
+                            Default::default()
+                        }
+                        None => Default::default(),
+                    };
                     for k in nvrtc::report(&compiled) {
                         report.kernels.push(KernelRow {
                             arch: arch.clone(),
                             file: file.name,
-                            kernel: k.name,
                             code_bytes: k.code_bytes,
                             registers: k.registers,
                             spill_stores: k.spill_stores,
                             spill_loads: k.spill_loads,
+                            sass: sass.get(&k.name).copied(),
+                            kernel: k.name,
                         });
                     }
                 }
@@ -130,22 +184,45 @@ fn valid_arch(arch: &str) -> bool {
 
 fn print_table(report: &Report) {
     println!("NVRTC {} ({})", report.nvrtc_version, report.nvrtc);
+    let sass_missing = match &report.sass {
+        SassSource::Cuobjdump(path) => {
+            println!("SASS by {path}");
+            None
+        }
+        SassSource::NotFound(why) => {
+            println!("SASS: {why}");
+            Some("cuobjdump not found")
+        }
+        SassSource::Failed(why) => {
+            println!("SASS: {why}");
+            Some("cuobjdump failed")
+        }
+    };
     let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     for file in &report.files {
         match (&file.cubin_bytes, &file.error) {
             (Some(bytes), _) => {
                 println!("{} kernels/{}: CUBIN {bytes} bytes", file.arch, file.file);
                 println!(
-                    "  {:<20} {:>10} {:>10} {:>14}",
-                    "kernel", "code B", "registers", "spills st/ld"
+                    "  {:<20} {:>10} {:>10} {:>14} {:>6} {:>9}",
+                    "kernel", "code B", "registers", "spills st/ld", "HMMA", "LDL/STL"
                 );
                 for k in report
                     .kernels
                     .iter()
                     .filter(|k| k.arch == file.arch && k.file == file.file)
                 {
+                    let sass = match (k.sass, sass_missing) {
+                        (Some(s), _) => format!(
+                            "{:>6} {:>9}",
+                            s.hmma,
+                            format!("{}/{}", s.local_loads, s.local_stores)
+                        ),
+                        (None, Some(why)) => format!(" {why}"),
+                        (None, None) => format!("{:>6} {:>9}", "-", "-"),
+                    };
                     println!(
-                        "  {:<20} {:>10} {:>10} {:>14}",
+                        "  {:<20} {:>10} {:>10} {:>14} {sass}",
                         k.kernel,
                         opt(k.code_bytes),
                         opt(k.registers.map(u64::from)),

@@ -120,17 +120,75 @@ pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
 /// Weight bytes read to decode one token at batch 1 (bench's roofline):
 /// every dense weight, `top_k` of each MoE layer's experts, one embedding row.
 pub fn decode_weight_bytes_per_token(plan: &super::Plan) -> u64 {
-    let g = |group| plan.weights.groups.get(&group).copied().unwrap_or(0);
-    let m = &plan.model;
-    let experts = g(WeightGroup::Experts) * m.top_k as u64 / m.num_experts.max(1) as u64;
-    let embedding_row = g(WeightGroup::Embeddings) / m.vocab_size.max(1) as u64;
+    decode_weight_bytes_per_step(
+        &plan.weights.groups,
+        plan.model.top_k,
+        plan.model.num_experts,
+        plan.model.vocab_size,
+        1,
+    )
+}
+
+/// Weight bytes one decode step of `batch` sequences reads (`groups`: the
+/// plan's weight bytes by group): every non-expert weight once (attention,
+/// router, dense MLPs, norms, lm_head: a matmul reads its weight once for
+/// all the batch's rows), one embedding row per sequence, and of each MoE
+/// layer's experts the distinct ones the batch's tokens are routed to —
+/// exactly `top_k` at batch 1, [`expected_distinct_experts`] above.
+pub fn decode_weight_bytes_per_step(
+    groups: &BTreeMap<WeightGroup, u64>,
+    top_k: usize,
+    num_experts: usize,
+    vocab_size: usize,
+    batch: usize,
+) -> u64 {
+    let g = |group| groups.get(&group).copied().unwrap_or(0);
+    let experts_bytes = g(WeightGroup::Experts);
+    let e = num_experts.max(1) as u64;
+    let experts = if batch <= 1 {
+        experts_bytes * top_k as u64 / e
+    } else {
+        let distinct = expected_distinct_experts(num_experts, top_k, batch);
+        (experts_bytes as f64 * distinct / e as f64).round() as u64
+    };
+    let embedding_rows =
+        g(WeightGroup::Embeddings) / vocab_size.max(1) as u64 * batch.max(1) as u64;
     g(WeightGroup::Attention)
         + g(WeightGroup::Router)
         + g(WeightGroup::DenseMlp)
         + g(WeightGroup::Norms)
         + g(WeightGroup::LmHead)
         + experts
-        + embedding_row
+        + embedding_rows
+}
+
+/// Distinct experts one MoE layer runs for `batch` tokens each routed to
+/// `top_k` of `num_experts`, expected under uniform routing: an expert is
+/// missed by one token with probability `1 − k/E`, by all `B` with
+/// `(1 − k/E)^B`, so `E · (1 − (1 − k/E)^B)` are hit (`k` at `B = 1`,
+/// towards `E` as `B` grows). Real routers are skewed, so fewer in practice.
+pub fn expected_distinct_experts(num_experts: usize, top_k: usize, batch: usize) -> f64 {
+    if num_experts == 0 {
+        return 0.0;
+    }
+    let e = num_experts as f64;
+    let k = top_k.min(num_experts) as f64;
+    e * (1.0 - (1.0 - k / e).powi(batch.min(i32::MAX as usize) as i32))
+}
+
+/// KV bytes one decode step of `batch` sequences reads at `context` tokens
+/// each: every cached token of the full-attention layers
+/// (`full_bytes_per_token`, [`kv_bytes_per_token`]) and the last
+/// `min(context, window)` of the sliding ones (`sliding`, [`sliding_kv`]).
+pub fn decode_kv_bytes_per_step(
+    full_bytes_per_token: u64,
+    sliding: &SlidingKv,
+    context: usize,
+    batch: usize,
+) -> u64 {
+    let context = context as u64;
+    let sliding_tokens = context.min(sliding.window_tokens);
+    batch as u64 * (context * full_bytes_per_token + sliding_tokens * sliding.bytes_per_token)
 }
 
 /// One named buffer of a plan category.
@@ -640,6 +698,55 @@ pub fn guard_threshold(eviction_hard: u64, safety_margin: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decode_weight_bytes_per_step_by_hand() {
+        // 8 experts (1000 B each over all layers), top-2, 50-row embedding
+        // of 100 B a row.
+        let groups: BTreeMap<WeightGroup, u64> = [
+            (WeightGroup::Attention, 1000),
+            (WeightGroup::Router, 100),
+            (WeightGroup::Norms, 10),
+            (WeightGroup::LmHead, 500),
+            (WeightGroup::Experts, 8000),
+            (WeightGroup::Embeddings, 5000),
+        ]
+        .into_iter()
+        .collect();
+        // 1610 dense + 2 experts × 1000 + one row of 100.
+        assert_eq!(decode_weight_bytes_per_step(&groups, 2, 8, 50, 1), 3710);
+        // Batch 4: 8 × (1 − 0.75⁴) = 5.46875 experts → 5469 B, four rows.
+        assert_eq!(
+            decode_weight_bytes_per_step(&groups, 2, 8, 50, 4),
+            1610 + 5469 + 400
+        );
+    }
+
+    #[test]
+    fn expected_distinct_experts_by_hand() {
+        assert_eq!(expected_distinct_experts(128, 8, 1), 8.0);
+        assert_eq!(expected_distinct_experts(8, 2, 4), 5.46875);
+        // 128 × (1 − (120/128)³²) = 111.770…: a batch of 32 runs most experts.
+        assert!((expected_distinct_experts(128, 8, 32) - 111.7710).abs() < 1e-3);
+        assert_eq!(expected_distinct_experts(8, 8, 3), 8.0);
+        assert_eq!(expected_distinct_experts(0, 2, 3), 0.0);
+    }
+
+    #[test]
+    fn decode_kv_bytes_per_step_by_hand() {
+        let sliding = SlidingKv {
+            layers: 1,
+            window_tokens: 16,
+            bytes_per_token: 32,
+            bytes: 0,
+        };
+        // 2 × (40 × 64 + 16 × 32): the sliding layer reads its window only.
+        assert_eq!(decode_kv_bytes_per_step(64, &sliding, 40, 2), 6144);
+        assert_eq!(
+            decode_kv_bytes_per_step(64, &sliding, 10, 2),
+            2 * (640 + 320)
+        );
+    }
 
     #[test]
     fn linear_bytes_by_format() {

@@ -6,6 +6,7 @@
 
 pub mod ledger;
 pub mod memory;
+pub mod perf;
 pub mod profile;
 pub mod report;
 

@@ -23,6 +23,7 @@ mod memory;
 mod moe;
 pub mod nvrtc;
 pub mod params;
+pub mod sass;
 mod weights;
 
 use std::marker::PhantomData;

@@ -104,7 +104,7 @@ pub fn search_dirs() -> Vec<PathBuf> {
 
 /// Python site-packages directories: those of the active virtualenv and
 /// the usual prefixes, then whatever `python3` reports.
-fn site_packages() -> Vec<PathBuf> {
+pub(crate) fn site_packages() -> Vec<PathBuf> {
     let mut prefixes: Vec<PathBuf> = Vec::new();
     for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
         if let Some(p) = std::env::var_os(var) {
