@@ -14,9 +14,19 @@ use sparkrt::backend::cuda::kernels;
 use sparkrt::backend::cuda::nvrtc::{self, Source};
 use sparkrt::backend::cuda::sass::{Cuobjdump, SassCounts};
 
-/// The kernels built on `mma.sync` BF16 tensor cores: each must show HMMA
-/// in its SASS on both architectures, and no other kernel may.
-const TENSOR_CORE_KERNELS: [&str; 3] = ["matmul_mma", "expert_gate_up_mma", "expert_down_mma"];
+/// The kernels the backend dispatches as tensor-core kernels
+/// (`Kernel::uses_mma`): each must show HMMA in its SASS on both
+/// architectures, and no other kernel may.
+fn tensor_core_kernels() -> Vec<&'static str> {
+    let names: Vec<_> = kernels::Kernel::ALL
+        .iter()
+        .filter(|k| k.uses_mma())
+        .map(|k| k.name())
+        .collect();
+    // The dense matmul and both expert matmuls, at least.
+    assert!(names.len() >= 3, "too few tensor-core kernels: {names:?}");
+    names
+}
 
 /// Files whose kernels run every layer (matmuls, experts, attention): no
 /// local memory and no spills in any of their kernels.
@@ -149,7 +159,7 @@ fn tensor_core_kernels_show_hmma_and_hot_kernels_touch_no_local_memory() {
                 "{arch}: {file} {name} not in the SASS"
             );
         }
-        for name in TENSOR_CORE_KERNELS {
+        for name in tensor_core_kernels() {
             match sass.get(name) {
                 Some(counts) => assert!(counts.hmma > 0, "{arch} {name}: no HMMA: {counts:?}"),
                 // Named before the kernel exists: said here, and fatal under CI.
@@ -157,7 +167,7 @@ fn tensor_core_kernels_show_hmma_and_hot_kernels_touch_no_local_memory() {
                     common::tool_present(
                         "kernel SASS",
                         Some(format!(
-                            "TENSOR_CORE_KERNELS names {name}, which no kernel file defines"
+                            "Kernel::uses_mma names {name}, which no kernel file defines"
                         )),
                     );
                 }
@@ -166,8 +176,8 @@ fn tensor_core_kernels_show_hmma_and_hot_kernels_touch_no_local_memory() {
         for (name, counts) in &sass {
             if counts.hmma > 0 {
                 assert!(
-                    TENSOR_CORE_KERNELS.contains(&name.as_str()),
-                    "{arch} {name} uses tensor cores: add it to TENSOR_CORE_KERNELS"
+                    tensor_core_kernels().contains(&name.as_str()),
+                    "{arch} {name} holds HMMA but Kernel::uses_mma says it does not"
                 );
             }
         }
@@ -215,7 +225,7 @@ fn sparkrt_kernels_prints_the_sass_counts_or_says_cuobjdump_is_missing() {
         assert!(row["sass"]["instructions"].as_u64() > Some(0), "{row}");
         let hmma = row["sass"]["hmma"].as_u64().unwrap();
         let name = row["kernel"].as_str().unwrap();
-        assert_eq!(hmma > 0, TENSOR_CORE_KERNELS.contains(&name), "{row}");
+        assert_eq!(hmma > 0, tensor_core_kernels().contains(&name), "{row}");
     }
 
     // The table's columns.
