@@ -241,3 +241,49 @@ fn a_shard_truncated_while_loading_is_an_error_naming_it() {
         "{log}"
     );
 }
+
+#[test]
+fn a_weight_page_evicted_after_ready_shows_in_v1_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(tiny_model()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let shard = dir.path().join("model.safetensors");
+    std::fs::File::open(&shard).unwrap().sync_all().unwrap();
+    let server = Loading::start(&["--model", dir.path().to_str().unwrap()]);
+    server.wait_for_phase("ready");
+    let resident = |server: &Loading| {
+        let (status, memory) = server.get("/v1/memory");
+        assert_eq!(status, 200, "{memory}");
+        memory["loading"]["resident_bytes"].as_u64().unwrap()
+    };
+    let before = resident(&server);
+    // Pages no process has mapped in (the server read them with pread and
+    // has run no request) can be dropped by anyone, as memory pressure would.
+    let file = std::fs::File::open(&shard).unwrap();
+    // SAFETY: plain FFI on a descriptor this test owns.
+    let rc = unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    assert_eq!(rc, 0);
+    // The reading is cached for a second.
+    std::thread::sleep(Duration::from_millis(1100));
+    let after = resident(&server);
+    if after >= before {
+        eprintln!(
+            "skipped: the kernel kept the pages after POSIX_FADV_DONTNEED ({after} of \
+             {before} bytes; tmpfs or an overlay that ignores it)"
+        );
+        return;
+    }
+    assert!(
+        after < before / 2,
+        "{after} resident after eviction, {before} before"
+    );
+}
