@@ -16,7 +16,8 @@ const DRAW_EVERY: Duration = Duration::from_millis(200);
 /// How often a log line is written off a terminal.
 const LOG_EVERY: Duration = Duration::from_secs(5);
 
-/// Shows `progress` until `stop` is set.
+/// Shows `progress` until `stop` is set (the setter unparks this thread,
+/// so it ends at once rather than at its next redraw).
 pub fn report_until(progress: &LoadProgress, stop: &AtomicBool) {
     let bar = std::io::stderr().is_terminal().then(|| {
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr())
@@ -31,7 +32,10 @@ pub fn report_until(progress: &LoadProgress, stop: &AtomicBool) {
     let mut logged = Instant::now();
     let mut shown = None;
     while !stop.load(Ordering::Acquire) {
-        std::thread::sleep(DRAW_EVERY);
+        std::thread::park_timeout(DRAW_EVERY);
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
         let phase = progress.phase();
         if !matches!(phase, LoadPhase::Reading | LoadPhase::Device) {
             continue;

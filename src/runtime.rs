@@ -262,9 +262,10 @@ impl LoadedModel {
     ) -> Result<LoadedModel, RuntimeError> {
         let stop = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|scope| {
-            scope.spawn(|| crate::progress::report_until(startup.progress, &stop));
+            let reporter = scope.spawn(|| crate::progress::report_until(startup.progress, &stop));
             let result = LoadedModel::start_on(dir, profile, host, options, startup);
             stop.store(true, std::sync::atomic::Ordering::Release);
+            reporter.thread().unpark();
             result
         })
     }
