@@ -13,6 +13,7 @@ pub mod host;
 pub mod limits;
 pub mod model;
 pub mod plan;
+pub mod progress;
 pub mod runtime;
 pub mod server;
 pub mod step;

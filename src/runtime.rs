@@ -13,6 +13,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaOptions, WeightsPolicy};
 use crate::backend::{Backend, BackendError, KvLayout};
 use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::load::LoadProgress;
 use crate::checkpoint::{self, Checkpoint, CheckpointError, PageCachePolicy};
 use crate::engine::{Engine, EngineError, EngineLimits};
 use crate::geometry::WeightGroup;
@@ -24,6 +25,7 @@ use crate::plan::memory::{self, WeightBytes};
 use crate::plan::profile::{CheckpointFacts, DeviceKind, KubeletMode, Profile};
 use crate::plan::{self, Plan, PlanDevice, PlanError};
 use crate::text::{TextError, Tokenizer};
+use sparkrt_tui::wire::LoadPhase;
 
 #[derive(Debug, Error)]
 pub enum RuntimeError {
@@ -96,6 +98,17 @@ fn cuda_present() -> Result<(), String> {
         crate::host::gpu::GpuProbe::Present { .. } => Ok(()),
         crate::host::gpu::GpuProbe::Absent { reason } => Err(reason),
     }
+}
+
+/// How the weights come in once mapped, and where start-up reports its
+/// progress (and is asked to stop).
+pub struct Startup<'a> {
+    /// Applied to the checkpoint's pages when they are not read in first.
+    pub page_cache: PageCachePolicy,
+    /// Read every weight page into the page cache before returning
+    /// ([`Checkpoint::load_pages`]); `serve` does, unless `--lazy-load`.
+    pub resident: bool,
+    pub progress: &'a LoadProgress,
 }
 
 /// Where the host figures of the plan come from.
@@ -229,16 +242,51 @@ impl LoadedModel {
         page_cache: PageCachePolicy,
         options: &DeviceOptions,
     ) -> Result<LoadedModel, RuntimeError> {
+        let progress = LoadProgress::new();
+        let startup = Startup {
+            page_cache,
+            resident: false,
+            progress: &progress,
+        };
+        LoadedModel::start(dir, profile, host, options, &startup)
+    }
+
+    /// [`LoadedModel::open_with`] as `startup` says, with its progress shown
+    /// on stderr while it runs (see [`crate::progress`]).
+    pub fn start(
+        dir: &Path,
+        profile: Option<&Profile>,
+        host: &HostSource<'_>,
+        options: &DeviceOptions,
+        startup: &Startup<'_>,
+    ) -> Result<LoadedModel, RuntimeError> {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let reporter = scope.spawn(|| crate::progress::report_until(startup.progress, &stop));
+            let result = LoadedModel::start_on(dir, profile, host, options, startup);
+            stop.store(true, std::sync::atomic::Ordering::Release);
+            reporter.thread().unpark();
+            result
+        })
+    }
+
+    fn start_on(
+        dir: &Path,
+        profile: Option<&Profile>,
+        host: &HostSource<'_>,
+        options: &DeviceOptions,
+        startup: &Startup<'_>,
+    ) -> Result<LoadedModel, RuntimeError> {
         let kind = options
             .device
             .or(profile.map(|p| p.backend.device))
             .unwrap_or(DeviceKind::Auto);
         let cpu = || {
-            Loaded::open_cpu(dir, profile, host, page_cache)
+            Loaded::start_cpu(dir, profile, host, startup)
                 .map(|loaded| LoadedModel::Cpu(Box::new(loaded)))
         };
         let cuda = || {
-            Loaded::open_cuda(dir, profile, host, page_cache, options)
+            Loaded::start_cuda(dir, profile, host, startup, options)
                 .map(|loaded| LoadedModel::Cuda(Box::new(loaded)))
         };
         match kind {
@@ -288,14 +336,16 @@ struct Mapped {
 
 impl Mapped {
     /// Plans for `device`, refuses if the plan does not fit, maps the
-    /// checkpoint and applies the page cache policy.
+    /// checkpoint, then reads it in or applies the page cache policy.
     fn open(
         dir: &Path,
         profile: Option<&Profile>,
         host: &HostSource<'_>,
-        page_cache: PageCachePolicy,
+        startup: &Startup<'_>,
         device: PlanDevice,
     ) -> Result<Mapped, RuntimeError> {
+        let (progress, page_cache) = (startup.progress, startup.page_cache);
+        progress.begin(LoadPhase::Mapping, 0);
         let (config, profile, plan) = plan_checkpoint(dir, profile, host, device)?;
         if !plan.fits {
             let advice = plan
@@ -307,12 +357,19 @@ impl Mapped {
         }
         let ledger = Ledger::from_plan(&plan);
         let checkpoint = Checkpoint::open(dir)?;
-        match page_cache {
-            PageCachePolicy::Keep => {}
-            PageCachePolicy::WillNeed => checkpoint.prefetch()?,
-            PageCachePolicy::DontNeed => checkpoint.release()?,
+        progress.set_probe(checkpoint.residency_probe()?);
+        if startup.resident {
+            load_resident(&checkpoint, progress)?;
+            // Read ahead, as WILLNEED asks, and known to be in.
+            ledger.set_page_cache_policy(PageCachePolicy::WillNeed);
+        } else {
+            match page_cache {
+                PageCachePolicy::Keep => {}
+                PageCachePolicy::WillNeed => checkpoint.prefetch()?,
+                PageCachePolicy::DontNeed => checkpoint.release()?,
+            }
+            ledger.set_page_cache_policy(page_cache);
         }
-        ledger.set_page_cache_policy(page_cache);
         Ok(Mapped {
             dir: dir.to_path_buf(),
             config,
@@ -363,7 +420,22 @@ impl Loaded<CpuBackend> {
         host: &HostSource<'_>,
         page_cache: PageCachePolicy,
     ) -> Result<Self, RuntimeError> {
-        let mapped = Mapped::open(dir, profile, host, page_cache, PlanDevice::Cpu)?;
+        let progress = LoadProgress::new();
+        let startup = Startup {
+            page_cache,
+            resident: false,
+            progress: &progress,
+        };
+        Loaded::start_cpu(dir, profile, host, &startup)
+    }
+
+    fn start_cpu(
+        dir: &Path,
+        profile: Option<&Profile>,
+        host: &HostSource<'_>,
+        startup: &Startup<'_>,
+    ) -> Result<Self, RuntimeError> {
+        let mapped = Mapped::open(dir, profile, host, startup, PlanDevice::Cpu)?;
         let ledger = &mapped.ledger;
         ledger.set_weights_residency(WeightsResidency::Mapped);
         // The mapped weights are the plan's weights: charge exactly them.
@@ -389,7 +461,23 @@ impl Loaded<CudaBackend> {
         page_cache: PageCachePolicy,
         options: &DeviceOptions,
     ) -> Result<Self, RuntimeError> {
-        let mapped = Mapped::open(dir, profile, host, page_cache, PlanDevice::Cuda)?;
+        let progress = LoadProgress::new();
+        let startup = Startup {
+            page_cache,
+            resident: false,
+            progress: &progress,
+        };
+        Loaded::start_cuda(dir, profile, host, &startup, options)
+    }
+
+    fn start_cuda(
+        dir: &Path,
+        profile: Option<&Profile>,
+        host: &HostSource<'_>,
+        startup: &Startup<'_>,
+        options: &DeviceOptions,
+    ) -> Result<Self, RuntimeError> {
+        let mapped = Mapped::open(dir, profile, host, startup, PlanDevice::Cuda)?;
         let (ledger, plan) = (&mapped.ledger, &mapped.plan);
         let max_seqs = plan.serving.max_num_seqs;
         let mut backend = CudaBackend::new(
@@ -403,13 +491,16 @@ impl Loaded<CudaBackend> {
         .map_err(BackendError::from)?;
         let checkpoint = &mapped.checkpoint;
         let regions = checkpoint.tensor_regions()?;
-        let bar = weights_progress_bar(regions.iter().map(|r| r.len() as u64).sum());
+        // The device copy or registration is part of the same load phase.
+        let progress = startup.progress;
+        progress.begin(
+            LoadPhase::Device,
+            regions.iter().map(|r| r.len() as u64).sum(),
+        );
         let residency =
             backend.attach_weights(&regions, WeightsPolicy::Auto, &mut |done, total| {
-                bar.set_length(total);
-                bar.set_position(done);
+                progress.set_done(done, total);
             })?;
-        bar.finish_and_clear();
         if residency == WeightsResidency::DeviceCopy {
             // The device has its copy: the page cache would hold it twice.
             checkpoint.release()?;
@@ -482,16 +573,22 @@ fn charge_process_overhead(ledger: &Arc<Ledger>, plan: &Plan) -> Result<Charge, 
     Ok(ledger.charge(Category::RuntimeOverhead, process, memory::PROCESS)?)
 }
 
-fn weights_progress_bar(total: u64) -> indicatif::ProgressBar {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() || total < 1 << 30 {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(total);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "copying weights to the device {bar:40} {binary_bytes}/{binary_total_bytes} {eta}",
-    ) {
-        bar.set_style(style);
-    }
-    bar
+/// Reads every weight page in (see `checkpoint::load`) and says how long it
+/// took and how much the page cache holds, measured, at its end.
+fn load_resident(checkpoint: &Checkpoint, progress: &LoadProgress) -> Result<(), RuntimeError> {
+    let started = std::time::Instant::now();
+    checkpoint.load_pages(progress)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let bytes = checkpoint.load_bytes();
+    let resident = checkpoint.residency()?;
+    tracing::info!(
+        bytes,
+        seconds,
+        resident_bytes = resident.resident,
+        "weights read in: {:.2} GB in {seconds:.2} s ({:.2} GB/s), {:.1}% of the mapping resident",
+        bytes as f64 / 1e9,
+        bytes as f64 / 1e9 / seconds.max(1e-9),
+        100.0 * resident.fraction()
+    );
+    Ok(())
 }

@@ -22,6 +22,7 @@ mod checkpoint_fuzz_corpus;
 mod checkpoint_hostile;
 mod checkpoint_inspect;
 mod checkpoint_quant;
+mod cold_start;
 mod cuda_fallback;
 mod cuda_fixtures;
 mod cuda_kernels;

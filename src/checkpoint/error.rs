@@ -16,6 +16,18 @@ pub enum CheckpointError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "{}: the file is {found} bytes, shorter than the {expected} its header describes \
+         (truncated after it was opened?)",
+        path.display()
+    )]
+    Truncated {
+        path: PathBuf,
+        expected: u64,
+        found: u64,
+    },
+    #[error("loading the weights was stopped (shutdown)")]
+    Cancelled,
     #[error("{}: no model.safetensors or model.safetensors.index.json", dir.display())]
     NoWeights { dir: PathBuf },
     #[error("{}: {source}", path.display())]

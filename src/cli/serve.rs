@@ -1,7 +1,6 @@
 //! `sparkrt serve`: plan, refuse if it does not fit, load, allocate exactly
 //! the plan, serve the OpenAI-compatible API.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -15,13 +14,17 @@ use super::common::{
     ChatTemplateArgs, ModelArgs, ParserArgs, ServingArgs, dummy_if_asked, resolve, set_threads,
 };
 use crate::backend::Backend;
-use crate::checkpoint::PageCachePolicy;
-use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, WithBackend};
+use crate::checkpoint::load::LoadProgress;
+use crate::checkpoint::{CheckpointError, PageCachePolicy};
+use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, Startup, WithBackend};
 use crate::server::engine_loop::{self, EngineHandle, Gauges};
 use crate::server::guard::MemoryGuard;
 use crate::server::listen::{self, ConnectionLimits};
+use crate::server::loading::{LoadingState, RouterSwitch};
 use crate::server::{ServerConfig, ServerState, expose, fds, router};
 use crate::text::ChatTemplate;
+use sparkrt_tui::wire::LoadPhase;
+use tokio::sync::watch;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -57,6 +60,15 @@ pub struct ServeArgs {
     /// How often the memory guard reads MemAvailable, in milliseconds.
     #[arg(long, default_value_t = 500)]
     pub guard_interval_ms: u64,
+    /// Report ready once the weights are mapped, without reading them in
+    /// first (`madvise(WILLNEED)` only): faster to ready, slower first
+    /// requests on a cold page cache.
+    #[arg(long)]
+    pub lazy_load: bool,
+    /// Holds the weights' reading to this many bytes per second (tests:
+    /// watching a load in progress).
+    #[arg(long, hide = true, value_name = "BYTES")]
+    pub load_throttle_bytes_per_s: Option<u64>,
 }
 
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {
@@ -94,27 +106,96 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         root: &args.model.host_root,
         kubelet_config: args.kubelet_config.as_deref(),
     };
-    let loaded = match LoadedModel::open_with(
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+    // The server listens while the weights load: /health, /ready and
+    // /v1/memory answer with the progress (see server::loading).
+    let progress = Arc::new(LoadProgress::new());
+    if let Some(rate) = args.load_throttle_bytes_per_s {
+        progress.throttle(rate);
+    }
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(address))
+        .with_context(|| format!("binding {address}"))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let switch = RouterSwitch::new(LoadingState {
+        progress: Arc::clone(&progress),
+        api_key: api_key.clone(),
+    });
+    // A shutdown signal stops the load too, so SIGTERM while loading ends
+    // the process within a read.
+    let (stop, stopped) = watch::channel(false);
+    runtime.spawn({
+        let progress = Arc::clone(&progress);
+        let drain = connections.drain_timeout;
+        async move {
+            shutdown_signal(drain).await;
+            progress.cancel();
+            let _ = stop.send(true);
+        }
+    });
+    let accept_loop = runtime.spawn(listen::serve(
+        listener,
+        switch.router(),
+        connections,
+        wait_for_stop(stopped),
+    ));
+    super::summary::say(&format!(
+        "loading the model; /health, /ready and /v1/memory answer on {url}"
+    ));
+    let startup = Startup {
+        page_cache: PageCachePolicy::WillNeed,
+        resident: !args.lazy_load,
+        progress: &progress,
+    };
+    let opened = LoadedModel::start(
         &dir,
         Some(&profile),
         &host,
-        PageCachePolicy::WillNeed,
         &args.model.device_options(),
-    ) {
-        Err(RuntimeError::DoesNotFit(why)) => {
-            eprintln!("error: the plan does not fit this host, not serving: {why}");
-            return Ok(ExitCode::from(EXIT_DOES_NOT_FIT));
+        &startup,
+    );
+    let loaded = match opened {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            progress.fail(e.to_string());
+            // Cancelled: the signal has stopped the accept loop already.
+            progress.cancel();
+            accept_loop.abort();
+            runtime.shutdown_timeout(Duration::from_secs(1));
+            return match e {
+                RuntimeError::Checkpoint(CheckpointError::Cancelled) => {
+                    super::summary::say("stopped while loading");
+                    Ok(ExitCode::SUCCESS)
+                }
+                RuntimeError::DoesNotFit(why) => {
+                    eprintln!("error: the plan does not fit this host, not serving: {why}");
+                    Ok(ExitCode::from(EXIT_DOES_NOT_FIT))
+                }
+                other => Err(other.into()),
+            };
         }
-        other => other?,
     };
     loaded.run(Serve {
         args,
         api_key,
         dir: &dir,
-        address,
+        url,
         connections,
         chat_template,
+        runtime,
+        accept_loop,
+        switch,
+        progress,
     })
+}
+
+/// Resolves once `stopped` turns true (or its sender is gone).
+async fn wait_for_stop(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
 }
 
 /// Serving the loaded model until a shutdown signal.
@@ -122,9 +203,14 @@ struct Serve<'a> {
     args: &'a ServeArgs,
     api_key: Option<String>,
     dir: &'a Path,
-    address: SocketAddr,
+    url: String,
     connections: ConnectionLimits,
     chat_template: Option<ChatTemplate>,
+    runtime: tokio::runtime::Runtime,
+    /// Accepting since before the load, on `switch`'s router.
+    accept_loop: tokio::task::JoinHandle<()>,
+    switch: Arc<RouterSwitch>,
+    progress: Arc<LoadProgress>,
 }
 
 impl WithBackend for Serve<'_> {
@@ -140,10 +226,15 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         args,
         api_key,
         dir,
-        address,
+        url,
         connections,
         chat_template,
+        runtime,
+        accept_loop,
+        switch,
+        progress,
     } = job;
+    progress.begin(LoadPhase::Allocating, 0);
     // `--served-model-name` is laid over `[model] name` in the profile.
     let model_name = loaded.profile.model.name.clone().unwrap_or_else(|| {
         dir.file_name()
@@ -188,6 +279,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         output_parsers,
         api_key,
         host_root: args.model.host_root.clone(),
+        loading: Arc::clone(&progress),
     }));
 
     let mut summary = super::summary::StartupSummary::new(
@@ -205,38 +297,24 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         .to_lowercase(),
     );
     summary.api_key = state.config.api_key.is_some();
+    summary.address = url;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the HTTP runtime")?;
-
+    let latency = Arc::clone(&state.latency);
+    switch.serve_with(router(state));
+    // From here only the accept loop holds the router (and through it the
+    // engine's command sender): once it ends, the engine thread ends too.
+    drop(switch);
+    progress.begin(LoadPhase::Ready, 0);
     let served = std::thread::scope(|scope| {
-        let latency = Arc::clone(&state.latency);
         scope.spawn(move || engine_loop::run(engine, receiver, &gauges, max_queue, &latency));
-        let result = runtime.block_on(async {
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .with_context(|| format!("binding {address}"))?;
-            let bound = listener.local_addr()?;
-            summary.address = format!("http://{bound}");
-            summary.emit();
-            super::summary::listening(&summary.address);
-            tracing::info!(
-                max_connections = connections.max_connections,
-                header_timeout_ms = connections.header_read_timeout.as_millis() as u64,
-                "serving"
-            );
-            listen::serve(
-                listener,
-                router(state),
-                connections,
-                shutdown_signal(connections.drain_timeout),
-            )
-            .await;
-            anyhow::Ok(())
-        });
+        summary.emit();
+        super::summary::listening(&summary.address);
+        tracing::info!(
+            max_connections = connections.max_connections,
+            header_timeout_ms = connections.header_read_timeout.as_millis() as u64,
+            "serving"
+        );
+        let result = runtime.block_on(accept_loop);
         // Whatever is left (a task still holding the router) goes now, so
         // the engine thread sees its command sender gone, finishes and stops.
         runtime.shutdown_timeout(Duration::from_secs(1));
@@ -244,7 +322,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     });
     stop_guard.store(true, Ordering::Release);
     let _ = guard_thread.join();
-    served.map_err(super::RuntimeFailure)?;
+    served.map_err(|e| super::RuntimeFailure(anyhow::Error::new(e)))?;
     super::summary::say("stopped");
     Ok(ExitCode::SUCCESS)
 }

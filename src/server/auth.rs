@@ -23,20 +23,22 @@ pub async fn require_key(
     let Some(key) = &state.config.api_key else {
         return next.run(request).await;
     };
-    if PROBES.contains(&request.uri().path()) {
-        return next.run(request).await;
+    if PROBES.contains(&request.uri().path()) || presents_key(&request, key) {
+        next.run(request).await
+    } else {
+        ApiError::unauthorized().into_response()
     }
+}
+
+/// Whether `request` carries `Authorization: Bearer <key>`.
+pub fn presents_key(request: &Request, key: &str) -> bool {
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token)
         .unwrap_or("");
-    if constant_time_eq(presented.as_bytes(), key.as_bytes()) {
-        next.run(request).await
-    } else {
-        ApiError::unauthorized().into_response()
-    }
+    constant_time_eq(presented.as_bytes(), key.as_bytes())
 }
 
 /// The token of `Bearer <token>`; the scheme's name is case-insensitive

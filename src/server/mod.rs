@@ -11,6 +11,7 @@ pub mod guard;
 pub mod latency;
 pub mod limits;
 pub mod listen;
+pub mod loading;
 pub mod observe;
 pub mod openai;
 pub mod prep;
@@ -118,6 +119,8 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// The host tree the kubepods cgroup is read below.
     pub host_root: PathBuf,
+    /// Start-up's progress, then the weights' measured residency.
+    pub loading: Arc<crate::checkpoint::load::LoadProgress>,
 }
 
 impl ServerState {

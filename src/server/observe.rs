@@ -21,17 +21,13 @@ use super::ServerState;
 use super::errors::ApiError;
 use crate::plan::ledger::LedgerSnapshot;
 
-/// `ok`, or 503 with the reason once the engine thread has died (a
-/// liveness probe then restarts the server).
+/// `{"status": "ok", "loading": …}`, or 503 with the reason once the engine
+/// thread has died (a liveness probe then restarts the server).
 pub async fn health(State(state): State<Arc<ServerState>>) -> Response {
-    health_answer(state.config.engine.gauges.failure())
-}
-
-fn health_answer(failure: Option<String>) -> Response {
-    match failure {
-        None => "ok".into_response(),
-        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
-    }
+    super::loading::health_answer(
+        state.config.loading.report(),
+        state.config.engine.gauges.failure(),
+    )
 }
 
 /// The answer of `/ready`.
@@ -40,6 +36,9 @@ struct Readiness {
     ready: bool,
     loaded: bool,
     memory_guard_tripped: bool,
+    /// Why it is not ready (absent when it is).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
     /// Why the engine thread ended (absent while it runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     engine_failure: Option<String>,
@@ -55,11 +54,22 @@ pub async fn ready(State(state): State<Arc<ServerState>>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    let engine_failure = state.config.engine.gauges.failure();
+    let reason = if ready {
+        None
+    } else if let Some(why) = &engine_failure {
+        Some(why.clone())
+    } else if !loaded {
+        Some(state.config.loading.report().reason())
+    } else {
+        state.config.guard.state().reason
+    };
     let body = Readiness {
         ready,
         loaded,
         memory_guard_tripped: tripped,
-        engine_failure: state.config.engine.gauges.failure(),
+        reason,
+        engine_failure,
     };
     (status, Json(body)).into_response()
 }
@@ -222,6 +232,7 @@ pub async fn memory(State(state): State<Arc<ServerState>>) -> Result<Response, A
         host,
         guard: state.config.guard.state(),
         process_rss: crate::host::process::rss_bytes(),
+        loading: Some(state.config.loading.report()),
     };
     // Serialized here, while `report` can still borrow the plan.
     Ok(Json(report).into_response())
@@ -265,13 +276,37 @@ fn ledger_report(snapshot: LedgerSnapshot) -> wire::Ledger {
 mod tests {
     use super::*;
 
+    use crate::checkpoint::load::LoadProgress;
+    use crate::server::loading::health_answer;
+    use sparkrt_tui::wire::{HealthReport, LoadPhase};
+
+    async fn health_of(response: Response) -> (StatusCode, HealthReport) {
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
     #[tokio::test]
-    async fn health_reports_a_dead_engine() {
-        let ok = health_answer(None);
-        assert_eq!(ok.status(), StatusCode::OK);
-        let dead = health_answer(Some("engine thread panicked: boom".into()));
-        assert_eq!(dead.status(), StatusCode::SERVICE_UNAVAILABLE);
-        let body = axum::body::to_bytes(dead.into_body(), 1024).await.unwrap();
-        assert_eq!(&body[..], b"engine thread panicked: boom");
+    async fn health_reports_loading_then_ok_then_a_dead_engine() {
+        let progress = LoadProgress::new();
+        progress.begin(LoadPhase::Reading, 100);
+        progress.advance(40);
+        let (status, loading) = health_of(health_answer(progress.report(), None)).await;
+        assert_eq!(status, StatusCode::OK, "alive while loading");
+        assert_eq!(loading.status, "loading");
+        assert_eq!(loading.loading.done_bytes, 40);
+        progress.begin(LoadPhase::Ready, 0);
+        let (status, ok) = health_of(health_answer(progress.report(), None)).await;
+        assert_eq!((status, ok.status.as_str()), (StatusCode::OK, "ok"));
+        let dead = health_answer(
+            progress.report(),
+            Some("engine thread panicked: boom".into()),
+        );
+        let (status, dead) = health_of(dead).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(dead.status, "failed");
+        assert_eq!(dead.reason.as_deref(), Some("engine thread panicked: boom"));
     }
 }

@@ -105,6 +105,7 @@ fn memory_at(t: f64) -> MemoryReport {
         },
         host,
         process_rss: 62 * GIB,
+        loading: None,
     }
 }
 

@@ -7,7 +7,9 @@ use thiserror::Error;
 
 use crate::memory::MemoryParseError;
 use crate::stats::StatsParseError;
-use crate::wire::{MEMORY_PATH, MemoryReport, STATS_PATH, ServingStats};
+use crate::wire::{
+    HEALTH_PATH, HealthReport, LoadingReport, MEMORY_PATH, MemoryReport, STATS_PATH, ServingStats,
+};
 
 /// A larger answer than this is not one of ours (the ledger is a few KiB).
 const MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
@@ -68,6 +70,14 @@ impl ServerClient {
     pub fn stats(&self) -> Result<ServingStats, FetchError> {
         let body = self.get_text(STATS_PATH)?;
         Ok(ServingStats::parse(&body)?)
+    }
+
+    /// The loading section of `/health` while the server starts (`None`
+    /// once loaded, from an older server, or when it cannot be read).
+    pub fn loading(&self) -> Option<LoadingReport> {
+        let body = self.get_text(HEALTH_PATH).ok()?;
+        let health: HealthReport = serde_json::from_str(&body).ok()?;
+        (health.status == "loading").then_some(health.loading)
     }
 
     fn get_text(&self, path: &str) -> Result<String, FetchError> {

@@ -59,16 +59,24 @@ impl Collector {
             None => Vec::new(),
         };
 
-        let (server, stats) = match self.client.memory() {
+        let (server, stats, loading) = match self.client.memory() {
             Ok(memory) => {
                 self.link.record_success();
                 let stats = self.client.stats().map_err(|e| e.to_string());
-                (Some(memory), Some(stats))
+                (Some(memory), Some(stats), None)
             }
-            Err(error) => {
-                self.link.record_failure(error.to_string());
-                (None, None)
-            }
+            // A starting server answers /v1/memory 503 and /health with
+            // its progress.
+            Err(error) => match self.client.loading() {
+                Some(loading) => {
+                    self.link.record_success();
+                    (None, None, Some(loading))
+                }
+                None => {
+                    self.link.record_failure(error.to_string());
+                    (None, None, None)
+                }
+            },
         };
         let taken_at = Instant::now();
         let serving = stats.as_ref().and_then(|m| m.as_ref().ok());
@@ -88,6 +96,7 @@ impl Collector {
             stats,
             generation_tokens_per_s,
             prompt_tokens_per_s,
+            loading,
         }
     }
 }

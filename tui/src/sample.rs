@@ -5,7 +5,7 @@ use std::time::Instant;
 use crate::host::HostSnapshot;
 use crate::link::ServerLink;
 use crate::processes::ProcessRow;
-use crate::wire::{MemoryReport, ServingStats};
+use crate::wire::{LoadingReport, MemoryReport, ServingStats};
 
 /// Everything read in one round.
 #[derive(Debug, Clone)]
@@ -21,6 +21,9 @@ pub struct Sample {
     pub stats: Option<Result<ServingStats, String>>,
     pub generation_tokens_per_s: Option<f64>,
     pub prompt_tokens_per_s: Option<f64>,
+    /// The server's `/health` loading section while it starts (before
+    /// `/v1/memory` answers).
+    pub loading: Option<LoadingReport>,
 }
 
 impl Sample {

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 pub const MEMORY_PATH: &str = "/v1/memory";
 pub const STATS_PATH: &str = "/v1/stats";
+pub const HEALTH_PATH: &str = "/health";
 
 /// The plan's memory categories: every byte the runtime owns is charged to
 /// one of them. [`Category::ALL`] is the contract's order.
@@ -98,6 +99,128 @@ pub struct MemoryReport<P = serde_json::Value> {
     pub guard: GuardState,
     /// Resident set of the server process.
     pub process_rss: u64,
+    /// The weights' load and, once loaded, how much of them the page cache
+    /// still holds (absent from older servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loading: Option<LoadingReport>,
+}
+
+/// Where start-up is in bringing the weights in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadPhase {
+    /// Planning and mapping the checkpoint (headers only).
+    Mapping,
+    /// Reading every weight page into the page cache.
+    Reading,
+    /// Copying the weights to the device or registering them with it (CUDA).
+    Device,
+    /// Building the model and allocating the plan's buffers.
+    Allocating,
+    /// Loaded; `resident_bytes` keeps being measured.
+    Ready,
+    /// Start-up failed or was stopped (`error` says why).
+    Failed,
+}
+
+impl LoadPhase {
+    /// The name on the wire (a test checks it is serde's).
+    pub fn name(self) -> &'static str {
+        match self {
+            LoadPhase::Mapping => "mapping",
+            LoadPhase::Reading => "reading",
+            LoadPhase::Device => "device",
+            LoadPhase::Allocating => "allocating",
+            LoadPhase::Ready => "ready",
+            LoadPhase::Failed => "failed",
+        }
+    }
+}
+
+/// The `loading` section of `/v1/memory` and `/health`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadingReport {
+    pub phase: LoadPhase,
+    /// Bytes the current phase has done (read into the page cache, or
+    /// copied to the device) of `total_bytes`.
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    /// Bytes of the checkpoint's mapping the page cache holds, measured
+    /// (`mincore`, sampled at most once a second), of `mapped_bytes`.
+    pub resident_bytes: u64,
+    pub mapped_bytes: u64,
+    /// The current phase's mean rate so far.
+    pub bytes_per_second: f64,
+    /// Since start-up began.
+    pub elapsed_seconds: f64,
+    /// Until the current phase ends, at its mean rate (absent before a rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl LoadingReport {
+    /// The weights' resident fraction (1 when nothing is mapped).
+    pub fn resident_fraction(&self) -> f64 {
+        if self.mapped_bytes == 0 {
+            1.0
+        } else {
+            self.resident_bytes as f64 / self.mapped_bytes as f64
+        }
+    }
+
+    /// The current phase's fraction done.
+    pub fn done_fraction(&self) -> f64 {
+        if self.total_bytes == 0 {
+            0.0
+        } else {
+            (self.done_bytes as f64 / self.total_bytes as f64).min(1.0)
+        }
+    }
+
+    /// One line for `/ready` and the monitor, e.g. `loading weights: 37%
+    /// (3.8 of 10.2 GB, 2.1 GB/s)`.
+    pub fn reason(&self) -> String {
+        const GB: f64 = 1e9;
+        let what = match self.phase {
+            LoadPhase::Mapping => return "planning and mapping the checkpoint".to_string(),
+            LoadPhase::Allocating => return "allocating the plan's buffers".to_string(),
+            LoadPhase::Ready => return "loaded".to_string(),
+            LoadPhase::Failed => {
+                return format!(
+                    "start-up failed: {}",
+                    self.error.as_deref().unwrap_or("(no reason)")
+                );
+            }
+            LoadPhase::Reading => "loading weights",
+            LoadPhase::Device => "copying weights to the device",
+        };
+        // GB as the brief's figures; MB for a checkpoint under one GB.
+        let (unit, scale) = if self.total_bytes as f64 >= GB {
+            ("GB", GB)
+        } else {
+            ("MB", 1e6)
+        };
+        format!(
+            "{what}: {:.0}% ({:.1} of {:.1} {unit}, {:.1} {unit}/s)",
+            100.0 * self.done_fraction(),
+            self.done_bytes as f64 / scale,
+            self.total_bytes as f64 / scale,
+            self.bytes_per_second / scale
+        )
+    }
+}
+
+/// The answer of `GET /health`: 200 while the process works (loading
+/// included), 503 once the engine thread or start-up has failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HealthReport {
+    /// `ok`, `loading` or `failed`.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub loading: LoadingReport,
 }
 
 /// The live ledger: per category, what the plan set aside and what is held.
@@ -261,6 +384,16 @@ mod tests {
             PageCachePolicy::DontNeed,
         ] {
             assert_eq!(policy.name(), serde_name(policy));
+        }
+        for phase in [
+            LoadPhase::Mapping,
+            LoadPhase::Reading,
+            LoadPhase::Device,
+            LoadPhase::Allocating,
+            LoadPhase::Ready,
+            LoadPhase::Failed,
+        ] {
+            assert_eq!(phase.name(), serde_name(phase));
         }
     }
 }

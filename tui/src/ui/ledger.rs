@@ -74,6 +74,16 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, focused: bool) {
         )),
         Line::raw(format!("server RSS {}", units.format(memory.process_rss))),
     ];
+    let mut notes = notes;
+    if let Some(loading) = &memory.loading {
+        // Measured (mincore), so a page evicted under pressure shows here.
+        notes.push(Line::raw(format!(
+            "weights in page cache {:.1}% ({} of {})",
+            100.0 * loading.resident_fraction(),
+            units.format(loading.resident_bytes),
+            units.format(loading.mapped_bytes)
+        )));
+    }
     frame.render_widget(Paragraph::new(notes).style(dim()), notes_area);
 }
 

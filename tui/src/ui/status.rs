@@ -25,6 +25,13 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
             };
             spans.push(Span::styled(word, Style::new().fg(Color::Green)));
             spans.push(Span::raw(format!(" {}", app.server_url)));
+            if let Some(loading) = app.latest.as_ref().and_then(|s| s.loading.as_ref()) {
+                spans.push(Span::styled(" │ ", dim()));
+                spans.push(Span::styled(
+                    loading.reason(),
+                    Style::new().fg(Color::Yellow),
+                ));
+            }
         }
         Some(ServerLink::Disconnected { reason }) => {
             spans.push(Span::styled(

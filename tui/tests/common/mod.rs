@@ -74,6 +74,7 @@ pub fn connected_sample() -> Sample {
         stats: Some(Ok(canned_stats())),
         generation_tokens_per_s: Some(54.5),
         prompt_tokens_per_s: Some(812.0),
+        loading: None,
     }
 }
 
