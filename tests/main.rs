@@ -26,6 +26,7 @@ mod cuda_kernels;
 mod cuda_nvrtc;
 mod engine_fixtures;
 mod engine_logprobs;
+mod engine_prefix_cache;
 mod engine_scheduler;
 mod formats;
 mod generate_cli;

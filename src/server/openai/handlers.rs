@@ -594,6 +594,7 @@ pub(super) async fn submit(
                     ignore_eos: common.ignore_eos,
                     logprobs: logprobs.engine(),
                     skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
+                    cache_salt: common.cache_salt.clone(),
                 },
                 events: Box::new(TimedSink::new(
                     IndexedSink {
@@ -663,6 +664,8 @@ struct BlockingChoice {
     message: ParsedMessage,
     finish: Option<&'static str>,
     completion_tokens: usize,
+    /// Of its prompt's tokens, those served from the prefix cache.
+    cached_tokens: usize,
 }
 
 /// The blocking answer: waits for every choice's whole text, then answers
@@ -682,6 +685,7 @@ async fn collect(
             message: ParsedMessage::default(),
             finish: None,
             completion_tokens: 0,
+            cached_tokens: 0,
         })
         .collect();
     let mut open = choices.len();
@@ -719,8 +723,10 @@ async fn collect(
                 text: rest,
                 stop_logprob,
                 completion_tokens,
+                cached_tokens: cached,
                 ..
             } => {
+                choice.cached_tokens = cached;
                 choice.text.push_str(&rest);
                 if let Some(parser) = choice.parser.as_mut() {
                     choice.message.apply_all(parser.push_text(&rest));
@@ -744,7 +750,9 @@ async fn collect(
 
 /// The one answer of a blocking request, in its route's shape.
 fn blocking_answer(meta: ResponseMeta, choices: Vec<BlockingChoice>) -> Response {
-    let usage = meta.usage(choices.iter().map(|c| c.completion_tokens).sum());
+    let usage = meta
+        .usage(choices.iter().map(|c| c.completion_tokens).sum())
+        .with_cached_tokens(choices.iter().map(|c| c.cached_tokens).sum());
     match meta.route {
         Route::Completion => {
             let choices = choices

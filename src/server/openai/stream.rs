@@ -73,6 +73,7 @@ pub(super) fn sse(
         let chunk_per_token = state.config.tokenizer.is_none();
         let mut open = choices.len();
         let mut completion_tokens = 0;
+        let mut cached_tokens = 0;
         let mut failed = false;
         while open > 0 {
             let Some((index, event)) = events.recv().await else {
@@ -98,7 +99,8 @@ pub(super) fn sse(
                 }
                 Event::PromptLogprob { logprob, .. } => choice.logprobs.on_prompt(&logprob),
                 Event::PromptLogits { .. } => {}
-                Event::Finished { reason, text, stop_logprob, completion_tokens: count, .. } => {
+                Event::Finished { reason, text, stop_logprob, completion_tokens: count, cached_tokens: cached, .. } => {
+                    cached_tokens += cached;
                     if let Some(t) = &stop_logprob {
                         choice.logprobs.on_token(t);
                     }
@@ -135,7 +137,7 @@ pub(super) fn sse(
         if open == 0 {
             outcome.finished(true);
             if meta.include_usage {
-                yield Ok(meta.usage_chunk(meta.usage(completion_tokens)));
+                yield Ok(meta.usage_chunk(meta.usage(completion_tokens).with_cached_tokens(cached_tokens)));
             }
         } else {
             outcome.finished(false);
