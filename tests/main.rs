@@ -51,6 +51,7 @@ mod server_limits;
 mod server_logprobs;
 mod server_metrics;
 mod server_openai_client;
+mod server_prefix_cache;
 mod server_responses;
 mod server_sampling;
 mod text_chat;

@@ -1164,6 +1164,25 @@ kv_cache = "1MiB"
         assert_eq!(p.sources["max_model_len"], ValueSource::Profile);
         assert_eq!(p.sources["max_num_seqs"], ValueSource::Flag);
         assert_eq!(p.sources["kv_cache"], ValueSource::Default);
+        assert!(
+            p.serving.enable_prefix_caching,
+            "prefix caching is on by default"
+        );
+        let off = ServingOverrides {
+            enable_prefix_caching: Some(false),
+            ..ServingOverrides::default()
+        };
+        let p_off = draft.clone().resolve(facts(1 << 20), &off).unwrap();
+        assert!(!p_off.serving.enable_prefix_caching);
+        assert_eq!(p_off.sources["enable_prefix_caching"], ValueSource::Flag);
+        let in_file = ProfileDraft::parse(
+            "[serving]\nmax_model_len = 256\nenable_prefix_caching = false\n",
+            "s.toml",
+        )
+        .unwrap()
+        .resolve(facts(1 << 20), &ServingOverrides::default())
+        .unwrap();
+        assert!(!in_file.serving.enable_prefix_caching);
         // Without the checkpoint the geometry is required, named at [model]'s line.
         let err = draft
             .resolve(None, &ServingOverrides::default())
