@@ -71,6 +71,26 @@ fn a_second_chat_turn_hits_the_first_turns_prompt() {
 }
 
 #[test]
+fn responses_report_cached_input_tokens() {
+    let server = Server::start(&[]);
+    let body = json!({"input": "Describe a quiet morning by the lake in a few words, please.",
+                      "max_output_tokens": 4, "temperature": 0});
+    let usage = |reply: server::Reply| {
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.json()["usage"].clone()
+    };
+    let first = usage(server.post("/v1/responses", &body));
+    let second = usage(server.post("/v1/responses", &body));
+    let input = first["input_tokens"].as_u64().unwrap();
+    assert!(input > 16, "the input fills a block ({input} tokens)");
+    assert_eq!(first["input_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(
+        second["input_tokens_details"]["cached_tokens"],
+        (input - 1) / 16 * 16
+    );
+}
+
+#[test]
 fn no_prefix_caching_serves_every_prompt_cold() {
     let server = Server::start(&["--no-prefix-caching"]);
     let messages =
