@@ -54,6 +54,8 @@ pub const MAX_NUM_BATCHED_TOKENS: usize = 1_048_576;
 pub const MAX_KV_BLOCK_SIZE: usize = 65_536;
 /// `[serving] dp_size`: data-parallel ranks.
 pub const MAX_DP_SIZE: usize = 1024;
+/// Longest `cache_salt` a request may carry (bytes); it is hashed once per request.
+pub const MAX_CACHE_SALT_BYTES: usize = 1024;
 /// `[backend] threads` in a profile (the host's cores bound `--threads`,
 /// see `cli::common::set_threads`).
 pub const MAX_PROFILE_THREADS: usize = 4096;

@@ -549,6 +549,8 @@ impl<B: Backend> Loaded<B> {
             max_model_len: s.max_model_len,
             kv_blocks: self.plan.kv_cache.blocks as usize,
             kv_block_size: s.kv_block_size,
+            sliding_window: sliding_window(&self.kv_layout()),
+            prefix_caching: s.enable_prefix_caching,
         };
         Ok(Engine::new(
             &self.backend,
@@ -558,6 +560,15 @@ impl<B: Backend> Loaded<B> {
             self.tokenizer.clone(),
             self.eos.clone(),
         )?)
+    }
+}
+
+/// The window of the layout's sliding-window layers (0 without any).
+fn sliding_window(layout: &KvLayout) -> usize {
+    if layout.sliding_layers.iter().any(|&sliding| sliding) {
+        layout.window
+    } else {
+        0
     }
 }
 

@@ -33,6 +33,7 @@ fn request(logprobs: LogprobRequest, prompt_logits: bool) -> Request {
         ignore_eos: true,
         logprobs,
         skip_special_tokens: true,
+        cache_salt: None,
     }
 }
 

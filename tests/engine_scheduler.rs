@@ -46,6 +46,7 @@ fn request(prompt_len: usize, seed: u32, max_tokens: usize) -> Request {
         ignore_eos: true,
         logprobs: Default::default(),
         skip_special_tokens: true,
+        cache_salt: None,
     }
 }
 

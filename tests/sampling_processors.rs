@@ -409,6 +409,7 @@ fn every_parameter_keeps_batch_invariance() {
         ignore_eos: false,
         logprobs: Default::default(),
         skip_special_tokens: true,
+        cache_salt: None,
     };
     let alone = serve(&mut engine, &[request(11, 0)]);
     let others: Vec<Request> = (1..5).map(|i| request(100 + i, i as u32)).collect();
@@ -456,6 +457,7 @@ fn structured_outputs_keep_batch_invariance() {
         ignore_eos: false,
         logprobs: Default::default(),
         skip_special_tokens: true,
+        cache_salt: None,
     };
     let regex = "[a-z]{3,8}( [a-z]{2,6}){1,3}";
     let alone = serve(&mut engine, &[request(5, Some(regex))]);

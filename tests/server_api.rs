@@ -99,8 +99,14 @@ fn add_up(chunks: &[Value], object: &str) -> Streamed {
 }
 
 fn usage(prompt: usize, completion: usize) -> Value {
+    usage_cached(prompt, completion, 0)
+}
+
+/// Usage of a request `cached` of whose prompt tokens the prefix cache served.
+fn usage_cached(prompt: usize, completion: usize, cached: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion,
-           "total_tokens": prompt + completion})
+           "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 /// Asserts a blocking completion equals the reference `generate` printed;
@@ -223,6 +229,11 @@ fn chat_equals_generate_blocking_and_streamed() {
     let reference = generate(&["--chat", message, "--max-tokens", "32"]);
     assert_eq!(reference["finish_reason"], "length");
     let prompt_len = reference["prompt_ids"].as_array().unwrap().len();
+    // The first request computes the whole prompt; the later ones (the same
+    // prompt) take its full 16-token blocks from the prefix cache.
+    let mut cached = 0;
+    let reused = (prompt_len - 1) / 16 * 16;
+    assert!(reused > 0, "the prompt fills a block");
 
     for content in [json!(message), json!([{"type": "text", "text": message}])] {
         let request = json!({"model": MODEL, "max_tokens": 32, "temperature": 0,
@@ -241,7 +252,8 @@ fn chat_equals_generate_blocking_and_streamed() {
             ids(&reference["prompt_ids"])
         );
         assert_eq!(choice["finish_reason"], "length");
-        assert_eq!(body["usage"], usage(prompt_len, 32));
+        assert_eq!(body["usage"], usage_cached(prompt_len, 32, cached));
+        cached = reused;
 
         let mut streamed_request = request.clone();
         streamed_request["stream"] = json!(true);
@@ -258,7 +270,7 @@ fn chat_equals_generate_blocking_and_streamed() {
             Some(ids(&reference["prompt_ids"]))
         );
         assert_eq!(streamed.finish_reason.as_deref(), Some("length"));
-        assert_eq!(streamed.usage, Some(usage(prompt_len, 32)));
+        assert_eq!(streamed.usage, Some(usage_cached(prompt_len, 32, cached)));
     }
 
     // Without max_tokens a chat may run to the end of the context.
@@ -449,7 +461,7 @@ fn memory_and_metrics_follow_the_contract() {
     assert_eq!(
         memory["kv"],
         json!({"block_size_tokens": 16, "block_bytes": 32768, "blocks_total": 512,
-               "blocks_used": 0})
+               "blocks_used": 0, "blocks_cached": 0})
     );
     // tests/fixtures/hosts/box24/proc/meminfo, in bytes; no kubelet there.
     let host = &memory["host"];
@@ -528,6 +540,9 @@ fn memory_and_metrics_follow_the_contract() {
             preemptions_total: 0,
             kv_blocks_used: 0,
             kv_blocks_free: 512,
+            kv_blocks_cached: 0,
+            prefix_cache_queries_total: 4,
+            prefix_cache_hits_total: 0,
             guard_tripped: false,
             ttft_seconds: Some(ttft),
             itl_seconds: Some(itl),

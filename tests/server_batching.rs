@@ -29,8 +29,18 @@ fn complete(server: &Server, request: &Value) -> Outcome {
         token_ids: ids(&choice["token_ids"]),
         text: choice["text"].as_str().unwrap().to_string(),
         finish_reason: choice["finish_reason"].as_str().unwrap().to_string(),
-        usage: body["usage"].clone(),
+        usage: without_cached(&body["usage"]),
     }
+}
+
+/// Usage without `prompt_tokens_details`: how much of a prompt the prefix
+/// cache served depends on what ran before, the rest must not.
+fn without_cached(usage: &Value) -> Value {
+    let mut usage = usage.clone();
+    if let Some(object) = usage.as_object_mut() {
+        object.remove("prompt_tokens_details");
+    }
+    usage
 }
 
 /// Streams `request` and adds up the chunks.
@@ -56,7 +66,7 @@ fn complete_streamed(server: &Server, request: &Value) -> Outcome {
                 outcome.finish_reason = reason.to_string();
             }
         } else {
-            outcome.usage = chunk["usage"].clone();
+            outcome.usage = without_cached(&chunk["usage"]);
         }
     }
     outcome
@@ -109,7 +119,12 @@ fn concurrent_greedy_requests_get_the_tokens_each_gets_alone() {
     let m = server.metrics();
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"ok\"}"), 64.0);
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"5xx\"}"), 0.0);
-    assert_eq!(m.get("sparkrt_kv_blocks_free"), 512.0);
+    assert_eq!(m.get("sparkrt_kv_blocks_used"), 0.0);
+    // Whatever the prefix cache keeps is reclaimable: used + cached + free.
+    assert_eq!(
+        m.get("sparkrt_kv_blocks_free") + m.get("sparkrt_kv_blocks_cached"),
+        512.0
+    );
 }
 
 #[test]
@@ -152,7 +167,10 @@ fn a_tiny_kv_cache_queues_and_preempts_and_every_block_comes_back() {
         m.get("sparkrt_preemptions_total") > 0.0,
         "16 sequences of 10-15 blocks in 32 blocks preempt"
     );
-    assert_eq!(m.get("sparkrt_kv_blocks_free"), 32.0);
+    assert_eq!(
+        m.get("sparkrt_kv_blocks_free") + m.get("sparkrt_kv_blocks_cached"),
+        32.0
+    );
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"ok\"}"), 32.0);
     assert_eq!(m.get("sparkrt_requests_total{outcome=\"5xx\"}"), 0.0);
     // Each prompt counts once (twice served), recomputed or not.

@@ -187,3 +187,91 @@ fn random_allocations_and_frees_keep_the_books_straight() {
     }
     assert_eq!(a.free_blocks(), num_blocks);
 }
+
+/// Prefix caching by hand, blocks of 2 tokens: a sequence's full computed
+/// blocks are registered, outlive it as cached blocks, are found by a later
+/// sequence with the same tokens (and salt) and are evicted least recently
+/// used first when no free block is left.
+#[test]
+fn cached_blocks_are_shared_then_evicted_least_recently_used_first() {
+    use sparkrt::engine::kv_blocks::root_hash;
+    let mut a = BlockAllocator::new(6, 2).unwrap();
+    let root = root_hash(None);
+    let tokens = [1, 2, 3, 4, 5];
+    a.start(1, root, Default::default());
+    a.allocate_for(1, 5).unwrap();
+    a.register_computed(1, &tokens, 5);
+    assert_eq!(a.table(1).unwrap().blocks(), &[0, 1, 2]);
+    // Nothing is cached while the sequence holds its blocks.
+    assert_eq!(
+        (a.used_blocks(), a.cached_blocks(), a.free_blocks()),
+        (3, 0, 3)
+    );
+    let hit = a.lookup(root, &tokens);
+    assert_eq!(
+        hit.blocks,
+        vec![0, 1],
+        "the two full blocks, not the partial third"
+    );
+    assert_eq!(a.unreferenced_in(&hit), 0);
+    assert_eq!(a.free(1), 3);
+    // Its full blocks stay cached; the partial one is free.
+    assert_eq!(
+        (a.used_blocks(), a.cached_blocks(), a.free_blocks()),
+        (0, 2, 4)
+    );
+    a.audit().unwrap();
+
+    // Another salt, or other tokens, find nothing.
+    assert!(a.lookup(root_hash(Some("s")), &tokens).blocks.is_empty());
+    assert_eq!(a.lookup(root, &[1, 2, 9, 9]).blocks, vec![0]);
+    // The same tokens share both blocks.
+    let hit = a.lookup(root, &[1, 2, 3, 4, 7]);
+    assert_eq!(a.unreferenced_in(&hit), 2);
+    a.start(2, root, hit.clone());
+    a.start(3, root, hit);
+    assert_eq!((a.used_blocks(), a.cached_blocks()), (2, 0));
+    a.allocate_for(2, 5).unwrap();
+    a.audit().unwrap();
+    assert_eq!(a.free(3), 2);
+    assert_eq!(
+        a.used_blocks(),
+        3,
+        "sequence 2 still references the shared blocks"
+    );
+    assert_eq!(a.free(2), 3);
+    assert_eq!(
+        (a.used_blocks(), a.cached_blocks(), a.free_blocks()),
+        (0, 2, 4)
+    );
+
+    // Free blocks go first; then the cached ones, the chain's tail (block 1,
+    // dropped first) before its head.
+    a.allocate_for(4, 8).unwrap();
+    assert_eq!(a.cached_blocks(), 2);
+    a.allocate_for(4, 10).unwrap();
+    assert_eq!(a.table(4).unwrap().blocks().last(), Some(&1));
+    assert_eq!(
+        a.lookup(root, &tokens).blocks,
+        vec![0],
+        "block 1 was evicted"
+    );
+    a.allocate_for(4, 12).unwrap();
+    assert!(a.lookup(root, &tokens).blocks.is_empty());
+    assert_eq!(a.cached_blocks(), 0);
+    a.audit().unwrap();
+}
+
+#[test]
+fn without_prefix_caching_nothing_is_kept() {
+    use sparkrt::engine::kv_blocks::root_hash;
+    let mut a = BlockAllocator::new(4, 2)
+        .unwrap()
+        .with_prefix_caching(false);
+    a.allocate_for(1, 4).unwrap();
+    a.register_computed(1, &[1, 2, 3, 4], 4);
+    a.free(1);
+    assert_eq!((a.cached_blocks(), a.free_blocks()), (0, 4));
+    assert!(a.lookup(root_hash(None), &[1, 2, 3, 4]).blocks.is_empty());
+    a.audit().unwrap();
+}

@@ -64,6 +64,14 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Measure the prefix cache instead: time to first token of a request
+    /// whose first --prompt-len tokens are cached against the same cold,
+    /// with --suffix-len new tokens (see src/cli/bench_prefix.rs).
+    #[arg(long)]
+    pub prefix_cache: bool,
+    /// New prompt tokens after the cached prefix (with --prefix-cache).
+    #[arg(long, default_value_t = 32)]
+    pub suffix_len: usize,
 }
 
 /// Bytes of mapped weights one bandwidth sweep reads.
@@ -347,9 +355,11 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         PageCachePolicy::WillNeed,
         &args.model.device_options(),
     )?;
-    match &loaded {
-        LoadedModel::Cpu(loaded) => measure(args, loaded.as_ref()),
-        LoadedModel::Cuda(loaded) => measure(args, loaded.as_ref()),
+    match (&loaded, args.prefix_cache) {
+        (LoadedModel::Cpu(loaded), true) => super::bench_prefix::measure(args, loaded.as_ref()),
+        (LoadedModel::Cuda(loaded), true) => super::bench_prefix::measure(args, loaded.as_ref()),
+        (LoadedModel::Cpu(loaded), false) => measure(args, loaded.as_ref()),
+        (LoadedModel::Cuda(loaded), false) => measure(args, loaded.as_ref()),
     }
 }
 
@@ -398,6 +408,9 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
                     ignore_eos: true,
                     logprobs: Default::default(),
                     skip_special_tokens: true,
+                    // A salt of its own per round: the prompts repeat, and
+                    // the prefix cache must not make later rounds' prefill free.
+                    cache_salt: Some(format!("bench-round-{round}")),
                 },
                 Box::new(tx),
             )?;
@@ -591,7 +604,7 @@ fn si(value: f64, unit: &str) -> String {
     format!("{:.2} {prefix}{unit}", value / scale)
 }
 
-fn median(values: &mut [f64]) -> f64 {
+pub(super) fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }

@@ -268,6 +268,10 @@ pub struct ServingArgs {
     /// Data-parallel ranks the MoE workspace is sized for [profile: `dp_size`; default 1].
     #[arg(long, value_name = "N")]
     pub dp_size: Option<usize>,
+    /// Turn automatic prefix caching off: full KV blocks are not kept for
+    /// later requests [profile: `enable_prefix_caching`; default on].
+    #[arg(long)]
+    pub no_prefix_caching: bool,
     /// vLLM's flag, refused (exit 2): on unified memory the GPU's memory is
     /// the host's, so a fraction of it is no budget; use --kv-cache SIZE.
     #[arg(long, value_name = "FRACTION")]
@@ -315,6 +319,7 @@ impl ServingArgs {
             dp_size: self.dp_size,
             kv_cache_dtype: self.kv_cache_dtype,
             kv_cache: self.kv_cache,
+            enable_prefix_caching: self.no_prefix_caching.then_some(false),
             name: self.served_model_name.clone(),
         })
     }

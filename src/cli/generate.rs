@@ -167,6 +167,7 @@ fn generate<B: Backend>(
             ignore_eos: args.ignore_eos,
             logprobs: Default::default(),
             skip_special_tokens: true,
+            cache_salt: None,
         },
         Box::new(tx),
     )?;

@@ -2,6 +2,7 @@
 //! error is bad input (exit 2) unless wrapped in [`RuntimeFailure`] (exit 1).
 
 pub mod bench;
+mod bench_prefix;
 pub mod common;
 pub mod generate;
 pub mod inspect;

@@ -1,24 +1,40 @@
 //! Paged KV cache bookkeeping: which fixed-size blocks of the cache belong to
-//! which sequence. No tensor memory lives here; the KV tensors are indexed by
-//! the slots this module hands out.
+//! which sequence, and which full blocks are kept for reuse (prefix caching).
+//! No tensor memory lives here; the KV tensors are indexed by the slots this
+//! module hands out.
 //!
 //! The cache is `num_blocks` blocks of `block_size` token slots. A sequence
 //! owns a [`BlockTable`]: its `i`-th entry is the block holding the sequence's
 //! tokens `i * block_size .. (i + 1) * block_size`, so token `p` lives in slot
 //! `table[p / block_size] * block_size + p % block_size`.
 //!
-//! Sliding-window layers (gpt-oss) only attend to the last `window` tokens.
-//! Because the table is indexed by position, the blocks that fell entirely out
-//! of the window are always a prefix of it ([`BlockTable::blocks_out_of_window`]);
-//! a later change can return them to the free list and mark their entries
-//! as gone without moving any other entry. (Full-attention layers still need
-//! those tokens, so that change also needs a separate table for the sliding
-//! layers.)
+//! **Prefix caching.** Every block is in exactly one of three states:
+//! *used* (referenced by one or more tables), *cached* (unreferenced, but a
+//! full block whose keys and values are known by the hash of its content,
+//! kept for reuse) or *free* (unreferenced, nothing worth keeping). A full
+//! block's identity is a hash chain: `hash(parent block's hash, its token
+//! ids)`, rooted in the request's salt ([`root_hash`]). Anything else that
+//! changes the keys of a block — the model, its weights, the KV dtype, the
+//! block size — is fixed for the allocator's engine, so it needs no place in
+//! the hash. A hit is also checked token by token against the ids kept with
+//! the block (and its parent's hash), so a hash collision cannot hand a
+//! sequence another prompt's keys. Only full blocks are shared; a sequence's
+//! partial last block is always its own. New blocks come from the free
+//! blocks first, then from the cached ones, least recently used first.
+//!
+//! Sliding-window layers (gpt-oss) do not keep their keys in these blocks
+//! but in a ring per running sequence, which a sequence starting from cached
+//! blocks would lack; the engine turns caching off for such models.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// Identifies a sequence (a request) to the allocator.
 pub type SeqId = u64;
+
+/// The identity of a full block: a 128-bit hash of its token ids and of the
+/// chain before it.
+pub type BlockHash = u128;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum KvBlocksError {
@@ -28,6 +44,39 @@ pub enum KvBlocksError {
     TooManyBlocks { requested: usize },
     #[error("out of KV blocks: {needed} more needed, {free} free")]
     OutOfBlocks { needed: usize, free: usize },
+}
+
+/// Two 64-bit SipHash lanes (std's hasher with its fixed keys) over
+/// `parts`, told apart by a lane byte: 128 bits, so an accidental collision
+/// among the blocks of one engine is astronomically unlikely.
+fn hash128(parts: impl Fn(&mut DefaultHasher)) -> BlockHash {
+    let lane = |tag: u8| {
+        let mut h = DefaultHasher::new();
+        tag.hash(&mut h);
+        parts(&mut h);
+        h.finish()
+    };
+    (u128::from(lane(0)) << 64) | u128::from(lane(1))
+}
+
+/// The root of a request's hash chain: requests with different salts
+/// (`cache_salt`) never share a block; no salt is a root of its own.
+pub fn root_hash(salt: Option<&str>) -> BlockHash {
+    match salt {
+        None => 0,
+        Some(salt) => hash128(|h| {
+            "cache_salt".hash(h);
+            salt.hash(h);
+        }),
+    }
+}
+
+/// The hash of a full block of `tokens` whose predecessor hashed to `parent`.
+pub fn block_hash(parent: BlockHash, tokens: &[u32]) -> BlockHash {
+    hash128(|h| {
+        parent.hash(h);
+        tokens.hash(h);
+    })
 }
 
 /// The blocks of one sequence, in position order.
@@ -60,17 +109,58 @@ impl BlockTable {
     }
 }
 
-/// Hands out KV blocks to sequences and takes them back.
+/// A cache hit: the cached blocks holding the first `blocks.len()` full
+/// blocks of a sequence's tokens, and their chain hashes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrefixHit {
+    pub blocks: Vec<u32>,
+    pub hashes: Vec<BlockHash>,
+}
+
+/// What a cached block's keys were computed from, checked on every hit.
+#[derive(Clone, Debug)]
+struct BlockContent {
+    hash: BlockHash,
+    parent: BlockHash,
+    tokens: Box<[u32]>,
+}
+
+/// A sequence's table and the hash chain of its full blocks so far.
+#[derive(Clone, Debug, Default)]
+struct SeqBlocks {
+    table: BlockTable,
+    root: BlockHash,
+    /// Chain hashes of its first `hashes.len()` blocks (full and computed).
+    hashes: Vec<BlockHash>,
+}
+
+/// Hands out KV blocks to sequences, takes them back, and keeps full blocks
+/// for reuse.
 #[derive(Debug)]
 pub struct BlockAllocator {
     block_size: usize,
     num_blocks: usize,
-    /// Free block ids; popped from the end, so block 0 goes out first.
+    prefix_caching: bool,
+    /// Tables referencing each block.
+    refs: Vec<u32>,
+    /// What each registered block holds; `None` for a block not (or no
+    /// longer) known by its content.
+    content: Vec<Option<BlockContent>>,
+    by_hash: HashMap<BlockHash, u32>,
+    /// Unreferenced blocks holding nothing reusable; popped from the end,
+    /// so block 0 goes out first.
     free: Vec<u32>,
-    tables: HashMap<SeqId, BlockTable>,
+    /// Unreferenced registered blocks by the tick they became so: the first
+    /// is the least recently used, evicted first.
+    cached: BTreeMap<u64, u32>,
+    /// The key of each block in `cached` (valid while it is there).
+    cached_tick: Vec<u64>,
+    tick: u64,
+    tables: HashMap<SeqId, SeqBlocks>,
 }
 
 impl BlockAllocator {
+    /// An allocator with prefix caching on.
     pub fn new(
         num_blocks: usize,
         block_size_tokens: usize,
@@ -84,9 +174,27 @@ impl BlockAllocator {
         Ok(BlockAllocator {
             block_size: block_size_tokens,
             num_blocks,
+            prefix_caching: true,
+            refs: vec![0; num_blocks],
+            content: vec![None; num_blocks],
+            by_hash: HashMap::new(),
             free: (0..last_id).rev().collect(),
+            cached: BTreeMap::new(),
+            cached_tick: vec![0; num_blocks],
+            tick: 0,
             tables: HashMap::new(),
         })
+    }
+
+    /// Turns prefix caching on or off: off, no block is ever registered, so
+    /// none is cached or shared.
+    pub fn with_prefix_caching(mut self, on: bool) -> BlockAllocator {
+        self.prefix_caching = on;
+        self
+    }
+
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
     }
 
     /// Tokens per block.
@@ -98,12 +206,24 @@ impl BlockAllocator {
         self.num_blocks
     }
 
+    /// Unreferenced blocks holding nothing reusable.
     pub fn free_blocks(&self) -> usize {
         self.free.len()
     }
 
+    /// Unreferenced full blocks kept for reuse (reclaimable).
+    pub fn cached_blocks(&self) -> usize {
+        self.cached.len()
+    }
+
+    /// Blocks some sequence references; `used + cached + free = total`.
     pub fn used_blocks(&self) -> usize {
-        self.num_blocks - self.free.len()
+        self.num_blocks - self.free.len() - self.cached.len()
+    }
+
+    /// Blocks a new allocation can take: free ones, then cached ones.
+    pub fn available_blocks(&self) -> usize {
+        self.free.len() + self.cached.len()
     }
 
     /// Number of sequences holding a table (possibly empty).
@@ -118,19 +238,97 @@ impl BlockAllocator {
 
     /// Blocks `seq` would have to be given to hold `new_total_tokens`.
     pub fn blocks_needed(&self, seq: SeqId, new_total_tokens: usize) -> usize {
-        let have = self.tables.get(&seq).map_or(0, BlockTable::len);
+        let have = self.tables.get(&seq).map_or(0, |s| s.table.len());
         self.blocks_for_tokens(new_total_tokens)
             .saturating_sub(have)
     }
 
-    /// Whether `num_blocks` more blocks are free.
+    /// Whether `num_blocks` more blocks can be allocated.
     pub fn can_allocate(&self, num_blocks: usize) -> bool {
-        num_blocks <= self.free.len()
+        num_blocks <= self.available_blocks()
     }
 
-    /// Grows the table of `seq` (created if new) to hold `new_total_tokens`
-    /// tokens. All or nothing: when too few blocks are free, nothing changes
-    /// (a new sequence gets no table). A table never shrinks here.
+    /// The longest chain of cached blocks holding the full blocks of
+    /// `tokens`, for a request whose chain starts at `root`. Takes nothing.
+    pub fn lookup(&self, root: BlockHash, tokens: &[u32]) -> PrefixHit {
+        let mut hit = PrefixHit::default();
+        if !self.prefix_caching {
+            return hit;
+        }
+        let mut parent = root;
+        for block_tokens in tokens.chunks_exact(self.block_size) {
+            let hash = block_hash(parent, block_tokens);
+            let Some(&block) = self.by_hash.get(&hash) else {
+                break;
+            };
+            let same = self.content[block as usize].as_ref().is_some_and(|c| {
+                c.hash == hash && c.parent == parent && *c.tokens == *block_tokens
+            });
+            if !same {
+                break;
+            }
+            hit.blocks.push(block);
+            hit.hashes.push(hash);
+            parent = hash;
+        }
+        hit
+    }
+
+    /// How many blocks of `hit` are cached (unreferenced): taking them
+    /// lowers what is available to allocate.
+    pub fn unreferenced_in(&self, hit: &PrefixHit) -> usize {
+        hit.blocks
+            .iter()
+            .filter(|&&b| self.refs[b as usize] == 0)
+            .count()
+    }
+
+    /// Gives `seq`, which holds no table, one starting with the blocks of
+    /// `hit` (from [`lookup`](Self::lookup) with the same `root`, nothing
+    /// changed in between), each referenced once more.
+    pub fn start(&mut self, seq: SeqId, root: BlockHash, hit: PrefixHit) {
+        for &block in &hit.blocks {
+            self.take_ref(block);
+        }
+        self.tables.insert(
+            seq,
+            SeqBlocks {
+                table: BlockTable { blocks: hit.blocks },
+                root,
+                hashes: hit.hashes,
+            },
+        );
+    }
+
+    fn take_ref(&mut self, block: u32) {
+        let b = block as usize;
+        if self.refs[b] == 0 {
+            self.cached.remove(&self.cached_tick[b]);
+        }
+        self.refs[b] += 1;
+    }
+
+    /// One block for a table: a free one, else the least recently used
+    /// cached one, which forgets its content.
+    fn take_block(&mut self) -> Option<u32> {
+        let block = match self.free.pop() {
+            Some(block) => block,
+            None => {
+                let (_, block) = self.cached.pop_first()?;
+                if let Some(content) = self.content[block as usize].take() {
+                    self.by_hash.remove(&content.hash);
+                }
+                block
+            }
+        };
+        self.refs[block as usize] = 1;
+        Some(block)
+    }
+
+    /// Grows the table of `seq` (created if new, with `root` 0) to hold
+    /// `new_total_tokens` tokens. All or nothing: when too few blocks can be
+    /// had, nothing changes (a new sequence gets no table). A table never
+    /// shrinks here.
     pub fn allocate_for(
         &mut self,
         seq: SeqId,
@@ -140,30 +338,82 @@ impl BlockAllocator {
         if !self.can_allocate(needed) {
             return Err(KvBlocksError::OutOfBlocks {
                 needed,
-                free: self.free.len(),
+                free: self.available_blocks(),
             });
         }
-        let new_blocks = self.free.split_off(self.free.len() - needed);
-        // `split_off` keeps the free list's order; reversed, the lowest id comes first.
-        let table = self.tables.entry(seq).or_default();
-        table.blocks.extend(new_blocks.into_iter().rev());
+        let mut new_blocks = Vec::with_capacity(needed);
+        for _ in 0..needed {
+            // `can_allocate` checked there are enough.
+            if let Some(block) = self.take_block() {
+                new_blocks.push(block);
+            }
+        }
+        let entry = self.tables.entry(seq).or_default();
+        entry.table.blocks.extend(new_blocks);
         Ok(())
     }
 
-    /// Returns every block of `seq` to the free list and forgets the
-    /// sequence; returns how many blocks it held (0 for an unknown sequence).
+    /// Registers the blocks of `seq` that are full of computed tokens
+    /// (`tokens[..computed]`, its keys and values in the cache), so later
+    /// sequences can hit them. A block whose content another block already
+    /// holds stays private (it is freed, not cached, when `seq` ends).
+    pub fn register_computed(&mut self, seq: SeqId, tokens: &[u32], computed: usize) {
+        let block_size = self.block_size;
+        let caching = self.prefix_caching;
+        let Some(entry) = self.tables.get_mut(&seq) else {
+            return;
+        };
+        let full = (computed.min(tokens.len()) / block_size).min(entry.table.len());
+        while entry.hashes.len() < full {
+            let i = entry.hashes.len();
+            let parent = entry.hashes.last().copied().unwrap_or(entry.root);
+            let block_tokens = &tokens[i * block_size..(i + 1) * block_size];
+            let hash = block_hash(parent, block_tokens);
+            entry.hashes.push(hash);
+            let block = entry.table.blocks[i];
+            if caching
+                && self.content[block as usize].is_none()
+                && !self.by_hash.contains_key(&hash)
+            {
+                self.by_hash.insert(hash, block);
+                self.content[block as usize] = Some(BlockContent {
+                    hash,
+                    parent,
+                    tokens: block_tokens.into(),
+                });
+            }
+        }
+    }
+
+    /// Drops `seq`'s reference to each of its blocks and forgets the
+    /// sequence; returns how many blocks it held (0 for an unknown
+    /// sequence). A block nobody references any more is cached if it is
+    /// registered, else free. The last block goes first, so a chain's tail
+    /// is evicted before its head.
     pub fn free(&mut self, seq: SeqId) -> usize {
-        let Some(table) = self.tables.remove(&seq) else {
+        let Some(entry) = self.tables.remove(&seq) else {
             return 0;
         };
-        let count = table.blocks.len();
-        // Pushed in reverse so the sequence's first block is reused first.
-        self.free.extend(table.blocks.into_iter().rev());
+        let count = entry.table.blocks.len();
+        for block in entry.table.blocks.into_iter().rev() {
+            let b = block as usize;
+            self.refs[b] = self.refs[b].saturating_sub(1);
+            if self.refs[b] > 0 {
+                continue;
+            }
+            if self.content[b].is_some() {
+                self.cached_tick[b] = self.tick;
+                self.cached.insert(self.tick, block);
+                self.tick += 1;
+            } else {
+                self.free.push(block);
+            }
+        }
         count
     }
 
     pub fn table(&self, seq: SeqId) -> Option<&BlockTable> {
-        self.tables.get(&seq)
+        self.tables.get(&seq).map(|s| &s.table)
     }
 
     /// The blocks of `table` that a sliding-window layer with `window` tokens
@@ -182,5 +432,70 @@ impl BlockAllocator {
     pub fn slot(&self, table: &BlockTable, position: usize) -> Option<usize> {
         let block = *table.blocks.get(position / self.block_size)?;
         Some(block as usize * self.block_size + position % self.block_size)
+    }
+
+    /// Checks the books: each block's reference count is the number of
+    /// tables holding it; an unreferenced block is in exactly one of the
+    /// free and cached sets, a referenced one in neither; cached blocks and
+    /// the hash index agree. Describes the first fault found.
+    pub fn audit(&self) -> Result<(), String> {
+        let mut counted = vec![0u32; self.num_blocks];
+        for entry in self.tables.values() {
+            for &b in &entry.table.blocks {
+                counted[b as usize] += 1;
+            }
+        }
+        let mut in_free = vec![false; self.num_blocks];
+        for &b in &self.free {
+            if std::mem::replace(&mut in_free[b as usize], true) {
+                return Err(format!("block {b} is free twice"));
+            }
+            if self.content[b as usize].is_some() {
+                return Err(format!("free block {b} still has content"));
+            }
+        }
+        let mut in_cached = vec![false; self.num_blocks];
+        for (&tick, &b) in &self.cached {
+            in_cached[b as usize] = true;
+            if self.cached_tick[b as usize] != tick {
+                return Err(format!("cached block {b} has a stale tick"));
+            }
+            if self.content[b as usize].is_none() {
+                return Err(format!("cached block {b} has no content"));
+            }
+        }
+        for b in 0..self.num_blocks {
+            if counted[b] != self.refs[b] {
+                return Err(format!(
+                    "block {b}: {} references counted, {} recorded",
+                    counted[b], self.refs[b]
+                ));
+            }
+            let places = usize::from(in_free[b]) + usize::from(in_cached[b]);
+            match (self.refs[b], places) {
+                (0, 1) => {}
+                (0, _) => return Err(format!("unreferenced block {b} is in {places} sets")),
+                (_, 0) => {}
+                (refs, _) => return Err(format!("block {b} has {refs} references and is free")),
+            }
+        }
+        for (&hash, &b) in &self.by_hash {
+            if self.content[b as usize].as_ref().map(|c| c.hash) != Some(hash) {
+                return Err(format!(
+                    "hash index points at block {b}, which holds other content"
+                ));
+            }
+        }
+        let with_content = self.content.iter().filter(|c| c.is_some()).count();
+        if with_content != self.by_hash.len() {
+            return Err(format!(
+                "{with_content} blocks have content, {} are indexed",
+                self.by_hash.len()
+            ));
+        }
+        if self.used_blocks() + self.cached_blocks() + self.free_blocks() != self.num_blocks {
+            return Err("used + cached + free is not the total".to_string());
+        }
+        Ok(())
     }
 }

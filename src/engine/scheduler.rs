@@ -9,6 +9,13 @@
 //! its known tokens are free, beyond what the started sequences need for
 //! theirs. New requests join between steps; finished, aborted and abandoned
 //! ones leave at the next step.
+//!
+//! Prefix caching: when a sequence starts (first time or after a
+//! preemption) it takes the longest chain of cached full blocks of its
+//! tokens (`kv_blocks`) and computes only the rest. The CPU kernels are
+//! batch-invariant and a step's own keys are rounded to the cache's
+//! precision before attention, so the rest's logits are bitwise those of a
+//! cold run. After each step the blocks that became full are registered.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -19,7 +26,7 @@ use thiserror::Error;
 use rayon::prelude::*;
 
 use super::grammar::{Constraint, GrammarError, TokenMask};
-use super::kv_blocks::BlockAllocator;
+use super::kv_blocks::{BlockAllocator, PrefixHit, root_hash};
 use super::logprobs::{TokenLogprob, token_logprob};
 use super::sampling::{Sampler, SamplingError, SamplingWorkspace};
 use super::sequence::{Event, EventSink, FinishReason, Request, SeqId, Sequence, TextState};
@@ -50,6 +57,11 @@ pub enum AdmissionError {
         max = super::logprobs::MAX_TOP_LOGPROBS
     )]
     TooManyLogprobs { count: usize },
+    #[error(
+        "cache_salt has {bytes} bytes; at most {max} are accepted",
+        max = crate::limits::MAX_CACHE_SALT_BYTES
+    )]
+    CacheSaltTooLong { bytes: usize },
     #[error(transparent)]
     Sampling(#[from] SamplingError),
 }
@@ -62,6 +74,11 @@ pub struct EngineLimits {
     pub max_model_len: usize,
     pub kv_blocks: usize,
     pub kv_block_size: usize,
+    /// Tokens a sliding-window layer attends to (0: no such layers).
+    pub sliding_window: usize,
+    /// Keep full KV blocks for reuse by later requests (not on models with
+    /// sliding-window layers, see `Engine::new`).
+    pub prefix_caching: bool,
 }
 
 /// Counters the server exports.
@@ -71,6 +88,10 @@ pub struct EngineCounters {
     pub generation_tokens: AtomicU64,
     pub preemptions: AtomicU64,
     pub steps: AtomicU64,
+    /// Tokens of starting sequences looked up in the prefix cache.
+    pub prefix_cache_queries: AtomicU64,
+    /// Of those, tokens served from the cache (not recomputed).
+    pub prefix_cache_hits: AtomicU64,
 }
 
 /// What one step did.
@@ -113,9 +134,14 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         tokenizer: Option<Arc<Tokenizer>>,
         eos: Vec<u32>,
     ) -> Result<Self, EngineError> {
-        let blocks = BlockAllocator::new(limits.kv_blocks, limits.kv_block_size).map_err(|e| {
-            ModelError::Unsupported(format!("KV cache of {} blocks: {e}", limits.kv_blocks))
-        })?;
+        let blocks = BlockAllocator::new(limits.kv_blocks, limits.kv_block_size)
+            .map_err(|e| {
+                ModelError::Unsupported(format!("KV cache of {} blocks: {e}", limits.kv_blocks))
+            })?
+            // Sliding-window layers keep their keys in each sequence's own
+            // ring, not in the blocks: a sequence starting from cached blocks
+            // would lack the ring's last window, so such models do not cache.
+            .with_prefix_caching(limits.prefix_caching && limits.sliding_window == 0);
         let blocks_per_seq = limits.max_model_len.div_ceil(limits.kv_block_size);
         Ok(Engine {
             backend,
@@ -166,6 +192,22 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         self.blocks.num_blocks()
     }
 
+    /// Unreferenced full blocks kept for the prefix cache (reclaimable);
+    /// used + cached + free = total.
+    pub fn kv_blocks_cached(&self) -> usize {
+        self.blocks.cached_blocks()
+    }
+
+    /// Blocks holding nothing reusable.
+    pub fn kv_blocks_free(&self) -> usize {
+        self.blocks.free_blocks()
+    }
+
+    /// Checks the block books (tests): see [`BlockAllocator::audit`].
+    pub fn audit_blocks(&self) -> Result<(), String> {
+        self.blocks.audit()
+    }
+
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
@@ -193,6 +235,11 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             return Err(AdmissionError::TokenOutOfRange { id, vocab });
         }
         request.params.validate_ids(vocab)?;
+        if let Some(salt) = &request.cache_salt
+            && salt.len() > crate::limits::MAX_CACHE_SALT_BYTES
+        {
+            return Err(AdmissionError::CacheSaltTooLong { bytes: salt.len() });
+        }
         let sampler = Sampler::for_prompt(&request.params, &request.prompt, &self.eos)?;
         let constraint = request.params.constraint.take();
         let id = self.next_id;
@@ -220,6 +267,9 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             text,
             finished: None,
             scheduled_reported: false,
+            salt_root: root_hash(request.cache_salt.as_deref()),
+            cached_tokens: None,
+            follows: None,
         });
         Ok(id)
     }
@@ -312,6 +362,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             stop_logprob: seq.stop_logprob.take(),
             prompt_tokens: seq.prompt_len,
             completion_tokens,
+            cached_tokens: seq.cached_tokens.unwrap_or(0),
         });
     }
 
@@ -321,6 +372,14 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             let Some(slot) = self.free_ring_slots.pop() else {
                 break;
             };
+            if self
+                .waiting
+                .front()
+                .is_some_and(|s| self.waits_for_leader(s))
+            {
+                self.free_ring_slots.push(slot);
+                break;
+            }
             let Some(mut seq) = self.waiting.pop_front() else {
                 self.free_ring_slots.push(slot);
                 break;
@@ -344,21 +403,29 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         let mut short_of_blocks = false;
         let mut index = 0;
         while index < self.running.len() && budget > 0 {
-            let (id, computed, pending) = {
+            let (id, known) = {
                 let s = &self.running[index];
-                (s.id, s.computed, s.pending())
+                (s.id, s.tokens.len())
             };
-            let chunk = pending.min(budget);
-            if chunk == 0 {
+            if self.running[index].pending() == 0 {
                 index += 1;
                 continue;
             }
-            let starting = self.blocks.table(id).is_none();
-            if starting && (short_of_blocks || !self.can_start(id, computed + pending)) {
-                short_of_blocks = true;
-                returned.push(self.unschedule(index));
-                continue;
+            if self.blocks.table(id).is_none() {
+                let hit = self.prefix_hit(index);
+                let empty = PrefixHit::default();
+                if short_of_blocks || !self.can_start(id, known, hit.as_ref().unwrap_or(&empty)) {
+                    short_of_blocks = true;
+                    returned.push(self.unschedule(index));
+                    continue;
+                }
+                self.start_sequence(index, hit);
             }
+            let (computed, pending) = {
+                let s = &self.running[index];
+                (s.computed, s.pending())
+            };
+            let chunk = pending.min(budget);
             if self.blocks.allocate_for(id, computed + chunk).is_err() {
                 // Free the newest sequence and try again; if this is the
                 // newest, it waits for blocks itself. (Only a started
@@ -427,14 +494,70 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
     /// next token. Without
     /// that margin a sequence often starts only to be preempted (or to
     /// preempt others) a few steps later, and its work is thrown away.
-    fn can_start(&self, id: SeqId, tokens: usize) -> bool {
+    /// The blocks of `hit` are not needed anew, but those of them nobody
+    /// references stop being available once taken.
+    fn can_start(&self, id: SeqId, tokens: usize, hit: &PrefixHit) -> bool {
         let reserved: usize = self
             .running
             .iter()
             .filter(|s| self.blocks.table(s.id).is_some())
             .map(|s| self.blocks.blocks_needed(s.id, s.tokens.len() + 1))
             .sum();
-        self.blocks.blocks_needed(id, tokens) + reserved <= self.blocks.free_blocks()
+        let new = self
+            .blocks
+            .blocks_needed(id, tokens)
+            .saturating_sub(hit.blocks.len());
+        new + self.blocks.unreferenced_in(hit) + reserved <= self.blocks.available_blocks()
+    }
+
+    /// The cached blocks running sequence `index` (not started) can start
+    /// from. At least its last known token is computed, for the logits its
+    /// next token is sampled from. A request reporting prompt logits or
+    /// prompt log-probabilities needs every prompt row, so it skips the
+    /// cache until they are reported (after a preemption it hits). `None`
+    /// when the cache is not consulted.
+    fn prefix_hit(&self, index: usize) -> Option<PrefixHit> {
+        let seq = &self.running[index];
+        if !self.blocks.prefix_caching() || seq.prompt_logits || seq.wants_prompt_logprobs() {
+            return None;
+        }
+        let known = seq.tokens.len().saturating_sub(1);
+        Some(self.blocks.lookup(seq.salt_root, &seq.tokens[..known]))
+    }
+
+    /// Gives running sequence `index` its table, starting with the blocks
+    /// of `hit`, whose tokens then count as computed.
+    fn start_sequence(&mut self, index: usize, hit: Option<PrefixHit>) {
+        let seq = &mut self.running[index];
+        if hit.is_some() {
+            // Every known token but the last was looked up.
+            self.counters
+                .prefix_cache_queries
+                .fetch_add(seq.tokens.len() as u64 - 1, Ordering::Relaxed);
+        }
+        let hit = hit.unwrap_or_default();
+        let reused = hit.blocks.len() * self.blocks.block_size();
+        self.blocks.start(seq.id, seq.salt_root, hit);
+        seq.computed = reused;
+        seq.cached_tokens.get_or_insert(reused);
+        self.counters
+            .prefix_cache_hits
+            .fetch_add(reused as u64, Ordering::Relaxed);
+    }
+
+    /// Whether `seq`, a later choice of an `n > 1` request, is to wait
+    /// until the choice computing the prompt has computed its full blocks
+    /// (which it then takes from the cache instead of recomputing them).
+    fn waits_for_leader(&self, seq: &Sequence) -> bool {
+        let Some(leader) = seq.follows.filter(|_| self.blocks.prefix_caching()) else {
+            return false;
+        };
+        let block_size = self.blocks.block_size();
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .find(|s| s.id == leader && s.finished.is_none())
+            .is_some_and(|l| l.computed < (l.prompt_len - 1) / block_size * block_size)
     }
 
     /// Takes running sequence `index` out of the running set, returning its
@@ -462,6 +585,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             model,
             buffers,
             batch,
+            blocks,
             running,
             logit_owners,
             scheduled,
@@ -590,6 +714,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             prompt_tokens += prompt_done.saturating_sub(seq.prompt_counted);
             seq.prompt_counted = seq.prompt_counted.max(prompt_done);
             seq.computed += chunk;
+            blocks.register_computed(seq.id, &seq.tokens, seq.computed);
             if seq.computed >= seq.prompt_len {
                 // Prompt logits are reported once, not again after a preemption.
                 seq.prompt_logits = false;
@@ -612,26 +737,38 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         Ok(sampled)
     }
 
-    /// Queues one request as `sinks.len()` choices (n > 1, best_of): choice j's events go to
-    /// sinks[j]; when the request is seeded, choice j samples with seed `seed.wrapping_add(j)`
-    /// (vLLM's rule), so `n = 4, seed = s` equals four requests seeded s, s+1, s+2, s+3.
-    /// All or none: if one choice is refused, those queued before it are aborted.
+    /// Queues one request as `sinks.len()` choices (n > 1, best_of): choice
+    /// j's events go to sinks[j]; when the request is seeded, choice j
+    /// samples with seed `seed.wrapping_add(j)` (vLLM's rule), so `n = 4,
+    /// seed = s` equals four requests seeded s, s+1, s+2, s+3.
+    ///
+    /// The prompt is computed once: the first choice computes it and the
+    /// others wait (in the queue) until its full blocks are cached, then
+    /// start from them and recompute only the partial last block (and, with
+    /// sliding-window layers, the last window) before sampling on their own.
     pub fn add_request_group(
         &mut self,
         request: Request,
         sinks: Vec<Box<dyn EventSink>>,
     ) -> Result<Vec<SeqId>, AdmissionError> {
-        let mut ids = Vec::with_capacity(sinks.len());
+        let mut ids: Vec<SeqId> = Vec::with_capacity(sinks.len());
         for (j, sink) in sinks.into_iter().enumerate() {
             let mut choice = request.clone();
-            choice.params.seed = request.params.seed.map(|s| s.wrapping_add(j as u64));
-            match self.add_request(choice, sink) {
-                Ok(id) => ids.push(id),
+            if let Some(seed) = choice.params.seed {
+                choice.params.seed = Some(seed.wrapping_add(j as u64));
+            }
+            let id = match self.add_request(choice, sink) {
+                Ok(id) => id,
                 Err(e) => {
+                    // All or none: the choices queued before this one go.
                     ids.iter().for_each(|&id| self.abort(id));
                     return Err(e);
                 }
+            };
+            if let (Some(&leader), Some(seq)) = (ids.first(), self.waiting.back_mut()) {
+                seq.follows = Some(leader);
             }
+            ids.push(id);
         }
         Ok(ids)
     }

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::grammar::Constraint;
+use super::kv_blocks::BlockHash;
 use super::logprobs::{LogprobRequest, TokenLogprob};
 use super::sampling::{Sampler, SamplingParams};
 use crate::text::{StopMatcher, StopStep, StreamDecoder, TextError, Tokenizer};
@@ -24,6 +25,10 @@ pub struct Request {
     /// Leave special tokens out of the text (they are then reported apart,
     /// in [`Event::Token`]'s `hidden`); the OpenAI routes' default.
     pub skip_special_tokens: bool,
+    /// Prefix-cache salt (vLLM's `cache_salt`): requests with different
+    /// salts never share cached KV blocks; `None` shares with every other
+    /// unsalted request.
+    pub cache_salt: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -81,6 +86,9 @@ pub enum Event {
         stop_logprob: Option<TokenLogprob>,
         prompt_tokens: usize,
         completion_tokens: usize,
+        /// Prompt tokens whose keys and values came from the prefix cache
+        /// when the sequence first started (not recomputed).
+        cached_tokens: usize,
     },
     /// The request failed inside the engine.
     Failed { message: String },
@@ -189,6 +197,14 @@ pub(crate) struct Sequence {
     pub finished: Option<FinishReason>,
     /// Whether its sink was told it is scheduled ([`EventSink::scheduled`]).
     pub scheduled_reported: bool,
+    /// Root of its blocks' hash chain (from the request's `cache_salt`).
+    pub salt_root: BlockHash,
+    /// Prompt tokens served from the prefix cache when it first started.
+    pub cached_tokens: Option<usize>,
+    /// Another choice of the same request (`n > 1`) that computes the
+    /// prompt: this one starts once that one's full prompt blocks are
+    /// cached, and then hits them.
+    pub follows: Option<SeqId>,
 }
 
 impl Sequence {

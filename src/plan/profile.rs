@@ -225,6 +225,10 @@ pub struct ServingSection {
     /// Tokens per KV block.
     #[serde(default = "default_block_size")]
     pub kv_block_size: usize,
+    /// Keep full KV blocks for reuse by later requests with the same
+    /// prefix (inside the KV pool; changes no memory figure).
+    #[serde(default = "default_prefix_caching")]
+    pub enable_prefix_caching: bool,
 }
 
 fn default_kv_dtype() -> KvCacheDtype {
@@ -235,6 +239,9 @@ fn default_kv_cache() -> KvCacheSize {
 }
 fn default_block_size() -> usize {
     16
+}
+fn default_prefix_caching() -> bool {
+    true
 }
 
 impl Default for ServingSection {
@@ -248,6 +255,7 @@ impl Default for ServingSection {
             kv_cache_dtype: default_kv_dtype(),
             kv_cache: default_kv_cache(),
             kv_block_size: default_block_size(),
+            enable_prefix_caching: default_prefix_caching(),
         }
     }
 }
@@ -427,6 +435,7 @@ struct ServingDraft {
     kv_cache_dtype: Option<KvCacheDtype>,
     kv_cache: Option<KvCacheSize>,
     kv_block_size: Option<usize>,
+    enable_prefix_caching: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -451,6 +460,8 @@ pub struct ServingOverrides {
     pub dp_size: Option<usize>,
     pub kv_cache_dtype: Option<KvCacheDtype>,
     pub kv_cache: Option<KvCacheSize>,
+    /// `--no-prefix-caching` gives `Some(false)`.
+    pub enable_prefix_caching: Option<bool>,
     /// `--served-model-name`: overrides `[model] name`.
     pub name: Option<String>,
 }
@@ -629,6 +640,11 @@ impl ProfileDraft {
         let (v, src) = layer(None, d.kv_block_size, || defaults.kv_block_size);
         serving.kv_block_size = v;
         take("kv_block_size", src);
+        let (v, src) = layer(flags.enable_prefix_caching, d.enable_prefix_caching, || {
+            defaults.enable_prefix_caching
+        });
+        serving.enable_prefix_caching = v;
+        take("enable_prefix_caching", src);
         let profile = Profile {
             source: self.source.clone(),
             model,
@@ -1148,6 +1164,25 @@ kv_cache = "1MiB"
         assert_eq!(p.sources["max_model_len"], ValueSource::Profile);
         assert_eq!(p.sources["max_num_seqs"], ValueSource::Flag);
         assert_eq!(p.sources["kv_cache"], ValueSource::Default);
+        assert!(
+            p.serving.enable_prefix_caching,
+            "prefix caching is on by default"
+        );
+        let off = ServingOverrides {
+            enable_prefix_caching: Some(false),
+            ..ServingOverrides::default()
+        };
+        let p_off = draft.clone().resolve(facts(1 << 20), &off).unwrap();
+        assert!(!p_off.serving.enable_prefix_caching);
+        assert_eq!(p_off.sources["enable_prefix_caching"], ValueSource::Flag);
+        let in_file = ProfileDraft::parse(
+            "[serving]\nmax_model_len = 256\nenable_prefix_caching = false\n",
+            "s.toml",
+        )
+        .unwrap()
+        .resolve(facts(1 << 20), &ServingOverrides::default())
+        .unwrap();
+        assert!(!in_file.serving.enable_prefix_caching);
         // Without the checkpoint the geometry is required, named at [model]'s line.
         let err = draft
             .resolve(None, &ServingOverrides::default())

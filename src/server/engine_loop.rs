@@ -37,6 +37,8 @@ pub struct Gauges {
     pub running: AtomicUsize,
     pub waiting: AtomicUsize,
     pub kv_blocks_used: AtomicUsize,
+    /// Unreferenced full blocks kept by the prefix cache.
+    pub kv_blocks_cached: AtomicUsize,
     pub kv_blocks_total: AtomicUsize,
     pub step_errors: AtomicU64,
     pub loaded: AtomicBool,
@@ -149,6 +151,9 @@ fn serve_commands<B: Backend>(
         gauges
             .kv_blocks_used
             .store(engine.kv_blocks_used(), Ordering::Relaxed);
+        gauges
+            .kv_blocks_cached
+            .store(engine.kv_blocks_cached(), Ordering::Relaxed);
     }
 }
 

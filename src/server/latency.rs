@@ -388,6 +388,7 @@ mod tests {
             stop_logprob: None,
             prompt_tokens: 5,
             completion_tokens: 3,
+            cached_tokens: 0,
         });
         assert_eq!(rx.try_iter().count(), 4, "every event passed on");
         let mut text = String::new();

@@ -82,6 +82,7 @@ fn serving_stats(state: &ServerState) -> ServingStats {
     let e = &state.config.engine_counters;
     let kv_used = g.kv_blocks_used.load(Ordering::Relaxed) as u64;
     let kv_total = g.kv_blocks_total.load(Ordering::Relaxed) as u64;
+    let kv_cached = g.kv_blocks_cached.load(Ordering::Relaxed) as u64;
     let recent = state.latency.recent();
     let percentiles = |p: Option<(f64, f64)>| p.map(|(p50, p99)| Percentiles { p50, p99 });
     ServingStats {
@@ -97,7 +98,10 @@ fn serving_stats(state: &ServerState) -> ServingStats {
         generation_tokens_total: e.generation_tokens.load(Ordering::Relaxed),
         preemptions_total: e.preemptions.load(Ordering::Relaxed),
         kv_blocks_used: kv_used,
-        kv_blocks_free: kv_total.saturating_sub(kv_used),
+        kv_blocks_free: kv_total.saturating_sub(kv_used + kv_cached),
+        kv_blocks_cached: kv_cached,
+        prefix_cache_queries_total: e.prefix_cache_queries.load(Ordering::Relaxed),
+        prefix_cache_hits_total: e.prefix_cache_hits.load(Ordering::Relaxed),
         guard_tripped: state.config.guard.tripped(),
         ttft_seconds: percentiles(recent.ttft),
         itl_seconds: percentiles(recent.itl),
@@ -171,8 +175,26 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
     metric(
         "sparkrt_kv_blocks_free",
         "gauge",
-        "KV cache blocks free.",
+        "KV cache blocks free (neither used nor cached).",
         &plain(stats.kv_blocks_free),
+    );
+    metric(
+        "sparkrt_kv_blocks_cached",
+        "gauge",
+        "KV cache blocks no sequence uses, kept by the prefix cache (reclaimable).",
+        &plain(stats.kv_blocks_cached),
+    );
+    metric(
+        "sparkrt_prefix_cache_queries_total",
+        "counter",
+        "Prompt tokens looked up in the prefix cache.",
+        &plain(stats.prefix_cache_queries_total),
+    );
+    metric(
+        "sparkrt_prefix_cache_hits_total",
+        "counter",
+        "Prompt tokens served from the prefix cache (not recomputed).",
+        &plain(stats.prefix_cache_hits_total),
     );
     let ledger = state.config.ledger.snapshot();
     let mut lines = Vec::new();
@@ -224,6 +246,7 @@ pub async fn memory(State(state): State<Arc<ServerState>>) -> Result<Response, A
         block_bytes: plan.kv_cache.block_bytes,
         blocks_total: g.kv_blocks_total.load(Ordering::Relaxed) as u64,
         blocks_used: g.kv_blocks_used.load(Ordering::Relaxed) as u64,
+        blocks_cached: g.kv_blocks_cached.load(Ordering::Relaxed) as u64,
     };
     let report = MemoryReport {
         plan,

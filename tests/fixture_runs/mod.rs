@@ -79,6 +79,7 @@ pub fn serve_greedy<'w, B: Backend + 'w>(
                     ignore_eos: true,
                     logprobs: Default::default(),
                     skip_special_tokens: true,
+                    cache_salt: None,
                 },
                 Box::new(tx),
             )

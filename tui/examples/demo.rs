@@ -96,6 +96,7 @@ fn memory_at(t: f64) -> MemoryReport {
             block_bytes: 1 << 20,
             blocks_total,
             blocks_used,
+            blocks_cached: 0,
         },
         guard: GuardState {
             tripped: host.mem_available < 20 * GIB,
@@ -127,6 +128,9 @@ fn stats_at(t: f64) -> ServingStats {
         preemptions_total: (t / 20.0) as u64,
         kv_blocks_used: used,
         kv_blocks_free: blocks_total - used,
+        kv_blocks_cached: 0,
+        prefix_cache_queries_total: 0,
+        prefix_cache_hits_total: 0,
         guard_tripped: mem_available(t) < 20 * GIB,
         // Latency grows with the KV fill (a busier batch).
         ttft_seconds: Some(Percentiles {

@@ -246,7 +246,12 @@ pub struct KvState {
     pub block_size_tokens: u64,
     pub block_bytes: u64,
     pub blocks_total: u64,
+    /// Blocks sequences reference.
     pub blocks_used: u64,
+    /// Unreferenced full blocks kept by the prefix cache (reclaimable);
+    /// the rest, `blocks_total - blocks_used - blocks_cached`, is free.
+    #[serde(default)]
+    pub blocks_cached: u64,
 }
 
 /// The memory guard: it refuses new work while MemAvailable is below
@@ -327,7 +332,17 @@ pub struct ServingStats {
     /// Sequences preempted for KV blocks.
     pub preemptions_total: u64,
     pub kv_blocks_used: u64,
+    /// Blocks holding nothing reusable (not used, not cached).
     pub kv_blocks_free: u64,
+    /// Unreferenced full blocks kept by the prefix cache (reclaimable).
+    #[serde(default)]
+    pub kv_blocks_cached: u64,
+    /// Prompt tokens looked up in the prefix cache.
+    #[serde(default)]
+    pub prefix_cache_queries_total: u64,
+    /// Of those, tokens served from the cache.
+    #[serde(default)]
+    pub prefix_cache_hits_total: u64,
     /// Whether the memory guard refuses new work.
     pub guard_tripped: bool,
     /// Time to first token over the server's most recent requests (absent

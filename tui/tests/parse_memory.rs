@@ -64,7 +64,8 @@ fn canned_answer_parses_to_its_figures() {
             block_size_tokens: 16,
             block_bytes: 1 << 20,
             blocks_total: 20480,
-            blocks_used: 5120
+            blocks_used: 5120,
+            blocks_cached: 0,
         }
     );
     // 5120 blocks × 1 MiB = 5 GiB.

@@ -40,6 +40,9 @@ fn canned_answer_parses_to_its_figures() {
             preemptions_total: 4,
             kv_blocks_used: 5120,
             kv_blocks_free: 15360,
+            kv_blocks_cached: 0,
+            prefix_cache_queries_total: 0,
+            prefix_cache_hits_total: 0,
             guard_tripped: false,
             ttft_seconds: Some(Percentiles {
                 p50: 0.125,

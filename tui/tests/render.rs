@@ -152,7 +152,7 @@ fn headline_legend_and_panels_show_the_figures() {
         // serving
         "running 3 · queued 1",
         "gen 54.5 · prompt 812.0",
-        "kv blocks used 5120 · free 15360 (25%)",
+        "kv blocks used 5120 · cached 0 · free 15360 (25%)",
         "ok 120 · error 2 · rejected 5",
         "ttft p50 125ms p99 750ms",
         "itl p50 25ms p99 70ms",

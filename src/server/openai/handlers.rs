@@ -711,6 +711,7 @@ pub(super) async fn submit(
                     ignore_eos: common.ignore_eos,
                     logprobs: engine_logprobs,
                     skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
+                    cache_salt: common.cache_salt.clone(),
                 },
                 sinks,
                 reply: reply_tx,
@@ -844,7 +845,7 @@ async fn collect(
                 stop_logprob,
                 prompt_tokens,
                 completion_tokens,
-                ..
+                cached_tokens,
             } => {
                 choice.text.push_str(&rest);
                 if let Some(parser) = choice.parser.as_mut() {
@@ -858,7 +859,12 @@ async fn collect(
                 if choice.finish.replace(reason.as_str()).is_none() {
                     open -= 1;
                     let prompt = meta.choices[index].prompt;
-                    usage.finished(prompt, prompt_tokens, choice.completion_tokens);
+                    usage.finished(
+                        prompt,
+                        prompt_tokens,
+                        cached_tokens,
+                        choice.completion_tokens,
+                    );
                 }
             }
             Event::Failed { message } => {

@@ -78,6 +78,10 @@ struct ChoiceMeta {
 struct UsageTally {
     /// Whether each prompt's tokens are counted yet.
     prompt_counted: Vec<bool>,
+    /// Each prompt's tokens served from the prefix cache: the fewest any of
+    /// its choices got (with n > 1 the first choice computes the prompt and
+    /// the others reuse its blocks; that reuse is not the client's hit).
+    prompt_cached: Vec<Option<usize>>,
     prompt_tokens: usize,
     completion_tokens: usize,
 }
@@ -85,17 +89,27 @@ struct UsageTally {
 impl UsageTally {
     /// A choice of prompt `prompt` ended: the counts of its
     /// `Event::Finished` (the prompt's are the same for all its choices).
-    fn finished(&mut self, prompt: usize, prompt_tokens: usize, completion_tokens: usize) {
+    fn finished(
+        &mut self,
+        prompt: usize,
+        prompt_tokens: usize,
+        cached_tokens: usize,
+        completion_tokens: usize,
+    ) {
         if let Some(counted) = self.prompt_counted.get_mut(prompt)
             && !std::mem::replace(counted, true)
         {
             self.prompt_tokens += prompt_tokens;
         }
+        if let Some(cached) = self.prompt_cached.get_mut(prompt) {
+            *cached = Some(cached.map_or(cached_tokens, |c| c.min(cached_tokens)));
+        }
         self.completion_tokens += completion_tokens;
     }
 
     fn usage(&self) -> Usage {
-        Usage::new(self.prompt_tokens, self.completion_tokens)
+        let cached = self.prompt_cached.iter().flatten().sum();
+        Usage::new(self.prompt_tokens, self.completion_tokens).with_cached_tokens(cached)
     }
 }
 
@@ -105,6 +119,7 @@ impl ResponseMeta {
         let prompts = self.choices.last().map_or(0, |c| c.prompt + 1);
         UsageTally {
             prompt_counted: vec![false; prompts],
+            prompt_cached: vec![None; prompts],
             prompt_tokens: 0,
             completion_tokens: 0,
         }
@@ -141,14 +156,19 @@ mod tests {
     fn usage_counts_each_prompt_once_and_every_choice() {
         let mut tally = UsageTally {
             prompt_counted: vec![false; 2],
+            prompt_cached: vec![None; 2],
             prompt_tokens: 0,
             completion_tokens: 0,
         };
-        // Prompt 0 (5 tokens) and prompt 1 (3 tokens), two choices each.
-        for (prompt, prompt_tokens, completion) in [(0, 5, 4), (1, 3, 2), (0, 5, 1), (1, 3, 7)] {
-            tally.finished(prompt, prompt_tokens, completion);
+        // Prompt 0 (5 tokens, 4 cached for one choice, 0 for the other) and
+        // prompt 1 (3 tokens, 2 cached for both), two choices each.
+        for (prompt, prompt_tokens, cached, completion) in
+            [(0, 5, 4, 4), (1, 3, 2, 2), (0, 5, 0, 1), (1, 3, 2, 7)]
+        {
+            tally.finished(prompt, prompt_tokens, cached, completion);
         }
         let usage = tally.usage();
+        assert_eq!(usage.prompt_tokens_details.cached_tokens, 2);
         assert_eq!(usage.prompt_tokens, 8);
         assert_eq!(usage.completion_tokens, 14);
         assert_eq!(usage.total_tokens, 22);

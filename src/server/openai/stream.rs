@@ -101,7 +101,7 @@ pub(super) fn sse(
                 }
                 Event::PromptLogprob { logprob, .. } => choice.logprobs.on_prompt(&logprob),
                 Event::PromptLogits { .. } => {}
-                Event::Finished { reason, text, stop_logprob, prompt_tokens, completion_tokens, .. } => {
+                Event::Finished { reason, text, stop_logprob, prompt_tokens, completion_tokens, cached_tokens } => {
                     if let Some(t) = &stop_logprob {
                         choice.logprobs.on_token(t);
                     }
@@ -125,7 +125,7 @@ pub(super) fn sse(
                     if !choice.finished {
                         choice.finished = true;
                         open -= 1;
-                        usage.finished(meta.choices[index].prompt, prompt_tokens, completion_tokens);
+                        usage.finished(meta.choices[index].prompt, prompt_tokens, cached_tokens, completion_tokens);
                     }
                 }
                 Event::Failed { message } => {

@@ -66,6 +66,9 @@ pub struct CommonParams {
     /// vLLM's extension, accepted: with a `tokenizer.json` tokenizer both
     /// values give the same text (see `text::stream`).
     pub spaces_between_special_tokens: Option<bool>,
+    /// vLLM's extension: requests with different salts never share
+    /// prefix-cached KV blocks (at most `limits::MAX_CACHE_SALT_BYTES`).
+    pub cache_salt: Option<String>,
     /// Penalties, biases, stop tokens, structured outputs: parsed by the
     /// request structs (a flattened struct inside this flattened one would
     /// hide its fields from [`Unsupported`]) and moved here.
@@ -183,6 +186,14 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's `usage.prompt_tokens_details`.
+#[derive(Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -191,7 +202,14 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: 0 },
         }
+    }
+
+    /// With `cached` of the prompt tokens served from the prefix cache.
+    pub fn with_cached_tokens(mut self, cached: usize) -> Usage {
+        self.prompt_tokens_details.cached_tokens = cached;
+        self
     }
 }
 
@@ -383,7 +401,8 @@ mod tests {
             serde_json::to_value(&chunk).unwrap(),
             json!({"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m",
                    "choices": [],
-                   "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
+                   "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+                             "prompt_tokens_details": {"cached_tokens": 0}}})
         );
     }
 }

@@ -39,7 +39,11 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 rate(sample.generation_tokens_per_s),
                 rate(sample.prompt_tokens_per_s)
             )));
-            lines.push(Line::raw(kv_line(m.kv_blocks_used, m.kv_blocks_free)));
+            lines.push(Line::raw(kv_line(
+                m.kv_blocks_used,
+                m.kv_blocks_cached,
+                m.kv_blocks_free,
+            )));
             lines.push(Line::raw(format!(
                 "latency   ttft {} · itl {}",
                 percentiles(m.ttft_seconds),
@@ -92,14 +96,14 @@ fn millis(seconds: f64) -> String {
     }
 }
 
-fn kv_line(used: u64, free: u64) -> String {
-    let total = used.saturating_add(free);
+fn kv_line(used: u64, cached: u64, free: u64) -> String {
+    let total = used.saturating_add(cached).saturating_add(free);
     let share = if total > 0 {
         format!(" ({:.0}%)", 100.0 * used as f64 / total as f64)
     } else {
         String::new()
     };
-    format!("kv blocks used {used} · free {free}{share}")
+    format!("kv blocks used {used} · cached {cached} · free {free}{share}")
 }
 
 fn guard_line(tripped: bool, threshold: u64, resume: u64, units: Units) -> Line<'static> {

@@ -197,6 +197,7 @@ impl Progress {
                 reason,
                 text,
                 completion_tokens,
+                cached_tokens,
                 ..
             } => {
                 let mut deltas = self.parser.push_text(&text);
@@ -208,7 +209,7 @@ impl Progress {
                 let output = self.builder.finish(truncated, &mut out);
                 let usage = ResponseUsage {
                     input_tokens: prompt_len,
-                    input_tokens_details: InputTokensDetails { cached_tokens: 0 },
+                    input_tokens_details: InputTokensDetails { cached_tokens },
                     output_tokens: completion_tokens,
                     output_tokens_details: OutputTokensDetails {
                         reasoning_tokens: self.reasoning_tokens.min(completion_tokens),

@@ -1,0 +1,109 @@
+//! Prefix caching through the server: a chat's second turn takes the
+//! first turn's prompt from the cache (`usage.prompt_tokens_details`),
+//! `/metrics` counts queries and hits, `cache_salt` separates requests and
+//! `--no-prefix-caching` turns it off.
+
+use crate::server;
+
+use serde_json::{Value, json};
+use server::Server;
+
+fn chat(server: &Server, messages: &Value, salt: Option<&str>) -> Value {
+    let mut body = json!({"messages": messages, "max_tokens": 8, "temperature": 0});
+    if let Some(salt) = salt {
+        body["cache_salt"] = json!(salt);
+    }
+    let reply = server.post("/v1/chat/completions", &body);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    reply.json()
+}
+
+fn cached(answer: &Value) -> u64 {
+    answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn a_second_chat_turn_hits_the_first_turns_prompt() {
+    let server = Server::start(&[]);
+    let first_turn = json!([
+        {"role": "system", "content": "You answer in one short sentence, politely and to the point."},
+        {"role": "user", "content": "What is the capital of France, and why is it famous?"}
+    ]);
+    let first = chat(&server, &first_turn, None);
+    assert_eq!(cached(&first), 0);
+    let p1 = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    let reply = first["choices"][0]["message"]["content"].clone();
+    let mut second_turn = first_turn.as_array().unwrap().clone();
+    second_turn.push(json!({"role": "assistant", "content": reply}));
+    second_turn.push(json!({"role": "user", "content": "And of Italy?"}));
+    let second = chat(&server, &Value::Array(second_turn), None);
+    // The template renders the first turn the same way again: all of its
+    // full 16-token blocks come from the cache.
+    assert!(
+        cached(&second) >= p1 / 16 * 16,
+        "second turn: {} cached of a first prompt of {p1}",
+        cached(&second)
+    );
+    server.wait_until_idle();
+    let m = server.metrics();
+    assert_eq!(
+        m.get("sparkrt_prefix_cache_hits_total"),
+        cached(&second) as f64
+    );
+    assert!(m.get("sparkrt_prefix_cache_queries_total") >= (p1 - 1) as f64);
+    assert!(m.get("sparkrt_kv_blocks_cached") > 0.0);
+
+    // Another salt shares nothing; the same salt again does.
+    let salted = chat(&server, &first_turn, Some("tenant-a"));
+    assert_eq!(cached(&salted), 0);
+    let again = chat(&server, &first_turn, Some("tenant-a"));
+    assert_eq!(cached(&again), (p1 - 1) / 16 * 16);
+    assert_eq!(
+        again["choices"][0]["message"]["content"],
+        salted["choices"][0]["message"]["content"]
+    );
+    let too_long = json!({"messages": first_turn, "max_tokens": 1,
+                          "cache_salt": "x".repeat(sparkrt::limits::MAX_CACHE_SALT_BYTES + 1)});
+    let reply = server.post("/v1/chat/completions", &too_long);
+    assert_eq!(reply.status, 400, "{}", reply.body);
+}
+
+#[test]
+fn responses_report_cached_input_tokens() {
+    let server = Server::start(&[]);
+    let body = json!({"input": "Describe a quiet morning by the lake in a few words, please.",
+                      "max_output_tokens": 4, "temperature": 0});
+    let usage = |reply: server::Reply| {
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.json()["usage"].clone()
+    };
+    let first = usage(server.post("/v1/responses", &body));
+    let second = usage(server.post("/v1/responses", &body));
+    let input = first["input_tokens"].as_u64().unwrap();
+    assert!(input > 16, "the input fills a block ({input} tokens)");
+    assert_eq!(first["input_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(
+        second["input_tokens_details"]["cached_tokens"],
+        (input - 1) / 16 * 16
+    );
+}
+
+#[test]
+fn no_prefix_caching_serves_every_prompt_cold() {
+    let server = Server::start(&["--no-prefix-caching"]);
+    let messages =
+        json!([{"role": "user", "content": "Tell me something about the sea and its tides."}]);
+    let first = chat(&server, &messages, None);
+    let second = chat(&server, &messages, None);
+    assert_eq!((cached(&first), cached(&second)), (0, 0));
+    assert_eq!(
+        first["choices"][0]["message"]["content"],
+        second["choices"][0]["message"]["content"]
+    );
+    server.wait_until_idle();
+    let m = server.metrics();
+    assert_eq!(m.get("sparkrt_prefix_cache_queries_total"), 0.0);
+    assert_eq!(m.get("sparkrt_kv_blocks_cached"), 0.0);
+}
