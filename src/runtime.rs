@@ -111,6 +111,17 @@ pub struct Startup<'a> {
     pub progress: &'a LoadProgress,
 }
 
+impl<'a> Startup<'a> {
+    /// Pages come in as the model first reads them (`generate`, `bench`).
+    pub fn lazy(page_cache: PageCachePolicy, progress: &'a LoadProgress) -> Startup<'a> {
+        Startup {
+            page_cache,
+            resident: false,
+            progress,
+        }
+    }
+}
+
 /// Where the host figures of the plan come from.
 pub struct HostSource<'a> {
     pub root: &'a Path,
@@ -243,11 +254,7 @@ impl LoadedModel {
         options: &DeviceOptions,
     ) -> Result<LoadedModel, RuntimeError> {
         let progress = LoadProgress::new();
-        let startup = Startup {
-            page_cache,
-            resident: false,
-            progress: &progress,
-        };
+        let startup = Startup::lazy(page_cache, &progress);
         LoadedModel::start(dir, profile, host, options, &startup)
     }
 
@@ -421,11 +428,7 @@ impl Loaded<CpuBackend> {
         page_cache: PageCachePolicy,
     ) -> Result<Self, RuntimeError> {
         let progress = LoadProgress::new();
-        let startup = Startup {
-            page_cache,
-            resident: false,
-            progress: &progress,
-        };
+        let startup = Startup::lazy(page_cache, &progress);
         Loaded::start_cpu(dir, profile, host, &startup)
     }
 

@@ -40,15 +40,6 @@ const STEP_BYTES: u64 = 8 << 20;
 /// Reads in flight.
 const READERS: usize = 4;
 
-const PHASES: [LoadPhase; 6] = [
-    LoadPhase::Mapping,
-    LoadPhase::Reading,
-    LoadPhase::Device,
-    LoadPhase::Allocating,
-    LoadPhase::Ready,
-    LoadPhase::Failed,
-];
-
 /// Start-up's progress, shared by the loader (which writes it) and the
 /// server and progress bar (which read it); also how a shutdown asks the
 /// loader to stop.
@@ -91,7 +82,10 @@ impl LoadProgress {
 
     pub fn phase(&self) -> LoadPhase {
         let index = usize::from(self.phase.load(Ordering::Acquire));
-        PHASES.get(index).copied().unwrap_or(LoadPhase::Failed)
+        LoadPhase::ALL
+            .get(index)
+            .copied()
+            .unwrap_or(LoadPhase::Failed)
     }
 
     /// Enters `phase`, which has `total` bytes to do.
@@ -99,7 +93,10 @@ impl LoadProgress {
         *lock(&self.phase_started) = Instant::now();
         self.done.store(0, Ordering::Relaxed);
         self.total.store(total, Ordering::Relaxed);
-        let index = PHASES.iter().position(|&p| p == phase).unwrap_or(5);
+        let index = LoadPhase::ALL
+            .iter()
+            .position(|&p| p == phase)
+            .unwrap_or(LoadPhase::ALL.len() - 1);
         self.phase.store(index as u8, Ordering::Release);
     }
 

@@ -19,6 +19,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use serde::Serialize;
 
+use super::bench_prefix::{self, PrefixBench, median};
 use super::common::{ModelArgs, ServingArgs, dummy_if_asked, resolve, set_threads};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
@@ -355,9 +356,15 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         PageCachePolicy::WillNeed,
         &args.model.device_options(),
     )?;
+    let prefix = PrefixBench {
+        prefix_len: args.prompt_len,
+        suffix_len: args.suffix_len,
+        repeats: args.repeats,
+        json: args.json,
+    };
     match (&loaded, args.prefix_cache) {
-        (LoadedModel::Cpu(loaded), true) => super::bench_prefix::measure(args, loaded.as_ref()),
-        (LoadedModel::Cuda(loaded), true) => super::bench_prefix::measure(args, loaded.as_ref()),
+        (LoadedModel::Cpu(loaded), true) => bench_prefix::measure(&prefix, loaded.as_ref()),
+        (LoadedModel::Cuda(loaded), true) => bench_prefix::measure(&prefix, loaded.as_ref()),
         (LoadedModel::Cpu(loaded), false) => measure(args, loaded.as_ref()),
         (LoadedModel::Cuda(loaded), false) => measure(args, loaded.as_ref()),
     }
@@ -602,9 +609,4 @@ fn si(value: f64, unit: &str) -> String {
         .find(|&(scale, _)| value.abs() >= scale)
         .unwrap_or((1.0, ""));
     format!("{:.2} {prefix}{unit}", value / scale)
-}
-
-pub(super) fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }

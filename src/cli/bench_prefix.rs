@@ -16,7 +16,6 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use super::bench::BenchArgs;
 use crate::backend::Backend;
 use crate::engine::sampling::SamplingParams;
 use crate::engine::{Engine, Event, Request};
@@ -80,8 +79,18 @@ fn first_token<B: Backend>(
     }
 }
 
-pub(super) fn measure<B: Backend>(args: &BenchArgs, loaded: &Loaded<B>) -> Result<ExitCode> {
-    let (prefix_len, suffix_len) = (args.prompt_len, args.suffix_len);
+/// What `bench --prefix-cache` measures (from its flags).
+pub(super) struct PrefixBench {
+    /// The shared prefix (`--prompt-len`).
+    pub prefix_len: usize,
+    /// New tokens after it (`--suffix-len`).
+    pub suffix_len: usize,
+    pub repeats: usize,
+    pub json: bool,
+}
+
+pub(super) fn measure<B: Backend>(args: &PrefixBench, loaded: &Loaded<B>) -> Result<ExitCode> {
+    let (prefix_len, suffix_len) = (args.prefix_len, args.suffix_len);
     if suffix_len == 0 {
         bail!("--suffix-len must be at least 1");
     }
@@ -119,10 +128,7 @@ pub(super) fn measure<B: Backend>(args: &BenchArgs, loaded: &Loaded<B>) -> Resul
             cached_tokens = hit;
         }
     }
-    let (cold_ttft_s, cached_ttft_s) = (
-        super::bench::median(&mut cold),
-        super::bench::median(&mut cached),
-    );
+    let (cold_ttft_s, cached_ttft_s) = (median(&mut cold), median(&mut cached));
     let report = PrefixCacheReport {
         prefix_len,
         suffix_len,
@@ -153,4 +159,10 @@ pub(super) fn measure<B: Backend>(args: &BenchArgs, loaded: &Loaded<B>) -> Resul
         println!("  cold ÷ cached           {:>10.1}×", report.speedup);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The median of `values` (sorted in place); 0 for none.
+pub(super) fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }

@@ -124,6 +124,16 @@ pub enum LoadPhase {
 }
 
 impl LoadPhase {
+    /// Every phase, in start-up order (`Failed` last).
+    pub const ALL: [LoadPhase; 6] = [
+        LoadPhase::Mapping,
+        LoadPhase::Reading,
+        LoadPhase::Device,
+        LoadPhase::Allocating,
+        LoadPhase::Ready,
+        LoadPhase::Failed,
+    ];
+
     /// The name on the wire (a test checks it is serde's).
     pub fn name(self) -> &'static str {
         match self {
@@ -400,14 +410,7 @@ mod tests {
         ] {
             assert_eq!(policy.name(), serde_name(policy));
         }
-        for phase in [
-            LoadPhase::Mapping,
-            LoadPhase::Reading,
-            LoadPhase::Device,
-            LoadPhase::Allocating,
-            LoadPhase::Ready,
-            LoadPhase::Failed,
-        ] {
+        for phase in LoadPhase::ALL {
             assert_eq!(phase.name(), serde_name(phase));
         }
     }
