@@ -1,6 +1,7 @@
 //! Prefix caching on the CPU engine: a request whose prefix comes from the
-//! cache samples bitwise what a cold engine (caching off) samples, on every
-//! fixture (gpt-oss's sliding window included), at block-aligned and
+//! cache samples bitwise what a cold engine (caching off) samples, on the
+//! qwen3 fixtures (gpt-oss, whose sliding-window layers are not cached yet,
+//! must take nothing from the cache and still match), at block-aligned and
 //! unaligned prefix lengths, alone and in batches, under preemption and
 //! eviction; `cache_salt` separates requests; `n = 4` equals four seeded
 //! requests with the prompt computed once; and over random schedules the
