@@ -12,7 +12,8 @@
 # 4. the goal ratio: time to ready ÷ (checkpoint bytes ÷ disk rate), goal
 #    ≤ 1.15; and the first request cold ÷ warm (goal 1).
 # 5. llama.cpp loading its GGUF of the same weights cold, mmap and
-#    --no-mmap, when LLAMA_CLI (a llama-cli binary) and LLAMA_GGUF are set.
+#    --no-mmap, when LLAMA_CLI (a llama-cli binary) and LLAMA_GGUF are set
+#    (scripts/gguf-from-checkpoint.py writes the GGUF of a bench model).
 #
 # The page cache is dropped with `echo 3 > /proc/sys/vm/drop_caches` as
 # root; not root, read-only /proc/sys, or --fadvise (a shared machine: the
