@@ -137,14 +137,23 @@ awk -v t="$cold_ready" -v b="$bytes" -v r="$rate" -v c="$cold_first" -v w="$warm
 
 # 5. llama.cpp, cold, mmap against --no-mmap.
 if [[ -n "${LLAMA_CLI:-}" && -n "${LLAMA_GGUF:-}" && -x "$LLAMA_CLI" ]]; then
+	# Newer builds replaced --no-mmap with --load-mode (none: plain reads).
+	no_mmap=(--no-mmap)
+	if "$LLAMA_CLI" --help 2>&1 | grep -q -- '--load-mode'; then
+		no_mmap=(--load-mode none)
+	fi
 	for mode in mmap no-mmap; do
 		flag=()
-		[[ $mode == no-mmap ]] && flag=(--no-mmap)
+		[[ $mode == no-mmap ]] && flag=("${no_mmap[@]}")
 		sync
 		dd if="$LLAMA_GGUF" iflag=nocache count=0 status=none
 		start=$(now)
-		"$LLAMA_CLI" -m "$LLAMA_GGUF" "${flag[@]}" -p hi -n 1 -no-cnv >/dev/null 2>&1 || true
-		echo "llama.cpp cold, $mode: $(elapsed "$start") s (load and one token)"
+		if "$LLAMA_CLI" -m "$LLAMA_GGUF" "${flag[@]}" -p hi -n 1 -no-cnv >"$log" 2>&1; then
+			echo "llama.cpp cold, $mode: $(elapsed "$start") s (load and one token)"
+		else
+			echo "llama.cpp cold, $mode: failed (its log follows)"
+			tail -5 "$log"
+		fi
 	done
 else
 	echo "llama.cpp: skipped (set LLAMA_CLI to a llama-cli binary and LLAMA_GGUF to the GGUF of these weights)"

@@ -122,14 +122,21 @@ def main() -> int:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
 
-    def shape_and_type(names):
+    def kept_f32(name: str, shape) -> bool:
+        # llama.cpp's CPU ops take norms and the router only in f32 (as its
+        # own converter writes them).
+        return len(shape) == 1 or name.endswith("ffn_gate_inp.weight")
+
+    def shape_and_type(name, names):
         _, dtype, shape, _ = found[names[0]]
+        if kept_f32(name, shape):
+            dtype = "F32"
         full = (len(names), *shape) if len(names) > 1 else shape
         element = {"BF16": 2, "F32": 4}[dtype]
         return full, dtype, int(np.prod(full)) * element
 
     for name, names in plan:
-        shape, dtype, nbytes = shape_and_type(names)
+        shape, dtype, nbytes = shape_and_type(name, names)
         if dtype == "BF16":
             # Raw bf16 bytes: the byte shape's last axis is twice the elements'.
             byte_shape = (*shape[:-1], shape[-1] * 2)
@@ -143,7 +150,10 @@ def main() -> int:
     for done, (name, names) in enumerate(plan, 1):
         parts = [load(found[n]) for n in names]
         data = np.stack(parts) if len(parts) > 1 else np.asarray(parts[0])
-        if data.dtype == np.uint16:
+        if data.dtype == np.uint16 and kept_f32(name, data.shape):
+            # bf16 is the high half of an f32.
+            data = (data.astype(np.uint32) << 16).view(np.float32)
+        elif data.dtype == np.uint16:
             data = data.view(np.uint8)
         writer.write_tensor_data(data)
         print(f"\r{done}/{len(plan)} tensors", end="", file=sys.stderr, flush=True)

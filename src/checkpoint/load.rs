@@ -90,6 +90,9 @@ impl LoadProgress {
 
     /// Enters `phase`, which has `total` bytes to do.
     pub fn begin(&self, phase: LoadPhase, total: u64) {
+        if let Some(probe) = self.probe() {
+            probe.forget();
+        }
         *lock(&self.phase_started) = Instant::now();
         self.done.store(0, Ordering::Relaxed);
         self.total.store(total, Ordering::Relaxed);
