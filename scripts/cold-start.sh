@@ -139,7 +139,9 @@ awk -v t="$cold_ready" -v b="$bytes" -v r="$rate" -v c="$cold_first" -v w="$warm
 if [[ -n "${LLAMA_CLI:-}" && -n "${LLAMA_GGUF:-}" && -x "$LLAMA_CLI" ]]; then
 	# Newer builds replaced --no-mmap with --load-mode (none: plain reads).
 	no_mmap=(--no-mmap)
-	if "$LLAMA_CLI" --help 2>&1 | grep -q -- '--load-mode'; then
+	# (The help is read whole first: `grep -q` would end the pipe early.)
+	llama_help=$("$LLAMA_CLI" --help 2>&1 || true)
+	if [[ $llama_help == *--load-mode* ]]; then
 		no_mmap=(--load-mode none)
 	fi
 	for mode in mmap no-mmap; do
