@@ -4,6 +4,16 @@
 //! Sized once for `max_num_batched_tokens` tokens and `max_num_seqs`
 //! sequences (the plan's `step_metadata`); `clear` keeps the capacity, so a
 //! step allocates nothing.
+//!
+//! A sequence has two block tables over the same positions: the blocks of
+//! its full-attention layers and those of its sliding-window layers (models
+//! without the latter have no sliding tables). A sliding table's entries
+//! for blocks that have left the window are [`NO_BLOCK`]: a backend never
+//! reads a key there that the mask lets through, and reads nothing there
+//! at all (a masked key is taken as zeros).
+
+/// A sliding table's entry for a block no longer (or never) held.
+pub const NO_BLOCK: u32 = u32::MAX;
 
 /// One sequence's share of a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,8 +24,10 @@ pub struct SeqChunk {
     pub len: u32,
     /// Tokens of the sequence already in the KV cache (the position of its first row).
     pub past: u32,
-    /// Its slot in the sliding-window ring buffers.
-    pub ring_slot: u32,
+    /// Where its sliding-window table starts in
+    /// [`StepBatch::sliding_block_tables`] (as long as its full table, when
+    /// the batch has sliding tables).
+    pub sliding_start: u32,
     /// Where its block table starts in [`StepBatch::block_tables`].
     pub table_start: u32,
     /// Number of blocks in its table (covering `past + len` tokens).
@@ -38,6 +50,9 @@ pub struct StepBatch {
     pub seqs: Vec<SeqChunk>,
     /// Every sequence's block table, back to back.
     pub block_tables: Vec<u32>,
+    /// Every sequence's sliding-window table, back to back; empty when the
+    /// model has no sliding-window layers.
+    pub sliding_block_tables: Vec<u32>,
     /// Rows whose logits are wanted, ascending.
     pub logit_rows: Vec<u32>,
 }
@@ -49,6 +64,7 @@ impl StepBatch {
             positions: Vec::with_capacity(max_tokens),
             seqs: Vec::with_capacity(max_seqs),
             block_tables: Vec::with_capacity(max_seqs * max_blocks_per_seq),
+            sliding_block_tables: Vec::with_capacity(max_seqs * max_blocks_per_seq),
             logit_rows: Vec::with_capacity(max_tokens.max(max_seqs)),
         }
     }
@@ -58,6 +74,7 @@ impl StepBatch {
         self.positions.clear();
         self.seqs.clear();
         self.block_tables.clear();
+        self.sliding_block_tables.clear();
         self.logit_rows.clear();
     }
 
@@ -66,16 +83,18 @@ impl StepBatch {
     }
 
     /// Adds `tokens` of a sequence that already has `past` tokens cached;
-    /// `blocks` must cover `past + tokens.len()` tokens. With `want_logits`
-    /// the last row's logits are computed (`all_logits`: every row's).
+    /// `blocks` must cover `past + tokens.len()` tokens, and `sliding` (its
+    /// sliding-window table) is as long, or empty for a model without
+    /// sliding-window layers. `logits` says which rows' logits are computed.
     pub fn push_seq(
         &mut self,
         tokens: &[u32],
         past: usize,
-        ring_slot: usize,
         blocks: &[u32],
+        sliding: &[u32],
         logits: Logits,
     ) {
+        debug_assert!(sliding.is_empty() || sliding.len() == blocks.len());
         let start = self.tokens.len();
         self.tokens.extend_from_slice(tokens);
         self.positions
@@ -95,17 +114,36 @@ impl StepBatch {
             start: start as u32,
             len: tokens.len() as u32,
             past: past as u32,
-            ring_slot: ring_slot as u32,
+            sliding_start: self.sliding_block_tables.len() as u32,
             table_start: self.block_tables.len() as u32,
             table_len: blocks.len() as u32,
         });
         self.block_tables.extend_from_slice(blocks);
+        self.sliding_block_tables.extend_from_slice(sliding);
     }
 
     /// Block table of sequence `i`.
     pub fn table(&self, i: usize) -> &[u32] {
         let s = &self.seqs[i];
         &self.block_tables[s.table_start as usize..(s.table_start + s.table_len) as usize]
+    }
+
+    /// Sliding-window table of sequence `i` (empty without sliding tables).
+    pub fn sliding_table(&self, i: usize) -> &[u32] {
+        let s = &self.seqs[i];
+        let start = s.sliding_start as usize;
+        self.sliding_block_tables
+            .get(start..start + s.table_len as usize)
+            .unwrap_or_default()
+    }
+
+    /// The table a layer reads: the sliding-window one for a sliding layer.
+    pub fn table_for(&self, i: usize, sliding: bool) -> &[u32] {
+        if sliding {
+            self.sliding_table(i)
+        } else {
+            self.table(i)
+        }
     }
 }
 

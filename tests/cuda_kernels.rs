@@ -553,9 +553,9 @@ fn embedding_gather_compaction_and_argmax_match_the_cpu() {
         b.cuda.linear(table.view()).unwrap(),
     );
     let mut batch = StepBatch::with_capacity(32, 4, 8);
-    batch.push_seq(&[5, 96, 0, 5], 0, 0, &[0], Logits::All);
-    batch.push_seq(&[17], 3, 1, &[1], Logits::Last);
-    batch.push_seq(&[1, 2, 3], 9, 2, &[2, 3, 4], Logits::Last);
+    batch.push_seq(&[5, 96, 0, 5], 0, &[0], &[], Logits::All);
+    batch.push_seq(&[17], 3, &[1], &[], Logits::Last);
+    batch.push_seq(&[1, 2, 3], 9, &[2, 3, 4], &[], Logits::Last);
     let rows = batch.rows();
     let mut sc = b
         .cpu
@@ -623,7 +623,7 @@ fn embedding_gather_decodes_the_format_cases() {
         let ids: Vec<u32> = (0..rows as u32).collect();
         // At most 32 cases per format: one sequence of 32 tokens at most.
         let mut batch = StepBatch::with_capacity(32, 4, 8);
-        batch.push_seq(&ids, 0, 0, &[0, 1], Logits::Last);
+        batch.push_seq(&ids, 0, &[0, 1], &[], Logits::Last);
         let mut sc = b
             .cpu
             .step_storage(&StepMetadataPlan::new(32, 4, 8))
@@ -672,9 +672,9 @@ fn rope_and_qk_norm_match_the_cpu() {
             return;
         };
         let mut batch = StepBatch::with_capacity(64, 4, 64);
-        batch.push_seq(&[1; 9], 0, 0, &[0], Logits::Last);
-        batch.push_seq(&[1], 4000, 1, &[1], Logits::Last);
-        batch.push_seq(&[1; 3], 70_000, 2, &[2], Logits::Last);
+        batch.push_seq(&[1; 9], 0, &[0], &[], Logits::Last);
+        batch.push_seq(&[1], 4000, &[1], &[], Logits::Last);
+        batch.push_seq(&[1; 3], 70_000, &[2], &[], Logits::Last);
         let rows = batch.rows();
         let mut sc = b
             .cpu
@@ -769,7 +769,7 @@ fn rope_and_qk_norm_match_the_cpu() {
 /// One sequence's KV bookkeeping in the attention test.
 struct Seq {
     past: usize,
-    ring_slot: usize,
+    sliding: Vec<u32>,
     blocks: Vec<u32>,
 }
 
@@ -800,7 +800,6 @@ fn attention_over_paged_and_ring_caches_matches_the_cpu() {
             head_dim: hd,
             block_size: block,
             blocks: 64,
-            ring_slots: 3,
             window,
             // Layer 0 full attention (paged), layer 1 sliding (ring).
             sliding_layers: vec![false, true],
@@ -831,18 +830,18 @@ fn attention_over_paged_and_ring_caches_matches_the_cpu() {
         let mut seqs = [
             Seq {
                 past: 0,
-                ring_slot: 2,
                 blocks: vec![],
+                sliding: vec![],
             },
             Seq {
                 past: 0,
-                ring_slot: 0,
                 blocks: vec![],
+                sliding: vec![],
             },
             Seq {
                 past: 0,
-                ring_slot: 1,
                 blocks: vec![],
+                sliding: vec![],
             },
         ];
         // Steps: chunks longer than a query tile, than the window, decode rows.
@@ -855,12 +854,13 @@ fn attention_over_paged_and_ring_caches_matches_the_cpu() {
                 }
                 while seq.blocks.len() * block < seq.past + len {
                     seq.blocks.push(free.pop().unwrap());
+                    seq.sliding.push(free.pop().unwrap());
                 }
                 batch.push_seq(
                     &vec![1; len],
                     seq.past,
-                    seq.ring_slot,
                     &seq.blocks,
+                    &seq.sliding,
                     Logits::Last,
                 );
                 seq.past += len;

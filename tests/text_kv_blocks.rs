@@ -92,20 +92,76 @@ fn free_returns_every_block() {
 }
 
 #[test]
-fn blocks_out_of_the_window_are_a_prefix() {
-    let mut a = BlockAllocator::new(8, 4).unwrap();
+fn sliding_blocks_leave_the_window_and_stay_cached() {
+    // 16 blocks of 4 tokens, window 8: each position takes a full block and
+    // a sliding twin, handed out alternately (free blocks go out 0, 1, 2…).
+    let mut a = BlockAllocator::new(16, 4).unwrap().with_sliding_window(8);
+    assert_eq!(a.blocks_needed(1, 20), 10);
     a.allocate_for(1, 20).unwrap();
-    let table: &BlockTable = a.table(1).unwrap();
-    assert_eq!(table.blocks(), &[0, 1, 2, 3, 4]);
-    // 18 tokens, window 8: positions 10..18 are needed; blocks 0 (0..4) and
-    // 1 (4..8) are entirely older, block 2 (8..12) is not.
-    assert_eq!(table.blocks_out_of_window(4, 18, 8), &[0, 1]);
-    assert_eq!(table.blocks_out_of_window(4, 7, 8), &[] as &[u32]);
-    assert_eq!(table.blocks_out_of_window(4, 12, 8), &[0]);
-    assert_eq!(table.blocks_out_of_window(4, 20, 4), &[0, 1, 2, 3]);
-    assert_eq!(a.blocks_out_of_window(table, 18, 8), &[0, 1]);
-    // A window larger than what the table covers never reaches past it.
-    assert_eq!(table.blocks_out_of_window(4, 100, 4), &[0, 1, 2, 3, 4]);
+    assert_eq!(a.table(1).unwrap().blocks(), &[0, 2, 4, 6, 8]);
+    assert_eq!(a.sliding_table(1).unwrap().blocks(), &[1, 3, 5, 7, 9]);
+    // After 7 tokens the next one (position 7) sees positions 0..=7.
+    assert_eq!(a.release_out_of_window(1, 7), 0);
+    // After 12: position 12 sees 5..=12, so block 0 (0..4) goes.
+    assert_eq!(a.release_out_of_window(1, 12), 1);
+    // After 18: position 18 sees 11..=18; block 1 (4..8) goes, 2 (8..12) stays.
+    assert_eq!(a.release_out_of_window(1, 18), 1);
+    let no = sparkrt::engine::kv_blocks::NO_BLOCK;
+    assert_eq!(a.sliding_table(1).unwrap().blocks(), &[no, no, 5, 7, 9]);
+    assert_eq!(a.free_blocks(), 8);
+    a.audit().unwrap();
+
+    // Registered first, a released twin is cached, not free, and a second
+    // sequence with the same tokens hits the full blocks and the last
+    // window's twins only.
+    let tokens: Vec<u32> = (100..120).collect();
+    let mut b = BlockAllocator::new(32, 4).unwrap().with_sliding_window(8);
+    b.allocate_for(1, 20).unwrap();
+    b.register_computed(1, &tokens, 20);
+    assert_eq!(b.release_out_of_window(1, 20), 3);
+    assert_eq!(b.cached_blocks(), 3);
+    b.free(1);
+    b.audit().unwrap();
+    // 19 tokens known: 4 full blocks; position 16 sees 9..=16, so the twins
+    // of blocks 2 and 3 are needed and cached (0 and 1 are not needed).
+    let hit = b.lookup(0, &tokens[..19]);
+    assert_eq!(hit.blocks, vec![0, 2, 4, 6]);
+    assert_eq!(hit.sliding, vec![no, no, 5, 7]);
+    // Other tokens from position 9: blocks 0 and 1 match; a hit of 2
+    // blocks needs the twins of both (position 8 sees 1..=8), released
+    // out of the window but cached: it stands.
+    let mut other = tokens.clone();
+    other[9] = 0;
+    let hit = b.lookup(0, &other[..19]);
+    assert_eq!(hit.blocks, vec![0, 2]);
+    assert_eq!(hit.sliding, vec![1, 3]);
+    b.audit().unwrap();
+}
+
+#[test]
+fn a_fork_shares_full_blocks_and_copies_the_partial_one() {
+    let no = sparkrt::engine::kv_blocks::NO_BLOCK;
+    let mut a = BlockAllocator::new(16, 4).unwrap().with_sliding_window(4);
+    a.allocate_for(1, 10).unwrap();
+    assert_eq!(a.table(1).unwrap().blocks(), &[0, 2, 4]);
+    assert_eq!(a.release_out_of_window(1, 10), 1);
+    assert_eq!(a.sliding_table(1).unwrap().blocks(), &[no, 3, 5]);
+    let pairs = a.fork(1, 2, 10).unwrap();
+    // Block 2 of each table (positions 8..10) is partial: copied.
+    assert_eq!(pairs, vec![(4, 6), (5, 7)]);
+    assert_eq!(a.table(2).unwrap().blocks(), &[0, 2, 6]);
+    assert_eq!(a.sliding_table(2).unwrap().blocks(), &[no, 3, 7]);
+    a.audit().unwrap();
+    a.free(1);
+    a.audit().unwrap();
+    // Blocks 0, 2 and 3 are still the fork's.
+    assert_eq!(a.used_blocks(), 5);
+    a.free(2);
+    assert_eq!(a.free_blocks(), 16);
+    // A block-aligned fork copies nothing.
+    a.allocate_for(3, 8).unwrap();
+    assert_eq!(a.fork(3, 4, 8).unwrap(), vec![]);
+    a.audit().unwrap();
 }
 
 /// Checks every invariant of the allocator against the model (sequence →

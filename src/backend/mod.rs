@@ -291,6 +291,16 @@ pub trait Backend: Sync + Sized {
         step: &Self::Step,
     ) -> Result<(), BackendError>;
 
+    /// Copies whole blocks of the cache, every array: for each `(from, to)`
+    /// pair, the `block_size` slots of block `from` onto those of block
+    /// `to` (copy on write of a partial block shared by `n > 1` choices).
+    /// A block appears at most once as a `to`, never as a `from` too.
+    fn kv_copy_blocks(
+        &self,
+        kv: &mut Self::KvCache,
+        pairs: &[(u32, u32)],
+    ) -> Result<(), BackendError>;
+
     /// Top-k routing of `rows` tokens from `[rows, E]` logits into the workspace.
     fn route(
         &self,

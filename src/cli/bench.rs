@@ -32,7 +32,7 @@ use crate::engine::{Event, Request};
 use crate::geometry::WeightGroup;
 use crate::plan::Plan;
 use crate::plan::memory::{
-    decode_kv_bytes_per_step, decode_weight_bytes_per_step, expected_distinct_experts,
+    self, decode_kv_bytes_per_step, decode_weight_bytes_per_step, expected_distinct_experts,
 };
 use crate::plan::perf::{
     DevicePeaks, activated_params_per_token, attention_flops_per_prompt_token, device_peaks,
@@ -166,7 +166,7 @@ impl PerfModel {
         };
         let kv_context_tokens = args.prompt_len + args.generate / 2;
         let kv_bytes_per_step = decode_kv_bytes_per_step(
-            plan.kv_cache.bytes_per_token,
+            memory::full_attention_bytes_per_token(&geometry, plan.kv_cache.dtype.bytes()),
             &plan.kv_cache.sliding,
             kv_context_tokens,
             args.batch,

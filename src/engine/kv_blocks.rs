@@ -22,12 +22,25 @@
 //! partial last block is always its own. New blocks come from the free
 //! blocks first, then from the cached ones, least recently used first.
 //!
-//! Sliding-window layers (gpt-oss) do not keep their keys in these blocks
-//! but in a ring per running sequence, which a sequence starting from cached
-//! blocks would lack; the engine turns caching off for such models.
+//! **Sliding-window layers** (gpt-oss) keep their keys in blocks of the same
+//! pool, through a second table per sequence over the same positions. A
+//! block there whose every position is older than the window of the
+//! sequence's next token is released ([`BlockAllocator::release_out_of_window`])
+//! and its entry becomes [`NO_BLOCK`]; a full one stays cached like any
+//! other. Its identity is its full-attention twin's hash, derived
+//! ([`sliding_hash`]), so the two kinds never stand in for each other. A hit
+//! of `m` blocks needs the full blocks `0..m` and the sliding blocks of the
+//! last window before position `m × block_size`; [`BlockAllocator::lookup`]
+//! takes the longest `m` that has both.
+//!
+//! **Forks** (`n > 1`): a choice can start from another's table
+//! ([`BlockAllocator::fork`]): the full blocks are shared, the partial last
+//! block is copied (the engine copies its keys), so each writes its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
+
+pub use crate::step::NO_BLOCK;
 
 /// Identifies a sequence (a request) to the allocator.
 pub type SeqId = u64;
@@ -79,6 +92,14 @@ pub fn block_hash(parent: BlockHash, tokens: &[u32]) -> BlockHash {
     })
 }
 
+/// The identity of the sliding-window block beside the full block `full`.
+pub fn sliding_hash(full: BlockHash) -> BlockHash {
+    hash128(|h| {
+        "sliding".hash(h);
+        full.hash(h);
+    })
+}
+
 /// The blocks of one sequence, in position order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BlockTable {
@@ -98,23 +119,28 @@ impl BlockTable {
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
     }
-
-    /// The blocks whose every position is older than the last `window` of a
-    /// sequence of `seq_len` tokens; a sliding-window layer never reads them
-    /// again. Always a prefix of the table.
-    pub fn blocks_out_of_window(&self, block_size: usize, seq_len: usize, window: usize) -> &[u32] {
-        let first_needed_position = seq_len.saturating_sub(window);
-        let whole_blocks_before = first_needed_position / block_size.max(1);
-        &self.blocks[..whole_blocks_before.min(self.blocks.len())]
-    }
 }
 
 /// A cache hit: the cached blocks holding the first `blocks.len()` full
-/// blocks of a sequence's tokens, and their chain hashes.
+/// blocks of a sequence's tokens, and their chain hashes; with
+/// sliding-window layers, as many sliding entries ([`NO_BLOCK`] before the
+/// window).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PrefixHit {
     pub blocks: Vec<u32>,
     pub hashes: Vec<BlockHash>,
+    pub sliding: Vec<u32>,
+}
+
+impl PrefixHit {
+    /// The blocks of the hit, full and sliding.
+    fn all_blocks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.blocks
+            .iter()
+            .chain(&self.sliding)
+            .copied()
+            .filter(|&b| b != NO_BLOCK)
+    }
 }
 
 /// What a cached block's keys were computed from, checked on every hit.
@@ -125,10 +151,13 @@ struct BlockContent {
     tokens: Box<[u32]>,
 }
 
-/// A sequence's table and the hash chain of its full blocks so far.
+/// A sequence's tables and the hash chain of its full blocks so far.
 #[derive(Clone, Debug, Default)]
 struct SeqBlocks {
     table: BlockTable,
+    /// Its sliding-window table (as long as `table`; empty without such
+    /// layers), [`NO_BLOCK`] where released.
+    sliding: BlockTable,
     root: BlockHash,
     /// Chain hashes of its first `hashes.len()` blocks (full and computed).
     hashes: Vec<BlockHash>,
@@ -141,6 +170,9 @@ pub struct BlockAllocator {
     block_size: usize,
     num_blocks: usize,
     prefix_caching: bool,
+    /// Tokens a sliding-window layer attends to; 0: no such layers, no
+    /// sliding tables.
+    window: usize,
     /// Tables referencing each block.
     refs: Vec<u32>,
     /// What each registered block holds; `None` for a block not (or no
@@ -175,6 +207,7 @@ impl BlockAllocator {
             block_size: block_size_tokens,
             num_blocks,
             prefix_caching: true,
+            window: 0,
             refs: vec![0; num_blocks],
             content: vec![None; num_blocks],
             by_hash: HashMap::new(),
@@ -195,6 +228,25 @@ impl BlockAllocator {
 
     pub fn prefix_caching(&self) -> bool {
         self.prefix_caching
+    }
+
+    /// Gives every sequence a sliding-window table for layers attending to
+    /// the last `window` tokens (0: none).
+    pub fn with_sliding_window(mut self, window: usize) -> BlockAllocator {
+        self.window = window;
+        self
+    }
+
+    /// Block tables per sequence: 2 with sliding-window layers, else 1.
+    fn tables_per_seq(&self) -> usize {
+        1 + usize::from(self.window > 0)
+    }
+
+    /// The first block a sequence holding `computed` tokens still needs in
+    /// its sliding table: its next token attends to positions from
+    /// `computed + 1 − window`.
+    fn first_window_block(&self, computed: usize) -> usize {
+        (computed + 1).saturating_sub(self.window) / self.block_size
     }
 
     /// Tokens per block.
@@ -236,11 +288,21 @@ impl BlockAllocator {
         tokens.div_ceil(self.block_size)
     }
 
-    /// Blocks `seq` would have to be given to hold `new_total_tokens`.
+    /// Blocks `seq` would have to be given to hold `new_total_tokens`
+    /// (in both its tables).
     pub fn blocks_needed(&self, seq: SeqId, new_total_tokens: usize) -> usize {
         let have = self.tables.get(&seq).map_or(0, |s| s.table.len());
         self.blocks_for_tokens(new_total_tokens)
             .saturating_sub(have)
+            * self.tables_per_seq()
+    }
+
+    /// Blocks a new sequence starting from `hit` needs for `tokens` tokens
+    /// beyond those of the hit.
+    pub fn blocks_needed_after(&self, hit: &PrefixHit, tokens: usize) -> usize {
+        self.blocks_for_tokens(tokens)
+            .saturating_sub(hit.blocks.len())
+            * self.tables_per_seq()
     }
 
     /// Whether `num_blocks` more blocks can be allocated.
@@ -249,7 +311,9 @@ impl BlockAllocator {
     }
 
     /// The longest chain of cached blocks holding the full blocks of
-    /// `tokens`, for a request whose chain starts at `root`. Takes nothing.
+    /// `tokens`, for a request whose chain starts at `root` (with
+    /// sliding-window layers: and the sliding blocks of its last window).
+    /// Takes nothing.
     pub fn lookup(&self, root: BlockHash, tokens: &[u32]) -> PrefixHit {
         let mut hit = PrefixHit::default();
         if !self.prefix_caching {
@@ -258,28 +322,57 @@ impl BlockAllocator {
         let mut parent = root;
         for block_tokens in tokens.chunks_exact(self.block_size) {
             let hash = block_hash(parent, block_tokens);
-            let Some(&block) = self.by_hash.get(&hash) else {
+            let Some(block) = self.cached_as(hash, parent, block_tokens) else {
                 break;
             };
-            let same = self.content[block as usize].as_ref().is_some_and(|c| {
-                c.hash == hash && c.parent == parent && *c.tokens == *block_tokens
-            });
-            if !same {
-                break;
-            }
             hit.blocks.push(block);
             hit.hashes.push(hash);
             parent = hash;
         }
+        if self.window > 0 {
+            self.trim_to_window(&mut hit, root, tokens);
+        }
         hit
+    }
+
+    /// The block registered as `hash`, if it holds `tokens` after `parent`.
+    fn cached_as(&self, hash: BlockHash, parent: BlockHash, tokens: &[u32]) -> Option<u32> {
+        let &block = self.by_hash.get(&hash)?;
+        self.content[block as usize]
+            .as_ref()
+            .is_some_and(|c| c.hash == hash && c.parent == parent && *c.tokens == *tokens)
+            .then_some(block)
+    }
+
+    /// Shortens a hit of full blocks to the longest that also has the
+    /// sliding blocks of its last window, and fills those in.
+    fn trim_to_window(&self, hit: &mut PrefixHit, root: BlockHash, tokens: &[u32]) {
+        let bs = self.block_size;
+        let sliding: Vec<Option<u32>> = (0..hit.blocks.len())
+            .map(|i| {
+                let parent = if i == 0 { root } else { hit.hashes[i - 1] };
+                let block_tokens = &tokens[i * bs..(i + 1) * bs];
+                self.cached_as(sliding_hash(hit.hashes[i]), parent, block_tokens)
+            })
+            .collect();
+        let mut m = hit.blocks.len();
+        while m > 0 && sliding[self.first_window_block(m * bs)..m].contains(&None) {
+            m -= 1;
+        }
+        let first = self.first_window_block(m * bs);
+        hit.blocks.truncate(m);
+        hit.hashes.truncate(m);
+        hit.sliding = (0..m)
+            .map(|i| if i < first { None } else { sliding[i] })
+            .map(|b| b.unwrap_or(NO_BLOCK))
+            .collect();
     }
 
     /// How many blocks of `hit` are cached (unreferenced): taking them
     /// lowers what is available to allocate.
     pub fn unreferenced_in(&self, hit: &PrefixHit) -> usize {
-        hit.blocks
-            .iter()
-            .filter(|&&b| self.refs[b as usize] == 0)
+        hit.all_blocks()
+            .filter(|&b| self.refs[b as usize] == 0)
             .count()
     }
 
@@ -287,17 +380,84 @@ impl BlockAllocator {
     /// `hit` (from [`lookup`](Self::lookup) with the same `root`, nothing
     /// changed in between), each referenced once more.
     pub fn start(&mut self, seq: SeqId, root: BlockHash, hit: PrefixHit) {
-        for &block in &hit.blocks {
+        let blocks: Vec<u32> = hit.all_blocks().collect();
+        for block in blocks {
             self.take_ref(block);
         }
+        let sliding = if self.window > 0 {
+            hit.sliding
+        } else {
+            Vec::new()
+        };
         self.tables.insert(
             seq,
             SeqBlocks {
                 table: BlockTable { blocks: hit.blocks },
+                sliding: BlockTable { blocks: sliding },
                 root,
                 hashes: hit.hashes,
             },
         );
+    }
+
+    /// Gives `child`, which holds no table, the tables of `parent` holding
+    /// `computed` tokens: its full blocks shared (referenced once more), a
+    /// partial last block replaced by a new one. Returns the `(from, to)`
+    /// pairs whose keys the caller copies before either sequence writes
+    /// again. All or nothing, like [`allocate_for`](Self::allocate_for).
+    pub fn fork(
+        &mut self,
+        parent: SeqId,
+        child: SeqId,
+        computed: usize,
+    ) -> Result<Vec<(u32, u32)>, KvBlocksError> {
+        let Some(source) = self.tables.get(&parent).cloned() else {
+            return Err(KvBlocksError::OutOfBlocks { needed: 0, free: 0 });
+        };
+        let full = computed / self.block_size;
+        let partial = computed % self.block_size != 0;
+        let copies = usize::from(partial && source.table.len() > full)
+            + usize::from(
+                partial && source.sliding.blocks.get(full).is_some_and(|&b| b != NO_BLOCK),
+            );
+        if !self.can_allocate(copies) {
+            return Err(KvBlocksError::OutOfBlocks {
+                needed: copies,
+                free: self.available_blocks(),
+            });
+        }
+        let mut pairs = Vec::with_capacity(copies);
+        let mut share = |allocator: &mut Self, table: &BlockTable| -> BlockTable {
+            let mut blocks = Vec::with_capacity(table.len());
+            for (i, &block) in table.blocks.iter().enumerate().take(full + 1) {
+                if block == NO_BLOCK {
+                    blocks.push(NO_BLOCK);
+                } else if i < full {
+                    allocator.take_ref(block);
+                    blocks.push(block);
+                } else if partial {
+                    // `can_allocate` checked there is one.
+                    if let Some(copy) = allocator.take_block() {
+                        pairs.push((block, copy));
+                        blocks.push(copy);
+                    }
+                }
+            }
+            BlockTable { blocks }
+        };
+        let table = share(self, &source.table);
+        let sliding = share(self, &source.sliding);
+        let hashes = source.hashes.iter().take(full).copied().collect();
+        self.tables.insert(
+            child,
+            SeqBlocks {
+                table,
+                sliding,
+                root: source.root,
+                hashes,
+            },
+        );
+        Ok(pairs)
     }
 
     fn take_ref(&mut self, block: u32) {
@@ -348,8 +508,20 @@ impl BlockAllocator {
                 new_blocks.push(block);
             }
         }
+        let sliding = self.window > 0;
         let entry = self.tables.entry(seq).or_default();
-        entry.table.blocks.extend(new_blocks);
+        if sliding {
+            // Alternately: the full table's block, then its sliding twin.
+            let (mut full, mut twin) = (Vec::new(), Vec::new());
+            for pair in new_blocks.chunks_exact(2) {
+                full.push(pair[0]);
+                twin.push(pair[1]);
+            }
+            entry.table.blocks.extend(full);
+            entry.sliding.blocks.extend(twin);
+        } else {
+            entry.table.blocks.extend(new_blocks);
+        }
         Ok(())
     }
 
@@ -370,18 +542,64 @@ impl BlockAllocator {
             let block_tokens = &tokens[i * block_size..(i + 1) * block_size];
             let hash = block_hash(parent, block_tokens);
             entry.hashes.push(hash);
-            let block = entry.table.blocks[i];
-            if caching
-                && self.content[block as usize].is_none()
-                && !self.by_hash.contains_key(&hash)
-            {
-                self.by_hash.insert(hash, block);
-                self.content[block as usize] = Some(BlockContent {
-                    hash,
-                    parent,
-                    tokens: block_tokens.into(),
-                });
+            if !caching {
+                continue;
             }
+            let twin = entry.sliding.blocks.get(i).copied();
+            let kinds = [(Some(entry.table.blocks[i]), hash), (twin, sliding_hash(hash))];
+            for (block, hash) in kinds {
+                let Some(block) = block.filter(|&b| b != NO_BLOCK) else {
+                    continue;
+                };
+                if self.content[block as usize].is_none() && !self.by_hash.contains_key(&hash) {
+                    self.by_hash.insert(hash, block);
+                    self.content[block as usize] = Some(BlockContent {
+                        hash,
+                        parent,
+                        tokens: block_tokens.into(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Releases the sliding blocks of `seq` that its next token (after
+    /// `computed` tokens) can no longer attend to: each becomes cached if
+    /// registered, else free. Returns how many were released.
+    pub fn release_out_of_window(&mut self, seq: SeqId, computed: usize) -> usize {
+        if self.window == 0 {
+            return 0;
+        }
+        let first = self.first_window_block(computed);
+        let Some(entry) = self.tables.get_mut(&seq) else {
+            return 0;
+        };
+        let mut released = Vec::new();
+        for block in entry.sliding.blocks.iter_mut().take(first) {
+            if *block != NO_BLOCK {
+                released.push(std::mem::replace(block, NO_BLOCK));
+            }
+        }
+        for &block in released.iter().rev() {
+            self.drop_ref(block);
+        }
+        released.len()
+    }
+
+    /// Drops one reference to `block`: unreferenced, it is cached if it is
+    /// registered, else free.
+    fn drop_ref(&mut self, block: u32) {
+        let b = block as usize;
+        self.refs[b] = self.refs[b].saturating_sub(1);
+        if self.refs[b] > 0 {
+            return;
+        }
+        if self.content[b].is_some() {
+            self.cached_tick[b] = self.tick;
+            self.cached.insert(self.tick, block);
+            self.tick += 1;
+        } else {
+            self.free.push(block);
         }
     }
 
@@ -395,18 +613,14 @@ impl BlockAllocator {
             return 0;
         };
         let count = entry.table.blocks.len();
-        for block in entry.table.blocks.into_iter().rev() {
-            let b = block as usize;
-            self.refs[b] = self.refs[b].saturating_sub(1);
-            if self.refs[b] > 0 {
-                continue;
-            }
-            if self.content[b].is_some() {
-                self.cached_tick[b] = self.tick;
-                self.cached.insert(self.tick, block);
-                self.tick += 1;
-            } else {
-                self.free.push(block);
+        // Position by position from the end, the sliding twin after its
+        // full block, so a chain's tail is evicted first.
+        let twins = entry.sliding.blocks.iter().copied().map(Some).chain(std::iter::repeat(None));
+        let pairs: Vec<(u32, Option<u32>)> = entry.table.blocks.iter().copied().zip(twins).collect();
+        for (block, twin) in pairs.into_iter().rev() {
+            self.drop_ref(block);
+            if let Some(twin) = twin.filter(|&b| b != NO_BLOCK) {
+                self.drop_ref(twin);
             }
         }
         count
@@ -416,15 +630,9 @@ impl BlockAllocator {
         self.tables.get(&seq).map(|s| &s.table)
     }
 
-    /// The blocks of `table` that a sliding-window layer with `window` tokens
-    /// no longer reads once the sequence holds `seq_len` tokens.
-    pub fn blocks_out_of_window<'t>(
-        &self,
-        table: &'t BlockTable,
-        seq_len: usize,
-        window: usize,
-    ) -> &'t [u32] {
-        table.blocks_out_of_window(self.block_size, seq_len, window)
+    /// The sliding-window table of `seq` (empty without such layers).
+    pub fn sliding_table(&self, seq: SeqId) -> Option<&BlockTable> {
+        self.tables.get(&seq).map(|s| &s.sliding)
     }
 
     /// The cache slot of token `position` of a sequence with `table`, or
@@ -441,7 +649,16 @@ impl BlockAllocator {
     pub fn audit(&self) -> Result<(), String> {
         let mut counted = vec![0u32; self.num_blocks];
         for entry in self.tables.values() {
-            for &b in &entry.table.blocks {
+            if self.window > 0 && entry.sliding.len() != entry.table.len() {
+                return Err("a sliding table is not as long as its full table".to_string());
+            }
+            for &b in entry.table.blocks.iter().chain(&entry.sliding.blocks) {
+                if b == NO_BLOCK {
+                    continue;
+                }
+                if b as usize >= self.num_blocks {
+                    return Err(format!("a table holds block {b} of {}", self.num_blocks));
+                }
                 counted[b as usize] += 1;
             }
         }

@@ -76,8 +76,7 @@ pub struct EngineLimits {
     pub kv_block_size: usize,
     /// Tokens a sliding-window layer attends to (0: no such layers).
     pub sliding_window: usize,
-    /// Keep full KV blocks for reuse by later requests (not on models with
-    /// sliding-window layers, see `Engine::new`).
+    /// Keep full KV blocks for reuse by later requests.
     pub prefix_caching: bool,
 }
 
@@ -109,7 +108,6 @@ pub struct Engine<'w, B: Backend + 'w> {
     buffers: Buffers<B>,
     limits: EngineLimits,
     blocks: BlockAllocator,
-    free_ring_slots: Vec<usize>,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     batch: StepBatch,
@@ -138,10 +136,8 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             .map_err(|e| {
                 ModelError::Unsupported(format!("KV cache of {} blocks: {e}", limits.kv_blocks))
             })?
-            // Sliding-window layers keep their keys in each sequence's own
-            // ring, not in the blocks: a sequence starting from cached blocks
-            // would lack the ring's last window, so such models do not cache.
-            .with_prefix_caching(limits.prefix_caching && limits.sliding_window == 0);
+            .with_prefix_caching(limits.prefix_caching)
+            .with_sliding_window(limits.sliding_window);
         let blocks_per_seq = limits.max_model_len.div_ceil(limits.kv_block_size);
         Ok(Engine {
             backend,
@@ -153,7 +149,6 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             logit_owners: Vec::with_capacity(limits.max_num_batched_tokens),
             scheduled: Vec::with_capacity(limits.max_num_seqs),
             sampling: SamplingWorkspace::new(model.settings.vocab_size),
-            free_ring_slots: (0..limits.max_num_seqs).rev().collect(),
             model,
             buffers,
             blocks,
@@ -254,7 +249,6 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             tokens: request.prompt,
             computed: 0,
             prompt_counted: 0,
-            ring_slot: None,
             sampler,
             params: request.params,
             constraint,
@@ -342,9 +336,6 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
 
     fn release(&mut self, seq: &Sequence) {
         self.blocks.free(seq.id);
-        if let Some(slot) = seq.ring_slot {
-            self.free_ring_slots.push(slot);
-        }
     }
 
     fn finish(&mut self, mut seq: Sequence) {
@@ -369,22 +360,16 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
     /// Moves waiting sequences into the running set while there is room.
     fn admit(&mut self) {
         while self.running.len() < self.limits.max_num_seqs {
-            let Some(slot) = self.free_ring_slots.pop() else {
-                break;
-            };
             if self
                 .waiting
                 .front()
                 .is_some_and(|s| self.waits_for_leader(s))
             {
-                self.free_ring_slots.push(slot);
                 break;
             }
-            let Some(mut seq) = self.waiting.pop_front() else {
-                self.free_ring_slots.push(slot);
+            let Some(seq) = self.waiting.pop_front() else {
                 break;
             };
-            seq.ring_slot = Some(slot);
             self.running.push(seq);
         }
     }
@@ -458,12 +443,17 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                 .table(id)
                 .map(|t| t.blocks())
                 .unwrap_or_default();
+            let sliding = self
+                .blocks
+                .sliding_table(id)
+                .map(|t| t.blocks())
+                .unwrap_or_default();
             let before = self.batch.logit_rows.len();
             self.batch.push_seq(
                 &seq.tokens[computed..computed + chunk],
                 computed,
-                seq.ring_slot.unwrap_or(0),
                 table,
+                sliding,
                 logits,
             );
             let added = self.batch.logit_rows.len() - before;
@@ -503,10 +493,8 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             .filter(|s| self.blocks.table(s.id).is_some())
             .map(|s| self.blocks.blocks_needed(s.id, s.tokens.len() + 1))
             .sum();
-        let new = self
-            .blocks
-            .blocks_needed(id, tokens)
-            .saturating_sub(hit.blocks.len());
+        debug_assert!(self.blocks.table(id).is_none());
+        let new = self.blocks.blocks_needed_after(hit, tokens);
         new + self.blocks.unreferenced_in(hit) + reserved <= self.blocks.available_blocks()
     }
 
@@ -561,11 +549,10 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
     }
 
     /// Takes running sequence `index` out of the running set, returning its
-    /// blocks and ring slot.
+    /// blocks.
     fn unschedule(&mut self, index: usize) -> Sequence {
-        let mut seq = self.running.remove(index);
+        let seq = self.running.remove(index);
         self.release(&seq);
-        seq.ring_slot = None;
         seq
     }
 
@@ -715,6 +702,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             seq.prompt_counted = seq.prompt_counted.max(prompt_done);
             seq.computed += chunk;
             blocks.register_computed(seq.id, &seq.tokens, seq.computed);
+            blocks.release_out_of_window(seq.id, seq.computed);
             if seq.computed >= seq.prompt_len {
                 // Prompt logits are reported once, not again after a preemption.
                 seq.prompt_logits = false;

@@ -178,7 +178,6 @@ pub(crate) struct Sequence {
     /// Prompt tokens counted in the engine's counters (they count once,
     /// however often a preempted sequence is recomputed).
     pub prompt_counted: usize,
-    pub ring_slot: Option<usize>,
     pub sampler: Sampler,
     pub params: SamplingParams,
     /// The grammar the output follows (taken out of `params`), if any.

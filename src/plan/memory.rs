@@ -358,25 +358,26 @@ pub fn prompt_logprobs(g: &ModelGeometry, tokens: usize, seqs: usize) -> PromptL
 /// The name of the step metadata's activation buffer.
 pub const STEP_METADATA: &str = "step_metadata";
 /// Fields per sequence in the step metadata: start, length, cached length,
-/// ring slot and block-table start (`kernels/common.cuh`, StepView).
+/// sliding-table start and block-table start (`kernels/common.cuh`, StepView).
 pub const STEP_SEQ_FIELDS: usize = 5;
 
 /// The step metadata one forward step reads: a token id and a position per
 /// token (the second word is the token's logit row on CUDA); per sequence
-/// its [`STEP_SEQ_FIELDS`] fields and a block table. All i32 words.
+/// its [`STEP_SEQ_FIELDS`] fields and two block tables (full-attention and
+/// sliding-window layers, `crate::step`). All i32 words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct StepMetadataPlan {
     pub max_tokens: usize,
     pub max_seqs: usize,
     pub max_blocks_per_seq: usize,
-    /// 4-byte words: `2 × tokens + seqs × (blocks_per_seq + 5)`.
+    /// 4-byte words: `2 × tokens + seqs × (2 × blocks_per_seq + 5)`.
     pub words: usize,
     pub bytes: u64,
 }
 
 impl StepMetadataPlan {
     pub fn new(max_tokens: usize, max_seqs: usize, max_blocks_per_seq: usize) -> StepMetadataPlan {
-        let words = 2 * max_tokens + max_seqs * (max_blocks_per_seq + STEP_SEQ_FIELDS);
+        let words = 2 * max_tokens + max_seqs * (2 * max_blocks_per_seq + STEP_SEQ_FIELDS);
         StepMetadataPlan {
             max_tokens,
             max_seqs,
@@ -402,26 +403,29 @@ pub fn activation_elements(bytes: u64) -> usize {
 }
 
 /// Geometry of the KV cache a backend allocates, and the bytes it takes:
-/// a paged pool of `blocks × block_size` slots per full-attention layer,
-/// `ring_slots × window` slots per sliding-window layer; a slot holds
+/// one pool of `blocks × block_size` token slots, shared by the
+/// full-attention and the sliding-window layers. The pool is `arrays()`
+/// arrays of K and V; the `k`-th full-attention layer and the `k`-th
+/// sliding-window layer both live in array `k`, and a block belongs to one
+/// kind at a time (the engine hands it to a sequence's full table or to its
+/// sliding table), so a block id is one place in every array. A slot holds
 /// `kv_heads × head_dim` values of K and as many of V.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvLayout {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
-    /// Blocks of the paged pool shared by full-attention layers.
+    /// Blocks of the pool.
     pub blocks: usize,
-    /// Ring slots (one per running sequence) of sliding-window layers.
-    pub ring_slots: usize,
+    /// Tokens a sliding-window layer attends to (0 without such layers).
     pub window: usize,
-    /// Per layer: `true` when the layer uses a sliding window (ring storage).
+    /// Per layer: `true` when the layer uses a sliding window.
     pub sliding_layers: Vec<bool>,
     pub dtype: KvCacheDtype,
 }
 
 impl KvLayout {
-    /// The layout of geometry `g` with `blocks` paged blocks and the
+    /// The layout of geometry `g` with `blocks` pool blocks and the
     /// sliding layers' `window` (plan::compute fills both).
     pub fn new(g: &ModelGeometry, s: &ServingSection, blocks: u64, window: u64) -> KvLayout {
         KvLayout {
@@ -429,7 +433,6 @@ impl KvLayout {
             head_dim: g.head_dim,
             block_size: s.kv_block_size,
             blocks: blocks as usize,
-            ring_slots: s.max_num_seqs,
             window: window as usize,
             sliding_layers: (0..g.num_layers)
                 .map(|i| g.layer_attention(i) == LayerAttention::SlidingAttention)
@@ -447,71 +450,112 @@ impl KvLayout {
         self.sliding_layers.get(layer).copied().unwrap_or(false)
     }
 
-    /// Slots of `layer`: the paged pool, or the rings of a sliding layer.
-    pub fn layer_slots(&self, layer: usize) -> usize {
-        if self.is_sliding(layer) {
-            self.ring_slots * self.window
-        } else {
-            self.blocks * self.block_size
-        }
+    /// Whether any of the first `layers` layers uses a sliding window.
+    pub fn has_sliding(&self, layers: usize) -> bool {
+        (0..layers).any(|l| self.is_sliding(l))
     }
 
-    /// Values of `layer`'s K (its V holds as many).
-    pub fn layer_elements(&self, layer: usize) -> usize {
-        self.layer_slots(layer) * self.width()
+    /// Arrays of the first `layers` layers: the larger of the counts of
+    /// full-attention and sliding-window layers.
+    pub fn arrays(&self, layers: usize) -> usize {
+        let sliding = (0..layers).filter(|&l| self.is_sliding(l)).count();
+        sliding.max(layers - sliding)
     }
 
-    /// Bytes of `layer`'s K and V together.
-    pub fn layer_bytes(&self, layer: usize) -> u64 {
-        2 * self.layer_elements(layer) as u64 * self.dtype.bytes()
+    /// The array `layer` reads and writes: its index among the layers of
+    /// its kind.
+    pub fn array_of(&self, layer: usize) -> usize {
+        let kind = self.is_sliding(layer);
+        (0..layer).filter(|&l| self.is_sliding(l) == kind).count()
+    }
+
+    /// Token slots of one array: `blocks × block_size`.
+    pub fn array_slots(&self) -> usize {
+        self.blocks * self.block_size
+    }
+
+    /// Values of one array's K (its V holds as many).
+    pub fn array_elements(&self) -> usize {
+        self.array_slots() * self.width()
+    }
+
+    /// Bytes of one array's K and V together.
+    pub fn array_bytes(&self) -> u64 {
+        2 * self.array_elements() as u64 * self.dtype.bytes()
     }
 
     /// Bytes of the whole cache of `layers` layers.
     pub fn bytes(&self, layers: usize) -> u64 {
-        (0..layers).map(|l| self.layer_bytes(l)).sum()
+        self.arrays(layers) as u64 * self.array_bytes()
     }
 }
 
-/// Per-token KV bytes of the layers that keep every token (full attention):
-/// `2 × layers × kv_heads × head_dim × dtype_bytes`.
+/// Bytes one token slot of the KV pool takes: K and V of each of its
+/// arrays, `2 × max(full layers, sliding layers) × kv_heads × head_dim ×
+/// dtype_bytes` (see [`KvLayout`]).
 pub fn kv_bytes_per_token(g: &ModelGeometry, dtype_bytes: u64) -> u64 {
-    let full_layers = (0..g.num_layers)
-        .filter(|&i| g.layer_attention(i) == LayerAttention::FullAttention)
-        .count() as u64;
-    2 * full_layers * g.num_kv_heads as u64 * g.head_dim as u64 * dtype_bytes
+    let sliding = sliding_layers(g);
+    let arrays = sliding.max(g.num_layers as u64 - sliding);
+    2 * arrays * g.num_kv_heads as u64 * g.head_dim as u64 * dtype_bytes
 }
 
-/// KV of sliding-window layers: each running sequence keeps only the last
-/// `sliding_window` tokens of them, so they cost a fixed
-/// `max_num_seqs × window × 2 × sliding_layers × kv_heads × head_dim × dtype_bytes`.
+/// Bytes per token the full-attention layers read (decode estimates).
+pub fn full_attention_bytes_per_token(g: &ModelGeometry, dtype_bytes: u64) -> u64 {
+    let full = g.num_layers as u64 - sliding_layers(g);
+    2 * full * g.num_kv_heads as u64 * g.head_dim as u64 * dtype_bytes
+}
+
+fn sliding_layers(g: &ModelGeometry) -> u64 {
+    (0..g.num_layers)
+        .filter(|&i| g.layer_attention(i) == LayerAttention::SlidingAttention)
+        .count() as u64
+}
+
+/// The pool blocks sliding-window layers take beyond the full-attention
+/// tokens. They keep their keys in blocks of the same pool, and a sequence
+/// of `L` tokens holds only the blocks of its last `window − 1` positions
+/// (older ones are released, or kept as cached prefix blocks):
+/// `⌈(window − 1) / block⌉ + 1` blocks. While a step computes a chunk, its
+/// new positions take sliding blocks too, released after the step where
+/// they fell out of the window. So the plan sets aside
+/// `max_num_seqs × (blocks_per_seq + 1) + ⌈max_num_batched_tokens / block⌉`
+/// blocks (the `+ 1`: a chunk can straddle one more block boundary).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SlidingKv {
     pub layers: u64,
     pub window_tokens: u64,
+    /// Bytes per token the sliding layers read (decode estimates).
     pub bytes_per_token: u64,
+    /// Blocks one sequence's window holds.
+    pub blocks_per_seq: u64,
+    /// Blocks set aside in the pool.
+    pub blocks: u64,
+    /// Bytes of those blocks: `blocks × block × kv_bytes_per_token`.
     pub bytes: u64,
 }
 
-pub fn sliding_kv(
-    g: &ModelGeometry,
-    dtype_bytes: u64,
-    max_num_seqs: usize,
-    max_model_len: usize,
-) -> SlidingKv {
-    let layers = (0..g.num_layers)
-        .filter(|&i| g.layer_attention(i) == LayerAttention::SlidingAttention)
-        .count() as u64;
+pub fn sliding_kv(g: &ModelGeometry, dtype_bytes: u64, s: &ServingSection) -> SlidingKv {
+    let layers = sliding_layers(g);
     let window_tokens = if layers == 0 {
         0
     } else {
-        g.sliding_window.unwrap_or(0).min(max_model_len) as u64
+        g.sliding_window.unwrap_or(0).min(s.max_model_len) as u64
     };
-    let bytes_per_token = 2 * layers * g.num_kv_heads as u64 * g.head_dim as u64 * dtype_bytes;
+    let block = s.kv_block_size.max(1) as u64;
+    let (blocks_per_seq, blocks) = if window_tokens == 0 {
+        (0, 0)
+    } else {
+        let per_seq = window_tokens.saturating_sub(1).div_ceil(block) + 1;
+        let step = (s.max_num_batched_tokens as u64).div_ceil(block);
+        (per_seq, s.max_num_seqs as u64 * (per_seq + 1) + step)
+    };
     SlidingKv {
         layers,
         window_tokens,
-        bytes_per_token,
-        bytes: max_num_seqs as u64 * window_tokens * bytes_per_token,
+        bytes_per_token: 2 * layers * g.num_kv_heads as u64 * g.head_dim as u64 * dtype_bytes,
+        blocks_per_seq,
+        blocks,
+        bytes: blocks * block * kv_bytes_per_token(g, dtype_bytes),
     }
 }
 
@@ -738,6 +782,8 @@ mod tests {
             layers: 1,
             window_tokens: 16,
             bytes_per_token: 32,
+            blocks_per_seq: 0,
+            blocks: 0,
             bytes: 0,
         };
         // 2 × (40 × 64 + 16 × 32): the sliding layer reads its window only.

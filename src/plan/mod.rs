@@ -79,14 +79,15 @@ pub struct WeightsPlan {
 pub struct KvPlan {
     pub dtype: KvCacheDtype,
     pub block_size: usize,
-    /// Per-token bytes of the full-attention layers.
+    /// Bytes of one token slot of the pool ([`memory::kv_bytes_per_token`]).
     pub bytes_per_token: u64,
     /// Full-attention tokens the cache holds (whole blocks).
     pub tokens: u64,
+    /// Blocks of the pool: `tokens / block_size + sliding.blocks`.
     pub blocks: u64,
     /// Bytes of one block: `block_size × bytes_per_token`.
     pub block_bytes: u64,
-    /// Sliding-window layers' fixed share (zero without such layers).
+    /// The blocks set aside for sliding-window layers (zero without such layers).
     pub sliding: SlidingKv,
     /// The explicit `kv_cache` asked for, when it was more than
     /// `max_num_seqs` sequences of `max_model_len` tokens can use and the
@@ -94,7 +95,7 @@ pub struct KvPlan {
     pub capped_from: Option<u64>,
     /// `tokens × bytes_per_token + sliding.bytes` (the layout's bytes).
     pub bytes: u64,
-    /// What the backend allocates: the pool and rings layer by layer.
+    /// What the backend allocates: the pool's arrays.
     #[serde(skip)]
     pub layout: KvLayout,
 }
@@ -192,7 +193,7 @@ pub fn compute(
         });
     let dtype_bytes = s.kv_cache_dtype.bytes();
     let bytes_per_token = memory::kv_bytes_per_token(&g, dtype_bytes);
-    let sliding = memory::sliding_kv(&g, dtype_bytes, s.max_num_seqs, s.max_model_len);
+    let sliding = memory::sliding_kv(&g, dtype_bytes, s);
 
     let fixed = weights.total() + workspace.bytes + activations.bytes + overhead + sliding.bytes;
     let usable = headroom.usable;
@@ -207,7 +208,8 @@ pub fn compute(
         s.max_num_seqs,
         s.max_model_len,
     );
-    let blocks = tokens / s.kv_block_size.max(1) as u64;
+    // The sliding layers' blocks come on top of the full-attention tokens'.
+    let blocks = tokens / s.kv_block_size.max(1) as u64 + sliding.blocks;
     let most_tokens = memory::kv_tokens_for(
         u64::MAX,
         bytes_per_token,
@@ -224,7 +226,7 @@ pub fn compute(
         _ => None,
     };
     let layout = KvLayout::new(&g, s, blocks, sliding.window_tokens);
-    // The cache's bytes are the layout's, layer by layer: `tokens ×
+    // The cache's bytes are the layout's, array by array: `tokens ×
     // bytes_per_token + sliding.bytes`.
     let kv_bytes = layout.bytes(g.num_layers);
     let total = fixed - sliding.bytes + kv_bytes;

@@ -172,8 +172,8 @@ pub fn render(plan: &Plan) -> String {
         row(
             &mut out,
             &format!(
-                "  sliding layers ({} × {} tokens/seq)",
-                kv.sliding.layers, kv.sliding.window_tokens
+                "  sliding layers ({}, window {}: {} blocks)",
+                kv.sliding.layers, kv.sliding.window_tokens, kv.sliding.blocks
             ),
             format_size(kv.sliding.bytes),
         );

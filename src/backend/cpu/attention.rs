@@ -1,4 +1,4 @@
-//! Causal attention over the paged / ring KV cache, in blocks.
+//! Causal attention over the paged KV cache, in blocks.
 //!
 //! A task takes the queries that share one KV head: up to `MAX_QUERIES`
 //! (tokens × heads of the group) of one sequence. It walks that sequence's
@@ -21,7 +21,7 @@ use rayon::prelude::*;
 
 use super::BackendError;
 use super::kernels::ops;
-use super::kv::{CpuKvCache, KvData, LayerStore};
+use super::kv::{CpuKvCache, KvData};
 use crate::backend::AttentionShape;
 use crate::checkpoint::linear::VectorWeight;
 use crate::step::StepBatch;
@@ -68,7 +68,8 @@ struct Inputs<'a> {
     kv: &'a CpuKvCache,
     k_cache: &'a KvData,
     v_cache: &'a KvData,
-    layer: usize,
+    /// Whether the layer reads the sliding-window tables.
+    sliding: bool,
     batch: &'a StepBatch,
     shape: &'a AttentionShape,
     sinks: Option<&'a VectorWeight<'a>>,
@@ -103,13 +104,8 @@ pub(crate) fn attention(
             "attention buffers too small".to_string(),
         ));
     }
-    let store = kv
-        .layers
-        .get(layer)
-        .ok_or_else(|| BackendError::Shape(format!("no KV layer {layer}")))?;
-    let (k_cache, v_cache) = match store {
-        LayerStore::Paged { k, v } | LayerStore::Ring { k, v, .. } => (k, v),
-    };
+    let (store, sliding) = kv.layer(layer)?;
+    let (k_cache, v_cache) = (&store.k, &store.v);
     kv.round_in_place(&mut k[..rows * kv_width]);
     kv.round_in_place(&mut v[..rows * kv_width]);
 
@@ -147,7 +143,7 @@ pub(crate) fn attention(
         kv,
         k_cache,
         v_cache,
-        layer,
+        sliding,
         batch,
         shape,
         sinks,
@@ -206,11 +202,21 @@ fn run_task(inputs: &Inputs, task: &Task, out: OutPtr) {
                 kd.fill(0.0);
                 vd.fill(0.0);
             } else if block + j < past {
-                let slot = inputs
+                match inputs
                     .kv
-                    .slot(inputs.layer, inputs.batch, task.seq, block + j);
-                read_cache_row(inputs.k_cache, slot * kv_width + offset, kd);
-                read_cache_row(inputs.v_cache, slot * kv_width + offset, vd);
+                    .slot(inputs.batch, task.seq, inputs.sliding, block + j)
+                {
+                    Some(slot) => {
+                        read_cache_row(inputs.k_cache, slot * kv_width + offset, kd);
+                        read_cache_row(inputs.v_cache, slot * kv_width + offset, vd);
+                    }
+                    // Out of the window (its block released): masked below.
+                    None => {
+                        debug_assert!(block + j < first(0), "a visible key has no block");
+                        kd.fill(0.0);
+                        vd.fill(0.0);
+                    }
+                }
             } else {
                 let row = start + (block + j - past);
                 kd.copy_from_slice(&inputs.k[row * kv_width + offset..][..hd]);

@@ -1,6 +1,7 @@
-//! The KV cache on the host: a paged pool of blocks for full-attention
-//! layers, a ring of `window` slots per running sequence for sliding-window
-//! layers. Keys and values are stored in the profile's KV dtype.
+//! The KV cache on the host: the plan's pool of blocks, one array per
+//! `KvLayout::array_of` index, shared by a full-attention and a
+//! sliding-window layer (each reads its own table of the step). Keys and
+//! values are stored in the profile's KV dtype.
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use super::BackendError;
 use crate::backend::KvLayout;
 use crate::plan::ledger::{Category, Charge, KV_CACHE, Ledger};
 use crate::plan::profile::KvCacheDtype;
-use crate::step::StepBatch;
+use crate::step::{NO_BLOCK, StepBatch};
 
 /// K or V storage of one layer: `[slots, kv_heads × head_dim]`.
 pub(crate) enum KvData {
@@ -44,16 +45,16 @@ impl KvData {
     }
 }
 
-/// Where a layer keeps its past.
-pub(crate) enum LayerStore {
-    /// Slot of position `p` = `table[p / block] × block + p % block`.
-    Paged { k: KvData, v: KvData },
-    /// Slot of position `p` = `ring_slot × window + p % window`.
-    Ring { k: KvData, v: KvData, window: usize },
+/// The K and V of one pool array: `[blocks × block_size, width]` each.
+pub(crate) struct KvArray {
+    pub(crate) k: KvData,
+    pub(crate) v: KvData,
 }
 
 pub struct CpuKvCache {
-    pub(crate) layers: Vec<LayerStore>,
+    pub(crate) arrays: Vec<KvArray>,
+    /// Per layer: its array and whether it reads the sliding-window table.
+    pub(crate) layers: Vec<(usize, bool)>,
     pub(crate) block_size: usize,
     pub(crate) width: usize,
     pub(crate) dtype: KvCacheDtype,
@@ -61,8 +62,8 @@ pub struct CpuKvCache {
 }
 
 impl CpuKvCache {
-    /// Allocates `layers` layers exactly as the plan's `layout` lists them
-    /// and charges what it allocates to the plan's `kv_cache`.
+    /// Allocates the pool of `layers` layers exactly as the plan's `layout`
+    /// lists it and charges what it allocates to the plan's `kv_cache`.
     pub(crate) fn allocate(
         layout: &KvLayout,
         layers: usize,
@@ -70,26 +71,18 @@ impl CpuKvCache {
     ) -> Result<CpuKvCache, BackendError> {
         // Charge first: nothing is allocated unless the plan has room.
         let charge = ledger.charge(Category::KvCache, layout.bytes(layers), KV_CACHE)?;
-        let layers = (0..layers)
-            .map(|layer| {
-                let elements = layout.layer_elements(layer);
-                let (k, v) = (
-                    KvData::zeroed(layout.dtype, elements),
-                    KvData::zeroed(layout.dtype, elements),
-                );
-                if layout.is_sliding(layer) {
-                    LayerStore::Ring {
-                        k,
-                        v,
-                        window: layout.window,
-                    }
-                } else {
-                    LayerStore::Paged { k, v }
-                }
+        let elements = layout.array_elements();
+        let arrays = (0..layout.arrays(layers))
+            .map(|_| KvArray {
+                k: KvData::zeroed(layout.dtype, elements),
+                v: KvData::zeroed(layout.dtype, elements),
             })
             .collect();
         Ok(CpuKvCache {
-            layers,
+            arrays,
+            layers: (0..layers)
+                .map(|l| (layout.array_of(l), layout.is_sliding(l)))
+                .collect(),
             block_size: layout.block_size,
             width: layout.width(),
             dtype: layout.dtype,
@@ -99,31 +92,44 @@ impl CpuKvCache {
 
     /// Bytes the cache's K and V stores hold (tests compare it with the plan).
     pub fn allocated_bytes(&self) -> u64 {
-        self.layers
-            .iter()
-            .map(|layer| match layer {
-                LayerStore::Paged { k, v } | LayerStore::Ring { k, v, .. } => k.bytes() + v.bytes(),
-            })
-            .sum()
+        self.arrays.iter().map(|a| a.k.bytes() + a.v.bytes()).sum()
     }
 
-    /// Cache slot of `position` of sequence `seq` of `batch` in layer `layer`.
+    /// The array of `layer` and whether it is a sliding-window layer.
+    pub(crate) fn layer(&self, layer: usize) -> Result<(&KvArray, bool), BackendError> {
+        let &(array, sliding) = self
+            .layers
+            .get(layer)
+            .ok_or_else(|| BackendError::Shape(format!("no KV layer {layer}")))?;
+        let array = self
+            .arrays
+            .get(array)
+            .ok_or_else(|| BackendError::Shape(format!("no KV array for layer {layer}")))?;
+        Ok((array, sliding))
+    }
+
+    /// Cache slot of `position` of sequence `seq` of `batch` in the table
+    /// `sliding` picks; `None` where the table holds no block for it.
     pub(crate) fn slot(
         &self,
-        layer: usize,
         batch: &StepBatch,
         seq: usize,
+        sliding: bool,
         position: usize,
-    ) -> usize {
-        match &self.layers[layer] {
-            LayerStore::Paged { .. } => {
-                let table = batch.table(seq);
-                table[position / self.block_size] as usize * self.block_size
-                    + position % self.block_size
-            }
-            LayerStore::Ring { window, .. } => {
-                batch.seqs[seq].ring_slot as usize * window + position % window
-            }
+    ) -> Option<usize> {
+        let block = *batch
+            .table_for(seq, sliding)
+            .get(position / self.block_size)?;
+        (block != NO_BLOCK && (block as usize) < self.blocks())
+            .then(|| block as usize * self.block_size + position % self.block_size)
+    }
+
+    /// Blocks of each array.
+    fn blocks(&self) -> usize {
+        match self.arrays.first().map(|a| &a.k) {
+            Some(KvData::F32(d)) => d.len() / (self.width * self.block_size).max(1),
+            Some(KvData::Bf16(d)) => d.len() / (self.width * self.block_size).max(1),
+            None => 0,
         }
     }
 
@@ -136,26 +142,47 @@ impl CpuKvCache {
         batch: &StepBatch,
     ) -> Result<(), BackendError> {
         let width = self.width;
-        if layer >= self.layers.len() {
-            return Err(BackendError::Shape(format!("no KV layer {layer}")));
-        }
+        let (_, sliding) = self.layer(layer)?;
+        let array = self.layers[layer].0;
+        let mut slots = Vec::with_capacity(batch.rows());
         for (s, chunk) in batch.seqs.iter().enumerate() {
-            let blocks = batch.table(s).len();
             for (i, row) in chunk.rows().enumerate() {
                 let position = chunk.past as usize + i;
-                if matches!(self.layers[layer], LayerStore::Paged { .. })
-                    && position / self.block_size >= blocks
-                {
-                    return Err(BackendError::Shape(format!(
-                        "position {position} is beyond the sequence's {blocks} KV blocks"
-                    )));
+                let slot = self.slot(batch, s, sliding, position).ok_or_else(|| {
+                    BackendError::Shape(format!(
+                        "position {position} has no KV block in the sequence's {} table",
+                        if sliding { "sliding-window" } else { "block" }
+                    ))
+                })?;
+                slots.push((row, slot));
+            }
+        }
+        let store = &mut self.arrays[array];
+        for (row, slot) in slots {
+            store.k.write(slot * width, &k[row * width..(row + 1) * width]);
+            store.v.write(slot * width, &v[row * width..(row + 1) * width]);
+        }
+        Ok(())
+    }
+
+    /// Copies block `from` onto block `to` in every array, for each pair.
+    pub(crate) fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        let blocks = self.blocks();
+        let span = self.block_size * self.width;
+        for &(from, to) in pairs {
+            if from as usize >= blocks || to as usize >= blocks || from == to {
+                return Err(BackendError::Shape(format!(
+                    "cannot copy KV block {from} onto block {to} of {blocks}"
+                )));
+            }
+            let (src, dst) = (from as usize * span, to as usize * span);
+            for array in &mut self.arrays {
+                for data in [&mut array.k, &mut array.v] {
+                    match data {
+                        KvData::F32(d) => d.copy_within(src..src + span, dst),
+                        KvData::Bf16(d) => d.copy_within(src..src + span, dst),
+                    }
                 }
-                let slot = self.slot(layer, batch, s, position);
-                let (kd, vd) = match &mut self.layers[layer] {
-                    LayerStore::Paged { k, v } | LayerStore::Ring { k, v, .. } => (k, v),
-                };
-                kd.write(slot * width, &k[row * width..(row + 1) * width]);
-                vd.write(slot * width, &v[row * width..(row + 1) * width]);
             }
         }
         Ok(())

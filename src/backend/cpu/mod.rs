@@ -330,6 +330,14 @@ impl Backend for CpuBackend {
         kv.append(layer, &k.data, &v.data, &step.batch)
     }
 
+    fn kv_copy_blocks(
+        &self,
+        kv: &mut CpuKvCache,
+        pairs: &[(u32, u32)],
+    ) -> Result<(), BackendError> {
+        kv.copy_blocks(pairs)
+    }
+
     fn route(
         &self,
         logits: &CpuBuffer,

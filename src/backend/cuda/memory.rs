@@ -228,13 +228,13 @@ impl CudaStep {
             self.tiles += c.len.div_ceil(q_tile as u32);
             self.max_context = self.max_context.max(context);
             self.decode_only &= c.len == 1;
-            self.max_ring_slot = self.max_ring_slot.max(c.ring_slot);
+            self.max_ring_slot = self.max_ring_slot.max(c.sliding_start);
             let at = seq_base + STEP_SEQ_FIELDS * i;
             self.staging[at..at + STEP_SEQ_FIELDS].copy_from_slice(&[
                 c.start,
                 c.len,
                 c.past,
-                c.ring_slot,
+                c.sliding_start,
                 c.table_start,
             ]);
         }
@@ -319,12 +319,11 @@ impl CudaKvCache {
         // Charge first: nothing is allocated unless the plan has room.
         let charge = ledger.charge(Category::KvCache, total, KV_CACHE)?;
         let memory = DeviceMemory::zeroed(device, bytes)?;
-        let mut next = memory.ptr();
+        let base = memory.ptr();
         let layers = (0..layers)
             .map(|layer| {
-                let k = next;
-                let v = k + layout.layer_bytes(layer) / 2;
-                next += layout.layer_bytes(layer);
+                let k = base + layout.array_of(layer) as u64 * layout.array_bytes();
+                let v = k + layout.array_bytes() / 2;
                 KvLayer {
                     k,
                     v,
@@ -337,7 +336,7 @@ impl CudaKvCache {
             layers,
             block_size: layout.block_size,
             blocks: layout.blocks,
-            ring_slots: layout.ring_slots,
+            ring_slots: 0, // TODO(sliding): CUDA reads sliding tables
             ring_window: layout.window,
             width: layout.width(),
             bf16: layout.dtype == KvCacheDtype::Bf16,

@@ -723,6 +723,16 @@ impl Backend for CudaBackend {
         self.run_kv_append(k, v, kv, layer, step)
     }
 
+    fn kv_copy_blocks(
+        &self,
+        _kv: &mut CudaKvCache,
+        _pairs: &[(u32, u32)],
+    ) -> Result<(), BackendError> {
+        Err(BackendError::Unavailable(
+            "TODO(sliding): kv_copy_blocks on CUDA".to_string(),
+        ))
+    }
+
     fn route(
         &self,
         logits: &CudaBuffer,
