@@ -51,31 +51,37 @@ fn cpu_kv_and_step_allocations_are_the_plans_figures() {
         let kv = &plan.kv_cache;
         let s = &p.serving;
 
-        // By hand: K and V of every full layer for every cached token, of
-        // every sliding layer for a window per running sequence.
+        // By hand: one pool of blocks; each block slot holds K and V of
+        // max(full, sliding) layers (a full and a sliding layer share an
+        // array). The full-attention tokens' blocks, then the sliding
+        // layers' share: per running sequence ⌈(window − 1) / block⌉ + 2
+        // blocks, and the blocks of one step's tokens.
         let width = (config.num_key_value_heads * config.head_dim) as u64;
         let dtype = s.kv_cache_dtype.bytes();
+        let block = s.kv_block_size as u64;
         let sliding_layers = kv.sliding.layers;
         let full_layers = config.num_hidden_layers as u64 - sliding_layers;
         let window = kv.sliding.window_tokens;
         assert_eq!(
             kv.bytes_per_token,
-            2 * full_layers * width * dtype,
+            2 * full_layers.max(sliding_layers) * width * dtype,
             "{name}"
         );
-        assert_eq!(
-            kv.block_bytes,
-            kv.bytes_per_token * s.kv_block_size as u64,
-            "{name}"
-        );
-        assert_eq!(kv.tokens, kv.blocks * s.kv_block_size as u64, "{name}");
-        let expected_kv = kv.blocks * kv.block_bytes
-            + sliding_layers * 2 * s.max_num_seqs as u64 * window * width * dtype;
+        assert_eq!(kv.block_bytes, kv.bytes_per_token * block, "{name}");
+        let sliding_blocks = if sliding_layers == 0 {
+            0
+        } else {
+            s.max_num_seqs as u64 * ((window - 1).div_ceil(block) + 2)
+                + (s.max_num_batched_tokens as u64).div_ceil(block)
+        };
+        assert_eq!(kv.sliding.blocks, sliding_blocks, "{name}");
+        assert_eq!(kv.tokens, (kv.blocks - sliding_blocks) * block, "{name}");
+        let expected_kv = kv.blocks * kv.block_bytes;
         assert_eq!(kv.bytes, expected_kv, "{name}");
-        // Token ids and positions; five fields and a block table per sequence.
+        // Token ids and positions; five fields and two block tables per sequence.
         let blocks_per_seq = s.max_model_len.div_ceil(s.kv_block_size) as u64;
         let expected_step = (2 * s.max_num_batched_tokens as u64
-            + s.max_num_seqs as u64 * (blocks_per_seq + 5))
+            + s.max_num_seqs as u64 * (2 * blocks_per_seq + 5))
             * 4;
         assert_eq!(plan.step_metadata.bytes, expected_step, "{name}");
         let planned_step = plan

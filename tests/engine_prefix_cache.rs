@@ -1,8 +1,7 @@
 //! Prefix caching on the CPU engine: a request whose prefix comes from the
 //! cache samples bitwise what a cold engine (caching off) samples, on the
-//! qwen3 fixtures (gpt-oss, whose sliding-window layers are not cached yet,
-//! must take nothing from the cache and still match), at block-aligned and
-//! unaligned prefix lengths, alone and in batches, under preemption and
+//! qwen3 and gpt-oss fixtures (gpt-oss's sliding-window layers hit their
+//! last window's blocks), at block-aligned and unaligned prefix lengths, alone and in batches, under preemption and
 //! eviction; `cache_salt` separates requests; `n = 4` equals four seeded
 //! requests with the prompt computed once; and over random schedules the
 //! block books stay straight.
@@ -165,15 +164,10 @@ fn cold(name: &str, profile: &Profile, requests: &[Request]) -> Vec<Sampled> {
     })
 }
 
-/// Tokens a hit on `full_blocks` cached blocks serves: all of them, but a
-/// model with sliding-window layers (gpt-oss) does not cache: those layers
-/// keep their keys in each sequence's own ring, not in the shared blocks.
-fn served(name: &str, full_blocks: usize) -> usize {
-    if name.starts_with("gpt-oss") {
-        0
-    } else {
-        full_blocks * BLOCK
-    }
+/// Tokens a hit on `full_blocks` cached blocks serves (on gpt-oss the
+/// sliding layers' blocks of the last window are cached beside them).
+fn served(full_blocks: usize) -> usize {
+    full_blocks * BLOCK
 }
 
 /// Asserts each request sampled the same tokens with the same bits as its
@@ -216,7 +210,7 @@ fn cache_hits_give_bitwise_the_cold_tokens_and_logprobs_on_every_fixture() {
                 let out = serve(engine, std::slice::from_ref(target)).remove(0);
                 assert_eq!(
                     out.cached_tokens,
-                    served(name, l / BLOCK),
+                    served(l / BLOCK),
                     "{name} prefix {l}"
                 );
                 assert_same(
@@ -238,7 +232,7 @@ fn cache_hits_give_bitwise_the_cold_tokens_and_logprobs_on_every_fixture() {
             let c = &engine.counters;
             assert_eq!(
                 c.prefix_cache_hits.load(Ordering::Relaxed) > 0,
-                served(name, 1) > 0,
+                served(1) > 0,
                 "{name}"
             );
             assert!(
@@ -271,7 +265,7 @@ fn preemption_under_a_tiny_pool_keeps_cache_hits_exact() {
                 "{name}: the pool is small enough to preempt"
             );
             let hits = engine.counters.prefix_cache_hits.load(Ordering::Relaxed);
-            assert_eq!(hits > 0, served(name, 1) > 0, "{name}");
+            assert_eq!(hits > 0, served(1) > 0, "{name}");
             assert_same(&together, &reference, name);
         });
     }
@@ -360,7 +354,7 @@ fn n_choices_equal_separately_seeded_requests_with_the_prompt_computed_once() {
             let out: Vec<Sampled> = receivers.into_iter().map(collect).collect();
             // The first choice computed the prompt; the other three took
             // its full blocks (the tail recomputed).
-            let full = served(name, (prompt.len() - 1) / BLOCK);
+            let full = served((prompt.len() - 1) / BLOCK);
             assert_eq!(out[0].cached_tokens, 0);
             for choice in &out[1..] {
                 assert_eq!(choice.cached_tokens, full, "{name}");

@@ -147,14 +147,15 @@ fn a_fork_shares_full_blocks_and_copies_the_partial_one() {
     assert_eq!(a.release_out_of_window(1, 10), 1);
     assert_eq!(a.sliding_table(1).unwrap().blocks(), &[no, 3, 5]);
     let pairs = a.fork(1, 2, 10).unwrap();
-    // Block 2 of each table (positions 8..10) is partial: copied.
-    assert_eq!(pairs, vec![(4, 6), (5, 7)]);
-    assert_eq!(a.table(2).unwrap().blocks(), &[0, 2, 6]);
-    assert_eq!(a.sliding_table(2).unwrap().blocks(), &[no, 3, 7]);
+    // Block 2 of each table (positions 8..10) is partial: copied, into
+    // the block released last (1), then the next free one (6).
+    assert_eq!(pairs, vec![(4, 1), (5, 6)]);
+    assert_eq!(a.table(2).unwrap().blocks(), &[0, 2, 1]);
+    assert_eq!(a.sliding_table(2).unwrap().blocks(), &[no, 3, 6]);
     a.audit().unwrap();
     a.free(1);
     a.audit().unwrap();
-    // Blocks 0, 2 and 3 are still the fork's.
+    // Blocks 0, 2, 1 and 3, 6 are the fork's.
     assert_eq!(a.used_blocks(), 5);
     a.free(2);
     assert_eq!(a.free_blocks(), 16);
