@@ -339,32 +339,46 @@ fn n_choices_equal_separately_seeded_requests_with_the_prompt_computed_once() {
             .map(|j| request(prompt.clone(), seed + j, 8))
             .collect();
         let reference = cold(name, &caching(name, true), &separate);
-        with_engine(name, &caching(name, true), |engine| {
-            let (sinks, receivers): (Vec<Box<dyn EventSink>>, Vec<_>) = (0..4)
-                .map(|_| {
-                    let (tx, rx) = mpsc::channel::<Event>();
-                    (Box::new(tx) as Box<dyn EventSink>, rx)
-                })
-                .unzip();
-            let ids = engine
-                .add_request_group(request(prompt.clone(), seed, 8), sinks)
-                .unwrap();
-            assert_eq!(ids.len(), 4);
-            run_to_end(engine);
-            let out: Vec<Sampled> = receivers.into_iter().map(collect).collect();
-            // The first choice computed the prompt; the other three took
-            // its full blocks (the tail recomputed).
-            let full = served((prompt.len() - 1) / BLOCK);
-            assert_eq!(out[0].cached_tokens, 0);
-            for choice in &out[1..] {
-                assert_eq!(choice.cached_tokens, full, "{name}");
-            }
-            assert_eq!(
-                engine.counters.prefix_cache_hits.load(Ordering::Relaxed),
-                3 * full as u64
-            );
-            assert_same(&out, &reference, name);
-        });
+        // Room for all four at once: the three later choices are forked
+        // from the first when it samples; 2 sequences at most: one fork,
+        // the other two start later from the cached full blocks.
+        for max_num_seqs in [4, 2] {
+            let mut profile = caching(name, true);
+            profile.serving.max_num_seqs = max_num_seqs;
+            with_engine(name, &profile, |engine| {
+                let (sinks, receivers): (Vec<Box<dyn EventSink>>, Vec<_>) = (0..4)
+                    .map(|_| {
+                        let (tx, rx) = mpsc::channel::<Event>();
+                        (Box::new(tx) as Box<dyn EventSink>, rx)
+                    })
+                    .unzip();
+                let ids = engine
+                    .add_request_group(request(prompt.clone(), seed, 8), sinks)
+                    .unwrap();
+                assert_eq!(ids.len(), 4);
+                run_to_end(engine);
+                engine.audit_blocks().unwrap();
+                let out: Vec<Sampled> = receivers.into_iter().map(collect).collect();
+                let what = format!("{name}, {max_num_seqs} sequences");
+                assert_same(&out, &reference, &what);
+                // A forked choice computed none of the prompt; one started
+                // later computed the partial last block only.
+                let forked = max_num_seqs - 1;
+                let full = served((prompt.len() - 1) / BLOCK);
+                assert_eq!(out[0].cached_tokens, 0, "{what}");
+                for choice in &out[1..=forked] {
+                    assert_eq!(choice.cached_tokens, prompt.len(), "{what}");
+                }
+                for choice in &out[forked + 1..] {
+                    assert_eq!(choice.cached_tokens, full, "{what}");
+                }
+                assert_eq!(
+                    engine.counters.prefix_cache_hits.load(Ordering::Relaxed),
+                    ((3 - forked) * full) as u64,
+                    "{what}"
+                );
+            });
+        }
     }
 }
 

@@ -264,6 +264,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             salt_root: root_hash(request.cache_salt.as_deref()),
             cached_tokens: None,
             follows: None,
+            has_followers: false,
         });
         Ok(id)
     }
@@ -533,19 +534,19 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             .fetch_add(reused as u64, Ordering::Relaxed);
     }
 
-    /// Whether `seq`, a later choice of an `n > 1` request, is to wait
-    /// until the choice computing the prompt has computed its full blocks
-    /// (which it then takes from the cache instead of recomputing them).
+    /// Whether `seq`, a later choice of an `n > 1` request, is to wait for
+    /// the choice computing the prompt: until that one samples its first
+    /// token, when this one is forked from it (or, without room to fork,
+    /// starts from the cached blocks it left).
     fn waits_for_leader(&self, seq: &Sequence) -> bool {
-        let Some(leader) = seq.follows.filter(|_| self.blocks.prefix_caching()) else {
+        let Some(leader) = seq.follows else {
             return false;
         };
-        let block_size = self.blocks.block_size();
         self.running
             .iter()
             .chain(self.waiting.iter())
             .find(|s| s.id == leader && s.finished.is_none())
-            .is_some_and(|l| l.computed < (l.prompt_len - 1) / block_size * block_size)
+            .is_some_and(|l| l.generated() == 0)
     }
 
     /// Takes running sequence `index` out of the running set, returning its
@@ -574,6 +575,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             batch,
             blocks,
             running,
+            waiting,
             logit_owners,
             scheduled,
             sampling,
@@ -586,6 +588,10 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         let vocab = model.settings.vocab_size;
         let mut sampled = 0;
         let mut failure: Option<String> = None;
+        // Later choices of `n > 1` requests that start from their leader's
+        // blocks after this step, and the blocks to copy for them.
+        let mut forks = Forks::default();
+        let room = limits.max_num_seqs.saturating_sub(running.len());
         // The grammar masks of the constrained sequences that sample in this
         // step are computed beside the forward pass (they depend only on the
         // tokens so far), in parallel; only those sequences wait for them.
@@ -664,6 +670,17 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                                 eos,
                                 limits.max_model_len,
                             );
+                            if seq.generated() == 1 && seq.has_followers {
+                                sampled += forks.fork_followers(
+                                    seq,
+                                    waiting,
+                                    blocks,
+                                    room,
+                                    logits,
+                                    sampling,
+                                    (tokenizer.as_deref(), eos, limits.max_model_len),
+                                );
+                            }
                         }
                         // The request's own settings left nothing to choose
                         // (a grammar and `min_tokens` at odds): it alone fails.
@@ -691,6 +708,13 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             }
         }
         forward?;
+        // The forked choices' copies of their leader's partial blocks,
+        // before anything writes to either again.
+        if !forks.copies.is_empty() {
+            backend
+                .kv_copy_blocks(&mut buffers.kv, &forks.copies)
+                .map_err(ModelError::from)?;
+        }
         // The scheduled tokens are now in the cache.
         let mut prompt_tokens = 0;
         for &(index, chunk) in scheduled.iter() {
@@ -706,6 +730,14 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             if seq.computed >= seq.prompt_len {
                 // Prompt logits are reported once, not again after a preemption.
                 seq.prompt_logits = false;
+            }
+        }
+        for id in forks.started {
+            if let Some(at) = waiting.iter().position(|s| s.id == id)
+                && let Some(seq) = waiting.remove(at)
+            {
+                blocks.release_out_of_window(seq.id, seq.computed);
+                running.push(seq);
             }
         }
         counters
@@ -731,9 +763,11 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
     /// seed = s` equals four requests seeded s, s+1, s+2, s+3.
     ///
     /// The prompt is computed once: the first choice computes it and the
-    /// others wait (in the queue) until its full blocks are cached, then
-    /// start from them and recompute only the partial last block (and, with
-    /// sliding-window layers, the last window) before sampling on their own.
+    /// others wait in the queue. When it samples its first token, each of
+    /// them samples its own from the same logits and is forked from its
+    /// blocks (full blocks shared, the partial last one copied). A choice
+    /// that cannot be forked (no room, or it needs every prompt row or a
+    /// grammar mask) starts from the cached blocks instead.
     pub fn add_request_group(
         &mut self,
         request: Request,
@@ -756,9 +790,78 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             if let (Some(&leader), Some(seq)) = (ids.first(), self.waiting.back_mut()) {
                 seq.follows = Some(leader);
             }
+            if ids.len() == 1
+                && let Some(first) = self.waiting.iter_mut().rev().find(|s| s.id == ids[0])
+            {
+                first.has_followers = true;
+            }
             ids.push(id);
         }
         Ok(ids)
+    }
+}
+
+/// The choices forked from their leaders in one step.
+#[derive(Default)]
+struct Forks {
+    /// `(from, to)` blocks to copy after the forward pass.
+    copies: Vec<(u32, u32)>,
+    /// Waiting choices that now hold tables and move to the running set.
+    started: Vec<SeqId>,
+}
+
+impl Forks {
+    /// Forks the waiting choices that follow `leader`, which just sampled
+    /// its first token from `logits` (so its prompt is in the cache): each
+    /// samples its own first token from the same row and takes the
+    /// leader's blocks. At most `room` sequences start in all. Returns how
+    /// many sampled.
+    fn fork_followers(
+        &mut self,
+        leader: &Sequence,
+        waiting: &mut VecDeque<Sequence>,
+        blocks: &mut BlockAllocator,
+        room: usize,
+        logits: &[f32],
+        sampling: &mut SamplingWorkspace,
+        (tokenizer, eos, max_model_len): (Option<&Tokenizer>, &[u32], usize),
+    ) -> usize {
+        let mut sampled = 0;
+        for seq in waiting.iter_mut() {
+            if self.started.len() >= room {
+                break;
+            }
+            let forkable = seq.follows == Some(leader.id)
+                && seq.finished.is_none()
+                && seq.constraint.is_none()
+                && !seq.prompt_logits
+                && !seq.wants_prompt_logprobs()
+                && blocks.table(seq.id).is_none();
+            if !forkable {
+                continue;
+            }
+            let Ok(copies) = blocks.fork(leader.id, seq.id, seq.prompt_len) else {
+                // No block for the copy: it starts from the cache later.
+                continue;
+            };
+            self.copies.extend(copies);
+            self.started.push(seq.id);
+            seq.computed = seq.prompt_len;
+            seq.prompt_counted = seq.prompt_len;
+            seq.cached_tokens.get_or_insert(seq.prompt_len);
+            if !std::mem::replace(&mut seq.scheduled_reported, true) {
+                seq.sink.scheduled();
+            }
+            match seq.sampler.sample_masked(logits, None, sampling) {
+                Ok(token) => {
+                    sampled += 1;
+                    let logprob = seq.logprobs.sampled.map(|n| token_logprob(logits, token, n));
+                    accept_token(seq, token, logprob, tokenizer, eos, max_model_len);
+                }
+                Err(e) => fail_one(seq, &format!("sampling failed: {e}")),
+            }
+        }
+        sampled
     }
 }
 

@@ -201,9 +201,11 @@ pub(crate) struct Sequence {
     /// Prompt tokens served from the prefix cache when it first started.
     pub cached_tokens: Option<usize>,
     /// Another choice of the same request (`n > 1`) that computes the
-    /// prompt: this one starts once that one's full prompt blocks are
-    /// cached, and then hits them.
+    /// prompt: this one waits until that one samples, then is forked from
+    /// it (or hits the blocks it cached).
     pub follows: Option<SeqId>,
+    /// Whether later choices follow this one (it is their leader).
+    pub has_followers: bool,
 }
 
 impl Sequence {
