@@ -208,11 +208,7 @@ fn cache_hits_give_bitwise_the_cold_tokens_and_logprobs_on_every_fixture() {
                 warm.extend(tokens(5, 900 + i as u64));
                 serve(engine, &[request(warm, 1, 6)]);
                 let out = serve(engine, std::slice::from_ref(target)).remove(0);
-                assert_eq!(
-                    out.cached_tokens,
-                    served(l / BLOCK),
-                    "{name} prefix {l}"
-                );
+                assert_eq!(out.cached_tokens, served(l / BLOCK), "{name} prefix {l}");
                 assert_same(
                     &[out],
                     &reference[i..=i],
@@ -384,7 +380,16 @@ fn n_choices_equal_separately_seeded_requests_with_the_prompt_computed_once() {
 
 #[test]
 fn random_schedules_keep_the_block_books_straight() {
-    let name = "qwen3-moe-tiny";
+    for name in ["qwen3-moe-tiny", "gpt-oss-tiny"] {
+        random_schedule(name);
+    }
+}
+
+/// 400 steps of random arrivals (some as `n = 2` groups, forked), aborts
+/// and the preemptions a 24-block pool forces, with a full audit after
+/// every step; then every request that was not aborted must have sampled
+/// what it samples alone, cold.
+fn random_schedule(name: &str) {
     let profile = tiny_pool(name, 24, true);
     let prefixes: Vec<Vec<u32>> = (0..3).map(|i| tokens(48, 70 + i)).collect();
     let mut rng = SplitMix64::new(17);
@@ -392,18 +397,30 @@ fn random_schedules_keep_the_block_books_straight() {
     with_engine(name, &profile, |engine| {
         let mut ids = Vec::new();
         for step in 0..400 {
-            match rng.next_u64() % 8 {
-                0..=2 => {
+            let kind = rng.next_u64() % 8;
+            match kind {
+                0..=3 => {
                     let p = &prefixes[(rng.next_u64() % 3) as usize];
                     let keep = (rng.next_u64() % 49) as usize;
                     let mut prompt = p[..keep].to_vec();
                     prompt.extend(tokens(1 + (rng.next_u64() % 40) as usize, step));
                     let r = request(prompt, step, 1 + (rng.next_u64() % 30) as usize);
-                    let (tx, rx) = mpsc::channel();
-                    ids.push(engine.add_request(r.clone(), Box::new(tx)).unwrap());
-                    served_requests.push((r, rx, false));
+                    let choices = if kind == 3 { 2 } else { 1 };
+                    let (sinks, receivers): (Vec<Box<dyn EventSink>>, Vec<_>) = (0..choices)
+                        .map(|_| {
+                            let (tx, rx) = mpsc::channel::<Event>();
+                            (Box::new(tx) as Box<dyn EventSink>, rx)
+                        })
+                        .unzip();
+                    let group = engine.add_request_group(r.clone(), sinks).unwrap();
+                    for (j, (id, rx)) in group.into_iter().zip(receivers).enumerate() {
+                        let mut choice = r.clone();
+                        choice.params.seed = Some(step + j as u64);
+                        ids.push(id);
+                        served_requests.push((choice, rx, false));
+                    }
                 }
-                3 if !ids.is_empty() => {
+                4 if !ids.is_empty() => {
                     let i = (rng.next_u64() % ids.len() as u64) as usize;
                     engine.abort(ids[i]);
                     served_requests[i].2 = true;
@@ -418,10 +435,17 @@ fn random_schedules_keep_the_block_books_straight() {
             );
         }
         run_to_end(engine);
-        assert!(engine.counters.preemptions.load(Ordering::Relaxed) > 0);
-        assert!(engine.counters.prefix_cache_hits.load(Ordering::Relaxed) > 0);
+        engine.audit_blocks().unwrap();
+        assert_eq!(engine.kv_blocks_used(), 0, "{name}: every block back");
+        assert!(
+            engine.counters.preemptions.load(Ordering::Relaxed) > 0,
+            "{name}"
+        );
+        assert!(
+            engine.counters.prefix_cache_hits.load(Ordering::Relaxed) > 0,
+            "{name}"
+        );
     });
-    // Every request that was not aborted sampled what it samples alone, cold.
     let finished: Vec<(Request, Sampled)> = served_requests
         .into_iter()
         .filter(|(_, _, aborted)| !aborted)
@@ -430,6 +454,6 @@ fn random_schedules_keep_the_block_books_straight() {
     let requests: Vec<Request> = finished.iter().map(|(r, _)| r.clone()).collect();
     let reference = cold(name, &profile, &requests);
     for (i, ((_, got), want)) in finished.into_iter().zip(reference).enumerate() {
-        assert_same(&[got], &[want], &format!("request {i}"));
+        assert_same(&[got], &[want], &format!("{name}: request {i}"));
     }
 }

@@ -418,7 +418,12 @@ impl BlockAllocator {
         let partial = computed % self.block_size != 0;
         let copies = usize::from(partial && source.table.len() > full)
             + usize::from(
-                partial && source.sliding.blocks.get(full).is_some_and(|&b| b != NO_BLOCK),
+                partial
+                    && source
+                        .sliding
+                        .blocks
+                        .get(full)
+                        .is_some_and(|&b| b != NO_BLOCK),
             );
         if !self.can_allocate(copies) {
             return Err(KvBlocksError::OutOfBlocks {
@@ -546,7 +551,10 @@ impl BlockAllocator {
                 continue;
             }
             let twin = entry.sliding.blocks.get(i).copied();
-            let kinds = [(Some(entry.table.blocks[i]), hash), (twin, sliding_hash(hash))];
+            let kinds = [
+                (Some(entry.table.blocks[i]), hash),
+                (twin, sliding_hash(hash)),
+            ];
             for (block, hash) in kinds {
                 let Some(block) = block.filter(|&b| b != NO_BLOCK) else {
                     continue;
@@ -615,8 +623,15 @@ impl BlockAllocator {
         let count = entry.table.blocks.len();
         // Position by position from the end, the sliding twin after its
         // full block, so a chain's tail is evicted first.
-        let twins = entry.sliding.blocks.iter().copied().map(Some).chain(std::iter::repeat(None));
-        let pairs: Vec<(u32, Option<u32>)> = entry.table.blocks.iter().copied().zip(twins).collect();
+        let twins = entry
+            .sliding
+            .blocks
+            .iter()
+            .copied()
+            .map(Some)
+            .chain(std::iter::repeat(None));
+        let pairs: Vec<(u32, Option<u32>)> =
+            entry.table.blocks.iter().copied().zip(twins).collect();
         for (block, twin) in pairs.into_iter().rev() {
             self.drop_ref(block);
             if let Some(twin) = twin.filter(|&b| b != NO_BLOCK) {

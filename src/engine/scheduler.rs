@@ -855,7 +855,10 @@ impl Forks {
             match seq.sampler.sample_masked(logits, None, sampling) {
                 Ok(token) => {
                     sampled += 1;
-                    let logprob = seq.logprobs.sampled.map(|n| token_logprob(logits, token, n));
+                    let logprob = seq
+                        .logprobs
+                        .sampled
+                        .map(|n| token_logprob(logits, token, n));
                     accept_token(seq, token, logprob, tokenizer, eos, max_model_len);
                 }
                 Err(e) => fail_one(seq, &format!("sampling failed: {e}")),

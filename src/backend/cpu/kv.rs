@@ -159,8 +159,12 @@ impl CpuKvCache {
         }
         let store = &mut self.arrays[array];
         for (row, slot) in slots {
-            store.k.write(slot * width, &k[row * width..(row + 1) * width]);
-            store.v.write(slot * width, &v[row * width..(row + 1) * width]);
+            store
+                .k
+                .write(slot * width, &k[row * width..(row + 1) * width]);
+            store
+                .v
+                .write(slot * width, &v[row * width..(row + 1) * width]);
         }
         Ok(())
     }
