@@ -107,3 +107,38 @@ fn no_prefix_caching_serves_every_prompt_cold() {
     assert_eq!(m.get("sparkrt_prefix_cache_queries_total"), 0.0);
     assert_eq!(m.get("sparkrt_kv_blocks_cached"), 0.0);
 }
+
+/// A completion of token ids on `server` (greedy, 8 tokens): its ids and
+/// the prompt tokens it took from the cache.
+fn complete_ids(server: &Server, prompt: &[u32]) -> (Value, u64) {
+    let body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                      "ignore_eos": true, "return_token_ids": true});
+    let reply = server.post("/v1/completions", &body);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let answer = reply.json();
+    (answer["choices"][0]["token_ids"].clone(), cached(&answer))
+}
+
+#[test]
+fn gpt_oss_sliding_window_layers_hit_the_cache_and_answer_as_cold() {
+    // gpt-oss-tiny: window 8, 16-token blocks. Two prompts share 45 tokens:
+    // the second hits 2 full blocks (32 tokens) and, beside them, the
+    // sliding blocks of the window before position 32.
+    let model = crate::common::fixture("gpt-oss-tiny");
+    let model = model.to_str().unwrap();
+    let shared: Vec<u32> = (0..45).map(|i| 3 + (i * 7) % 150).collect();
+    let mut first = shared.clone();
+    first.extend([11, 12, 13]);
+    let mut second = shared;
+    second.extend([21, 22]);
+    let server = Server::start(&["--model", model]);
+    let (_, cold_first) = complete_ids(&server, &first);
+    assert_eq!(cold_first, 0);
+    let (warm, hit) = complete_ids(&server, &second);
+    assert_eq!(hit, 32);
+    drop(server);
+    let cold = Server::start(&["--model", model, "--no-prefix-caching"]);
+    let (reference, none) = complete_ids(&cold, &second);
+    assert_eq!(none, 0);
+    assert_eq!(warm, reference);
+}
