@@ -269,7 +269,12 @@ fn preemption_under_a_tiny_pool_keeps_cache_hits_exact() {
 
 #[test]
 fn many_distinct_prefixes_evict_the_least_recently_used() {
-    let name = "qwen3-moe-tiny";
+    for name in ["qwen3-moe-tiny", "gpt-oss-tiny"] {
+        evict_least_recently_used(name);
+    }
+}
+
+fn evict_least_recently_used(name: &str) {
     let profile = tiny_pool(name, 32, true);
     // 12 prefixes of 4 blocks, each request 5 blocks: 60 blocks > 32.
     let prefixes: Vec<Vec<u32>> = (0..12).map(|i| tokens(64, 500 + i)).collect();
@@ -289,9 +294,16 @@ fn many_distinct_prefixes_evict_the_least_recently_used() {
             .iter()
             .map(|r| serve(engine, std::slice::from_ref(r)).remove(0))
             .collect();
-        assert_eq!(out[0].cached_tokens, 0, "the oldest prefix was evicted");
-        assert_eq!(out[1].cached_tokens, 64, "the newest is still cached");
-        assert_same(&out, &reference, "after eviction");
+        assert_eq!(
+            out[0].cached_tokens, 0,
+            "{name}: the oldest prefix was evicted"
+        );
+        assert_eq!(
+            out[1].cached_tokens, 64,
+            "{name}: the newest is still cached"
+        );
+        assert_same(&out, &reference, &format!("{name}: after eviction"));
+        engine.audit_blocks().unwrap();
     });
 }
 

@@ -57,6 +57,8 @@ pub enum KvBlocksError {
     TooManyBlocks { requested: usize },
     #[error("out of KV blocks: {needed} more needed, {free} free")]
     OutOfBlocks { needed: usize, free: usize },
+    #[error("sequence {0} holds no KV blocks")]
+    UnknownSequence(SeqId),
 }
 
 /// Two 64-bit SipHash lanes (std's hasher with its fixed keys) over
@@ -412,10 +414,10 @@ impl BlockAllocator {
         computed: usize,
     ) -> Result<Vec<(u32, u32)>, KvBlocksError> {
         let Some(source) = self.tables.get(&parent).cloned() else {
-            return Err(KvBlocksError::OutOfBlocks { needed: 0, free: 0 });
+            return Err(KvBlocksError::UnknownSequence(parent));
         };
         let full = computed / self.block_size;
-        let partial = computed % self.block_size != 0;
+        let partial = !computed.is_multiple_of(self.block_size);
         let copies = usize::from(partial && source.table.len() > full)
             + usize::from(
                 partial

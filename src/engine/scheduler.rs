@@ -590,8 +590,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         let mut failure: Option<String> = None;
         // Later choices of `n > 1` requests that start from their leader's
         // blocks after this step, and the blocks to copy for them.
-        let mut forks = Forks::default();
-        let room = limits.max_num_seqs.saturating_sub(running.len());
+        let mut forks = Forks::with_room(limits.max_num_seqs.saturating_sub(running.len()));
         // The grammar masks of the constrained sequences that sample in this
         // step are computed beside the forward pass (they depend only on the
         // tokens so far), in parallel; only those sequences wait for them.
@@ -675,7 +674,6 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                                     seq,
                                     waiting,
                                     blocks,
-                                    room,
                                     logits,
                                     sampling,
                                     (tokenizer.as_deref(), eos, limits.max_model_len),
@@ -802,8 +800,9 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
 }
 
 /// The choices forked from their leaders in one step.
-#[derive(Default)]
 struct Forks {
+    /// Sequences that can still join the running set.
+    room: usize,
     /// `(from, to)` blocks to copy after the forward pass.
     copies: Vec<(u32, u32)>,
     /// Waiting choices that now hold tables and move to the running set.
@@ -811,24 +810,30 @@ struct Forks {
 }
 
 impl Forks {
+    fn with_room(room: usize) -> Forks {
+        Forks {
+            room,
+            copies: Vec::new(),
+            started: Vec::new(),
+        }
+    }
+
     /// Forks the waiting choices that follow `leader`, which just sampled
     /// its first token from `logits` (so its prompt is in the cache): each
     /// samples its own first token from the same row and takes the
-    /// leader's blocks. At most `room` sequences start in all. Returns how
-    /// many sampled.
+    /// leader's blocks, while there is room. Returns how many sampled.
     fn fork_followers(
         &mut self,
         leader: &Sequence,
         waiting: &mut VecDeque<Sequence>,
         blocks: &mut BlockAllocator,
-        room: usize,
         logits: &[f32],
         sampling: &mut SamplingWorkspace,
         (tokenizer, eos, max_model_len): (Option<&Tokenizer>, &[u32], usize),
     ) -> usize {
         let mut sampled = 0;
         for seq in waiting.iter_mut() {
-            if self.started.len() >= room {
+            if self.started.len() >= self.room {
                 break;
             }
             let forkable = seq.follows == Some(leader.id)
