@@ -51,34 +51,45 @@ fn cpu_kv_and_step_allocations_are_the_plans_figures() {
         let kv = &plan.kv_cache;
         let s = &p.serving;
 
-        // By hand: one pool of blocks; each block slot holds K and V of
-        // max(full, sliding) layers (a full and a sliding layer share an
-        // array). The full-attention tokens' blocks, then the sliding
-        // layers' share: per running sequence ⌈(window − 1) / block⌉ + 2
-        // blocks, and the blocks of one step's tokens.
+        // By hand: one pool of blocks shared by the full-attention and the
+        // sliding-window layers, in max(full, sliding) arrays (the k-th layer
+        // of each kind shares array k) of K and V for every slot.
         let width = (config.num_key_value_heads * config.head_dim) as u64;
         let dtype = s.kv_cache_dtype.bytes();
         let block = s.kv_block_size as u64;
         let sliding_layers = kv.sliding.layers;
         let full_layers = config.num_hidden_layers as u64 - sliding_layers;
-        let window = kv.sliding.window_tokens;
-        assert_eq!(
-            kv.bytes_per_token,
-            2 * full_layers.max(sliding_layers) * width * dtype,
-            "{name}"
-        );
+        let arrays = full_layers.max(sliding_layers);
+        assert_eq!(kv.bytes_per_token, 2 * arrays * width * dtype, "{name}");
         assert_eq!(kv.block_bytes, kv.bytes_per_token * block, "{name}");
-        let sliding_blocks = if sliding_layers == 0 {
-            0
-        } else {
-            s.max_num_seqs as u64 * ((window - 1).div_ceil(block) + 2)
-                + (s.max_num_batched_tokens as u64).div_ceil(block)
+        // The sliding layers' reserve: per sequence the blocks of its window
+        // and one more, and the blocks of one step's tokens.
+        let sliding_blocks = match name {
+            // No sliding layers.
+            "qwen3-moe-tiny" | "qwen3-moe-tiny-nvfp4" => 0,
+            // 2 of 4 layers (window 8, blocks of 16, 8 sequences, 256
+            // tokens a step): 8 × (⌈7 / 16⌉ + 1 + 1) + ⌈256 / 16⌉ = 40,
+            // under the cap 8 × ⌈1024 / 16⌉ = 512.
+            "gpt-oss-tiny" => {
+                assert_eq!((sliding_layers, arrays), (2, 2));
+                40
+            }
+            other => panic!("no figures by hand for {other}"),
         };
         assert_eq!(kv.sliding.blocks, sliding_blocks, "{name}");
+        assert_eq!(kv.sliding.bytes, sliding_blocks * kv.block_bytes, "{name}");
+        // The full-attention tokens fill the rest of the pool.
         assert_eq!(kv.tokens, (kv.blocks - sliding_blocks) * block, "{name}");
-        let expected_kv = kv.blocks * kv.block_bytes;
+        // arrays × blocks × block × width × (K, V) × dtype.
+        let expected_kv = arrays * kv.blocks * block * width * 2 * dtype;
         assert_eq!(kv.bytes, expected_kv, "{name}");
-        // Token ids and positions; five fields and two block tables per sequence.
+        assert_eq!(
+            kv.bytes,
+            kv.tokens * kv.bytes_per_token + kv.sliding.bytes,
+            "{name}"
+        );
+        // Token ids and positions; five fields and two block tables (full
+        // and sliding) per sequence.
         let blocks_per_seq = s.max_model_len.div_ceil(s.kv_block_size) as u64;
         let expected_step = (2 * s.max_num_batched_tokens as u64
             + s.max_num_seqs as u64 * (2 * blocks_per_seq + 5))

@@ -334,18 +334,35 @@ fn gpt_oss_120b_counts_sliding_layers_at_their_window() {
     );
     assert_eq!(code, 0, "gpt-oss-120b fits a Spark: {v}");
     let kv = &v["kv_cache"];
-    // 36 layers alternate sliding/full: 18 full layers keep every token,
-    // 2 (K and V) × 8 KV heads × 64 head_dim × 2 bytes (bf16) each.
+    // 36 layers alternate sliding/full: the k-th of each kind share array k
+    // of the pool, so a slot holds 18 layers' K and V, 2 × 8 KV heads ×
+    // 64 head_dim × 2 bytes (bf16) each.
     let per_layer_token = 2 * 8 * 64 * 2;
     assert_eq!(kv["bytes_per_token"], 18 * per_layer_token);
-    // The 18 sliding layers keep 128 tokens per running sequence (16).
+    assert_eq!(kv["block_bytes"], 16 * 18 * per_layer_token);
+    // The 18 sliding layers hold the blocks of their 128-token window:
+    // ⌈127 / 16⌉ + 1 = 9 a sequence, one more each for a step's chunks and
+    // ⌈8192 / 16⌉ = 512 for its tokens: 16 × (9 + 1) + 512 = 672 blocks.
     assert_eq!(kv["sliding"]["layers"], 18);
     assert_eq!(kv["sliding"]["window_tokens"], 128);
-    assert_eq!(kv["sliding"]["bytes"], 16 * 128 * 18 * per_layer_token);
+    assert_eq!(kv["sliding"]["blocks_per_seq"], 9);
+    assert_eq!(kv["sliding"]["step_blocks"], 512);
+    assert_eq!(kv["sliding"]["blocks"], 672);
+    assert_eq!(kv["sliding"]["bytes"], 672 * 16 * 18 * per_layer_token);
+    // They come on top of the full-attention tokens, in the same pool.
     let tokens = kv["tokens"].as_i64().unwrap();
-    assert_eq!(
-        kv["bytes"],
-        tokens * 18 * per_layer_token + 16 * 128 * 18 * per_layer_token
+    assert_eq!(kv["blocks"], tokens / 16 + 672);
+    assert_eq!(kv["bytes"], (tokens + 672 * 16) * 18 * per_layer_token);
+    let text = common::stdout(&common::sparkrt(&[
+        "plan",
+        "--profile",
+        &profile("gpt-oss-120b").display().to_string(),
+        "--host-root",
+        &spark_root(),
+    ]));
+    assert!(
+        text.contains("sliding layers (18, window 128: 672 blocks)"),
+        "{text}"
     );
     // top-4 of 128 experts, hidden 2880: 8192 × 4 routed rows.
     assert_eq!(v["moe_workspace"]["routed_rows"], 8192 * 4);

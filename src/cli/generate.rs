@@ -106,8 +106,10 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
 /// Sizes the KV cache to the one request of `tokens` (prompt + max
 /// tokens, rounded up to whole blocks) unless the profile or a flag set
 /// `kv_cache`: the plan's `max_model_len` becomes that length too, since
-/// the plan holds at least one full-length sequence. A request longer than
-/// `max_model_len` is left for the engine to refuse, naming it.
+/// the plan holds at least one full-length sequence. `kv_cache` buys
+/// full-attention tokens; the sliding-window layers' blocks come on top
+/// (`plan::memory::sliding_kv`). A request longer than `max_model_len` is
+/// left for the engine to refuse, naming it.
 fn size_kv_to_request(profile: &mut Profile, tokens: usize) {
     if profile.sources.get("kv_cache") != Some(&ValueSource::Default) {
         return;

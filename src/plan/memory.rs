@@ -499,7 +499,8 @@ pub fn kv_bytes_per_token(g: &ModelGeometry, dtype_bytes: u64) -> u64 {
     2 * arrays * g.num_kv_heads as u64 * g.head_dim as u64 * dtype_bytes
 }
 
-/// Bytes per token the full-attention layers read (decode estimates).
+/// Bytes per token the full-attention layers read (decode estimates):
+/// `2 × full layers × kv_heads × head_dim × dtype_bytes`.
 pub fn full_attention_bytes_per_token(g: &ModelGeometry, dtype_bytes: u64) -> u64 {
     let full = g.num_layers as u64 - sliding_layers(g);
     2 * full * g.num_kv_heads as u64 * g.head_dim as u64 * dtype_bytes
@@ -512,22 +513,37 @@ fn sliding_layers(g: &ModelGeometry) -> u64 {
 }
 
 /// The pool blocks sliding-window layers take beyond the full-attention
-/// tokens. They keep their keys in blocks of the same pool, and a sequence
-/// of `L` tokens holds only the blocks of its last `window − 1` positions
-/// (older ones are released, or kept as cached prefix blocks):
-/// `⌈(window − 1) / block⌉ + 1` blocks. While a step computes a chunk, its
-/// new positions take sliding blocks too, released after the step where
-/// they fell out of the window. So the plan sets aside
-/// `max_num_seqs × (blocks_per_seq + 1) + ⌈max_num_batched_tokens / block⌉`
-/// blocks (the `+ 1`: a chunk can straddle one more block boundary).
+/// tokens. They keep their keys in blocks of the same pool, through a
+/// second table per sequence, and a sequence holds only the blocks its
+/// next token can attend to (older ones are released, or kept as cached
+/// prefix blocks, which any allocation may reclaim): the `window − 1`
+/// positions before that token span at most `blocks_per_seq =
+/// ⌈(window − 1) / block⌉ + 1` blocks (`n` consecutive positions span at
+/// most `⌈n / block⌉ + 1`). While a step runs, its chunks' positions take
+/// sliding blocks too, released after the step once out of the window: a
+/// chunk of `c` tokens at most `⌈c / block⌉` new ones, and the chunks of
+/// one step (at most `max_num_batched_tokens` tokens over at most
+/// `max_num_seqs` sequences) at most `step_blocks + max_num_seqs − 1`
+/// together, `step_blocks = ⌈max_num_batched_tokens / block⌉` (each
+/// ceiling adds less than a block). So the plan sets aside
+///
+/// `blocks = min(max_num_seqs × (blocks_per_seq + 1) + step_blocks,
+///               max_num_seqs × ⌈max_model_len / block⌉)`
+///
+/// (the second: a sliding table is never longer than its sequence's full
+/// table, which `max_model_len` bounds; it binds for short contexts).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SlidingKv {
     pub layers: u64,
+    /// `min(sliding_window, max_model_len)`; 0 without sliding layers.
     pub window_tokens: u64,
-    /// Bytes per token the sliding layers read (decode estimates).
+    /// Bytes per token the sliding layers read (decode estimates):
+    /// `2 × sliding layers × kv_heads × head_dim × dtype_bytes`.
     pub bytes_per_token: u64,
-    /// Blocks one sequence's window holds.
+    /// Blocks one sequence's window holds at most between steps.
     pub blocks_per_seq: u64,
+    /// Blocks one step's chunks may take: `⌈max_num_batched_tokens / block⌉`.
+    pub step_blocks: u64,
     /// Blocks set aside in the pool.
     pub blocks: u64,
     /// Bytes of those blocks: `blocks × block × kv_bytes_per_token`.
@@ -542,18 +558,25 @@ pub fn sliding_kv(g: &ModelGeometry, dtype_bytes: u64, s: &ServingSection) -> Sl
         g.sliding_window.unwrap_or(0).min(s.max_model_len) as u64
     };
     let block = s.kv_block_size.max(1) as u64;
-    let (blocks_per_seq, blocks) = if window_tokens == 0 {
-        (0, 0)
+    let seqs = s.max_num_seqs as u64;
+    let (blocks_per_seq, step_blocks, blocks) = if window_tokens == 0 {
+        (0, 0, 0)
     } else {
         let per_seq = window_tokens.saturating_sub(1).div_ceil(block) + 1;
         let step = (s.max_num_batched_tokens as u64).div_ceil(block);
-        (per_seq, s.max_num_seqs as u64 * (per_seq + 1) + step)
+        let longest_tables = seqs * (s.max_model_len as u64).div_ceil(block);
+        (
+            per_seq,
+            step,
+            (seqs * (per_seq + 1) + step).min(longest_tables),
+        )
     };
     SlidingKv {
         layers,
         window_tokens,
         bytes_per_token: 2 * layers * g.num_kv_heads as u64 * g.head_dim as u64 * dtype_bytes,
         blocks_per_seq,
+        step_blocks,
         blocks,
         bytes: blocks * block * kv_bytes_per_token(g, dtype_bytes),
     }
@@ -783,6 +806,7 @@ mod tests {
             window_tokens: 16,
             bytes_per_token: 32,
             blocks_per_seq: 0,
+            step_blocks: 0,
             blocks: 0,
             bytes: 0,
         };
@@ -879,6 +903,109 @@ mod tests {
         assert!(a.buffers.iter().all(|b| b.name != PROMPT_LOGITS));
         // Never more rows than a step has.
         assert_eq!(prompt_logprobs(&g, 5, 4).chunk_rows, 5);
+    }
+
+    /// `types` as layers (`S` sliding, `F` full), 2 KV heads of 8, window 40.
+    fn kv_geometry(types: &str) -> ModelGeometry {
+        ModelGeometry {
+            architecture: Architecture::GptOss,
+            quantization: Quantization::Mxfp4,
+            num_layers: types.len(),
+            hidden_size: 32,
+            num_attention_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+            vocab_size: 64,
+            num_experts: 4,
+            top_k: 2,
+            moe_intermediate_size: 32,
+            intermediate_size: 0,
+            mlp_only_layers: Vec::new(),
+            decoder_sparse_step: 1,
+            tie_word_embeddings: false,
+            attention_bias: true,
+            layer_types: types
+                .chars()
+                .map(|c| match c {
+                    'S' => LayerAttention::SlidingAttention,
+                    _ => LayerAttention::FullAttention,
+                })
+                .collect(),
+            sliding_window: Some(40),
+        }
+    }
+
+    fn kv_serving(max_model_len: usize) -> ServingSection {
+        ServingSection {
+            max_model_len,
+            max_num_seqs: 3,
+            max_num_batched_tokens: 100,
+            kv_block_size: 16,
+            kv_cache_dtype: KvCacheDtype::F32,
+            ..ServingSection::default()
+        }
+    }
+
+    #[test]
+    fn sliding_layers_take_window_and_step_blocks_of_the_pool() {
+        // 4 sliding and 2 full layers: a slot holds K and V of 4 arrays of
+        // 2 × 8 f32 values, 2 × 4 × 16 × 4 = 512 B; full layers read
+        // 2 × 2 × 16 × 4 = 256 B a token, sliding ones 2 × 4 × 16 × 4 = 512 B.
+        let g = kv_geometry("SFSSFS");
+        assert_eq!(kv_bytes_per_token(&g, 4), 512);
+        assert_eq!(full_attention_bytes_per_token(&g, 4), 256);
+        let k = sliding_kv(&g, 4, &kv_serving(1000));
+        assert_eq!((k.layers, k.window_tokens, k.bytes_per_token), (4, 40, 512));
+        // Window 40, block 16: ⌈39 / 16⌉ + 1 = 4 blocks a sequence; a step of
+        // 100 tokens ⌈100 / 16⌉ = 7; 3 sequences: 3 × (4 + 1) + 7 = 22 blocks,
+        // under the cap 3 × ⌈1000 / 16⌉ = 189; 22 × 16 slots × 512 B.
+        assert_eq!((k.blocks_per_seq, k.step_blocks, k.blocks), (4, 7, 22));
+        assert_eq!(k.bytes, 22 * 16 * 512);
+        // max_model_len 20: the window is 20, ⌈19 / 16⌉ + 1 = 3 blocks, and
+        // 3 × (3 + 1) + 7 = 19 is capped at 3 sequences × ⌈20 / 16⌉ = 6.
+        let short = sliding_kv(&g, 4, &kv_serving(20));
+        assert_eq!(short.window_tokens, 20);
+        assert_eq!((short.blocks_per_seq, short.blocks), (3, 6));
+        assert_eq!(short.bytes, 6 * 16 * 512);
+        // No sliding layers: nothing set aside, a slot is the full layers'.
+        let full = kv_geometry("FFF");
+        let none = sliding_kv(&full, 4, &kv_serving(1000));
+        assert_eq!(
+            (none.layers, none.window_tokens, none.blocks, none.bytes),
+            (0, 0, 0, 0)
+        );
+        assert_eq!(kv_bytes_per_token(&full, 4), 2 * 3 * 16 * 4);
+        assert_eq!(full_attention_bytes_per_token(&full, 4), 2 * 3 * 16 * 4);
+    }
+
+    #[test]
+    fn layout_arrays_are_shared_by_the_kth_layer_of_each_kind() {
+        let g = kv_geometry("SFSSFS");
+        let layout = KvLayout::new(&g, &kv_serving(1000), 30, 40);
+        // Sliding layers 0, 2, 3, 5 take arrays 0..4, full layers 1, 4
+        // arrays 0, 1: 4 arrays.
+        let arrays: Vec<usize> = (0..6).map(|l| layout.array_of(l)).collect();
+        assert_eq!(arrays, [0, 0, 1, 2, 1, 3]);
+        assert_eq!(layout.arrays(6), 4);
+        assert!(layout.has_sliding(6));
+        // The first two layers alone: one of each kind, one array.
+        assert_eq!(layout.arrays(2), 1);
+        // An array: 30 blocks × 16 slots × 16 values, K and V in f32.
+        assert_eq!(layout.array_slots(), 480);
+        assert_eq!(layout.array_elements(), 480 * 16);
+        assert_eq!(layout.array_bytes(), 2 * 480 * 16 * 4);
+        assert_eq!(layout.bytes(6), 4 * 2 * 480 * 16 * 4);
+        // The same as slots × kv_bytes_per_token.
+        assert_eq!(layout.bytes(6), 480 * kv_bytes_per_token(&g, 4));
+    }
+
+    #[test]
+    fn step_metadata_words_hold_two_tables_a_sequence() {
+        // 2 × 100 tokens + 3 × (2 × 7 + 5) = 257 words of 4 bytes.
+        let step = StepMetadataPlan::new(100, 3, 7);
+        assert_eq!((step.words, step.bytes), (257, 1028));
+        // max_model_len 100 in blocks of 16: 7 blocks a table.
+        assert_eq!(StepMetadataPlan::for_serving(&kv_serving(100)), step);
     }
 
     #[test]

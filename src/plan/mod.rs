@@ -81,7 +81,9 @@ pub struct KvPlan {
     pub block_size: usize,
     /// Bytes of one token slot of the pool ([`memory::kv_bytes_per_token`]).
     pub bytes_per_token: u64,
-    /// Full-attention tokens the cache holds (whole blocks).
+    /// Full-attention tokens the cache holds (whole blocks): what an
+    /// explicit `kv_cache` buys, or what `"auto"` leaves room for; the
+    /// sliding-window layers' blocks come on top.
     pub tokens: u64,
     /// Blocks of the pool: `tokens / block_size + sliding.blocks`.
     pub blocks: u64,
@@ -195,6 +197,10 @@ pub fn compute(
     let bytes_per_token = memory::kv_bytes_per_token(&g, dtype_bytes);
     let sliding = memory::sliding_kv(&g, dtype_bytes, s);
 
+    // The sliding layers' reserve is fixed by the serving limits, so it is
+    // paid before the full-attention tokens: `"auto"` gives those what is
+    // left, and an explicit `kv_cache` buys only them (the reserve comes on
+    // top, as the sliding layers' rings did).
     let fixed = weights.total() + workspace.bytes + activations.bytes + overhead + sliding.bytes;
     let usable = headroom.usable;
     let kv_budget = match s.kv_cache {
@@ -231,7 +237,9 @@ pub fn compute(
     let kv_bytes = layout.bytes(g.num_layers);
     let total = fixed - sliding.bytes + kv_bytes;
 
-    // One sequence of max_model_len tokens must fit in the cache.
+    // One sequence of max_model_len tokens must fit in the cache (its
+    // sliding blocks are within the reserve, which holds max_num_seqs ≥ 1
+    // windows).
     let one_sequence = memory::kv_tokens_for(
         u64::MAX,
         bytes_per_token,
@@ -241,10 +249,16 @@ pub fn compute(
     );
     let fits = (total as i64) <= usable && tokens >= one_sequence;
     let shortfall = (!fits).then(|| {
+        // `needed`: the least plan that fits (one full-length sequence of
+        // full-attention tokens; `fixed` holds the sliding reserve). An
+        // explicit kv_cache is also short of the tokens one sequence lacks,
+        // whatever the host has.
         let needed = (fixed + one_sequence * bytes_per_token) as i64;
         let short = match s.kv_cache {
             KvCacheSize::Auto => needed - usable,
-            KvCacheSize::Bytes(_) => (total as i64 - usable).max(needed - usable),
+            KvCacheSize::Bytes(_) => (total as i64 - usable)
+                .max(needed - usable)
+                .max((one_sequence.saturating_sub(tokens) * bytes_per_token) as i64),
         };
         Shortfall {
             bytes: u64::try_from(short).unwrap_or(0),
@@ -257,6 +271,7 @@ pub fn compute(
                 bytes_per_token,
                 &workspace,
                 &activations,
+                &sliding,
             ),
         }
     });
@@ -318,6 +333,7 @@ fn advice(
     bytes_per_token: u64,
     workspace: &MoeWorkspace,
     activations: &Activations,
+    sliding: &SlidingKv,
 ) -> Vec<String> {
     use crate::units::format_gib;
     let s = &profile.serving;
@@ -348,8 +364,20 @@ fn advice(
         }
     }
     let per_batched_token = (workspace.bytes + activations.bytes) / s.max_num_batched_tokens as u64;
+    // The sliding reserve's `step_blocks` (see `memory::sliding_kv`): one
+    // block of `kv_block_size` token slots per `kv_block_size` batched
+    // tokens, so a slot (`bytes_per_token`) per batched token, unless the
+    // max_model_len cap binds (hence "up to").
+    let sliding_share = if sliding.step_blocks > 0 {
+        format!(
+            ", the sliding-window layers' KV blocks up to {} more",
+            crate::units::format_size(bytes_per_token)
+        )
+    } else {
+        String::new()
+    };
     advice.push(format!(
-        "lower max_num_batched_tokens (now {}): the MoE workspace and activations cost {} per batched token",
+        "lower max_num_batched_tokens (now {}): the MoE workspace and activations cost {} per batched token{sliding_share}",
         s.max_num_batched_tokens,
         crate::units::format_size(per_batched_token)
     ));
@@ -383,4 +411,122 @@ pub fn check_geometry(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tiny gpt-oss fixture's profile: 4 layers alternating sliding
+    /// (window 8) and full attention, 2 KV heads of 16, f32 keys, blocks of
+    /// 16, 8 sequences of up to 1024 tokens, 256 tokens a step; 1 GiB OS
+    /// reserve and 512 MiB safety margin.
+    fn gpt_oss_tiny() -> Profile {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/gpt-oss-tiny.toml");
+        Profile::load(&path).unwrap()
+    }
+
+    /// A host with `usable` bytes usable under the tiny profile's reserves.
+    fn host(usable: u64) -> HostFigures {
+        HostFigures {
+            mem_total: usable + (3 << 30),
+            mem_available: usable + (1 << 30) + (512 << 20),
+            ..HostFigures::default()
+        }
+    }
+
+    // By hand for gpt-oss-tiny: 2 arrays (2 sliding, 2 full layers), a slot
+    // 2 × 2 × 32 × 4 = 512 B, a block 16 × 512 = 8192 B. Sliding: window 8,
+    // ⌈7 / 16⌉ + 1 = 2 blocks a sequence, ⌈256 / 16⌉ = 16 for a step:
+    // 8 × (2 + 1) + 16 = 40 blocks (cap 8 × ⌈1024 / 16⌉ = 512), 327680 B.
+    const SLOT: u64 = 512;
+    const BLOCK: u64 = 16 * SLOT;
+    const SLIDING_BLOCKS: u64 = 40;
+
+    #[test]
+    fn an_explicit_kv_cache_buys_full_attention_tokens_and_sliding_blocks_come_on_top() {
+        let mut p = gpt_oss_tiny();
+        p.serving.kv_cache = KvCacheSize::Bytes(100 * BLOCK + 5);
+        let plan = compute(&p, &host(64 << 30), None, PlanDevice::Cpu);
+        let kv = &plan.kv_cache;
+        assert_eq!((kv.bytes_per_token, kv.block_bytes), (SLOT, BLOCK));
+        assert_eq!(kv.sliding.blocks, SLIDING_BLOCKS);
+        assert_eq!(kv.sliding.bytes, SLIDING_BLOCKS * BLOCK);
+        // 100 whole blocks of full-attention tokens, the sliding 40 besides.
+        assert_eq!(kv.tokens, 100 * 16);
+        assert_eq!(kv.blocks, 100 + SLIDING_BLOCKS);
+        // arrays × blocks × block × width × (K, V) × f32.
+        assert_eq!(kv.bytes, 2 * 140 * 16 * 32 * 2 * 4);
+        assert_eq!(kv.bytes, kv.tokens * SLOT + kv.sliding.bytes);
+        assert_eq!(kv.layout.bytes(4), kv.bytes);
+        assert_eq!(kv.layout.blocks, 140);
+        assert_eq!(kv.capped_from, None);
+        assert_eq!(plan.total, plan.fixed_bytes() + kv.bytes);
+        assert!(plan.fits);
+
+        // More than 8 sequences of 1024 tokens can use: cut to 8 × 64
+        // blocks, and the sliding ones still come on top.
+        p.serving.kv_cache = KvCacheSize::Bytes(1 << 40);
+        let plan = compute(&p, &host(64 << 30), None, PlanDevice::Cpu);
+        let kv = &plan.kv_cache;
+        assert_eq!(kv.tokens, 8 * 1024);
+        assert_eq!(kv.blocks, 8 * 64 + SLIDING_BLOCKS);
+        assert_eq!(kv.capped_from, Some(1 << 40));
+        assert_eq!(kv.bytes, 2 * (512 + 40) * 16 * 32 * 2 * 4);
+    }
+
+    #[test]
+    fn fits_and_shortfall_count_the_sliding_reserve() {
+        let p = gpt_oss_tiny();
+        let fixed = compute(&p, &host(64 << 30), None, PlanDevice::Cpu).fixed_bytes();
+        // One 1024-token sequence is 64 blocks; with the sliding 40 the
+        // least that fits is fixed + 104 blocks.
+        let least = fixed + (64 + SLIDING_BLOCKS) * BLOCK;
+        let plan = compute(&p, &host(least), None, PlanDevice::Cpu);
+        assert!(plan.fits);
+        assert_eq!(plan.kv_cache.tokens, 1024);
+        assert_eq!(plan.total, least);
+        // A byte less: 63 blocks of full-attention tokens, a byte short.
+        let plan = compute(&p, &host(least - 1), None, PlanDevice::Cpu);
+        assert!(!plan.fits);
+        assert_eq!(plan.kv_cache.tokens, 63 * 16);
+        let short = plan.shortfall.unwrap();
+        assert_eq!(short.bytes, 1);
+        // The advice prices a batched token with the sliding blocks' slot.
+        assert!(
+            short
+                .advice
+                .iter()
+                .any(|a| a.contains("max_num_batched_tokens (now 256)")
+                    && a.ends_with("the sliding-window layers' KV blocks up to 512 B more")),
+            "{:?}",
+            short.advice
+        );
+        assert!(
+            short
+                .advice
+                .iter()
+                .any(|a| a.starts_with("lower max_model_len (now 1024)")),
+            "{:?}",
+            short.advice
+        );
+
+        // An explicit kv_cache of 63 blocks on a big host: fewer tokens than
+        // one sequence, short by the 64th block.
+        let mut p = p;
+        p.serving.kv_cache = KvCacheSize::Bytes(63 * BLOCK);
+        let plan = compute(&p, &host(64 << 30), None, PlanDevice::Cpu);
+        assert!(!plan.fits);
+        assert_eq!(plan.total, fixed + (63 + SLIDING_BLOCKS) * BLOCK);
+        // The host has room: short by the one block of 16 tokens the cache
+        // lacks, 16 × 512 B.
+        let short = plan.shortfall.unwrap();
+        assert_eq!(short.bytes, BLOCK);
+        assert!(
+            short.advice[0].starts_with("kv_cache = "),
+            "{:?}",
+            short.advice
+        );
+    }
 }

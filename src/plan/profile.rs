@@ -856,10 +856,12 @@ impl Profile {
         let workspace = (routed_rows * 16 * (1 + h + moe_i) + 4 * (e + 1)) * layers.max(1);
         let activations = tokens * (3 * h + 2 * q + 2 * kv + e + w(m.head_dim) + 2 * dense_i) * 4
             + seqs * w(m.vocab_size) * 4
-            + (2 * tokens + seqs * (len + 5)) * 4;
-        // Full and sliding layers alike keep at most every token of every
-        // sequence (rounded up to a block).
-        let kv_cache = 2 * layers * kv * 4 * seqs * (len + w(s.kv_block_size));
+            + (2 * tokens + seqs * (2 * len + 5)) * 4; // step metadata: two tables a sequence
+        // A pool slot holds K and V of at most `layers` arrays; the
+        // full-attention tokens and the sliding-window blocks are each at
+        // most every token of every sequence, rounded up to a block
+        // (`memory::kv_tokens_for`, `memory::sliding_kv`).
+        let kv_cache = 2 * (2 * layers * kv * 4) * seqs * (len + w(s.kv_block_size));
         let categories = [
             (
                 "model",
