@@ -299,12 +299,22 @@ impl BlockAllocator {
             * self.tables_per_seq()
     }
 
-    /// Blocks a new sequence starting from `hit` needs for `tokens` tokens
-    /// beyond those of the hit.
-    pub fn blocks_needed_after(&self, hit: &PrefixHit, tokens: usize) -> usize {
-        self.blocks_for_tokens(tokens)
-            .saturating_sub(hit.blocks.len())
-            * self.tables_per_seq()
+    /// Blocks a new sequence starting from `hit` needs at most at once for
+    /// `tokens` tokens beyond those of the hit, computed in chunks of at
+    /// most `chunk` tokens: a full table's block for each, and in a
+    /// sliding-window table the blocks of the window and of one chunk
+    /// (the older ones are released after each step).
+    pub fn blocks_needed_after(&self, hit: &PrefixHit, tokens: usize, chunk: usize) -> usize {
+        let full = self
+            .blocks_for_tokens(tokens)
+            .saturating_sub(hit.blocks.len());
+        let sliding = if self.window > 0 {
+            let window = self.window.saturating_sub(1).div_ceil(self.block_size) + 1;
+            full.min(window + self.blocks_for_tokens(chunk) + 1)
+        } else {
+            0
+        };
+        full + sliding
     }
 
     /// Whether `num_blocks` more blocks can be allocated.

@@ -400,7 +400,23 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             if self.blocks.table(id).is_none() {
                 let hit = self.prefix_hit(index);
                 let empty = PrefixHit::default();
-                if short_of_blocks || !self.can_start(id, known, hit.as_ref().unwrap_or(&empty)) {
+                let hit_ref = hit.as_ref().unwrap_or(&empty);
+                let first_chunk =
+                    (known - hit_ref.blocks.len() * self.blocks.block_size()).min(budget);
+                if short_of_blocks || !self.can_start(id, known, hit_ref, first_chunk) {
+                    if !short_of_blocks && self.blocks.used_blocks() == 0 {
+                        // The whole pool is not enough: it would wait forever.
+                        let needed = self.blocks.blocks_needed_after(hit_ref, known, first_chunk);
+                        fail_one(
+                            &mut self.running[index],
+                            &format!(
+                                "the sequence needs {needed} KV blocks; the pool has {}",
+                                self.blocks.num_blocks()
+                            ),
+                        );
+                        index += 1;
+                        continue;
+                    }
                     short_of_blocks = true;
                     returned.push(self.unschedule(index));
                     continue;
@@ -486,8 +502,9 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
     /// that margin a sequence often starts only to be preempted (or to
     /// preempt others) a few steps later, and its work is thrown away.
     /// The blocks of `hit` are not needed anew, but those of them nobody
-    /// references stop being available once taken.
-    fn can_start(&self, id: SeqId, tokens: usize, hit: &PrefixHit) -> bool {
+    /// references stop being available once taken. Sliding-window tables
+    /// need only their window and a chunk (`first_chunk` tokens) at once.
+    fn can_start(&self, id: SeqId, tokens: usize, hit: &PrefixHit, first_chunk: usize) -> bool {
         let reserved: usize = self
             .running
             .iter()
@@ -495,7 +512,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             .map(|s| self.blocks.blocks_needed(s.id, s.tokens.len() + 1))
             .sum();
         debug_assert!(self.blocks.table(id).is_none());
-        let new = self.blocks.blocks_needed_after(hit, tokens);
+        let new = self.blocks.blocks_needed_after(hit, tokens, first_chunk);
         new + self.blocks.unreferenced_in(hit) + reserved <= self.blocks.available_blocks()
     }
 
