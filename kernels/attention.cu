@@ -1,6 +1,8 @@
-// Causal GQA attention over the paged (full layers) or ring (sliding-window
-// layers) KV cache, with optional per-head sink logits (gpt_oss), and the
-// append of a step's keys and values to the cache.
+// Causal GQA attention over the paged KV cache, with optional per-head sink
+// logits (gpt_oss), the append of a step's keys and values to the cache, and
+// the copy of whole blocks. A full-attention layer reads its sequences' full
+// tables, a sliding-window layer their sliding tables (common.cuh); both
+// kinds share the pool, one array per layer index of its kind.
 //
 // `attention`: grid (query tiles, heads, splits). A tile is up to Q_TILE
 // consecutive rows of one sequence; a split is a span of split_len keys
@@ -11,6 +13,9 @@
 // rows. With one split it writes the normalized output; with several, a
 // partial (max, sum, weighted values) that `attention_combine` merges in
 // split order. Semantics: src/backend/cpu/attention.rs.
+//
+// A sliding table's blocks before the window are NO_BLOCK: the keys there are
+// masked for every row, and are read as zeros, never from memory.
 #include "common.cuh"
 
 #define Q_TILE 16
@@ -40,26 +45,19 @@ struct AttnParams {
     u32 head_dim;
     u32 kv_bf16;
     u32 sinks_bf16;
-    u32 block_size;   // paged storage
-    u32 ring;         // 1: ring storage, slot = ring_slot·ring_window + position % ring_window
-    u32 ring_window;
+    u32 block_size;
+    u32 table;        // the sequence field of the layer's table: SEQ_TABLE or SEQ_SLIDING
     u32 window;       // sliding window of the mask, 0 = full attention
     u32 splits;
     u32 split_len;    // keys per split (a multiple of KEY_TILE)
-    u32 append;       // also write the step's keys and values (paged storage)
     float scale;
     u32 pad;
 };
-static_assert(sizeof(AttnParams) == 144, "AttnParams layout");
+static_assert(sizeof(AttnParams) == 136, "AttnParams layout");
 
-__device__ __forceinline__ u64 cache_slot(const AttnParams& p, const StepView& step, u32 seq,
-                                          u32 position) {
-    if (p.ring) {
-        return (u64)seq_field(step, seq, SEQ_RING) * p.ring_window + position % p.ring_window;
-    }
-    u32 table = seq_field(step, seq, SEQ_TABLE);
-    return (u64)step.tables[table + position / p.block_size] * p.block_size +
-           position % p.block_size;
+// Cache slot of a position in block `block` (not NO_BLOCK).
+__device__ __forceinline__ u64 block_slot(u32 block, u32 position, u32 block_size) {
+    return (u64)block * block_size + position % block_size;
 }
 
 __device__ __forceinline__ float round_kv(float x, u32 kv_bf16) {
@@ -147,14 +145,21 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP) attention(AttnPa
     const u32 warp = threadIdx.x / WARP;
     const u32 lane = threadIdx.x % WARP;
 
-    // The step's keys and values join the cache; the slots written are at
-    // positions >= past, which no block of this launch reads from the cache.
-    if (p.append && head % group == 0u && split == 0u) {
+    // The step's keys and values join the cache (kv_append then skips the
+    // layer): the slots written are at positions >= past, which no block of
+    // this launch reads from the cache, in blocks a sequence holds alone (a
+    // block shared by several, a cached prefix, is full: all before past).
+    // The host checked that every such position has a block.
+    if (head % group == 0u && split == 0u) {
         for (u32 i = threadIdx.x; i < nrows * hd; i += blockDim.x) {
             u32 r = i / hd;
             u32 d = i % hd;
+            u32 block = table_block(step, seq, p.table, position0 + r, p.block_size);
+            if (block == NO_BLOCK) {
+                continue;
+            }
             u64 src = (u64)(first_row + r) * kv_width + kv_head * hd + d;
-            u64 dst = cache_slot(p, step, seq, position0 + r) * kv_width + kv_head * hd + d;
+            u64 dst = block_slot(block, position0 + r, p.block_size) * kv_width + kv_head * hd + d;
             store_kv(p.k_cache, p.kv_bf16, dst, ((const float*)p.k)[src]);
             store_kv(p.v_cache, p.kv_bf16, dst, ((const float*)p.v)[src]);
         }
@@ -199,9 +204,13 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP) attention(AttnPa
             float value = 0.0f;
             if (j < end) {
                 if (j < past) {
-                    u64 at = cache_slot(p, step, seq, j) * kv_width + kv_head * hd + d;
-                    key = load_kv(p.k_cache, p.kv_bf16, at);
-                    value = load_kv(p.v_cache, p.kv_bf16, at);
+                    // NO_BLOCK: out of the window, masked below; zeros.
+                    u32 block = table_block(step, seq, p.table, j, p.block_size);
+                    if (block != NO_BLOCK) {
+                        u64 at = block_slot(block, j, p.block_size) * kv_width + kv_head * hd + d;
+                        key = load_kv(p.k_cache, p.kv_bf16, at);
+                        value = load_kv(p.v_cache, p.kv_bf16, at);
+                    }
                 } else {
                     u64 at = (u64)(start + (j - past)) * kv_width + kv_head * hd + d;
                     key = round_kv(((const float*)p.k)[at], p.kv_bf16);
@@ -340,36 +349,55 @@ struct AppendParams {
     u32 kv_width;
     u32 kv_bf16;
     u32 block_size;
-    u32 ring;
-    u32 ring_window;
-    u32 pad;
+    u32 table;  // SEQ_TABLE or SEQ_SLIDING
 };
-static_assert(sizeof(AppendParams) == 80, "AppendParams layout");
+static_assert(sizeof(AppendParams) == 72, "AppendParams layout");
 
-// One block per row: its key and value into the layer's cache. In a ring a
-// chunk longer than the window writes some slots twice; only the last
-// ring_window rows of a chunk write, so each slot ends with its latest
-// position, as the CPU's in-order loop leaves it.
+// One block per row: its key and value into the layer's cache, through the
+// layer's table (the engine gives every position of a step's chunk a block
+// in both tables; the host checked it, a NO_BLOCK is skipped all the same).
 extern "C" __global__ void __launch_bounds__(128) kv_append(AppendParams p) {
     const u32 row = blockIdx.x;
     StepView step = step_view(p.meta, p.max_tokens, p.max_seqs, p.num_seqs);
     const u32 seq = seq_of_row(step, row);
-    const u32 index = row - seq_field(step, seq, SEQ_START);
-    const u32 position = seq_field(step, seq, SEQ_PAST) + index;
-    u64 slot;
-    if (p.ring) {
-        if (index + p.ring_window < seq_field(step, seq, SEQ_LEN)) {
-            return;
-        }
-        slot = (u64)seq_field(step, seq, SEQ_RING) * p.ring_window + position % p.ring_window;
-    } else {
-        u32 table = seq_field(step, seq, SEQ_TABLE);
-        slot = (u64)step.tables[table + position / p.block_size] * p.block_size +
-               position % p.block_size;
+    const u32 position = seq_field(step, seq, SEQ_PAST) + (row - seq_field(step, seq, SEQ_START));
+    const u32 block = table_block(step, seq, p.table, position, p.block_size);
+    if (block == NO_BLOCK) {
+        return;
     }
+    const u64 slot = block_slot(block, position, p.block_size);
     for (u32 c = threadIdx.x; c < p.kv_width; c += blockDim.x) {
         u64 src = (u64)row * p.kv_width + c;
         store_kv(p.k_cache, p.kv_bf16, slot * p.kv_width + c, ((const float*)p.k)[src]);
         store_kv(p.v_cache, p.kv_bf16, slot * p.kv_width + c, ((const float*)p.v)[src]);
+    }
+}
+
+#define MAX_COPY_PAIRS 64
+
+struct CopyParams {
+    u64 cache;        // the whole pool: each array's K, then its V
+    u64 half_bytes;   // bytes of one array's K (its V as many)
+    u32 block_units;  // u16 units of one block of K (or V): block_size × width × dtype / 2
+    u32 pairs;
+    u32 from[MAX_COPY_PAIRS];
+    u32 to[MAX_COPY_PAIRS];
+};
+static_assert(sizeof(CopyParams) == 24 + 8 * MAX_COPY_PAIRS, "CopyParams layout");
+
+// Grid (pairs, 2 × arrays): block `from` onto block `to` in one K or V of
+// one array. The host checked the ids and that no `to` is another pair's
+// `from` or `to`, so the blocks of a launch do not race. u16 units: the
+// smallest KV element, so any block size and width copies exactly.
+extern "C" __global__ void __launch_bounds__(256) kv_copy_blocks(CopyParams p) {
+    const u32 pair = blockIdx.x;
+    if (pair >= p.pairs) {
+        return;
+    }
+    const u64 base = p.cache + (u64)blockIdx.y * p.half_bytes;
+    const u16* src = (const u16*)base + (u64)p.from[pair] * p.block_units;
+    u16* dst = (u16*)base + (u64)p.to[pair] * p.block_units;
+    for (u32 i = threadIdx.x; i < p.block_units; i += blockDim.x) {
+        dst[i] = src[i];
     }
 }

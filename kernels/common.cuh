@@ -198,16 +198,25 @@ __device__ __forceinline__ float weight_element(const Weight& w, u32 row, u32 co
 }
 
 // ---- step metadata ------------------------------------------------------------------
-// One u32 buffer per step (src/backend/cuda/step.rs):
-//   [tokens: max_tokens][logit rows: max_tokens][seqs: 5 × max_seqs][block tables]
-// Each sequence: start row, length, cached tokens (past), ring slot, table start.
+// One u32 buffer per step (src/backend/cuda/memory.rs, CudaStep; sized by
+// plan::memory::StepMetadataPlan, T = max_tokens, S = max_seqs,
+// B = max_blocks_per_seq):
+//   [tokens: T][logit rows: T][seqs: 5 × S][tables: 2 × S × B]
+// The tables region holds the full-attention tables (StepBatch::block_tables)
+// in its first S × B words and the sliding-window tables
+// (StepBatch::sliding_block_tables) in its last S × B. Each sequence: start
+// row, length, cached tokens (past), and where its two tables start, both
+// counted from the start of the tables region (so SEQ_SLIDING is S × B +
+// SeqChunk::sliding_start): a kernel picks a layer's table by the field alone.
+// A sliding table's entry is NO_BLOCK for a block that left the window.
 
 #define SEQ_FIELDS 5u
 #define SEQ_START 0u
 #define SEQ_LEN 1u
 #define SEQ_PAST 2u
-#define SEQ_RING 3u
+#define SEQ_SLIDING 3u
 #define SEQ_TABLE 4u
+#define NO_BLOCK 0xffffffffu
 
 struct StepView {
     const u32* tokens;
@@ -253,4 +262,11 @@ __device__ __forceinline__ u32 seq_of_row(const StepView& v, u32 row) {
 __device__ __forceinline__ u32 position_of_row(const StepView& v, u32 row) {
     u32 s = seq_of_row(v, row);
     return seq_field(v, s, SEQ_PAST) + (row - seq_field(v, s, SEQ_START));
+}
+
+// Block of `position` of sequence `seq` in the table its field `table`
+// (SEQ_TABLE or SEQ_SLIDING) points at; NO_BLOCK where the table has none.
+__device__ __forceinline__ u32 table_block(const StepView& v, u32 seq, u32 table, u32 position,
+                                           u32 block_size) {
+    return v.tables[seq_field(v, seq, table) + position / block_size];
 }

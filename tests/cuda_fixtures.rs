@@ -170,7 +170,8 @@ fn cuda_chunked_prefill_single_steps_and_batches_equal_one_full_pass() {
         );
 
         // One token per step: gpt-oss-tiny's window (8) is shorter than the
-        // prompt, so its sliding layers decode from the ring.
+        // prompt, so its sliding layers decode through sliding tables whose
+        // early blocks have been released.
         let mut single = profile(name);
         single.serving.max_num_batched_tokens = 1;
         single.serving.max_num_seqs = 1;

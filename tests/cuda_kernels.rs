@@ -19,7 +19,7 @@ use sparkrt::backend::{
 };
 use sparkrt::checkpoint::linear::{VectorData, VectorWeight};
 use sparkrt::plan::profile::KvCacheDtype;
-use sparkrt::step::{Logits, StepBatch};
+use sparkrt::step::{Logits, NO_BLOCK, StepBatch};
 
 /// A bf16 vector (norm weight, bias, sinks) stored at `offset`.
 struct OwnedVector {
@@ -766,15 +766,60 @@ fn rope_and_qk_norm_match_the_cpu() {
     }
 }
 
-/// One sequence's KV bookkeeping in the attention test.
+/// One sequence's KV bookkeeping in the attention test: its full and
+/// sliding-window block tables.
 struct Seq {
     past: usize,
     sliding: Vec<u32>,
     blocks: Vec<u32>,
 }
 
+/// Hands out free blocks (last freed first, as a LIFO allocator does, so
+/// released blocks come back at once) and counts blocks handed out again.
+struct Pool {
+    free: Vec<u32>,
+    used_before: Vec<bool>,
+    reused: usize,
+    released: usize,
+}
+
+impl Pool {
+    fn new(blocks: u32) -> Pool {
+        // Out of order, as a real allocator's after frees.
+        let mut free: Vec<u32> = (0..blocks).rev().collect();
+        free.swap(3, 40);
+        Pool {
+            free,
+            used_before: vec![false; blocks as usize],
+            reused: 0,
+            released: 0,
+        }
+    }
+
+    fn take(&mut self) -> u32 {
+        let b = self.free.pop().expect("the test's pool is large enough");
+        if std::mem::replace(&mut self.used_before[b as usize], true) {
+            self.reused += 1;
+        }
+        b
+    }
+
+    /// Releases the sliding blocks no later query of `seq` can see: block
+    /// `i` when all its positions are before `past + 1 − window`.
+    fn release_out_of_window(&mut self, seq: &mut Seq, block: usize, window: usize) {
+        let first = (seq.past + 1).saturating_sub(window);
+        for (i, entry) in seq.sliding.iter_mut().enumerate() {
+            if (i + 1) * block <= first && *entry != NO_BLOCK {
+                self.free.push(*entry);
+                *entry = NO_BLOCK;
+                self.released += 1;
+            }
+        }
+    }
+}
+
 #[test]
-fn attention_over_paged_and_ring_caches_matches_the_cpu() {
+fn attention_over_full_and_sliding_tables_matches_the_cpu() {
     let mut rng = Rng::new(17);
     // (heads, kv heads, head_dim, sinks, kv dtype, forced split)
     let shapes = [
@@ -801,7 +846,8 @@ fn attention_over_paged_and_ring_caches_matches_the_cpu() {
             block_size: block,
             blocks: 64,
             window,
-            // Layer 0 full attention (paged), layer 1 sliding (ring).
+            // Layer 0 full attention, layer 1 sliding: both in array 0, each
+            // through its own table.
             sliding_layers: vec![false, true],
             dtype,
         };
@@ -824,9 +870,8 @@ fn attention_over_paged_and_ring_caches_matches_the_cpu() {
             b.cuda.vector(sinks.view()).unwrap(),
         );
 
-        // Blocks handed out out of order, as a real allocator does after frees.
-        let mut free: Vec<u32> = (0..64).rev().collect();
-        free.swap(3, 40);
+        // Full and sliding blocks from one pool, as the engine's.
+        let mut pool = Pool::new(64);
         let mut seqs = [
             Seq {
                 past: 0,
@@ -853,8 +898,8 @@ fn attention_over_paged_and_ring_caches_matches_the_cpu() {
                     continue;
                 }
                 while seq.blocks.len() * block < seq.past + len {
-                    seq.blocks.push(free.pop().unwrap());
-                    seq.sliding.push(free.pop().unwrap());
+                    seq.blocks.push(pool.take());
+                    seq.sliding.push(pool.take());
                 }
                 batch.push_seq(
                     &vec![1; len],
@@ -914,6 +959,162 @@ fn attention_over_paged_and_ring_caches_matches_the_cpu() {
                     2e-5,
                 );
             }
+            // After the step, as the engine: blocks out of the window go
+            // back to the pool (NO_BLOCK in the table), to be reused.
+            for seq in &mut seqs {
+                pool.release_out_of_window(seq, block, window);
+            }
+        }
+        // The steps did exercise NO_BLOCK entries and reused blocks.
+        assert!(
+            pool.released >= 4 && pool.reused >= 4,
+            "released {}, reused {}",
+            pool.released,
+            pool.reused
+        );
+    }
+}
+
+#[test]
+fn kv_copy_blocks_copies_every_array_as_the_cpu() {
+    let mut rng = Rng::new(23);
+    for dtype in [KvCacheDtype::F32, KvCacheDtype::Bf16] {
+        let Some(b) = Both::new("kv_copy_blocks", &[], WeightsPolicy::Copy) else {
+            return;
+        };
+        let (heads, kv_heads, hd, block, window) = (4usize, 2usize, 24usize, 4usize, 6usize);
+        let layout = KvLayout {
+            kv_heads,
+            head_dim: hd,
+            block_size: block,
+            blocks: 160,
+            window,
+            // Two arrays: layers 0 and 1 share array 0, layer 2 has array 1.
+            sliding_layers: vec![false, true, false],
+            dtype,
+        };
+        let layers = 3;
+        let mut kv_c = b.cpu.kv_cache(&layout, layers).unwrap();
+        let mut kv_g = b.cuda.kv_cache(&layout, layers).unwrap();
+        let plan = StepMetadataPlan::new(16, 2, 8);
+        let mut step_c = b.cpu.step_storage(&plan).unwrap();
+        let mut step_g = b.cuda.step_storage(&plan).unwrap();
+        let ws_plan = workspace_plan(16, 4, 8, 64, 32);
+        let mut ws_c = b.cpu.workspace(&ws_plan).unwrap();
+        let mut ws_g = b.cuda.workspace(&ws_plan).unwrap();
+        let kv_width = kv_heads * hd;
+        let shape = |layer: usize| AttentionShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window: (layer == 1).then_some(window),
+        };
+
+        // Sequence A: 10 tokens written by kv_append alone (its kernel, not
+        // attention's fused append), every layer.
+        let (full_a, mut sliding_a) = (vec![3u32, 7, 11], vec![5u32, 9, 13]);
+        let mut batch = StepBatch::with_capacity(16, 2, 8);
+        batch.push_seq(&[1; 10], 0, &full_a, &sliding_a, Logits::Last);
+        b.cpu.load_step(&batch, &mut step_c).unwrap();
+        b.cuda.load_step(&batch, &mut step_g).unwrap();
+        for layer in 0..layers {
+            let k = rng.floats(10 * kv_width, -2.0, 2.0);
+            let v = rng.floats(10 * kv_width, -2.0, 2.0);
+            let (kc, kg) = b.buffers(&k, k.len());
+            let (vc, vg) = b.buffers(&v, v.len());
+            b.cpu
+                .kv_append(&kc, &vc, &mut kv_c, layer, &step_c)
+                .unwrap();
+            b.cuda
+                .kv_append(&kg, &vg, &mut kv_g, layer, &step_g)
+                .unwrap();
+        }
+        // Position 10 sees 5..=10: A's first sliding block has left the window.
+        sliding_a[0] = NO_BLOCK;
+
+        // Sequence B: A's first two full blocks shared, copies of its last
+        // full block and of its sliding blocks in the window. 65 copies of
+        // untouched blocks in between put the last two in a second launch.
+        let (full_b, sliding_b) = (vec![3u32, 7, 20], vec![NO_BLOCK, 21, 22]);
+        let mut pairs = vec![(11u32, 20u32)];
+        pairs.extend((30..95).map(|i| (i, i + 65)));
+        pairs.extend([(9, 21), (13, 22)]);
+        for bad in [
+            vec![(0u32, 160u32)],
+            vec![(160, 0)],
+            vec![(4, 4)],
+            // A copy out of a block another copy writes, and two onto one.
+            vec![(30, 31), (31, 32)],
+            vec![(30, 40), (31, 40)],
+        ] {
+            assert!(b.cuda.kv_copy_blocks(&mut kv_g, &bad).is_err(), "{bad:?}");
+        }
+        let launches = launches_of(&b, "kv_copy_blocks");
+        b.cpu.kv_copy_blocks(&mut kv_c, &pairs).unwrap();
+        b.cuda.kv_copy_blocks(&mut kv_g, &pairs).unwrap();
+        assert_eq!(launches_of(&b, "kv_copy_blocks"), launches + 2);
+
+        // One decode row each with the same query, key and value: B sees
+        // exactly what A does, on each backend, in every layer.
+        batch.clear();
+        batch.push_seq(&[1], 10, &full_a, &sliding_a, Logits::Last);
+        batch.push_seq(&[1], 10, &full_b, &sliding_b, Logits::Last);
+        b.cpu.load_step(&batch, &mut step_c).unwrap();
+        b.cuda.load_step(&batch, &mut step_g).unwrap();
+        let width = heads * hd;
+        for layer in 0..layers {
+            let twice = |row: Vec<f32>| [row.clone(), row].concat();
+            let q = twice(rng.floats(width, -2.0, 2.0));
+            let k = twice(rng.floats(kv_width, -2.0, 2.0));
+            let v = twice(rng.floats(kv_width, -2.0, 2.0));
+            let (qc, qg) = b.buffers(&q, q.len());
+            let (mut kc, mut kg) = b.buffers(&k, k.len());
+            let (mut vc, mut vg) = b.buffers(&v, v.len());
+            let (mut oc, mut og) = b.zeros(2 * width);
+            b.cpu
+                .attention(
+                    &qc,
+                    &mut kc,
+                    &mut vc,
+                    &kv_c,
+                    layer,
+                    &step_c,
+                    &shape(layer),
+                    None,
+                    &mut ws_c,
+                    &mut oc,
+                )
+                .unwrap();
+            b.cuda
+                .attention(
+                    &qg,
+                    &mut kg,
+                    &mut vg,
+                    &kv_g,
+                    layer,
+                    &step_g,
+                    &shape(layer),
+                    None,
+                    &mut ws_g,
+                    &mut og,
+                )
+                .unwrap();
+            let (cpu, cuda) = (b.read_cpu(&oc, 2 * width), b.read_cuda(&og, 2 * width));
+            let what = format!("{dtype:?} layer {layer}");
+            assert_eq!(cpu[..width], cpu[width..], "CPU: B differs from A, {what}");
+            assert_eq!(
+                cuda[..width],
+                cuda[width..],
+                "CUDA: B differs from A, {what}"
+            );
+            assert_close(&format!("copied blocks, {what}"), &cpu, &cuda, 2e-5, 2e-5);
+            b.cpu
+                .kv_append(&kc, &vc, &mut kv_c, layer, &step_c)
+                .unwrap();
+            b.cuda
+                .kv_append(&kg, &vg, &mut kv_g, layer, &step_g)
+                .unwrap();
         }
     }
 }

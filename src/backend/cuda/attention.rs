@@ -1,9 +1,9 @@
 //! Host side of the attention kernels: bounds checks, the choice of splits
-//! along the sequence, and the KV append.
+//! along the sequence, the KV append and the copy of whole KV blocks.
 
 use std::sync::atomic::Ordering;
 
-use super::memory::{CudaKvCache, check};
+use super::memory::{CudaKvCache, KvLayer, check};
 use super::params as p;
 use super::{CudaBackend, CudaBuffer, CudaStep, CudaVector, CudaWorkspace, Kernel, u32_of};
 use crate::backend::{AttentionShape, BackendError};
@@ -58,7 +58,7 @@ impl CudaBackend {
         }
 
         let (splits, split_len) = self.splits(step, shape, heads, ws.gathered_input.elements);
-        let mut params = p::AttnParams {
+        let params = p::AttnParams {
             q: q.ptr(),
             k: k.ptr(),
             v: v.ptr(),
@@ -78,24 +78,18 @@ impl CudaBackend {
             kv_bf16: kv.bf16.into(),
             sinks_bf16: sinks.is_some_and(|s| s.bf16).into(),
             block_size: u32_of("block size", kv.block_size)?,
-            ring: store.ring.into(),
-            ring_window: u32_of("window", kv.ring_window)?,
+            table: table_field(&store),
             window: u32_of("window", shape.window.unwrap_or(0))?,
             splits,
             split_len,
-            append: (!store.ring).into(),
             scale: shape.scale,
             pad: 0,
         };
-        if store.ring {
-            params.append = 0;
-        }
         let grid = (step.tiles, params.heads, splits);
         self.launch(Kernel::Attention, grid, p::ATTN_THREADS, shared, &params)?;
-        if params.append == 1 {
-            kv.appended
-                .store(CudaKvCache::marker(layer, step.serial), Ordering::Release);
-        }
+        // The kernel also wrote the step's keys and values.
+        kv.appended
+            .store(CudaKvCache::marker(layer, step.serial), Ordering::Release);
         if splits > 1 {
             self.launch(
                 Kernel::AttentionCombine,
@@ -165,10 +159,8 @@ impl CudaBackend {
             .ok_or_else(|| BackendError::Shape(format!("no KV layer {layer}")))?;
         kv.check_step(&store, step)?;
         check("k", step.rows * kv.width, k.len().min(v.len()))?;
-        // The attention kernel of this step already wrote a paged layer.
-        if !store.ring
-            && kv.appended.load(Ordering::Acquire) == CudaKvCache::marker(layer, step.serial)
-        {
+        // The attention kernel of this step already wrote the layer.
+        if kv.appended.load(Ordering::Acquire) == CudaKvCache::marker(layer, step.serial) {
             return Ok(());
         }
         let params = p::AppendParams {
@@ -184,10 +176,75 @@ impl CudaBackend {
             kv_width: u32_of("kv width", kv.width)?,
             kv_bf16: kv.bf16.into(),
             block_size: u32_of("block size", kv.block_size)?,
-            ring: store.ring.into(),
-            ring_window: u32_of("window", kv.ring_window)?,
-            pad: 0,
+            table: table_field(&store),
         };
         self.launch(Kernel::KvAppend, (params.rows, 1, 1), 128, 0, &params)
+    }
+
+    /// Copies block `from` onto block `to` of every array, for each pair,
+    /// in launches of up to `MAX_COPY_PAIRS` pairs. Every id is checked
+    /// first (nothing is copied otherwise), and, since a launch copies its
+    /// pairs at once, that no block is the `to` of two pairs or both a
+    /// `from` and a `to` (the order-free contract of `kv_copy_blocks`).
+    pub(super) fn run_kv_copy_blocks(
+        &self,
+        kv: &CudaKvCache,
+        pairs: &[(u32, u32)],
+    ) -> Result<(), BackendError> {
+        let blocks = kv.blocks;
+        for (i, &(from, to)) in pairs.iter().enumerate() {
+            if from as usize >= blocks || to as usize >= blocks || from == to {
+                return Err(BackendError::Shape(format!(
+                    "cannot copy KV block {from} onto block {to} of {blocks}"
+                )));
+            }
+            if pairs[..i]
+                .iter()
+                .any(|&(f, t)| t == to || t == from || f == to)
+            {
+                return Err(BackendError::Shape(format!(
+                    "KV block copies overlap at {from} → {to}: a block is the target of one copy \
+                     and the source or target of another"
+                )));
+            }
+        }
+        let element_bytes = if kv.bf16 { 2 } else { 4 };
+        let block_bytes = kv.block_size * kv.width * element_bytes;
+        let params = |chunk: &[(u32, u32)]| -> Result<p::CopyParams, BackendError> {
+            let mut params = p::CopyParams {
+                cache: kv.base(),
+                half_bytes: kv.array_bytes / 2,
+                block_units: u32_of("KV block", block_bytes / 2)?,
+                pairs: chunk.len() as u32,
+                from: [0; p::MAX_COPY_PAIRS],
+                to: [0; p::MAX_COPY_PAIRS],
+            };
+            for (i, &(from, to)) in chunk.iter().enumerate() {
+                params.from[i] = from;
+                params.to[i] = to;
+            }
+            Ok(params)
+        };
+        let halves = u32_of("KV arrays", 2 * kv.arrays)?;
+        for chunk in pairs.chunks(p::MAX_COPY_PAIRS) {
+            let params = params(chunk)?;
+            self.launch(
+                Kernel::KvCopyBlocks,
+                (params.pairs, halves, 1),
+                256,
+                0,
+                &params,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The step metadata field of the table `layer` reads.
+fn table_field(layer: &KvLayer) -> u32 {
+    if layer.sliding {
+        p::SEQ_SLIDING
+    } else {
+        p::SEQ_TABLE
     }
 }

@@ -113,10 +113,11 @@ pub enum Kernel {
     Attention,
     AttentionCombine,
     KvAppend,
+    KvCopyBlocks,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 19] = [
+    pub const ALL: [Kernel; 20] = [
         Kernel::RmsNorm,
         Kernel::RopeTable,
         Kernel::QkNormRope,
@@ -136,6 +137,7 @@ impl Kernel {
         Kernel::Attention,
         Kernel::AttentionCombine,
         Kernel::KvAppend,
+        Kernel::KvCopyBlocks,
     ];
 
     /// The `extern "C"` name in its source.
@@ -160,6 +162,7 @@ impl Kernel {
             Kernel::Attention => "attention",
             Kernel::AttentionCombine => "attention_combine",
             Kernel::KvAppend => "kv_append",
+            Kernel::KvCopyBlocks => "kv_copy_blocks",
         }
     }
 
@@ -187,7 +190,10 @@ impl Kernel {
             | Kernel::ExpertDown
             | Kernel::ExpertDownMma
             | Kernel::MoeCombine => 3,
-            Kernel::Attention | Kernel::AttentionCombine | Kernel::KvAppend => 4,
+            Kernel::Attention
+            | Kernel::AttentionCombine
+            | Kernel::KvAppend
+            | Kernel::KvCopyBlocks => 4,
         }
     }
 }

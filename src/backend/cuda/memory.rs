@@ -13,7 +13,7 @@ use crate::plan::memory::{
     ACTIVATION_BYTES, MoeWorkspace as MoeWorkspacePlan, STEP_METADATA, STEP_SEQ_FIELDS,
 };
 use crate::plan::profile::KvCacheDtype;
-use crate::step::StepBatch;
+use crate::step::{NO_BLOCK, StepBatch};
 
 #[derive(Debug)]
 enum Memory {
@@ -105,9 +105,14 @@ pub(crate) fn check(
     BackendError::check_capacity(what, needed, capacity)
 }
 
-/// The step's metadata in device memory (`kernels/common.cuh`, StepView):
-/// `[tokens][logit rows][5 fields per sequence][block tables]`, and what
-/// the host needs to size launches and check bounds.
+/// The step's metadata in device memory (`kernels/common.cuh`, StepView),
+/// u32 words, `T` tokens, `S` sequences, `B` blocks per sequence at most:
+/// `[tokens: T][logit rows: T][5 fields × S][full tables: S × B][sliding
+/// tables: S × B]` (the plan's `2T + S(2B + 5)` words). A sequence's fields
+/// are its start row, length, past, sliding-table start and full-table
+/// start, both table starts counted from the first full-table word (the
+/// sliding one is `S × B + SeqChunk::sliding_start`). Also what the host
+/// needs to size launches and check bounds.
 #[derive(Debug)]
 pub struct CudaStep {
     pub(crate) memory: DeviceMemory,
@@ -125,9 +130,16 @@ pub struct CudaStep {
     pub(crate) max_context: usize,
     /// Every sequence has one row (a decode step).
     pub(crate) decode_only: bool,
-    /// Largest block id and ring slot any sequence uses.
+    /// Largest block id of the full tables, and of the sliding tables
+    /// (their NO_BLOCK entries aside).
     pub(crate) max_block: Option<u32>,
-    pub(crate) max_ring_slot: u32,
+    pub(crate) max_sliding_block: Option<u32>,
+    /// The step has sliding-window tables.
+    pub(crate) sliding_tables: bool,
+    /// Largest block size for which no chunk position (`past..past+len`,
+    /// what the append writes) falls in a NO_BLOCK entry of its sliding
+    /// table: `min ⌊past / (i + 1)⌋` over each table's last NO_BLOCK index `i`.
+    pub(crate) sliding_max_block_size: usize,
     /// Smallest block size the tables are valid for: ⌈(past+len) / table_len⌉.
     pub(crate) needed_block_size: usize,
     /// Incremented by each `load_step`.
@@ -160,7 +172,9 @@ impl CudaStep {
             max_context: 0,
             decode_only: true,
             max_block: None,
-            max_ring_slot: 0,
+            max_sliding_block: None,
+            sliding_tables: false,
+            sliding_max_block_size: usize::MAX,
             needed_block_size: 0,
             serial: 0,
             _charge: charge,
@@ -171,7 +185,7 @@ impl CudaStep {
         self.memory.ptr()
     }
 
-    /// Copies `batch` to the device (four small asynchronous copies).
+    /// Copies `batch` to the device (five small asynchronous copies).
     pub(crate) fn load(&mut self, batch: &StepBatch, q_tile: usize) -> Result<(), BackendError> {
         let (t, s) = (self.max_tokens, self.max_seqs);
         check("step tokens", batch.tokens.len(), t)?;
@@ -180,6 +194,11 @@ impl CudaStep {
         check(
             "block tables",
             batch.block_tables.len(),
+            self.max_table_entries,
+        )?;
+        check(
+            "sliding-window tables",
+            batch.sliding_block_tables.len(),
             self.max_table_entries,
         )?;
         if batch.positions.len() != batch.tokens.len() {
@@ -191,9 +210,19 @@ impl CudaStep {
         self.max_context = 0;
         self.decode_only = true;
         self.max_block = batch.block_tables.iter().copied().max();
-        self.max_ring_slot = 0;
+        self.max_sliding_block = batch
+            .sliding_block_tables
+            .iter()
+            .copied()
+            .filter(|&b| b != NO_BLOCK)
+            .max();
+        self.sliding_tables = !batch.sliding_block_tables.is_empty();
+        self.sliding_max_block_size = usize::MAX;
         self.needed_block_size = 0;
         let seq_base = 2 * t;
+        // Both table starts count from the first full-table word.
+        let sliding_base = u32::try_from(self.max_table_entries)
+            .map_err(|_| BackendError::Shape("the block tables are too large".to_string()))?;
         for (i, c) in batch.seqs.iter().enumerate() {
             // The kernels find a row's sequence by its start: packed in order.
             if c.start != expected_start || c.len == 0 {
@@ -217,6 +246,22 @@ impl CudaStep {
             }
             let end = c.table_start as usize + c.table_len as usize;
             check("block table", end, batch.block_tables.len())?;
+            if self.sliding_tables {
+                let start = c.sliding_start as usize;
+                let end = start + c.table_len as usize;
+                check(
+                    "sliding-window table",
+                    end,
+                    batch.sliding_block_tables.len(),
+                )?;
+                if let Some(i) = batch.sliding_block_tables[start..end]
+                    .iter()
+                    .rposition(|&b| b == NO_BLOCK)
+                {
+                    self.sliding_max_block_size =
+                        self.sliding_max_block_size.min(c.past as usize / (i + 1));
+                }
+            }
             let context = c.past as usize + c.len as usize;
             if c.table_len > 0 {
                 self.needed_block_size = self
@@ -228,13 +273,14 @@ impl CudaStep {
             self.tiles += c.len.div_ceil(q_tile as u32);
             self.max_context = self.max_context.max(context);
             self.decode_only &= c.len == 1;
-            self.max_ring_slot = self.max_ring_slot.max(c.sliding_start);
             let at = seq_base + STEP_SEQ_FIELDS * i;
             self.staging[at..at + STEP_SEQ_FIELDS].copy_from_slice(&[
                 c.start,
                 c.len,
                 c.past,
-                c.sliding_start,
+                sliding_base.checked_add(c.sliding_start).ok_or_else(|| {
+                    BackendError::Shape("a sliding-window table start overflows".to_string())
+                })?,
                 c.table_start,
             ]);
         }
@@ -255,6 +301,9 @@ impl CudaStep {
         let tables = seq_base + STEP_SEQ_FIELDS * s;
         self.staging[tables..tables + batch.block_tables.len()]
             .copy_from_slice(&batch.block_tables);
+        let sliding = tables + self.max_table_entries;
+        let n_sliding = batch.sliding_block_tables.len();
+        self.staging[sliding..sliding + n_sliding].copy_from_slice(&batch.sliding_block_tables);
 
         let n_seq = STEP_SEQ_FIELDS * batch.seqs.len();
         self.memory.upload_at(0, &self.staging[..rows])?;
@@ -266,6 +315,8 @@ impl CudaStep {
             4 * tables,
             &self.staging[tables..tables + batch.block_tables.len()],
         )?;
+        self.memory
+            .upload_at(4 * sliding, &self.staging[sliding..sliding + n_sliding])?;
         self.rows = rows;
         self.num_seqs = batch.seqs.len();
         self.logit_rows.clear();
@@ -282,31 +333,34 @@ impl CudaStep {
 pub(crate) struct KvLayer {
     pub k: u64,
     pub v: u64,
-    pub ring: bool,
+    /// Reads the sliding-window tables.
+    pub sliding: bool,
 }
 
-/// The KV cache of every layer in one device allocation, in the profile's
-/// KV dtype: a paged pool per full-attention layer, a ring of `window`
-/// slots per running sequence per sliding layer (as the CPU's).
+/// The plan's KV pool in one device allocation, in the profile's KV dtype
+/// (`KvLayout`): `arrays` arrays of `blocks × block_size` slots, each its K
+/// then its V; layer `l` uses array `layout.array_of(l)` through its
+/// sequences' full or sliding-window tables (as the CPU's).
 #[derive(Debug)]
 pub struct CudaKvCache {
-    _memory: DeviceMemory,
+    memory: DeviceMemory,
     pub(crate) layers: Vec<KvLayer>,
+    pub(crate) arrays: usize,
+    /// Bytes of one array's K and V together.
+    pub(crate) array_bytes: u64,
     pub(crate) block_size: usize,
     pub(crate) blocks: usize,
-    pub(crate) ring_slots: usize,
-    pub(crate) ring_window: usize,
     pub(crate) width: usize,
     pub(crate) bf16: bool,
-    /// `serial · 2^16 + layer + 1` of the last paged layer whose new keys
-    /// the attention kernel already wrote (so kv_append skips it).
+    /// `serial · 2^16 + layer + 1` of the last layer whose new keys the
+    /// attention kernel already wrote (so kv_append skips it).
     pub(crate) appended: AtomicU64,
     _charge: Charge,
 }
 
 impl CudaKvCache {
-    /// Allocates `layers` layers exactly as the plan's `layout` lists them,
-    /// one allocation, each layer's K then V.
+    /// Allocates the pool of `layers` layers exactly as the plan's `layout`
+    /// lists it, one allocation.
     pub(crate) fn allocate(
         device: &Arc<Device>,
         ledger: &Arc<Ledger>,
@@ -323,21 +377,20 @@ impl CudaKvCache {
         let layers = (0..layers)
             .map(|layer| {
                 let k = base + layout.array_of(layer) as u64 * layout.array_bytes();
-                let v = k + layout.array_bytes() / 2;
                 KvLayer {
                     k,
-                    v,
-                    ring: layout.is_sliding(layer),
+                    v: k + layout.array_bytes() / 2,
+                    sliding: layout.is_sliding(layer),
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
         Ok(CudaKvCache {
-            _memory: memory,
+            memory,
+            arrays: layout.arrays(layers.len()),
+            array_bytes: layout.array_bytes(),
             layers,
             block_size: layout.block_size,
             blocks: layout.blocks,
-            ring_slots: 0, // TODO(sliding): CUDA reads sliding tables
-            ring_window: layout.window,
             width: layout.width(),
             bf16: layout.dtype == KvCacheDtype::Bf16,
             appended: AtomicU64::new(0),
@@ -345,35 +398,46 @@ impl CudaKvCache {
         })
     }
 
+    /// Start of the pool (array 0's K).
+    pub(crate) fn base(&self) -> u64 {
+        self.memory.ptr()
+    }
+
     pub(crate) fn marker(layer: usize, serial: u64) -> u64 {
         (serial << 16) + layer as u64 + 1
     }
 
-    /// Checks that `step`'s tables, ring slots and positions fit this cache.
+    /// Checks that `step`'s tables and positions fit this cache: every
+    /// position within its table, every block id of both tables in the pool
+    /// (NO_BLOCK only in sliding tables), and for a sliding layer a sliding
+    /// table with a block for each position the step appends.
     pub(crate) fn check_step(&self, layer: &KvLayer, step: &CudaStep) -> Result<(), BackendError> {
-        if layer.ring {
-            if step.num_seqs > 0 && step.max_ring_slot as usize >= self.ring_slots {
+        if step.needed_block_size > self.block_size {
+            return Err(BackendError::Shape(
+                "a position is beyond its sequence's KV blocks".to_string(),
+            ));
+        }
+        for (what, max) in [
+            ("KV block", step.max_block),
+            ("sliding-window KV block", step.max_sliding_block),
+        ] {
+            if let Some(b) = max.filter(|&b| b as usize >= self.blocks) {
                 return Err(BackendError::Shape(format!(
-                    "ring slot {} of {}",
-                    step.max_ring_slot, self.ring_slots
+                    "{what} {b} of {}",
+                    self.blocks
                 )));
             }
-            if self.ring_window == 0 {
+        }
+        if layer.sliding && step.num_seqs > 0 {
+            if !step.sliding_tables {
                 return Err(BackendError::Shape(
-                    "a sliding layer with no window".to_string(),
+                    "a sliding-window layer in a step without sliding-window tables".to_string(),
                 ));
             }
-        } else {
-            if step.needed_block_size > self.block_size {
+            if self.block_size > step.sliding_max_block_size {
                 return Err(BackendError::Shape(
-                    "a position is beyond its sequence's KV blocks".to_string(),
+                    "a position of the step has no block in its sliding-window table".to_string(),
                 ));
-            }
-            if step.max_block.is_some_and(|b| b as usize >= self.blocks) {
-                return Err(BackendError::Shape(format!(
-                    "KV block {:?} of {}",
-                    step.max_block, self.blocks
-                )));
             }
         }
         Ok(())

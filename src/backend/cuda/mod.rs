@@ -725,12 +725,11 @@ impl Backend for CudaBackend {
 
     fn kv_copy_blocks(
         &self,
-        _kv: &mut CudaKvCache,
-        _pairs: &[(u32, u32)],
+        kv: &mut CudaKvCache,
+        pairs: &[(u32, u32)],
     ) -> Result<(), BackendError> {
-        Err(BackendError::Unavailable(
-            "TODO(sliding): kv_copy_blocks on CUDA".to_string(),
-        ))
+        self.device.bind()?;
+        self.run_kv_copy_blocks(kv, pairs)
     }
 
     fn route(

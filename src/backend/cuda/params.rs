@@ -35,6 +35,10 @@ pub const TOKEN_TILE: usize = 8;
 pub const ATTN_THREADS: u32 = 128;
 pub const Q_TILE: u32 = 16;
 pub const KEY_TILE: u32 = 32;
+/// Step metadata fields of a sequence naming its full-attention and its
+/// sliding-window table (`kernels/common.cuh`).
+pub const SEQ_SLIDING: u32 = 3;
+pub const SEQ_TABLE: u32 = 4;
 
 /// Dynamic shared memory of `attention` for `head_dim`: a query tile, a
 /// padded key tile and a value tile, f32.
@@ -248,12 +252,11 @@ pub struct AttnParams {
     pub kv_bf16: u32,
     pub sinks_bf16: u32,
     pub block_size: u32,
-    pub ring: u32,
-    pub ring_window: u32,
+    /// The sequence field of the layer's table: [`SEQ_TABLE`] or [`SEQ_SLIDING`].
+    pub table: u32,
     pub window: u32,
     pub splits: u32,
     pub split_len: u32,
-    pub append: u32,
     pub scale: f32,
     pub pad: u32,
 }
@@ -273,9 +276,21 @@ pub struct AppendParams {
     pub kv_width: u32,
     pub kv_bf16: u32,
     pub block_size: u32,
-    pub ring: u32,
-    pub ring_window: u32,
-    pub pad: u32,
+    pub table: u32,
+}
+
+/// Block pairs one `kv_copy_blocks` launch copies.
+pub const MAX_COPY_PAIRS: usize = 64;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CopyParams {
+    pub cache: u64,
+    pub half_bytes: u64,
+    pub block_units: u32,
+    pub pairs: u32,
+    pub from: [u32; MAX_COPY_PAIRS],
+    pub to: [u32; MAX_COPY_PAIRS],
 }
 
 // The same sizes the sources assert.
@@ -299,6 +314,7 @@ const _: () = {
     assert!(size_of::<GateUpParams>() == 72);
     assert!(size_of::<DownParams>() == 48);
     assert!(size_of::<CombineParams>() == 48);
-    assert!(size_of::<AttnParams>() == 144);
-    assert!(size_of::<AppendParams>() == 80);
+    assert!(size_of::<AttnParams>() == 136);
+    assert!(size_of::<AppendParams>() == 72);
+    assert!(size_of::<CopyParams>() == 24 + 8 * MAX_COPY_PAIRS);
 };
