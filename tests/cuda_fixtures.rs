@@ -252,3 +252,133 @@ fn device_argmax_picks_the_greedy_ids_of_the_reference() {
     // The last prompt row's argmax is the first greedy token.
     assert_eq!(ids_cuda[rows - 1], r.greedy_ids[0]);
 }
+
+/// What one greedy request (or choice) of [`HitsAndForks`] sampled.
+#[derive(Debug, PartialEq)]
+struct Choice {
+    tokens: Vec<u32>,
+    cached_tokens: usize,
+}
+
+/// On one engine: a request that warms the cache, then `target` (a hit),
+/// then `target` again as a group of three greedy choices (forked).
+struct HitsAndForks<'a> {
+    warm: &'a [u32],
+    target: &'a [u32],
+}
+
+impl WithBackend for HitsAndForks<'_> {
+    type Output = (Choice, Vec<Choice>);
+
+    fn run<B: Backend>(self, loaded: &Loaded<B>) -> (Choice, Vec<Choice>) {
+        use sparkrt::engine::sampling::SamplingParams;
+        use sparkrt::engine::{Event, EventSink, Request};
+        use std::sync::mpsc;
+
+        let source = loaded.source();
+        let mut engine = loaded.engine(&source).unwrap();
+        let greedy = |prompt: &[u32]| Request {
+            prompt: prompt.to_vec(),
+            params: SamplingParams::greedy(6),
+            prompt_logits: false,
+            ignore_eos: true,
+            logprobs: Default::default(),
+            skip_special_tokens: true,
+            cache_salt: None,
+        };
+        let mut serve = |prompt: &[u32], choices: usize| -> Vec<Choice> {
+            let (sinks, receivers): (Vec<Box<dyn EventSink>>, Vec<_>) = (0..choices)
+                .map(|_| {
+                    let (tx, rx) = mpsc::channel::<Event>();
+                    (Box::new(tx) as Box<dyn EventSink>, rx)
+                })
+                .unzip();
+            engine.add_request_group(greedy(prompt), sinks).unwrap();
+            while engine.has_work() {
+                engine.step().unwrap();
+            }
+            engine.audit_blocks().unwrap();
+            receivers
+                .into_iter()
+                .map(|rx| {
+                    let mut choice = Choice {
+                        tokens: Vec::new(),
+                        cached_tokens: usize::MAX,
+                    };
+                    for event in rx.try_iter() {
+                        match event {
+                            Event::Token { id, .. } => choice.tokens.push(id),
+                            Event::Finished { cached_tokens, .. } => {
+                                choice.cached_tokens = cached_tokens;
+                            }
+                            Event::Failed { message } => panic!("request failed: {message}"),
+                            _ => {}
+                        }
+                    }
+                    choice
+                })
+                .collect()
+        };
+        serve(self.warm, 1);
+        let hit = serve(self.target, 1).remove(0);
+        let group = serve(self.target, 3);
+        (hit, group)
+    }
+}
+
+#[test]
+fn cuda_cache_hits_and_forked_choices_give_the_cold_greedy_tokens() {
+    if cuda_common::skip("cuda prefix cache") {
+        return;
+    }
+    let host_root = common::fixture("hosts/box24");
+    let host = HostSource {
+        root: &host_root,
+        kubelet_config: None,
+    };
+    for name in FIXTURES {
+        // 40 shared tokens (2 full blocks of 16; on gpt-oss-tiny, window 8,
+        // the sliding blocks of the first blocks leave the window), then
+        // different tails; the target's 45 tokens end in a partial block.
+        let shared: Vec<u32> = (0..40).map(|i| 3 + (i * 11) % 200).collect();
+        let mut warm = shared.clone();
+        warm.extend([7, 8, 9, 10]);
+        let mut target = shared;
+        target.extend([20, 21, 22, 23, 24]);
+        let cold = run(
+            name,
+            &profile(name),
+            DeviceKind::Cuda,
+            std::slice::from_ref(&target),
+            6,
+        );
+        let options = DeviceOptions {
+            device: Some(DeviceKind::Cuda),
+            cache_dir: cuda_common::cuda_options().cache_dir,
+        };
+        let loaded = LoadedModel::open_with(
+            &common::fixture(name),
+            Some(&profile(name)),
+            &host,
+            PageCachePolicy::Keep,
+            &options,
+        )
+        .unwrap();
+        let (hit, group) = loaded.run(HitsAndForks {
+            warm: &warm,
+            target: &target,
+        });
+        assert_eq!(hit.cached_tokens, 32, "{name}: two full blocks hit");
+        assert_eq!(hit.tokens, cold[0].tokens, "{name}: the hit's tokens");
+        // The first choice hits the cache (now three blocks of the target's
+        // own); the others are forked from it: no prompt token computed,
+        // the partial block (positions 32..45) copied on the device.
+        assert_eq!(group[0].cached_tokens, 32, "{name}");
+        for (j, choice) in group.iter().enumerate() {
+            assert_eq!(choice.tokens, cold[0].tokens, "{name}: choice {j}");
+            if j > 0 {
+                assert_eq!(choice.cached_tokens, target.len(), "{name}: choice {j}");
+            }
+        }
+    }
+}
