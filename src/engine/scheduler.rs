@@ -670,31 +670,13 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                             }
                         }
                     }
-                    match seq.sampler.sample_masked(logits, mask.as_deref(), sampling) {
-                        Ok(token) => {
+                    let text = (tokenizer.as_deref(), eos.as_slice(), limits.max_model_len);
+                    match sample_into(seq, logits, mask.as_deref(), sampling, text) {
+                        Ok(()) => {
                             sampled += 1;
-                            // From the raw row, before any processing (vLLM's default).
-                            let logprob = seq
-                                .logprobs
-                                .sampled
-                                .map(|n| token_logprob(logits, token, n));
-                            accept_token(
-                                seq,
-                                token,
-                                logprob,
-                                tokenizer.as_deref(),
-                                eos,
-                                limits.max_model_len,
-                            );
                             if seq.generated() == 1 && seq.has_followers {
-                                sampled += forks.fork_followers(
-                                    seq,
-                                    waiting,
-                                    blocks,
-                                    logits,
-                                    sampling,
-                                    (tokenizer.as_deref(), eos, limits.max_model_len),
-                                );
+                                sampled += forks
+                                    .fork_followers(seq, waiting, blocks, logits, sampling, text);
                             }
                         }
                         // The request's own settings left nothing to choose
@@ -846,7 +828,7 @@ impl Forks {
         blocks: &mut BlockAllocator,
         logits: &[f32],
         sampling: &mut SamplingWorkspace,
-        (tokenizer, eos, max_model_len): (Option<&Tokenizer>, &[u32], usize),
+        text: TextRules<'_>,
     ) -> usize {
         let mut sampled = 0;
         for seq in waiting.iter_mut() {
@@ -874,20 +856,33 @@ impl Forks {
             if !std::mem::replace(&mut seq.scheduled_reported, true) {
                 seq.sink.scheduled();
             }
-            match seq.sampler.sample_masked(logits, None, sampling) {
-                Ok(token) => {
-                    sampled += 1;
-                    let logprob = seq
-                        .logprobs
-                        .sampled
-                        .map(|n| token_logprob(logits, token, n));
-                    accept_token(seq, token, logprob, tokenizer, eos, max_model_len);
-                }
+            match sample_into(seq, logits, None, sampling, text) {
+                Ok(()) => sampled += 1,
                 Err(e) => fail_one(seq, &format!("sampling failed: {e}")),
             }
         }
         sampled
     }
+}
+
+/// What accepting a token needs besides the sequence: the tokenizer (for
+/// its text), the end-of-sequence ids and `max_model_len`.
+type TextRules<'a> = (Option<&'a Tokenizer>, &'a [u32], usize);
+
+/// Samples `seq`'s next token from its logits `row` (only `allowed` ids,
+/// when given) and appends it.
+fn sample_into(
+    seq: &mut Sequence,
+    row: &[f32],
+    allowed: Option<&[u32]>,
+    sampling: &mut SamplingWorkspace,
+    (tokenizer, eos, max_model_len): TextRules<'_>,
+) -> Result<(), SamplingError> {
+    let token = seq.sampler.sample_masked(row, allowed, sampling)?;
+    // From the raw row, before any processing (vLLM's default).
+    let logprob = seq.logprobs.sampled.map(|n| token_logprob(row, token, n));
+    accept_token(seq, token, logprob, tokenizer, eos, max_model_len);
+    Ok(())
 }
 
 /// One past the largest running index among `indices`.
