@@ -16,18 +16,23 @@ rate: cached prompt tokens over prompt tokens, from
 ("not reported" where it does not), and the /metrics counters
 `sparkrt_prefix_cache_queries_total` / `sparkrt_prefix_cache_hits_total`
 (their increase over the run) where they exist. Run it once against a
-server with prefix caching and once with `serve --no-prefix-caching` to
-compare the TTFTs.
+server with prefix caching and once with `serve --no-prefix-caching`, each
+with `--json-out FILE`, then `--compare WITH WITHOUT` prints the two side by
+side: hit rate, TTFT p50/p99 and their ratio (without / with), throughput,
+and the peak RSS of both servers against the plan, which caching must not
+change (the cache lives in the planned KV pool).
 
 Usage:
   scripts/load.py --url http://127.0.0.1:8000 --clients 8 --requests 32 \\
       --prompt-tokens 128 --output-tokens 64 [--pid PID] [--api-key KEY]
   scripts/load.py --url http://127.0.0.1:8000 --workload shared-prefix \\
-      --system-tokens 2048 --prompt-tokens 32 --output-tokens 16
+      --system-tokens 2048 --prompt-tokens 32 --output-tokens 16 --json-out with.json
+  scripts/load.py --compare with.json without.json
 
 Without --pid the server is found by the port it listens on (/proc/net/tcp),
 which needs the same machine and permission to read its /proc entries.
-Exits 1 if a request fails or the peak RSS exceeds the plan's total + 5%.
+Exits 1 if a request fails or the peak RSS exceeds the plan's total + 5%;
+`--compare` exits 1 if either run did, or if the runs' workloads differ.
 """
 
 import argparse
@@ -45,7 +50,7 @@ RSS_TOLERANCE = 1.05
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", required=True, help="server root, http://HOST:PORT")
+    p.add_argument("--url", help="server root, http://HOST:PORT (required unless --compare)")
     p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients")
     p.add_argument("--requests", type=int, default=32, help="requests in all")
     p.add_argument("--workload", choices=["random", "shared-prefix"], default="random",
@@ -60,7 +65,14 @@ def parse_args():
     p.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids")
     p.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
-    return p.parse_args()
+    p.add_argument("--json-out", metavar="FILE", help="also write the figures as one JSON object to FILE")
+    p.add_argument("--compare", nargs=2, metavar=("WITH", "WITHOUT"),
+                   help="print two runs' figures (--json-out files, or saved --json output) side by "
+                        "side: WITH prefix caching and WITHOUT; sends no request")
+    args = p.parse_args()
+    if args.compare is None and args.url is None:
+        p.error("--url is required (unless --compare)")
+    return args
 
 
 class Client:
@@ -83,9 +95,21 @@ class Client:
         return self.conn
 
     def get(self, path):
+        reused = self.conn is not None
         conn = self._connection()
-        conn.request("GET", path, headers=self.headers)
-        response = conn.getresponse()
+        try:
+            conn.request("GET", path, headers=self.headers)
+            response = conn.getresponse()
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            if not reused:
+                raise
+            # The server closes a keep-alive connection idle for 10 s (e.g.
+            # this one, during a run): a GET is safe to send again on a new one.
+            conn.close()
+            self.conn = None
+            conn = self._connection()
+            conn.request("GET", path, headers=self.headers)
+            response = conn.getresponse()
         body = response.read()
         if response.status != 200:
             raise RuntimeError(f"GET {path}: {response.status} {body[:200]!r}")
@@ -203,6 +227,8 @@ def status_bytes(pid, field):
 
 def main():
     args = parse_args()
+    if args.compare:
+        sys.exit(compare(*args.compare))
     client = Client(args.url, args.api_key)
     memory = client.get_json("/v1/memory")
     models = client.get_json("/v1/models")
@@ -353,9 +379,88 @@ def main():
         print(f"  peak RSS (VmHWM)   {peak / gib:10.3f} GiB  (now {rss / gib:.3f} GiB)")
         print(f"  plan total         {plan_total / gib:10.3f} GiB  -> peak is "
               f"{100 * peak / plan_total:.1f}% of it: {'within' if within else 'OVER'} total + 5%")
+    figures["ok"] = ok
     if args.json:
         print(json.dumps(figures))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(figures, f)
+            f.write("\n")
     sys.exit(0 if ok else 1)
+
+
+# What two compared runs must share to be comparable.
+SAME_WORKLOAD = ("model", "workload", "clients", "requests", "prompt_tokens", "system_tokens",
+                 "output_tokens_per_request")
+
+
+def read_figures(path):
+    """The last line of `path` that is a JSON object: a --json-out file, or
+    the whole output of a run with --json."""
+    with open(path) as f:
+        rows = f.read().splitlines()
+    for row in reversed(rows):
+        row = row.strip()
+        if row.startswith("{"):
+            try:
+                return json.loads(row)
+            except ValueError:
+                continue
+    raise SystemExit(f"{path}: no JSON figures (write them with --json-out or --json)")
+
+
+def compare(with_path, without_path):
+    """Prints two runs side by side; returns the exit status."""
+    on, off = read_figures(with_path), read_figures(without_path)
+    ok = on.get("ok", True) and off.get("ok", True)
+    for key in SAME_WORKLOAD:
+        if on.get(key) != off.get(key):
+            print(f"runs differ in {key}: {on.get(key)!r} (with) vs {off.get(key)!r} (without)",
+                  file=sys.stderr)
+            ok = False
+    shape = (f"{on.get('system_tokens')} shared + {on.get('prompt_tokens', 0) - on.get('system_tokens', 0)}"
+             if on.get("workload") == "shared-prefix" else f"{on.get('prompt_tokens')}")
+    print(f"model {on.get('model')}: {on.get('workload')} workload, {on.get('clients')} clients, "
+          f"{on.get('requests')} requests, {shape} prompt + {on.get('output_tokens_per_request')} "
+          f"output tokens each")
+    print(f"  {'':20} {'with cache':>12} {'without':>12} {'without/with':>13}")
+
+    def rate(f, hits, queries):
+        if f.get(queries):
+            return f"{100 * f[hits] / f[queries]:.1f} %"
+        return "n/a" if queries in f else "not reported"
+
+    def usage_rate(f):
+        return "not reported" if f.get("hit_rate") is None else f"{100 * f['hit_rate']:.1f} %"
+
+    print(f"  {'hit rate (usage)':20} {usage_rate(on):>12} {usage_rate(off):>12}")
+    print(f"  {'hit rate (metrics)':20} {rate(on, 'prefix_cache_hits', 'prefix_cache_queries'):>12} "
+          f"{rate(off, 'prefix_cache_hits', 'prefix_cache_queries'):>12}")
+    rows = [("TTFT p50 (ms)", "ttft_p50_ms"), ("TTFT p99 (ms)", "ttft_p99_ms"),
+            ("ITL p50 (ms)", "itl_p50_ms"), ("ITL p99 (ms)", "itl_p99_ms"),
+            ("output tok/s", "output_tok_per_s"), ("requests/s", "requests_per_s"),
+            ("wall (s)", "wall_s")]
+    for label, key in rows:
+        a, b = on.get(key), off.get(key)
+        if a is None or b is None:
+            print(f"  {label:20} {'missing':>12} {'missing':>12}")
+            continue
+        ratio = f"{b / a:12.2f}x" if a else ""
+        print(f"  {label:20} {a:12.1f} {b:12.1f} {ratio}")
+    gib = 1 << 30
+    peaks = [f.get("peak_rss_bytes") for f in (on, off)]
+    plans = [f.get("plan_total_bytes") for f in (on, off)]
+    if None in peaks:
+        print("  peak RSS             unknown in a run (server process not found)")
+    else:
+        print(f"  {'peak RSS (GiB)':20} {peaks[0] / gib:12.3f} {peaks[1] / gib:12.3f} "
+              f"{peaks[1] / peaks[0]:12.3f}x")
+        print(f"  {'plan total (GiB)':20} {plans[0] / gib:12.3f} {plans[1] / gib:12.3f}")
+        print(f"  {'peak / plan':20} {100 * peaks[0] / plans[0]:10.1f} % {100 * peaks[1] / plans[1]:10.1f} %")
+        same = "the same in both runs" if plans[0] == plans[1] else "DIFFERENT (caching must not change it)"
+        print(f"  plan total is {same}; peak RSS with caching against without: "
+              f"{100 * (peaks[0] - peaks[1]) / peaks[1]:+.2f}%")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
