@@ -142,3 +142,73 @@ fn gpt_oss_sliding_window_layers_hit_the_cache_and_answer_as_cold() {
     assert_eq!(none, 0);
     assert_eq!(warm, reference);
 }
+
+/// `scripts/load.py` ARGS, which must exit 0; its standard output.
+fn load_py(args: &[&str]) -> String {
+    let out = std::process::Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/load.py"))
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "load.py {args:?}: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn load_py_compares_the_shared_prefix_workload_with_and_without_caching() {
+    let test = "load_py_compares_the_shared_prefix_workload_with_and_without_caching";
+    if !crate::common::tool_present(test, crate::common::missing_command("python3")) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut runs = Vec::new();
+    for (name, args) in [("with", &[][..]), ("without", &["--no-prefix-caching"][..])] {
+        let server = Server::start(args);
+        let file = dir.path().join(format!("{name}.json"));
+        let file = file.to_str().unwrap().to_string();
+        let pid = server.pid().to_string();
+        load_py(&[
+            "--url",
+            &server.url,
+            "--pid",
+            &pid,
+            "--workload",
+            "shared-prefix",
+            "--clients",
+            "2",
+            "--requests",
+            "4",
+            "--system-tokens",
+            "64",
+            "--prompt-tokens",
+            "8",
+            "--output-tokens",
+            "2",
+            "--json-out",
+            &file,
+        ]);
+        let figures: Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        runs.push((file, figures));
+    }
+    // Each of the 4 measured requests (after a warm-up) takes the 64-token
+    // system prompt's 4 full blocks from the cache, of 72 prompt tokens; a
+    // server without caching serves none.
+    let (with, without) = (&runs[0].1, &runs[1].1);
+    assert_eq!(with["requests"], 4, "{with}");
+    assert_eq!(with["cached_tokens"], 4 * 64, "{with}");
+    assert_eq!(with["prefix_cache_hits"], 4.0 * 64.0, "{with}");
+    let rate = with["hit_rate"].as_f64().unwrap();
+    assert!((rate - 256.0 / 288.0).abs() < 1e-9, "{with}");
+    assert_eq!(without["cached_tokens"], 0, "{without}");
+    assert_eq!(with["rss_within_plan"], true, "{with}");
+    let compared = load_py(&["--compare", &runs[0].0, &runs[1].0]);
+    assert!(compared.contains("TTFT"), "{compared}");
+    assert!(compared.to_lowercase().contains("hit rate"), "{compared}");
+}
