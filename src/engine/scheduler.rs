@@ -15,7 +15,12 @@
 //! tokens (`kv_blocks`) and computes only the rest. The CPU kernels are
 //! batch-invariant and a step's own keys are rounded to the cache's
 //! precision before attention, so the rest's logits are bitwise those of a
-//! cold run. After each step the blocks that became full are registered.
+//! cold run. After each step the blocks that became full are registered
+//! and sliding-window blocks that left the window are released.
+//!
+//! `n > 1`: the later choices of a request wait until the first samples,
+//! then sample from its logits row and are forked from its blocks (see
+//! [`Engine::add_request_group`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -309,7 +314,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
     }
 
     /// Removes finished sequences (and those whose client left), freeing
-    /// their blocks and ring slots, and tells their clients.
+    /// their blocks, and tells their clients.
     fn retire_finished(&mut self) {
         for seq in self.running.iter_mut().chain(self.waiting.iter_mut()) {
             if seq.finished.is_none() && seq.sink.is_closed() {
