@@ -42,6 +42,8 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 pub use crate::step::NO_BLOCK;
 
+use crate::plan::memory::sliding_window_blocks;
+
 /// Identifies a sequence (a request) to the allocator.
 pub type SeqId = u64;
 
@@ -309,7 +311,7 @@ impl BlockAllocator {
             .blocks_for_tokens(tokens)
             .saturating_sub(hit.blocks.len());
         let sliding = if self.window > 0 {
-            let window = self.window.saturating_sub(1).div_ceil(self.block_size) + 1;
+            let window = sliding_window_blocks(self.window, self.block_size);
             full.min(window + self.blocks_for_tokens(chunk) + 1)
         } else {
             0
@@ -396,16 +398,14 @@ impl BlockAllocator {
         for block in blocks {
             self.take_ref(block);
         }
-        let sliding = if self.window > 0 {
-            hit.sliding
-        } else {
-            Vec::new()
-        };
         self.tables.insert(
             seq,
             SeqBlocks {
                 table: BlockTable { blocks: hit.blocks },
-                sliding: BlockTable { blocks: sliding },
+                // Empty unless `lookup` found sliding blocks (a window).
+                sliding: BlockTable {
+                    blocks: hit.sliding,
+                },
                 root,
                 hashes: hit.hashes,
             },
@@ -428,15 +428,11 @@ impl BlockAllocator {
         };
         let full = computed / self.block_size;
         let partial = !computed.is_multiple_of(self.block_size);
-        let copies = usize::from(partial && source.table.len() > full)
-            + usize::from(
-                partial
-                    && source
-                        .sliding
-                        .blocks
-                        .get(full)
-                        .is_some_and(|&b| b != NO_BLOCK),
-            );
+        // Each table's entry for the partial block, where it has one.
+        let copies = [&source.table, &source.sliding]
+            .iter()
+            .filter(|t| partial && t.blocks.get(full).is_some_and(|&b| b != NO_BLOCK))
+            .count();
         if !self.can_allocate(copies) {
             return Err(KvBlocksError::OutOfBlocks {
                 needed: copies,
@@ -635,18 +631,11 @@ impl BlockAllocator {
         let count = entry.table.blocks.len();
         // Position by position from the end, the sliding twin after its
         // full block, so a chain's tail is evicted first.
-        let twins = entry
-            .sliding
-            .blocks
-            .iter()
-            .copied()
-            .map(Some)
-            .chain(std::iter::repeat(None));
-        let pairs: Vec<(u32, Option<u32>)> =
-            entry.table.blocks.iter().copied().zip(twins).collect();
-        for (block, twin) in pairs.into_iter().rev() {
-            self.drop_ref(block);
-            if let Some(twin) = twin.filter(|&b| b != NO_BLOCK) {
+        for i in (0..count).rev() {
+            self.drop_ref(entry.table.blocks[i]);
+            if let Some(&twin) = entry.sliding.blocks.get(i)
+                && twin != NO_BLOCK
+            {
                 self.drop_ref(twin);
             }
         }

@@ -550,6 +550,13 @@ pub struct SlidingKv {
     pub bytes: u64,
 }
 
+/// Blocks of `block` tokens the `window − 1` positions before a sequence's
+/// next token span at most: `⌈(window − 1) / block⌉ + 1` (`n` consecutive
+/// positions span at most `⌈n / block⌉ + 1` blocks).
+pub fn sliding_window_blocks(window: usize, block: usize) -> usize {
+    window.saturating_sub(1).div_ceil(block.max(1)) + 1
+}
+
 pub fn sliding_kv(g: &ModelGeometry, dtype_bytes: u64, s: &ServingSection) -> SlidingKv {
     let layers = sliding_layers(g);
     let window_tokens = if layers == 0 {
@@ -562,7 +569,7 @@ pub fn sliding_kv(g: &ModelGeometry, dtype_bytes: u64, s: &ServingSection) -> Sl
     let (blocks_per_seq, step_blocks, blocks) = if window_tokens == 0 {
         (0, 0, 0)
     } else {
-        let per_seq = window_tokens.saturating_sub(1).div_ceil(block) + 1;
+        let per_seq = sliding_window_blocks(window_tokens as usize, block as usize) as u64;
         let step = (s.max_num_batched_tokens as u64).div_ceil(block);
         let longest_tables = seqs * (s.max_model_len as u64).div_ceil(block);
         (
