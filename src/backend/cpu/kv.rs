@@ -56,6 +56,8 @@ pub struct CpuKvCache {
     /// Per layer: its array and whether it reads the sliding-window table.
     pub(crate) layers: Vec<(usize, bool)>,
     pub(crate) block_size: usize,
+    /// Blocks of each array.
+    blocks: usize,
     pub(crate) width: usize,
     pub(crate) dtype: KvCacheDtype,
     _charge: Charge,
@@ -84,6 +86,7 @@ impl CpuKvCache {
                 .map(|l| (layout.array_of(l), layout.is_sliding(l)))
                 .collect(),
             block_size: layout.block_size,
+            blocks: layout.blocks,
             width: layout.width(),
             dtype: layout.dtype,
             _charge: charge,
@@ -117,20 +120,12 @@ impl CpuKvCache {
         sliding: bool,
         position: usize,
     ) -> Option<usize> {
-        let block = *batch
-            .table_for(seq, sliding)
-            .get(position / self.block_size)?;
-        (block != NO_BLOCK && (block as usize) < self.blocks())
-            .then(|| block as usize * self.block_size + position % self.block_size)
-    }
-
-    /// Blocks of each array.
-    fn blocks(&self) -> usize {
-        match self.arrays.first().map(|a| &a.k) {
-            Some(KvData::F32(d)) => d.len() / (self.width * self.block_size).max(1),
-            Some(KvData::Bf16(d)) => d.len() / (self.width * self.block_size).max(1),
-            None => 0,
-        }
+        slot_of(
+            batch.table_for(seq, sliding),
+            position,
+            self.block_size,
+            self.blocks,
+        )
     }
 
     /// Writes the step's keys and values (rows of `width`) into the cache.
@@ -141,37 +136,33 @@ impl CpuKvCache {
         v: &[f32],
         batch: &StepBatch,
     ) -> Result<(), BackendError> {
-        let width = self.width;
+        let (width, block_size, blocks) = (self.width, self.block_size, self.blocks);
         let (_, sliding) = self.layer(layer)?;
-        let array = self.layers[layer].0;
-        let mut slots = Vec::with_capacity(batch.rows());
+        let store = &mut self.arrays[self.layers[layer].0];
         for (s, chunk) in batch.seqs.iter().enumerate() {
+            let table = batch.table_for(s, sliding);
             for (i, row) in chunk.rows().enumerate() {
                 let position = chunk.past as usize + i;
-                let slot = self.slot(batch, s, sliding, position).ok_or_else(|| {
+                let slot = slot_of(table, position, block_size, blocks).ok_or_else(|| {
                     BackendError::Shape(format!(
                         "position {position} has no KV block in the sequence's {} table",
                         if sliding { "sliding-window" } else { "block" }
                     ))
                 })?;
-                slots.push((row, slot));
+                store
+                    .k
+                    .write(slot * width, &k[row * width..(row + 1) * width]);
+                store
+                    .v
+                    .write(slot * width, &v[row * width..(row + 1) * width]);
             }
-        }
-        let store = &mut self.arrays[array];
-        for (row, slot) in slots {
-            store
-                .k
-                .write(slot * width, &k[row * width..(row + 1) * width]);
-            store
-                .v
-                .write(slot * width, &v[row * width..(row + 1) * width]);
         }
         Ok(())
     }
 
     /// Copies block `from` onto block `to` in every array, for each pair.
     pub(crate) fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
-        let blocks = self.blocks();
+        let blocks = self.blocks;
         let span = self.block_size * self.width;
         for &(from, to) in pairs {
             if from as usize >= blocks || to as usize >= blocks || from == to {
@@ -200,4 +191,12 @@ impl CpuKvCache {
             }
         }
     }
+}
+
+/// The slot of `position` through `table` in arrays of `blocks` blocks of
+/// `block_size`; `None` where the table holds no block for it.
+fn slot_of(table: &[u32], position: usize, block_size: usize, blocks: usize) -> Option<usize> {
+    let block = *table.get(position / block_size)?;
+    (block != NO_BLOCK && (block as usize) < blocks)
+        .then(|| block as usize * block_size + position % block_size)
 }
