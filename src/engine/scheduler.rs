@@ -336,6 +336,9 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
             .partition(|s| s.finished.is_some());
         self.waiting = waiting.into();
         for seq in done {
+            // A waiting sequence holds no blocks, except a choice forked in
+            // a step whose forward pass then failed (it never moved on).
+            self.release(&seq);
             self.finish(seq);
         }
     }
