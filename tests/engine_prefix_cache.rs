@@ -122,14 +122,7 @@ fn collect(rx: mpsc::Receiver<Event>) -> Sampled {
 
 /// Serves `requests` together, checking the block books after every step.
 fn serve(engine: &mut Engine<CpuBackend>, requests: &[Request]) -> Vec<Sampled> {
-    let receivers: Vec<_> = requests
-        .iter()
-        .map(|r| {
-            let (tx, rx) = mpsc::channel();
-            engine.add_request(r.clone(), Box::new(tx)).unwrap();
-            rx
-        })
-        .collect();
+    let receivers = crate::fixture_runs::submit(engine, requests);
     run_to_end(engine);
     receivers.into_iter().map(collect).collect()
 }

@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 
 use sparkrt::backend::Backend;
 use sparkrt::backend::cpu::CpuBackend;
@@ -52,14 +51,7 @@ fn request(prompt_len: usize, seed: u32, max_tokens: usize) -> Request {
 
 /// Serves `requests` together; returns each one's generated tokens.
 fn serve<B: Backend>(engine: &mut Engine<'_, B>, requests: &[Request]) -> Vec<Vec<u32>> {
-    let receivers: Vec<_> = requests
-        .iter()
-        .map(|r| {
-            let (tx, rx) = mpsc::channel();
-            engine.add_request(r.clone(), Box::new(tx)).unwrap();
-            rx
-        })
-        .collect();
+    let receivers = crate::fixture_runs::submit(engine, requests);
     while engine.has_work() {
         engine.step().unwrap();
         assert!(engine.kv_blocks_used() <= engine.kv_blocks_total());

@@ -5,7 +5,6 @@
 //! crate's code; and batch invariance of a request with every parameter set.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::mpsc;
 
 use sparkrt::backend::cpu::CpuBackend;
 use sparkrt::checkpoint::PageCachePolicy;
@@ -356,14 +355,7 @@ fn tiny_engine() -> Loaded<CpuBackend> {
 }
 
 fn serve(engine: &mut Engine<'_, CpuBackend>, requests: &[Request]) -> Vec<Vec<u32>> {
-    let receivers: Vec<_> = requests
-        .iter()
-        .map(|r| {
-            let (tx, rx) = mpsc::channel();
-            engine.add_request(r.clone(), Box::new(tx)).unwrap();
-            rx
-        })
-        .collect();
+    let receivers = crate::fixture_runs::submit(engine, requests);
     while engine.has_work() {
         engine.step().unwrap();
     }

@@ -59,6 +59,22 @@ pub struct Outcome {
     pub finish: Option<FinishReason>,
 }
 
+/// Queues `requests` on `engine`, each with a channel of its own; returns
+/// the receiving ends, in order.
+pub fn submit<'w, B: Backend + 'w>(
+    engine: &mut Engine<'w, B>,
+    requests: &[Request],
+) -> Vec<mpsc::Receiver<Event>> {
+    requests
+        .iter()
+        .map(|r| {
+            let (tx, rx) = mpsc::channel();
+            engine.add_request(r.clone(), Box::new(tx)).unwrap();
+            rx
+        })
+        .collect()
+}
+
 /// Serves `prompts` together on `engine`, greedy, `max_tokens` each, with
 /// prompt logits; returns each request's outcome.
 pub fn serve_greedy<'w, B: Backend + 'w>(
