@@ -107,6 +107,20 @@ fn two_turns(reference: &str, fixture: &str, generated: &str, answer: serde_json
     }
 }
 
+impl Reuse {
+    /// The whole first prompt is shared, but not all the engine computed:
+    /// the template re-renders the first answer without its reasoning.
+    fn ends_within_the_first_answer(&self) {
+        assert!(
+            self.shared >= self.first_prompt,
+            "shared {} < {}",
+            self.shared,
+            self.first_prompt
+        );
+        assert!(self.shared < self.first_transcript);
+    }
+}
+
 #[test]
 fn qwen3_instruct_2507_reuses_the_whole_first_answer() {
     let reuse = two_turns(
@@ -135,13 +149,7 @@ fn qwen3_thinking_drops_earlier_reasoning_so_reuse_ends_at_the_first_answer() {
     // The whole first prompt (system prompt and first question) is reused;
     // the answer is not, because the template re-renders it without its
     // `<think>` block.
-    assert!(
-        reuse.shared >= reuse.first_prompt,
-        "shared {} < {}",
-        reuse.shared,
-        reuse.first_prompt
-    );
-    assert!(reuse.shared < reuse.first_transcript);
+    reuse.ends_within_the_first_answer();
 }
 
 #[test]
@@ -157,11 +165,5 @@ fn gptoss_drops_earlier_analysis_so_reuse_ends_at_the_first_answer() {
             "reasoning_content": "The user wants a greeting."
         }),
     );
-    assert!(
-        reuse.shared >= reuse.first_prompt,
-        "shared {} < {}",
-        reuse.shared,
-        reuse.first_prompt
-    );
-    assert!(reuse.shared < reuse.first_transcript);
+    reuse.ends_within_the_first_answer();
 }
