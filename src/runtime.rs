@@ -15,7 +15,7 @@ use crate::backend::{Backend, BackendError, KvLayout};
 use crate::checkpoint::config::ModelConfig;
 use crate::checkpoint::load::LoadProgress;
 use crate::checkpoint::{self, Checkpoint, CheckpointError, PageCachePolicy};
-use crate::engine::{Engine, EngineError, EngineLimits};
+use crate::engine::{Engine, EngineError, EngineLimits, ModelExecutor};
 use crate::geometry::WeightGroup;
 use crate::host::{HostError, HostReading, KubeletSource};
 use crate::model::source::CheckpointSource;
@@ -540,7 +540,7 @@ impl<B: Backend> Loaded<B> {
     pub fn engine<'w>(
         &'w self,
         source: &'w CheckpointSource<'w>,
-    ) -> Result<Engine<'w, B>, RuntimeError> {
+    ) -> Result<Engine<'w>, RuntimeError> {
         let model = Transformer::load(&self.backend, &self.config, source)?;
         let buffers = Buffers::allocate(&self.backend, &self.plan, &self.kv_layout())?;
         // Every start-up allocation is made: each must be exactly its plan.
@@ -556,9 +556,7 @@ impl<B: Backend> Loaded<B> {
             prefix_caching: s.enable_prefix_caching,
         };
         Ok(Engine::new(
-            &self.backend,
-            model,
-            buffers,
+            ModelExecutor::new(&self.backend, model, buffers),
             limits,
             self.tokenizer.clone(),
             self.eos.clone(),

@@ -277,14 +277,8 @@ impl WithBackend for HitsAndForks<'_> {
 
         let source = loaded.source();
         let mut engine = loaded.engine(&source).unwrap();
-        let greedy = |prompt: &[u32]| Request {
-            prompt: prompt.to_vec(),
-            params: SamplingParams::greedy(6),
-            prompt_logits: false,
-            ignore_eos: true,
-            logprobs: Default::default(),
-            skip_special_tokens: true,
-            cache_salt: None,
+        let greedy = |prompt: &[u32]| {
+            Request::new(prompt.to_vec(), SamplingParams::greedy(6)).with_ignore_eos(true)
         };
         let mut serve = |prompt: &[u32], choices: usize| -> Vec<Choice> {
             let (sinks, receivers): (Vec<Box<dyn EventSink>>, Vec<_>) = (0..choices)

@@ -26,15 +26,10 @@ fn prompt() -> Vec<u32> {
 }
 
 fn request(logprobs: LogprobRequest, prompt_logits: bool) -> Request {
-    Request {
-        prompt: prompt(),
-        params: SamplingParams::greedy(3),
-        prompt_logits,
-        ignore_eos: true,
-        logprobs,
-        skip_special_tokens: true,
-        cache_salt: None,
-    }
+    Request::new(prompt(), SamplingParams::greedy(3))
+        .with_prompt_logits(prompt_logits)
+        .with_ignore_eos(true)
+        .with_logprobs(logprobs)
 }
 
 /// Runs one request alone on an engine of `profile`; returns its events.

@@ -9,7 +9,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 
-use sparkrt::backend::cpu::CpuBackend;
 use sparkrt::checkpoint::PageCachePolicy;
 use sparkrt::engine::sampling::SamplingParams;
 use sparkrt::engine::{Engine, Event, EventSink, LogprobRequest, Request};
@@ -23,11 +22,7 @@ use crate::fixture_runs::{FIXTURES, profile};
 const BLOCK: usize = 16;
 
 /// Builds `name`'s engine from `profile` and hands it to `f`.
-fn with_engine<R>(
-    name: &str,
-    profile: &Profile,
-    f: impl FnOnce(&mut Engine<CpuBackend>) -> R,
-) -> R {
+fn with_engine<R>(name: &str, profile: &Profile, f: impl FnOnce(&mut Engine<'_>) -> R) -> R {
     let host_root = common::fixture("hosts/box24");
     let host = HostSource {
         root: &host_root,
@@ -74,23 +69,20 @@ fn tokens(len: usize, seed: u64) -> Vec<u32> {
 /// alternatives: its tokens and those figures depend on every bit of the
 /// logits rows they come from.
 fn request(prompt: Vec<u32>, seed: u64, max_tokens: usize) -> Request {
-    Request {
+    Request::new(
         prompt,
-        params: SamplingParams {
+        SamplingParams {
             temperature: 0.9,
             seed: Some(seed),
             max_tokens,
             ..SamplingParams::default()
         },
-        prompt_logits: false,
-        ignore_eos: true,
-        logprobs: LogprobRequest {
-            sampled: Some(5),
-            prompt: None,
-        },
-        skip_special_tokens: true,
-        cache_salt: None,
-    }
+    )
+    .with_ignore_eos(true)
+    .with_logprobs(LogprobRequest {
+        sampled: Some(5),
+        prompt: None,
+    })
 }
 
 /// A sampled token, its log-probability's bits and its alternatives' (id, bits).
@@ -121,13 +113,13 @@ fn collect(rx: mpsc::Receiver<Event>) -> Sampled {
 }
 
 /// Serves `requests` together, checking the block books after every step.
-fn serve(engine: &mut Engine<CpuBackend>, requests: &[Request]) -> Vec<Sampled> {
+fn serve(engine: &mut Engine<'_>, requests: &[Request]) -> Vec<Sampled> {
     let receivers = crate::fixture_runs::submit(engine, requests);
     run_to_end(engine);
     receivers.into_iter().map(collect).collect()
 }
 
-fn run_to_end(engine: &mut Engine<CpuBackend>) {
+fn run_to_end(engine: &mut Engine<'_>) {
     while engine.has_work() {
         engine.step().unwrap();
         engine.audit_blocks().unwrap();

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sparkrt::backend::Backend;
 use sparkrt::backend::cpu::CpuBackend;
 use sparkrt::checkpoint::PageCachePolicy;
 use sparkrt::engine::sampling::SamplingParams;
@@ -36,21 +35,17 @@ fn loaded() -> Loaded<CpuBackend> {
 /// A greedy request of `prompt_len` made-up tokens that generates
 /// exactly `max_tokens`.
 fn request(prompt_len: usize, seed: u32, max_tokens: usize) -> Request {
-    Request {
-        prompt: (0..prompt_len as u32)
+    Request::new(
+        (0..prompt_len as u32)
             .map(|i| (i * 37 + seed * 101) % 500)
             .collect(),
-        params: SamplingParams::greedy(max_tokens),
-        prompt_logits: false,
-        ignore_eos: true,
-        logprobs: Default::default(),
-        skip_special_tokens: true,
-        cache_salt: None,
-    }
+        SamplingParams::greedy(max_tokens),
+    )
+    .with_ignore_eos(true)
 }
 
 /// Serves `requests` together; returns each one's generated tokens.
-fn serve<B: Backend>(engine: &mut Engine<'_, B>, requests: &[Request]) -> Vec<Vec<u32>> {
+fn serve(engine: &mut Engine<'_>, requests: &[Request]) -> Vec<Vec<u32>> {
     let receivers = crate::fixture_runs::submit(engine, requests);
     while engine.has_work() {
         engine.step().unwrap();

@@ -30,6 +30,8 @@ mod cuda_nvrtc;
 mod cuda_sass;
 mod engine_fixtures;
 mod engine_logprobs;
+mod engine_output;
+mod engine_plans;
 mod engine_prefix_cache;
 mod engine_scheduler;
 mod formats;

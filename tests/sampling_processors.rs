@@ -354,7 +354,7 @@ fn tiny_engine() -> Loaded<CpuBackend> {
     .unwrap()
 }
 
-fn serve(engine: &mut Engine<'_, CpuBackend>, requests: &[Request]) -> Vec<Vec<u32>> {
+fn serve(engine: &mut Engine<'_>, requests: &[Request]) -> Vec<Vec<u32>> {
     let receivers = crate::fixture_runs::submit(engine, requests);
     while engine.has_work() {
         engine.step().unwrap();
@@ -380,28 +380,25 @@ fn every_parameter_keeps_batch_invariance() {
     let loaded = tiny_engine();
     let source = loaded.source();
     let mut engine = loaded.engine(&source).unwrap();
-    let request = |seed: u64, shift: u32| Request {
-        prompt: (0..12).map(|i| (i * 41 + shift * 7) % 500).collect(),
-        params: SamplingParams {
-            temperature: 0.9,
-            top_k: Some(100),
-            top_p: 0.95,
-            seed: Some(seed),
-            max_tokens: 24,
-            presence_penalty: 0.7,
-            frequency_penalty: 0.4,
-            repetition_penalty: 1.3,
-            min_p: 0.02,
-            logit_bias: vec![(17, 2.5), (300, -5.0)],
-            stop_token_ids: vec![499],
-            min_tokens: 4,
-            ..SamplingParams::default()
-        },
-        prompt_logits: false,
-        ignore_eos: false,
-        logprobs: Default::default(),
-        skip_special_tokens: true,
-        cache_salt: None,
+    let request = |seed: u64, shift: u32| {
+        Request::new(
+            (0..12).map(|i| (i * 41 + shift * 7) % 500).collect(),
+            SamplingParams {
+                temperature: 0.9,
+                top_k: Some(100),
+                top_p: 0.95,
+                seed: Some(seed),
+                max_tokens: 24,
+                presence_penalty: 0.7,
+                frequency_penalty: 0.4,
+                repetition_penalty: 1.3,
+                min_p: 0.02,
+                logit_bias: vec![(17, 2.5), (300, -5.0)],
+                stop_token_ids: vec![499],
+                min_tokens: 4,
+                ..SamplingParams::default()
+            },
+        )
     };
     let alone = serve(&mut engine, &[request(11, 0)]);
     let others: Vec<Request> = (1..5).map(|i| request(100 + i, i as u32)).collect();
@@ -436,20 +433,17 @@ fn structured_outputs_keep_batch_invariance() {
     let loaded = tiny_engine();
     let source = loaded.source();
     let mut engine = loaded.engine(&source).unwrap();
-    let request = |seed: u64, regex: Option<&str>| Request {
-        prompt: (0..10).map(|i| (i * 13 + seed as u32) % 500).collect(),
-        params: SamplingParams {
-            temperature: 1.0,
-            seed: Some(seed),
-            max_tokens: 40,
-            constraint: regex.map(|r| compiler.compile(&GrammarSpec::Regex(r.into())).unwrap()),
-            ..SamplingParams::default()
-        },
-        prompt_logits: false,
-        ignore_eos: false,
-        logprobs: Default::default(),
-        skip_special_tokens: true,
-        cache_salt: None,
+    let request = |seed: u64, regex: Option<&str>| {
+        Request::new(
+            (0..10).map(|i| (i * 13 + seed as u32) % 500).collect(),
+            SamplingParams {
+                temperature: 1.0,
+                seed: Some(seed),
+                max_tokens: 40,
+                constraint: regex.map(|r| compiler.compile(&GrammarSpec::Regex(r.into())).unwrap()),
+                ..SamplingParams::default()
+            },
+        )
     };
     let regex = "[a-z]{3,8}( [a-z]{2,6}){1,3}";
     let alone = serve(&mut engine, &[request(5, Some(regex))]);

@@ -408,17 +408,11 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
         for prompt in &prompts {
             let (tx, rx) = mpsc::channel();
             engine.add_request(
-                Request {
-                    prompt: prompt.clone(),
-                    params: SamplingParams::greedy(args.generate),
-                    prompt_logits: false,
-                    ignore_eos: true,
-                    logprobs: Default::default(),
-                    skip_special_tokens: true,
+                Request::new(prompt.clone(), SamplingParams::greedy(args.generate))
+                    .with_ignore_eos(true)
                     // A salt of its own per round: the prompts repeat, and
                     // the prefix cache must not make later rounds' prefill free.
-                    cache_salt: Some(format!("bench-round-{round}")),
-                },
+                    .with_cache_salt(Some(format!("bench-round-{round}"))),
                 Box::new(tx),
             )?;
             receivers.push(rx);

@@ -39,23 +39,13 @@ struct PrefixCacheReport {
 
 /// Runs one request to its first token: (seconds, prompt tokens it took
 /// from the cache).
-fn first_token<B: Backend>(
-    engine: &mut Engine<'_, B>,
-    prompt: Vec<u32>,
-    salt: &str,
-) -> Result<(f64, usize)> {
+fn first_token(engine: &mut Engine<'_>, prompt: Vec<u32>, salt: &str) -> Result<(f64, usize)> {
     let (tx, rx) = mpsc::channel();
     let start = Instant::now();
     engine.add_request(
-        Request {
-            prompt,
-            params: SamplingParams::greedy(1),
-            prompt_logits: false,
-            ignore_eos: true,
-            logprobs: Default::default(),
-            skip_special_tokens: true,
-            cache_salt: Some(salt.to_string()),
-        },
+        Request::new(prompt, SamplingParams::greedy(1))
+            .with_ignore_eos(true)
+            .with_cache_salt(Some(salt.to_string())),
         Box::new(tx),
     )?;
     let mut ttft = None;

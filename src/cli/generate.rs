@@ -162,15 +162,9 @@ fn generate<B: Backend>(
     };
     let (tx, rx) = mpsc::channel();
     engine.add_request(
-        Request {
-            prompt: prompt.clone(),
-            params,
-            prompt_logits: args.logits_out.is_some(),
-            ignore_eos: args.ignore_eos,
-            logprobs: Default::default(),
-            skip_special_tokens: true,
-            cache_salt: None,
-        },
+        Request::new(prompt.clone(), params)
+            .with_prompt_logits(args.logits_out.is_some())
+            .with_ignore_eos(args.ignore_eos),
         Box::new(tx),
     )?;
 

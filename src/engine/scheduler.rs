@@ -1,4 +1,7 @@
-//! The step loop: continuous batching over one model.
+//! The scheduling policy: which sequences run, which of their tokens each
+//! step computes, where their keys go. Pure bookkeeping over the KV block
+//! allocator; it fills a [`StepPlan`] and knows nothing of the model or of
+//! sampling.
 //!
 //! Each step packs, oldest sequence first, one decode token per running
 //! sequence and chunks of waiting prompts, up to `max_num_batched_tokens`
@@ -12,170 +15,67 @@
 //!
 //! Prefix caching: when a sequence starts (first time or after a
 //! preemption) it takes the longest chain of cached full blocks of its
-//! tokens (`kv_blocks`) and computes only the rest. The CPU kernels are
-//! batch-invariant and a step's own keys are rounded to the cache's
-//! precision before attention, so the rest's logits are bitwise those of a
-//! cold run. After each step the blocks that became full are registered
-//! and sliding-window blocks that left the window are released.
+//! tokens (`kv_blocks`) and computes only the rest. After each step
+//! ([`Scheduler::apply`]) the blocks that became full are registered and
+//! sliding-window blocks that left the window are released.
 //!
-//! `n > 1`: the later choices of a request wait until the first samples,
-//! then sample from its logits row and are forked from its blocks (see
-//! [`Engine::add_request_group`]).
+//! `n > 1`: the later choices of a request wait in the queue until the
+//! first (their leader) reaches the end of its prompt; in that step they
+//! are forked from its blocks (full blocks shared, the partial last one
+//! copied after the forward pass) and sample their first token from its
+//! logits row ([`super::step_plan::Fork`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use thiserror::Error;
+use super::counters::{EngineCounters, EngineLimits};
+use super::kv_blocks::{BlockAllocator, KvBlocksError, PrefixHit};
+use super::request::{FinishReason, SeqId};
+use super::sequence::Sequence;
+use super::step_plan::{ChunkKind, Fork, LogitRow, RowRole, ScheduledChunk, StepPlan};
+use crate::step::Logits;
 
-use rayon::prelude::*;
-
-use super::grammar::{Constraint, GrammarError, TokenMask};
-use super::kv_blocks::{BlockAllocator, PrefixHit, root_hash};
-use super::logprobs::{TokenLogprob, token_logprob};
-use super::sampling::{Sampler, SamplingError, SamplingWorkspace};
-use super::sequence::{Event, EventSink, FinishReason, Request, SeqId, Sequence, TextState};
-use crate::backend::Backend;
-use crate::model::{Buffers, ModelError, Transformer};
-use crate::step::{Logits, StepBatch};
-use crate::text::Tokenizer;
-
-#[derive(Debug, Error)]
-pub enum EngineError {
-    #[error(transparent)]
-    Model(#[from] ModelError),
-}
-
-/// Why a request was not admitted.
-#[derive(Debug, Error, PartialEq)]
-pub enum AdmissionError {
-    #[error("the prompt is empty")]
-    EmptyPrompt,
-    #[error(
-        "the prompt has {prompt} tokens; this model serves at most {max_model_len} tokens per sequence, output included"
-    )]
-    PromptTooLong { prompt: usize, max_model_len: usize },
-    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
-    TokenOutOfRange { id: u32, vocab: usize },
-    #[error(
-        "{count} log-probability alternatives asked for; at most {max} are reported",
-        max = super::logprobs::MAX_TOP_LOGPROBS
-    )]
-    TooManyLogprobs { count: usize },
-    #[error(
-        "cache_salt has {bytes} bytes; at most {max} are accepted",
-        max = crate::limits::MAX_CACHE_SALT_BYTES
-    )]
-    CacheSaltTooLong { bytes: usize },
-    #[error(transparent)]
-    Sampling(#[from] SamplingError),
-}
-
-/// Limits the engine schedules within (from the plan).
-#[derive(Clone, Debug)]
-pub struct EngineLimits {
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    pub max_model_len: usize,
-    pub kv_blocks: usize,
-    pub kv_block_size: usize,
-    /// Tokens a sliding-window layer attends to (0: no such layers).
-    pub sliding_window: usize,
-    /// Keep full KV blocks for reuse by later requests.
-    pub prefix_caching: bool,
-}
-
-/// Counters the server exports.
-#[derive(Debug, Default)]
-pub struct EngineCounters {
-    pub prompt_tokens: AtomicU64,
-    pub generation_tokens: AtomicU64,
-    pub preemptions: AtomicU64,
-    pub steps: AtomicU64,
-    /// Tokens of starting sequences looked up in the prefix cache.
-    pub prefix_cache_queries: AtomicU64,
-    /// Of those, tokens served from the cache (not recomputed).
-    pub prefix_cache_hits: AtomicU64,
-}
-
-/// What one step did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StepReport {
-    /// Tokens run through the model.
-    pub tokens: usize,
-    /// Sequences that sampled a token.
-    pub sampled: usize,
-}
-
-pub struct Engine<'w, B: Backend + 'w> {
-    backend: &'w B,
-    model: Transformer<'w, B>,
-    buffers: Buffers<B>,
+pub(crate) struct Scheduler {
     limits: EngineLimits,
     blocks: BlockAllocator,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
-    batch: StepBatch,
-    /// For each logit row of the current step: the running index of its
-    /// sequence and whether the row is sampled.
-    logit_owners: Vec<(usize, bool)>,
-    /// Running index and token count of each sequence in the current step.
-    scheduled: Vec<(usize, usize)>,
-    sampling: SamplingWorkspace,
-    tokenizer: Option<Arc<Tokenizer>>,
-    eos: Vec<u32>,
-    next_id: SeqId,
-    pub counters: Arc<EngineCounters>,
+    counters: Arc<EngineCounters>,
 }
 
-impl<'w, B: Backend + 'w> Engine<'w, B> {
-    pub fn new(
-        backend: &'w B,
-        model: Transformer<'w, B>,
-        buffers: Buffers<B>,
-        limits: EngineLimits,
-        tokenizer: Option<Arc<Tokenizer>>,
-        eos: Vec<u32>,
-    ) -> Result<Self, EngineError> {
-        let blocks = BlockAllocator::new(limits.kv_blocks, limits.kv_block_size)
-            .map_err(|e| {
-                ModelError::Unsupported(format!("KV cache of {} blocks: {e}", limits.kv_blocks))
-            })?
+impl Scheduler {
+    pub fn new(limits: EngineLimits, counters: Arc<EngineCounters>) -> Result<Self, KvBlocksError> {
+        let blocks = BlockAllocator::new(limits.kv_blocks, limits.kv_block_size)?
             .with_prefix_caching(limits.prefix_caching)
             .with_sliding_window(limits.sliding_window);
-        let blocks_per_seq = limits.max_model_len.div_ceil(limits.kv_block_size);
-        Ok(Engine {
-            backend,
-            batch: StepBatch::with_capacity(
-                limits.max_num_batched_tokens,
-                limits.max_num_seqs,
-                blocks_per_seq,
-            ),
-            logit_owners: Vec::with_capacity(limits.max_num_batched_tokens),
-            scheduled: Vec::with_capacity(limits.max_num_seqs),
-            sampling: SamplingWorkspace::new(model.settings.vocab_size),
-            model,
-            buffers,
-            blocks,
+        Ok(Scheduler {
             limits,
+            blocks,
             waiting: VecDeque::new(),
             running: Vec::new(),
-            tokenizer,
-            eos,
-            next_id: 0,
-            counters: Arc::new(EngineCounters::default()),
+            counters,
         })
+    }
+
+    /// An empty plan with room for the largest step these limits allow.
+    pub fn plan_capacity(&self) -> StepPlan {
+        let l = &self.limits;
+        StepPlan::with_capacity(
+            l.max_num_batched_tokens,
+            l.max_num_seqs,
+            l.max_model_len.div_ceil(l.kv_block_size),
+        )
     }
 
     pub fn limits(&self) -> &EngineLimits {
         &self.limits
     }
 
-    pub fn vocab_size(&self) -> usize {
-        self.model.settings.vocab_size
+    pub fn blocks(&self) -> &BlockAllocator {
+        &self.blocks
     }
 
-    /// Sequences admitted and not yet finished.
     pub fn num_running(&self) -> usize {
         self.running.len()
     }
@@ -184,94 +84,30 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         self.waiting.len()
     }
 
-    pub fn kv_blocks_used(&self) -> usize {
-        self.blocks.used_blocks()
-    }
-
-    pub fn kv_blocks_total(&self) -> usize {
-        self.blocks.num_blocks()
-    }
-
-    /// Unreferenced full blocks kept for the prefix cache (reclaimable);
-    /// used + cached + free = total.
-    pub fn kv_blocks_cached(&self) -> usize {
-        self.blocks.cached_blocks()
-    }
-
-    /// Blocks holding nothing reusable.
-    pub fn kv_blocks_free(&self) -> usize {
-        self.blocks.free_blocks()
-    }
-
-    /// Checks the block books (tests): see [`BlockAllocator::audit`].
-    pub fn audit_blocks(&self) -> Result<(), String> {
-        self.blocks.audit()
-    }
-
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
 
-    /// Queues a request; its events go to `sink`.
-    pub fn add_request(
-        &mut self,
-        mut request: Request,
-        sink: Box<dyn EventSink>,
-    ) -> Result<SeqId, AdmissionError> {
-        if let Some(count) = request.logprobs.too_many() {
-            return Err(AdmissionError::TooManyLogprobs { count });
-        }
-        if request.prompt.is_empty() {
-            return Err(AdmissionError::EmptyPrompt);
-        }
-        if request.prompt.len() >= self.limits.max_model_len {
-            return Err(AdmissionError::PromptTooLong {
-                prompt: request.prompt.len(),
-                max_model_len: self.limits.max_model_len,
-            });
-        }
-        let vocab = self.vocab_size();
-        if let Some(&id) = request.prompt.iter().find(|&&id| id as usize >= vocab) {
-            return Err(AdmissionError::TokenOutOfRange { id, vocab });
-        }
-        request.params.validate_ids(vocab)?;
-        if let Some(salt) = &request.cache_salt
-            && salt.len() > crate::limits::MAX_CACHE_SALT_BYTES
+    /// The running set, in the order the current plan's indices refer to.
+    pub fn running_mut(&mut self) -> &mut [Sequence] {
+        &mut self.running
+    }
+
+    /// Queues the choices of one request: the first computes the prompt,
+    /// the others follow it (forked when it reaches the end of its prompt).
+    pub fn add_group(&mut self, mut choices: Vec<Sequence>) {
+        let leader = choices.first().map(|s| s.id);
+        if choices.len() > 1
+            && let Some(first) = choices.first_mut()
         {
-            return Err(AdmissionError::CacheSaltTooLong { bytes: salt.len() });
+            first.has_followers = true;
         }
-        let sampler = Sampler::for_prompt(&request.params, &request.prompt, &self.eos)?;
-        let constraint = request.params.constraint.take();
-        let id = self.next_id;
-        self.next_id += 1;
-        let text = self
-            .tokenizer
-            .as_ref()
-            .map(|t| TextState::new(t, &request.params, request.skip_special_tokens));
-        self.waiting.push_back(Sequence {
-            id,
-            prompt_len: request.prompt.len(),
-            tokens: request.prompt,
-            computed: 0,
-            prompt_counted: 0,
-            sampler,
-            params: request.params,
-            constraint,
-            prompt_logits: request.prompt_logits,
-            ignore_eos: request.ignore_eos,
-            logprobs: request.logprobs,
-            prompt_logprobs_next: 1,
-            stop_logprob: None,
-            sink,
-            text,
-            finished: None,
-            scheduled_reported: false,
-            salt_root: root_hash(request.cache_salt.as_deref()),
-            cached_tokens: None,
-            follows: None,
-            has_followers: false,
-        });
-        Ok(id)
+        for (j, mut seq) in choices.drain(..).enumerate() {
+            if j > 0 {
+                seq.follows = leader;
+            }
+            self.waiting.push_back(seq);
+        }
     }
 
     /// Cancels a request; it leaves at the next step.
@@ -283,91 +119,56 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         }
     }
 
-    /// Ends every request with `message` (after a step failed); they leave
-    /// at the next step.
+    /// Ends every request with `message`; they leave at the next step.
     pub fn fail_all(&mut self, message: &str) {
         for seq in self.running.iter_mut().chain(self.waiting.iter_mut()) {
             if seq.finished.is_none() {
-                seq.sink.send(Event::Failed {
-                    message: message.to_string(),
-                });
-                seq.finished = Some(FinishReason::Aborted);
+                seq.fail(message);
             }
         }
     }
 
-    /// Runs one step of the model over the scheduled tokens.
-    pub fn step(&mut self) -> Result<StepReport, EngineError> {
-        self.retire_finished();
-        self.admit();
-        self.schedule();
-        let rows = self.batch.rows();
-        if rows == 0 {
-            return Ok(StepReport::default());
+    /// Ends every running sequence with `message` (a step's sampling
+    /// failed for reasons no request chose).
+    pub fn fail_running(&mut self, message: &str) {
+        for seq in self.running.iter_mut() {
+            seq.fail(message);
         }
-        let sampled = self.run_model()?;
-        self.counters.steps.fetch_add(1, Ordering::Relaxed);
-        Ok(StepReport {
-            tokens: rows,
-            sampled,
-        })
     }
 
-    /// Removes finished sequences (and those whose client left), freeing
-    /// their blocks, and tells their clients.
-    fn retire_finished(&mut self) {
+    /// Takes out the finished sequences (and those whose client left),
+    /// freeing their blocks; the caller tells their clients.
+    pub fn retire_finished(&mut self) -> Vec<Sequence> {
         for seq in self.running.iter_mut().chain(self.waiting.iter_mut()) {
             if seq.finished.is_none() && seq.sink.is_closed() {
                 seq.finished = Some(FinishReason::Aborted);
             }
         }
+        let mut done = Vec::new();
         let mut index = 0;
         while index < self.running.len() {
             if self.running[index].finished.is_some() {
                 let seq = self.running.remove(index);
-                self.release(&seq);
-                self.finish(seq);
+                self.blocks.free(seq.id);
+                done.push(seq);
             } else {
                 index += 1;
             }
         }
-        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
+        let (finished, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
             .into_iter()
             .partition(|s| s.finished.is_some());
         self.waiting = waiting.into();
-        for seq in done {
-            // A waiting sequence holds no blocks, except a choice forked in
-            // a step whose forward pass then failed (it never moved on).
-            self.release(&seq);
-            self.finish(seq);
+        // A waiting sequence holds no blocks (freeing none is harmless).
+        for seq in finished {
+            self.blocks.free(seq.id);
+            done.push(seq);
         }
-    }
-
-    fn release(&mut self, seq: &Sequence) {
-        self.blocks.free(seq.id);
-    }
-
-    fn finish(&mut self, mut seq: Sequence) {
-        let reason = seq.finished.unwrap_or(FinishReason::Aborted);
-        let text = match (&mut seq.text, &self.tokenizer) {
-            (Some(text), Some(tokenizer)) if reason != FinishReason::Aborted => {
-                text.finish(tokenizer).unwrap_or_default()
-            }
-            _ => String::new(),
-        };
-        let completion_tokens = seq.generated();
-        seq.sink.send(Event::Finished {
-            reason,
-            text,
-            stop_logprob: seq.stop_logprob.take(),
-            prompt_tokens: seq.prompt_len,
-            completion_tokens,
-            cached_tokens: seq.cached_tokens.unwrap_or(0),
-        });
+        done
     }
 
     /// Moves waiting sequences into the running set while there is room.
-    fn admit(&mut self) {
+    pub fn admit(&mut self) {
         while self.running.len() < self.limits.max_num_seqs {
             if self
                 .waiting
@@ -383,12 +184,11 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         }
     }
 
-    /// Fills the step batch, oldest sequence first, preempting the newest
-    /// when KV blocks run out.
-    fn schedule(&mut self) {
-        self.batch.clear();
-        self.logit_owners.clear();
-        self.scheduled.clear();
+    /// Fills `plan` for the next step, oldest sequence first, preempting the
+    /// newest when KV blocks run out; then forks the choices whose leader
+    /// reaches the end of its prompt in this step.
+    pub fn schedule(&mut self, plan: &mut StepPlan) {
+        plan.clear();
         let mut budget = self.limits.max_num_batched_tokens;
         // Sequences sent back to the queue in this step.
         let mut returned = Vec::new();
@@ -415,13 +215,10 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                     if !short_of_blocks && self.blocks.used_blocks() == 0 {
                         // The whole pool is not enough: it would wait forever.
                         let needed = self.blocks.blocks_needed_after(hit_ref, known, first_chunk);
-                        fail_one(
-                            &mut self.running[index],
-                            &format!(
-                                "the sequence needs {needed} KV blocks; the pool has {}",
-                                self.blocks.num_blocks()
-                            ),
-                        );
+                        self.running[index].fail(&format!(
+                            "the sequence needs {needed} KV blocks; the pool has {}",
+                            self.blocks.num_blocks()
+                        ));
                         index += 1;
                         continue;
                     }
@@ -453,45 +250,8 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
                 }
                 continue;
             }
-            let seq = &self.running[index];
-            let reaches_end = computed + chunk == seq.tokens.len();
-            let wants_prompt_rows = seq.prompt_logits || seq.wants_prompt_logprobs();
-            let logits = if wants_prompt_rows && computed < seq.prompt_len {
-                Logits::All
-            } else if reaches_end {
-                Logits::Last
-            } else {
-                Logits::None
-            };
-            let table = self
-                .blocks
-                .table(id)
-                .map(|t| t.blocks())
-                .unwrap_or_default();
-            let sliding = self
-                .blocks
-                .sliding_table(id)
-                .map(|t| t.blocks())
-                .unwrap_or_default();
-            let before = self.batch.logit_rows.len();
-            self.batch.push_seq(
-                &seq.tokens[computed..computed + chunk],
-                computed,
-                table,
-                sliding,
-                logits,
-            );
-            let added = self.batch.logit_rows.len() - before;
-            for i in 0..added {
-                // Only the chunk's last row, when it ends the known tokens, samples.
-                let sampled = reaches_end && i + 1 == added;
-                self.logit_owners.push((index, sampled));
-            }
-            self.scheduled.push((index, chunk));
-            let seq = &mut self.running[index];
-            if !std::mem::replace(&mut seq.scheduled_reported, true) {
-                seq.sink.scheduled();
-            }
+            self.push_chunk(plan, index, chunk);
+            self.running[index].report_scheduled();
             budget -= chunk;
             index += 1;
         }
@@ -501,17 +261,162 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         for seq in returned.into_iter().rev() {
             self.waiting.push_front(seq);
         }
+        self.fork_choices(plan);
+    }
+
+    /// Adds `chunk` tokens of running sequence `index` (its blocks already
+    /// allocated) to the plan, with the logits rows it needs.
+    fn push_chunk(&self, plan: &mut StepPlan, index: usize, chunk: usize) {
+        let seq = &self.running[index];
+        let computed = seq.computed;
+        let reaches_end = computed + chunk == seq.tokens.len();
+        let wants_prompt_rows = seq.prompt_logits || seq.wants_prompt_logprobs();
+        let logits = if wants_prompt_rows && computed < seq.prompt_len {
+            Logits::All
+        } else if reaches_end {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        let table = self
+            .blocks
+            .table(seq.id)
+            .map(|t| t.blocks())
+            .unwrap_or_default();
+        let sliding = self
+            .blocks
+            .sliding_table(seq.id)
+            .map(|t| t.blocks())
+            .unwrap_or_default();
+        let before = plan.batch.logit_rows.len();
+        plan.batch.push_seq(
+            &seq.tokens[computed..computed + chunk],
+            computed,
+            table,
+            sliding,
+            logits,
+        );
+        let added = plan.batch.logit_rows.len() - before;
+        for i in 0..added {
+            let row = plan.batch.logit_rows[before + i] as usize;
+            // Only the chunk's last row, when it ends the known tokens, samples.
+            let role = if reaches_end && i + 1 == added {
+                RowRole::Sample
+            } else {
+                RowRole::Report
+            };
+            plan.logit_rows.push(LogitRow {
+                seq: index,
+                position: plan.batch.positions[row] as usize,
+                role,
+            });
+        }
+        let decode = chunk == 1 && reaches_end && computed >= seq.prompt_len;
+        plan.chunks.push(ScheduledChunk {
+            seq: index,
+            id: seq.id,
+            computed,
+            len: chunk,
+            kind: if decode {
+                ChunkKind::Decode
+            } else {
+                ChunkKind::Prefill
+            },
+        });
+    }
+
+    /// Forks the waiting choices whose leader samples its first token in
+    /// this step (so its prompt will be in the cache), while there is room
+    /// for them and a block for each partial copy. A choice that needs every
+    /// prompt row or a grammar mask is not forked: it starts later from the
+    /// cached blocks.
+    fn fork_choices(&mut self, plan: &mut StepPlan) {
+        let mut room = self.limits.max_num_seqs.saturating_sub(self.running.len());
+        let leaders: Vec<usize> = plan
+            .logit_rows
+            .iter()
+            .filter(|row| row.role == RowRole::Sample)
+            .map(|row| row.seq)
+            .filter(|&i| self.running[i].has_followers && self.running[i].generated() == 0)
+            .collect();
+        for leader in leaders {
+            let (leader_id, prompt_len) =
+                (self.running[leader].id, self.running[leader].prompt_len);
+            let mut at = 0;
+            while at < self.waiting.len() && room > 0 {
+                let seq = &self.waiting[at];
+                let forkable = seq.follows == Some(leader_id)
+                    && seq.finished.is_none()
+                    && seq.constraint.is_none()
+                    && !seq.prompt_logits
+                    && !seq.wants_prompt_logprobs()
+                    && self.blocks.table(seq.id).is_none();
+                if !forkable {
+                    at += 1;
+                    continue;
+                }
+                let Ok(copies) = self.blocks.fork(leader_id, seq.id, prompt_len) else {
+                    // No block for the copy: it starts from the cache later.
+                    at += 1;
+                    continue;
+                };
+                let Some(mut seq) = self.waiting.remove(at) else {
+                    break;
+                };
+                plan.kv_copies.extend(copies);
+                seq.computed = prompt_len;
+                seq.prompt_counted = prompt_len;
+                seq.cached_tokens.get_or_insert(prompt_len);
+                seq.report_scheduled();
+                self.running.push(seq);
+                plan.forks.push(Fork {
+                    leader,
+                    choice: self.running.len() - 1,
+                });
+                room -= 1;
+            }
+        }
+    }
+
+    /// Advances the sequences of `plan` once its step ran: the scheduled
+    /// tokens are in the cache, the blocks that became full are registered,
+    /// and sliding-window blocks that left the window are released.
+    pub fn apply(&mut self, plan: &StepPlan) {
+        let mut prompt_tokens = 0;
+        for chunk in &plan.chunks {
+            let seq = &mut self.running[chunk.seq];
+            // Each prompt token counts once, not again when a preempted
+            // sequence is recomputed.
+            let prompt_done = (seq.computed + chunk.len).min(seq.prompt_len);
+            prompt_tokens += prompt_done.saturating_sub(seq.prompt_counted);
+            seq.prompt_counted = seq.prompt_counted.max(prompt_done);
+            seq.computed += chunk.len;
+            self.blocks
+                .register_computed(seq.id, &seq.tokens, seq.computed);
+            self.blocks.release_out_of_window(seq.id, seq.computed);
+            if seq.computed >= seq.prompt_len {
+                // Prompt logits are reported once, not again after a preemption.
+                seq.prompt_logits = false;
+            }
+        }
+        for fork in &plan.forks {
+            let seq = &self.running[fork.choice];
+            self.blocks.release_out_of_window(seq.id, seq.computed);
+        }
+        self.counters
+            .prompt_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
     }
 
     /// Whether a sequence that has not started can start: whether the blocks
     /// for all of its tokens are free on top of those every started
     /// sequence (one holding blocks) needs to cache what it knows and its
-    /// next token. Without
-    /// that margin a sequence often starts only to be preempted (or to
-    /// preempt others) a few steps later, and its work is thrown away.
-    /// The blocks of `hit` are not needed anew, but those of them nobody
-    /// references stop being available once taken. Sliding-window tables
-    /// need only their window and a chunk (`first_chunk` tokens) at once.
+    /// next token. Without that margin a sequence often starts only to be
+    /// preempted (or to preempt others) a few steps later, and its work is
+    /// thrown away. The blocks of `hit` are not needed anew, but those of
+    /// them nobody references stop being available once taken.
+    /// Sliding-window tables need only their window and a chunk
+    /// (`first_chunk` tokens) at once.
     fn can_start(&self, id: SeqId, tokens: usize, hit: &PrefixHit, first_chunk: usize) -> bool {
         let reserved: usize = self
             .running
@@ -578,7 +483,7 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
     /// blocks.
     fn unschedule(&mut self, index: usize) -> Sequence {
         let seq = self.running.remove(index);
-        self.release(&seq);
+        self.blocks.free(seq.id);
         seq
     }
 
@@ -589,393 +494,5 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         seq.computed = 0;
         self.counters.preemptions.fetch_add(1, Ordering::Relaxed);
         seq
-    }
-
-    /// Forward pass, sampling, events. Returns how many sequences sampled.
-    fn run_model(&mut self) -> Result<usize, EngineError> {
-        let Engine {
-            backend,
-            model,
-            buffers,
-            batch,
-            blocks,
-            running,
-            waiting,
-            logit_owners,
-            scheduled,
-            sampling,
-            tokenizer,
-            eos,
-            limits,
-            counters,
-            ..
-        } = self;
-        let vocab = model.settings.vocab_size;
-        let mut sampled = 0;
-        let mut failure: Option<String> = None;
-        // Later choices of `n > 1` requests that start from their leader's
-        // blocks after this step, and the blocks to copy for them.
-        let mut forks = Forks::with_room(limits.max_num_seqs.saturating_sub(running.len()));
-        // The grammar masks of the constrained sequences that sample in this
-        // step are computed beside the forward pass (they depend only on the
-        // tokens so far), in parallel; only those sequences wait for them.
-        let mut constraints: Vec<Option<(Constraint, Result<TokenMask, GrammarError>)>> =
-            Vec::new();
-        let to_mask: Vec<(usize, Constraint)> = logit_owners
-            .iter()
-            .filter(|&&(_, samples)| samples)
-            .filter_map(|&(index, _)| Some((index, running[index].constraint.take()?)))
-            .collect();
-        let constrained: Vec<usize> = to_mask.iter().map(|&(index, _)| index).collect();
-        let forward = std::thread::scope(|scope| {
-            let mut masks = (!to_mask.is_empty()).then(|| {
-                scope.spawn(move || {
-                    to_mask
-                        .into_par_iter()
-                        .map(|(index, mut constraint)| {
-                            let mask = constraint.mask();
-                            (index, constraint, mask)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            });
-            let forward = model.forward(*backend, batch, buffers, &mut |first, count, values| {
-                for row in 0..count {
-                    let (index, samples) = logit_owners[first + row];
-                    let logits = &values[row * vocab..(row + 1) * vocab];
-                    let seq = &mut running[index];
-                    let position = batch.positions[batch.logit_rows[first + row] as usize] as usize;
-                    if seq.prompt_logits && position < seq.prompt_len {
-                        seq.sink.send(Event::PromptLogits {
-                            first: position,
-                            values: logits.to_vec(),
-                        });
-                    }
-                    report_prompt_logprob(seq, position, logits);
-                    if !samples {
-                        continue;
-                    }
-                    let mut mask = None;
-                    if constrained.contains(&index) {
-                        if let Some(handle) = masks.take() {
-                            constraints.resize_with(running_len(&constrained), || None);
-                            for (i, c, m) in handle.join().unwrap_or_default() {
-                                constraints[i] = Some((c, m));
-                            }
-                        }
-                        match constraints.get_mut(index).and_then(Option::take) {
-                            Some((constraint, Ok(bits))) => {
-                                seq.constraint = Some(constraint);
-                                mask = Some(bits);
-                            }
-                            Some((_, Err(e))) => {
-                                fail_one(seq, &format!("structured output: {e}"));
-                                continue;
-                            }
-                            None => {
-                                fail_one(seq, "structured output: the mask was not computed");
-                                continue;
-                            }
-                        }
-                    }
-                    let text = (tokenizer.as_deref(), eos.as_slice(), limits.max_model_len);
-                    match sample_into(seq, logits, mask.as_deref(), sampling, text) {
-                        Ok(()) => {
-                            sampled += 1;
-                            if seq.generated() == 1 && seq.has_followers {
-                                sampled += forks
-                                    .fork_followers(seq, waiting, blocks, logits, sampling, text);
-                            }
-                        }
-                        // The request's own settings left nothing to choose
-                        // (a grammar and `min_tokens` at odds): it alone fails.
-                        Err(SamplingError::AllTokensMasked) if mask.is_some() => fail_one(
-                            seq,
-                            "sampling failed: the grammar and min_tokens leave no token",
-                        ),
-                        Err(e) => failure = Some(format!("sampling failed: {e}")),
-                    }
-                }
-            });
-            // A forward pass that failed before any constrained row: the
-            // masks are still out.
-            if let Some(handle) = masks.take() {
-                for (index, constraint, _) in handle.join().unwrap_or_default() {
-                    running[index].constraint = Some(constraint);
-                }
-            }
-            forward
-        });
-        // Constraints of rows the forward pass did not reach go back.
-        for (index, slot) in constraints.into_iter().enumerate() {
-            if let Some((constraint, _)) = slot {
-                running[index].constraint = Some(constraint);
-            }
-        }
-        forward?;
-        // The forked choices' copies of their leader's partial blocks,
-        // before anything writes to either again.
-        if !forks.copies.is_empty() {
-            backend
-                .kv_copy_blocks(&mut buffers.kv, &forks.copies)
-                .map_err(ModelError::from)?;
-        }
-        // The scheduled tokens are now in the cache.
-        let mut prompt_tokens = 0;
-        for &(index, chunk) in scheduled.iter() {
-            let seq = &mut running[index];
-            // Each prompt token counts once, not again when a preempted
-            // sequence is recomputed.
-            let prompt_done = (seq.computed + chunk).min(seq.prompt_len);
-            prompt_tokens += prompt_done.saturating_sub(seq.prompt_counted);
-            seq.prompt_counted = seq.prompt_counted.max(prompt_done);
-            seq.computed += chunk;
-            blocks.register_computed(seq.id, &seq.tokens, seq.computed);
-            blocks.release_out_of_window(seq.id, seq.computed);
-            if seq.computed >= seq.prompt_len {
-                // Prompt logits are reported once, not again after a preemption.
-                seq.prompt_logits = false;
-            }
-        }
-        for id in forks.started {
-            if let Some(at) = waiting.iter().position(|s| s.id == id)
-                && let Some(seq) = waiting.remove(at)
-            {
-                blocks.release_out_of_window(seq.id, seq.computed);
-                running.push(seq);
-            }
-        }
-        counters
-            .prompt_tokens
-            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
-        counters
-            .generation_tokens
-            .fetch_add(sampled as u64, Ordering::Relaxed);
-        if let Some(message) = failure {
-            for seq in running.iter_mut() {
-                seq.sink.send(Event::Failed {
-                    message: message.clone(),
-                });
-                seq.finished = Some(FinishReason::Aborted);
-            }
-        }
-        Ok(sampled)
-    }
-
-    /// Queues one request as `sinks.len()` choices (n > 1, best_of): choice
-    /// j's events go to sinks[j]; when the request is seeded, choice j
-    /// samples with seed `seed.wrapping_add(j)` (vLLM's rule), so `n = 4,
-    /// seed = s` equals four requests seeded s, s+1, s+2, s+3.
-    ///
-    /// The prompt is computed once: the first choice computes it and the
-    /// others wait in the queue. When it samples its first token, each of
-    /// them samples its own from the same logits and is forked from its
-    /// blocks (full blocks shared, the partial last one copied). A choice
-    /// that cannot be forked (no room, or it needs every prompt row or a
-    /// grammar mask) starts from the cached blocks instead.
-    pub fn add_request_group(
-        &mut self,
-        request: Request,
-        sinks: Vec<Box<dyn EventSink>>,
-    ) -> Result<Vec<SeqId>, AdmissionError> {
-        let mut ids: Vec<SeqId> = Vec::with_capacity(sinks.len());
-        for (j, sink) in sinks.into_iter().enumerate() {
-            let mut choice = request.clone();
-            if let Some(seed) = choice.params.seed {
-                choice.params.seed = Some(seed.wrapping_add(j as u64));
-            }
-            let id = match self.add_request(choice, sink) {
-                Ok(id) => id,
-                Err(e) => {
-                    // All or none: the choices queued before this one go.
-                    ids.iter().for_each(|&id| self.abort(id));
-                    return Err(e);
-                }
-            };
-            if let (Some(&leader), Some(seq)) = (ids.first(), self.waiting.back_mut()) {
-                seq.follows = Some(leader);
-            }
-            if ids.len() == 1
-                && let Some(first) = self.waiting.iter_mut().rev().find(|s| s.id == ids[0])
-            {
-                first.has_followers = true;
-            }
-            ids.push(id);
-        }
-        Ok(ids)
-    }
-}
-
-/// The choices forked from their leaders in one step.
-struct Forks {
-    /// Sequences that can still join the running set.
-    room: usize,
-    /// `(from, to)` blocks to copy after the forward pass.
-    copies: Vec<(u32, u32)>,
-    /// Waiting choices that now hold tables and move to the running set.
-    started: Vec<SeqId>,
-}
-
-impl Forks {
-    fn with_room(room: usize) -> Forks {
-        Forks {
-            room,
-            copies: Vec::new(),
-            started: Vec::new(),
-        }
-    }
-
-    /// Forks the waiting choices that follow `leader`, which just sampled
-    /// its first token from `logits` (so its prompt is in the cache): each
-    /// samples its own first token from the same row and takes the
-    /// leader's blocks, while there is room. Returns how many sampled.
-    fn fork_followers(
-        &mut self,
-        leader: &Sequence,
-        waiting: &mut VecDeque<Sequence>,
-        blocks: &mut BlockAllocator,
-        logits: &[f32],
-        sampling: &mut SamplingWorkspace,
-        text: TextRules<'_>,
-    ) -> usize {
-        let mut sampled = 0;
-        for seq in waiting.iter_mut() {
-            if self.started.len() >= self.room {
-                break;
-            }
-            let forkable = seq.follows == Some(leader.id)
-                && seq.finished.is_none()
-                && seq.constraint.is_none()
-                && !seq.prompt_logits
-                && !seq.wants_prompt_logprobs()
-                && blocks.table(seq.id).is_none();
-            if !forkable {
-                continue;
-            }
-            let Ok(copies) = blocks.fork(leader.id, seq.id, seq.prompt_len) else {
-                // No block for the copy: it starts from the cache later.
-                continue;
-            };
-            self.copies.extend(copies);
-            self.started.push(seq.id);
-            seq.computed = seq.prompt_len;
-            seq.prompt_counted = seq.prompt_len;
-            seq.cached_tokens.get_or_insert(seq.prompt_len);
-            if !std::mem::replace(&mut seq.scheduled_reported, true) {
-                seq.sink.scheduled();
-            }
-            match sample_into(seq, logits, None, sampling, text) {
-                Ok(()) => sampled += 1,
-                Err(e) => fail_one(seq, &format!("sampling failed: {e}")),
-            }
-        }
-        sampled
-    }
-}
-
-/// What accepting a token needs besides the sequence: the tokenizer (for
-/// its text), the end-of-sequence ids and `max_model_len`.
-type TextRules<'a> = (Option<&'a Tokenizer>, &'a [u32], usize);
-
-/// Samples `seq`'s next token from its logits `row` (only `allowed` ids,
-/// when given) and appends it.
-fn sample_into(
-    seq: &mut Sequence,
-    row: &[f32],
-    allowed: Option<&[u32]>,
-    sampling: &mut SamplingWorkspace,
-    (tokenizer, eos, max_model_len): TextRules<'_>,
-) -> Result<(), SamplingError> {
-    let token = seq.sampler.sample_masked(row, allowed, sampling)?;
-    // From the raw row, before any processing (vLLM's default).
-    let logprob = seq.logprobs.sampled.map(|n| token_logprob(row, token, n));
-    accept_token(seq, token, logprob, tokenizer, eos, max_model_len);
-    Ok(())
-}
-
-/// One past the largest running index among `indices`.
-fn running_len(indices: &[usize]) -> usize {
-    indices.iter().max().map_or(0, |&i| i + 1)
-}
-
-/// Ends one sequence with a failure (the others go on).
-fn fail_one(seq: &mut Sequence, message: &str) {
-    seq.sink.send(Event::Failed {
-        message: message.to_string(),
-    });
-    seq.finished = Some(FinishReason::Aborted);
-}
-
-/// Reports the log-probability of the prompt token after `position`, whose
-/// logits `row` holds, if the request asked for it and it was not reported
-/// before: the row is reduced here and nothing of it is kept.
-fn report_prompt_logprob(seq: &mut Sequence, position: usize, row: &[f32]) {
-    let Some(n) = seq.logprobs.prompt else {
-        return;
-    };
-    let next = position + 1;
-    if next < seq.prompt_len && next == seq.prompt_logprobs_next {
-        let logprob = token_logprob(row, seq.tokens[next], n);
-        seq.prompt_logprobs_next = next + 1;
-        seq.sink.send(Event::PromptLogprob {
-            position: next,
-            logprob,
-        });
-    }
-}
-
-/// Appends a sampled token, emits its text, and decides whether the
-/// sequence is done.
-fn accept_token(
-    seq: &mut Sequence,
-    token: u32,
-    logprob: Option<TokenLogprob>,
-    tokenizer: Option<&Tokenizer>,
-    eos: &[u32],
-    max_model_len: usize,
-) {
-    seq.tokens.push(token);
-    let stop_token = seq.params.stop_token_ids.contains(&token);
-    if (!seq.ignore_eos && eos.contains(&token)) || stop_token {
-        seq.stop_logprob = logprob;
-        // The token that ended the text is not part of it, unless asked for.
-        if stop_token && seq.params.include_stop_str_in_output {
-            let (text, hidden, _) = match (&mut seq.text, tokenizer) {
-                (Some(state), Some(t)) => state.push(t, token).unwrap_or_default(),
-                _ => (String::new(), None, false),
-            };
-            seq.sink.send(Event::Token {
-                id: token,
-                text,
-                logprob: seq.stop_logprob.take(),
-                hidden,
-            });
-        }
-        seq.finished = Some(FinishReason::Stop);
-        return;
-    }
-    let mut grammar_done = false;
-    if let Some(constraint) = &mut seq.constraint {
-        if let Err(e) = constraint.consume(token) {
-            fail_one(seq, &format!("structured output: {e}"));
-            return;
-        }
-        grammar_done = constraint.is_finished();
-    }
-    let (text, hidden, stopped) = match (&mut seq.text, tokenizer) {
-        (Some(state), Some(t)) => state.push(t, token).unwrap_or_default(),
-        _ => (String::new(), None, false),
-    };
-    if !seq.sink.send(Event::Token {
-        id: token,
-        text,
-        logprob,
-        hidden,
-    }) {
-        seq.finished = Some(FinishReason::Aborted);
-    } else if stopped || grammar_done {
-        seq.finished = Some(FinishReason::Stop);
-    } else if seq.generated() >= seq.params.max_tokens || seq.tokens.len() >= max_model_len {
-        seq.finished = Some(FinishReason::Length);
     }
 }

@@ -1,125 +1,12 @@
-//! Requests, the events they produce, and a running sequence's state.
-
-use serde::Serialize;
+//! A running sequence's state: its tokens, how far they are computed, its
+//! sampler and grammar, its text and where its events go.
 
 use super::grammar::Constraint;
-use super::kv_blocks::BlockHash;
+use super::kv_blocks::{BlockHash, root_hash};
 use super::logprobs::{LogprobRequest, TokenLogprob};
-use super::sampling::{Sampler, SamplingParams};
+use super::request::{Event, EventSink, FinishReason, Request, SeqId};
+use super::sampling::{Sampler, SamplingError, SamplingParams};
 use crate::text::{StopMatcher, StopStep, StreamDecoder, TextError, Tokenizer};
-
-/// Engine-wide id of a request.
-pub type SeqId = u64;
-
-/// What a client asks for, in tokens.
-#[derive(Clone, Debug)]
-pub struct Request {
-    pub prompt: Vec<u32>,
-    pub params: SamplingParams,
-    /// Also report the logits of every prompt position (`generate --logits-out`).
-    pub prompt_logits: bool,
-    /// Keep generating past end-of-sequence tokens (benchmarks).
-    pub ignore_eos: bool,
-    /// Log-probabilities to report, of sampled and of prompt tokens.
-    pub logprobs: LogprobRequest,
-    /// Leave special tokens out of the text (they are then reported apart,
-    /// in [`Event::Token`]'s `hidden`); the OpenAI routes' default.
-    pub skip_special_tokens: bool,
-    /// Prefix-cache salt (vLLM's `cache_salt`): requests with different
-    /// salts never share cached KV blocks; `None` shares with every other
-    /// unsalted request.
-    pub cache_salt: Option<String>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// End-of-sequence token, a stop token or string, or the end of the
-    /// grammar the output follows.
-    Stop,
-    /// `max_tokens` or `max_model_len` reached.
-    Length,
-    /// The client went away or the request was cancelled.
-    Aborted,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Aborted => "abort",
-        }
-    }
-}
-
-/// What the engine reports about a request, in order.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Event {
-    /// A sampled token and the text it completes; `text` may be empty while
-    /// a partial character or a possible stop string is held back. With
-    /// `logprob` when the request asked for sampled tokens' log-probabilities.
-    /// `hidden` is the token's own text when it is a special token left out
-    /// of `text` (`skip_special_tokens`): output parsers read it, clients do not.
-    Token {
-        id: u32,
-        text: String,
-        logprob: Option<TokenLogprob>,
-        hidden: Option<String>,
-    },
-    /// The log-probability of prompt token `logprob.id` at `position` (1 or
-    /// more: the first prompt token has no context), given the tokens
-    /// before it. Sent in position order, each once, before any `Token`.
-    PromptLogprob {
-        position: usize,
-        logprob: TokenLogprob,
-    },
-    /// Logits of prompt positions `first..first + values.len() / vocab`.
-    PromptLogits { first: usize, values: Vec<f32> },
-    /// The request ended; held-back text, if any, is in `text`. When it
-    /// ended on an end-of-sequence token (which has no text and no `Token`
-    /// event) and sampled log-probabilities were asked for, that token's
-    /// are in `stop_logprob`.
-    Finished {
-        reason: FinishReason,
-        text: String,
-        stop_logprob: Option<TokenLogprob>,
-        prompt_tokens: usize,
-        completion_tokens: usize,
-        /// Prompt tokens whose keys and values came from the prefix cache
-        /// when the sequence first started (not recomputed).
-        cached_tokens: usize,
-    },
-    /// The request failed inside the engine.
-    Failed { message: String },
-}
-
-/// Where a request's events go. `send` returns false once nobody listens,
-/// and the engine then frees the sequence at its next step.
-pub trait EventSink: Send {
-    fn send(&mut self, event: Event) -> bool;
-    fn is_closed(&self) -> bool {
-        false
-    }
-    /// The sequence is in a step for the first time (its queue time ends):
-    /// for timing sinks, called once.
-    fn scheduled(&mut self) {}
-}
-
-impl EventSink for std::sync::mpsc::Sender<Event> {
-    fn send(&mut self, event: Event) -> bool {
-        std::sync::mpsc::Sender::send(self, event).is_ok()
-    }
-}
-
-impl EventSink for tokio::sync::mpsc::UnboundedSender<Event> {
-    fn send(&mut self, event: Event) -> bool {
-        tokio::sync::mpsc::UnboundedSender::send(self, event).is_ok()
-    }
-    fn is_closed(&self) -> bool {
-        tokio::sync::mpsc::UnboundedSender::is_closed(self)
-    }
-}
 
 /// Text side of a sequence: incremental detokenizing and stop strings.
 pub(crate) struct TextState {
@@ -209,6 +96,61 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
+    /// A new sequence for `request` (already validated by the engine), its
+    /// events going to `sink`; `eos` are the end-of-sequence ids the sampler
+    /// keeps out before `min_tokens`.
+    pub fn new(
+        id: SeqId,
+        mut request: Request,
+        sink: Box<dyn EventSink>,
+        tokenizer: Option<&Tokenizer>,
+        eos: &[u32],
+    ) -> Result<Sequence, SamplingError> {
+        let sampler = Sampler::for_prompt(&request.params, &request.prompt, eos)?;
+        let constraint = request.params.constraint.take();
+        let text =
+            tokenizer.map(|t| TextState::new(t, &request.params, request.skip_special_tokens));
+        Ok(Sequence {
+            id,
+            prompt_len: request.prompt.len(),
+            tokens: request.prompt,
+            computed: 0,
+            prompt_counted: 0,
+            sampler,
+            params: request.params,
+            constraint,
+            prompt_logits: request.prompt_logits,
+            ignore_eos: request.ignore_eos,
+            logprobs: request.logprobs,
+            prompt_logprobs_next: 1,
+            stop_logprob: None,
+            sink,
+            text,
+            finished: None,
+            scheduled_reported: false,
+            salt_root: root_hash(request.cache_salt.as_deref()),
+            cached_tokens: None,
+            follows: None,
+            has_followers: false,
+        })
+    }
+
+    /// Ends the sequence with a failure (the others go on); it leaves at the
+    /// next step.
+    pub fn fail(&mut self, message: &str) {
+        self.sink.send(Event::Failed {
+            message: message.to_string(),
+        });
+        self.finished = Some(FinishReason::Aborted);
+    }
+
+    /// Tells the sink the sequence is in a step, the first time only.
+    pub fn report_scheduled(&mut self) {
+        if !std::mem::replace(&mut self.scheduled_reported, true) {
+            self.sink.scheduled();
+        }
+    }
+
     pub fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }

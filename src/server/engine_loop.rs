@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::latency::LatencyMetrics;
-use crate::backend::Backend;
 use crate::engine::{AdmissionError, Engine, EventSink, Request, SeqId};
 
 /// Why a submission was refused.
@@ -66,8 +65,8 @@ impl Gauges {
 /// panics, the panic ends here: the loaded flag is cleared and the message
 /// kept, so `/ready` and `/health` answer 503 with it and new requests get
 /// 503 instead of hanging on a thread that is gone.
-pub fn run<B: Backend>(
-    engine: Engine<'_, B>,
+pub fn run(
+    engine: Engine<'_>,
     commands: Receiver<Command>,
     gauges: &Gauges,
     max_queue: usize,
@@ -95,8 +94,8 @@ fn watch(gauges: &Gauges, body: impl FnOnce()) {
     }
 }
 
-fn serve_commands<B: Backend>(
-    mut engine: Engine<'_, B>,
+fn serve_commands(
+    mut engine: Engine<'_>,
     commands: Receiver<Command>,
     gauges: &Gauges,
     max_queue: usize,
@@ -157,7 +156,7 @@ fn serve_commands<B: Backend>(
     }
 }
 
-fn handle<B: Backend>(engine: &mut Engine<'_, B>, command: Command, max_queue: usize, open: bool) {
+fn handle(engine: &mut Engine<'_>, command: Command, max_queue: usize, open: bool) {
     match command {
         Command::Submit {
             request,

@@ -4,7 +4,6 @@
 
 use std::sync::mpsc;
 
-use sparkrt::backend::Backend;
 use sparkrt::engine::sampling::SamplingParams;
 use sparkrt::engine::{Engine, Event, FinishReason, Request};
 use sparkrt::plan::profile::Profile;
@@ -61,10 +60,7 @@ pub struct Outcome {
 
 /// Queues `requests` on `engine`, each with a channel of its own; returns
 /// the receiving ends, in order.
-pub fn submit<'w, B: Backend + 'w>(
-    engine: &mut Engine<'w, B>,
-    requests: &[Request],
-) -> Vec<mpsc::Receiver<Event>> {
+pub fn submit(engine: &mut Engine<'_>, requests: &[Request]) -> Vec<mpsc::Receiver<Event>> {
     requests
         .iter()
         .map(|r| {
@@ -77,8 +73,8 @@ pub fn submit<'w, B: Backend + 'w>(
 
 /// Serves `prompts` together on `engine`, greedy, `max_tokens` each, with
 /// prompt logits; returns each request's outcome.
-pub fn serve_greedy<'w, B: Backend + 'w>(
-    engine: &mut Engine<'w, B>,
+pub fn serve_greedy(
+    engine: &mut Engine<'_>,
     prompts: &[Vec<u32>],
     max_tokens: usize,
 ) -> Vec<Outcome> {
@@ -88,15 +84,9 @@ pub fn serve_greedy<'w, B: Backend + 'w>(
         let (tx, rx) = mpsc::channel();
         engine
             .add_request(
-                Request {
-                    prompt: prompt.clone(),
-                    params: SamplingParams::greedy(max_tokens),
-                    prompt_logits: true,
-                    ignore_eos: true,
-                    logprobs: Default::default(),
-                    skip_special_tokens: true,
-                    cache_salt: None,
-                },
+                Request::new(prompt.clone(), SamplingParams::greedy(max_tokens))
+                    .with_prompt_logits(true)
+                    .with_ignore_eos(true),
                 Box::new(tx),
             )
             .unwrap();

@@ -704,15 +704,11 @@ pub(super) async fn submit(
             .engine
             .commands
             .send(Command::Submit {
-                request: Request {
-                    prompt: prompt.ids,
-                    params,
-                    prompt_logits: false,
-                    ignore_eos: common.ignore_eos,
-                    logprobs: engine_logprobs,
-                    skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
-                    cache_salt: common.cache_salt.clone(),
-                },
+                request: Request::new(prompt.ids, params)
+                    .with_ignore_eos(common.ignore_eos)
+                    .with_logprobs(engine_logprobs)
+                    .with_skip_special_tokens(common.skip_special_tokens.unwrap_or(true))
+                    .with_cache_salt(common.cache_salt.clone()),
                 sinks,
                 reply: reply_tx,
             })

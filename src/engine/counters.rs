@@ -1,0 +1,31 @@
+//! The limits the engine schedules within and the counters it keeps: plain
+//! figures the scheduler and the engine share and the server reads.
+
+use std::sync::atomic::AtomicU64;
+
+/// Limits the engine schedules within (from the plan).
+#[derive(Clone, Debug)]
+pub struct EngineLimits {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_model_len: usize,
+    pub kv_blocks: usize,
+    pub kv_block_size: usize,
+    /// Tokens a sliding-window layer attends to (0: no such layers).
+    pub sliding_window: usize,
+    /// Keep full KV blocks for reuse by later requests.
+    pub prefix_caching: bool,
+}
+
+/// Counters the server exports.
+#[derive(Debug, Default)]
+pub struct EngineCounters {
+    pub prompt_tokens: AtomicU64,
+    pub generation_tokens: AtomicU64,
+    pub preemptions: AtomicU64,
+    pub steps: AtomicU64,
+    /// Tokens of starting sequences looked up in the prefix cache.
+    pub prefix_cache_queries: AtomicU64,
+    /// Of those, tokens served from the cache (not recomputed).
+    pub prefix_cache_hits: AtomicU64,
+}

@@ -1,0 +1,67 @@
+//! The executor: a step plan through the model and the backend into logits
+//! rows. It owns the model, its buffers (the plan's activations, MoE
+//! workspace and KV cache) and the backend; it decides nothing.
+
+use super::step_plan::StepPlan;
+use crate::backend::Backend;
+use crate::model::{Buffers, ModelError, Transformer};
+
+/// Runs planned steps. The engine's one way to a model: tests put a
+/// scripted executor here to drive the scheduler and the output stage
+/// without one.
+pub trait Executor: Send {
+    /// Ids the model's logits rows cover.
+    fn vocab_size(&self) -> usize;
+
+    /// Runs `plan.batch` through the model, handing the logits of
+    /// `plan.batch.logit_rows` to `logits` in order (in groups of whole
+    /// rows), then makes `plan.kv_copies`.
+    fn execute(
+        &mut self,
+        plan: &StepPlan,
+        logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError>;
+}
+
+/// The executor of a loaded model.
+pub struct ModelExecutor<'w, B: Backend + 'w> {
+    backend: &'w B,
+    model: Transformer<'w, B>,
+    buffers: Buffers<B>,
+}
+
+impl<'w, B: Backend + 'w> ModelExecutor<'w, B> {
+    pub fn new(backend: &'w B, model: Transformer<'w, B>, buffers: Buffers<B>) -> Self {
+        ModelExecutor {
+            backend,
+            model,
+            buffers,
+        }
+    }
+}
+
+impl<'w, B: Backend + 'w> Executor for ModelExecutor<'w, B> {
+    fn vocab_size(&self) -> usize {
+        self.model.settings.vocab_size
+    }
+
+    fn execute(
+        &mut self,
+        plan: &StepPlan,
+        logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        self.model.forward(
+            self.backend,
+            &plan.batch,
+            &mut self.buffers,
+            &mut |first, _count, values| logits(first, values),
+        )?;
+        // The forked choices' copies of their leader's partial blocks,
+        // before anything writes to either again.
+        if !plan.kv_copies.is_empty() {
+            self.backend
+                .kv_copy_blocks(&mut self.buffers.kv, &plan.kv_copies)?;
+        }
+        Ok(())
+    }
+}
