@@ -208,12 +208,17 @@ fn a_grammar_mask_overrides_the_rows_favourite() {
     // Every row favours "x" by far, then "7".
     let (x, seven) = (letter, digits[7]);
     let eos = tokenizer.eos_token_ids().to_vec();
-    let mut engine = engine_with(vocab, eos.clone(), Some(Arc::clone(&tokenizer)), move |_, _| {
-        let mut values = vec![0.0; vocab];
-        values[x as usize] = 9.0;
-        values[seven as usize] = 4.0;
-        values
-    });
+    let mut engine = engine_with(
+        vocab,
+        eos.clone(),
+        Some(Arc::clone(&tokenizer)),
+        move |_, _| {
+            let mut values = vec![0.0; vocab];
+            values[x as usize] = 9.0;
+            values[seven as usize] = 4.0;
+            values
+        },
+    );
     let compiler = GrammarCompiler::new(&tokenizer, &eos).unwrap();
     let mut params = SamplingParams::greedy(3);
     params.constraint = Some(

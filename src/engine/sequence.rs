@@ -15,13 +15,9 @@ pub(crate) struct TextState {
 }
 
 impl TextState {
-    pub(crate) fn new(
-        tokenizer: &Tokenizer,
-        params: &SamplingParams,
-        skip_special_tokens: bool,
-    ) -> TextState {
+    pub(crate) fn new(params: &SamplingParams, skip_special_tokens: bool) -> TextState {
         TextState {
-            decoder: tokenizer.stream_decoder(skip_special_tokens),
+            decoder: StreamDecoder::new(skip_special_tokens),
             stops: StopMatcher::new(params.stop.iter().cloned())
                 .with_stop_in_output(params.include_stop_str_in_output),
         }
@@ -108,8 +104,7 @@ impl Sequence {
     ) -> Result<Sequence, SamplingError> {
         let sampler = Sampler::for_prompt(&request.params, &request.prompt, eos)?;
         let constraint = request.params.constraint.take();
-        let text =
-            tokenizer.map(|t| TextState::new(t, &request.params, request.skip_special_tokens));
+        let text = tokenizer.map(|_| TextState::new(&request.params, request.skip_special_tokens));
         Ok(Sequence {
             id,
             prompt_len: request.prompt.len(),

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
-use super::HostError;
+use super::error::HostError;
 use crate::units::parse_bytes;
 
 /// The kubelet's own default for `evictionHard["memory.available"]`.

@@ -5,7 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::HostError;
+use super::cgroup::CgroupMemory;
+use super::error::HostError;
 
 /// The fields of `/proc/meminfo` sparkrt uses, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,7 +28,7 @@ impl MemInfo {
     /// against. The monitor-side `usable` is left for the caller.
     pub fn to_wire(
         &self,
-        kubepods: Option<&super::CgroupMemory>,
+        kubepods: Option<&CgroupMemory>,
         [system_reserved, kube_reserved, eviction_hard]: [u64; 3],
     ) -> sparkrt_tui::HostSnapshot {
         sparkrt_tui::HostSnapshot {

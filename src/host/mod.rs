@@ -2,55 +2,21 @@
 //! tests): memory, the kubelet's reservations, the kubepods cgroup, the GPU.
 
 pub mod cgroup;
+mod error;
 pub mod gpu;
 pub mod kubelet;
 pub mod meminfo;
 pub mod process;
 
-use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use thiserror::Error;
 
 pub use cgroup::CgroupMemory;
+pub use error::HostError;
 pub use gpu::{GpuInfo, GpuProbe};
 pub use kubelet::{EvictionThreshold, KubeletReservations};
 pub use meminfo::MemInfo;
-
-use crate::units::QuantityError;
-
-#[derive(Debug, Error)]
-pub enum HostError {
-    #[error("cannot read {file}: {source}")]
-    Read {
-        file: String,
-        source: std::io::Error,
-    },
-    #[error("{file}:{line}: {why}")]
-    Malformed {
-        file: String,
-        line: usize,
-        why: String,
-    },
-    #[error("{file}: field {field} is missing")]
-    MissingField { file: String, field: String },
-    #[error("{file}: {why}")]
-    Inconsistent { file: String, why: String },
-    #[error("{file}:{line}:{column}: not valid YAML: {why}")]
-    Yaml {
-        file: String,
-        line: usize,
-        column: usize,
-        why: String,
-    },
-    #[error("{file}: {key}: {source}")]
-    Quantity {
-        file: String,
-        key: String,
-        source: QuantityError,
-    },
-}
 
 /// Where the kubelet's configuration is looked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,16 +94,4 @@ pub fn read_meminfo(root: &Path) -> Result<MemInfo, HostError> {
         source,
     })?;
     MemInfo::parse(&text, &path.display().to_string())
-}
-
-/// Reads a file that may legitimately be absent.
-pub(crate) fn read_optional(path: &Path) -> Result<Option<String>, HostError> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(HostError::Read {
-            file: path.display().to_string(),
-            source,
-        }),
-    }
 }

@@ -17,10 +17,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
-use super::TextError;
 use super::config_files::{
     CHAT_TEMPLATE_FILE, SpecialTokens, TOKENIZER_CONFIG, read_text_if_exists, read_tokenizer_config,
 };
+use super::error::TextError;
 use super::python_json;
 
 const TEMPLATE_NAME: &str = "chat_template";

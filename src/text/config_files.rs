@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::TextError;
+use super::error::TextError;
 use crate::limits::MAX_SMALL_FILE_BYTES;
 use crate::util::files::read_regular_to_string;
 

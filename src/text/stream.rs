@@ -24,7 +24,8 @@
 //! for either value (only transformers' slow, Python tokenizers put spaces
 //! there). The value is accepted and changes nothing here.
 
-use super::{TextError, Tokenizer};
+use super::error::TextError;
+use super::tokenizer::Tokenizer;
 
 /// After this many pending tokens the window is emitted even if its text
 /// still ends in U+FFFD. A real character needs at most 4 byte tokens, so

@@ -4,12 +4,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::TextError;
 use super::config_files::{
     GENERATION_CONFIG, MODEL_CONFIG, SpecialTokens, TOKENIZER_CONFIG, eos_token_ids_in,
     read_tokenizer_config,
 };
-use super::stream::StreamDecoder;
+use super::error::TextError;
 use crate::limits::MAX_TOKENIZER_FILE_BYTES;
 use crate::util::files::read_regular;
 
@@ -93,11 +92,6 @@ impl Tokenizer {
         self.inner
             .decode(ids, skip_special_tokens)
             .map_err(|source| TextError::Decode { source })
-    }
-
-    /// A detokenizer for one streamed sequence.
-    pub fn stream_decoder(&self, skip_special_tokens: bool) -> StreamDecoder {
-        StreamDecoder::new(skip_special_tokens)
     }
 
     /// Ids that end generation, sorted, without duplicates (possibly empty).

@@ -20,8 +20,8 @@
 //! Without the reasoning parser (`--reasoning-parser none`) analysis goes
 //! to content; without the tool parser, calls go to content.
 
-use super::{Delta, TokenPiece, new_call_id, push_merged};
-use crate::text::Tokenizer;
+use super::pieces::{Delta, TokenPiece, new_call_id, push_merged};
+use crate::text::tokenizer::Tokenizer;
 
 /// The harmony special tokens of one tokenizer.
 #[derive(Clone, Debug)]
@@ -284,7 +284,8 @@ fn recipient(header: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{OutputParser, OutputParsers, ParsedMessage};
+    use super::super::pieces::ParsedMessage;
+    use super::super::{OutputParser, OutputParsers};
     use super::*;
 
     /// A made-up vocabulary: ids 1.. are the harmony tokens, 100 + n the

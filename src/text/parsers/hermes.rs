@@ -14,8 +14,8 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::pieces::{Delta, Segment, new_call_id, push_merged};
 use super::tags::{find_tag, safe_prefix_len};
-use super::{Delta, Segment, new_call_id, push_merged};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -189,7 +189,7 @@ fn parse_call(body: &str) -> Option<(String, String)> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::ParsedMessage;
+    use super::super::pieces::ParsedMessage;
     use super::*;
 
     fn run(pieces: &[&str]) -> (ParsedMessage, Vec<Delta>) {

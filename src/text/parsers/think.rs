@@ -13,8 +13,8 @@
 //! Text is passed on exactly (vLLM's parser does not strip the newlines
 //! around the tags either).
 
+use super::pieces::{Segment, Staged};
 use super::tags::{find_tag, safe_prefix_len};
-use super::{Segment, Staged};
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
