@@ -152,8 +152,12 @@ impl HostSource<'_> {
 pub fn header_weight_bytes(config: &ModelConfig, headers: &checkpoint::HeaderSet) -> WeightBytes {
     let mut bytes = WeightBytes::zero();
     for t in &headers.tensors {
-        let group = checkpoint::groups::group_of(config.architecture, &t.name)
-            .unwrap_or(WeightGroup::Attention);
+        let arch = config.architecture;
+        if let Some(prefix) = checkpoint::groups::unused_prefix(arch, &t.name) {
+            bytes.add_unused(prefix, t.byte_len);
+            continue;
+        }
+        let group = checkpoint::groups::group_of(arch, &t.name).unwrap_or(WeightGroup::Attention);
         bytes.add(group, t.byte_len);
     }
     bytes

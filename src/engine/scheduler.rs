@@ -69,6 +69,10 @@ pub enum AdmissionError {
     CacheSaltTooLong { bytes: usize },
     #[error(transparent)]
     Sampling(#[from] SamplingError),
+    #[error(
+        "{n} choices of one request are not served for a model with recurrent (Gated DeltaNet) state yet"
+    )]
+    ChoicesWithRecurrentState { n: usize },
 }
 
 /// Limits the engine schedules within (from the plan).
@@ -133,10 +137,18 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         backend: &'w B,
         model: Transformer<'w, B>,
         buffers: Buffers<B>,
-        limits: EngineLimits,
+        mut limits: EngineLimits,
         tokenizer: Option<Arc<Tokenizer>>,
         eos: Vec<u32>,
     ) -> Result<Self, EngineError> {
+        if buffers.state.is_some() {
+            // Until the scheduler hands out recurrent-state slots, a model
+            // with Gated DeltaNet layers runs one sequence at a time (the
+            // batch's default slot 0) and reuses no cached prefix (its
+            // state is not cached with the KV blocks).
+            limits.max_num_seqs = 1;
+            limits.prefix_caching = false;
+        }
         let blocks = BlockAllocator::new(limits.kv_blocks, limits.kv_block_size)
             .map_err(|e| {
                 ModelError::Unsupported(format!("KV cache of {} blocks: {e}", limits.kv_blocks))
@@ -778,6 +790,10 @@ impl<'w, B: Backend + 'w> Engine<'w, B> {
         request: Request,
         sinks: Vec<Box<dyn EventSink>>,
     ) -> Result<Vec<SeqId>, AdmissionError> {
+        if sinks.len() > 1 && self.buffers.state.is_some() {
+            // Forked choices copy KV blocks, not the recurrent state.
+            return Err(AdmissionError::ChoicesWithRecurrentState { n: sinks.len() });
+        }
         let mut ids: Vec<SeqId> = Vec::with_capacity(sinks.len());
         for (j, sink) in sinks.into_iter().enumerate() {
             let mut choice = request.clone();
