@@ -7,8 +7,9 @@
 //!   cache, f32 recurrent state) and the greedy continuation identical, for
 //!   the short prompt and the 150-token one (three chunks of the delta rule);
 //! - the same prompt in one step, in chunks over several forward calls and
-//!   token by token gives the same logits (within 2e-5: the chunked and the
-//!   recurrent delta rule sum in different orders);
+//!   token by token gives the same logits (within 2e-5 of the largest
+//!   logit: the chunked and the recurrent delta rule, and chunks cut at
+//!   other places, sum in different orders);
 //! - two sequences in one step, in different state slots, give each one's
 //!   solo logits.
 
@@ -266,8 +267,12 @@ fn one_step_chunks_and_token_by_token_agree() {
                 max_abs_diff(&whole, &chunked),
                 max_abs_diff(&whole, &tokens),
             );
-            assert!(a < 2e-5, "{name}: chunked prefill differs by {a}");
-            assert!(b < 2e-5, "{name}: token by token differs by {b}");
+            // Relative to the largest logit (4.3 to 9.1 here): measured
+            // 0.2e-5 to 1.1e-5 of it, f32 sums in other orders over 150
+            // tokens and 4 layers.
+            let tolerance = 2e-5 * whole.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            assert!(a < tolerance, "{name}: chunked prefill differs by {a}");
+            assert!(b < tolerance, "{name}: token by token differs by {b}");
             // Slot 0 again, from position 0: its state starts from zeros.
             let again = runner.prompt(prompt, &[prompt.len()], 0);
             assert_eq!(again, whole, "{name}: a restarted slot");
