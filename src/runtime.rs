@@ -485,6 +485,14 @@ impl Loaded<CudaBackend> {
         options: &DeviceOptions,
     ) -> Result<Self, RuntimeError> {
         let mapped = Mapped::open(dir, profile, host, startup, PlanDevice::Cuda)?;
+        if mapped.config.architecture.is_hybrid() {
+            // Refused before a context is made, so `auto` runs the CPU.
+            return Err(BackendError::NotSupported {
+                backend: "cuda",
+                what: "Gated DeltaNet (qwen3_5, qwen3_5_moe, qwen3_next)",
+            }
+            .into());
+        }
         let (ledger, plan) = (&mapped.ledger, &mapped.plan);
         let max_seqs = plan.serving.max_num_seqs;
         let mut backend = CudaBackend::new(

@@ -660,7 +660,10 @@ fn gpt_oss_check_names_mxfp4_problems() {
 fn qwen35_moe_fixture_config_from_its_text_config() {
     let c = ModelConfig::load(&fixture("qwen35-moe-tiny")).unwrap();
     assert_eq!(c.architecture, Architecture::Qwen35Moe);
-    assert_eq!((c.hidden_size, c.num_hidden_layers, c.head_dim), (128, 4, 64));
+    assert_eq!(
+        (c.hidden_size, c.num_hidden_layers, c.head_dim),
+        (128, 4, 64)
+    );
     assert_eq!(
         c.layer_types,
         [

@@ -128,7 +128,11 @@ struct Part<'a> {
 }
 
 impl<'f> Runner<'f> {
-    fn new(fixture: &'f Fixture, backend: &'f CpuBackend, source: &'f CheckpointSource<'f>) -> Self {
+    fn new(
+        fixture: &'f Fixture,
+        backend: &'f CpuBackend,
+        source: &'f CheckpointSource<'f>,
+    ) -> Self {
         let model = Transformer::load(backend, &fixture.config, source).unwrap();
         let buffers =
             Buffers::allocate(backend, &fixture.plan, &fixture.plan.kv_cache.layout).unwrap();
@@ -156,9 +160,14 @@ impl<'f> Runner<'f> {
         let mut all = Vec::new();
         let vocab = self.vocab;
         self.model
-            .forward(self.backend, &batch, &mut self.buffers, &mut |_, count, values| {
-                all.extend_from_slice(&values[..count * vocab]);
-            })
+            .forward(
+                self.backend,
+                &batch,
+                &mut self.buffers,
+                &mut |_, count, values| {
+                    all.extend_from_slice(&values[..count * vocab]);
+                },
+            )
             .unwrap();
         let mut out = Vec::new();
         let mut at = 0;
@@ -324,8 +333,69 @@ fn a_step_with_two_sequences_in_one_slot_is_refused() {
         batch.set_state_slot(1, 0);
         let err = runner
             .model
-            .forward(runner.backend, &batch, &mut runner.buffers, &mut |_, _, _| {})
+            .forward(
+                runner.backend,
+                &batch,
+                &mut runner.buffers,
+                &mut |_, _, _| {},
+            )
             .unwrap_err();
         assert!(err.to_string().contains("share state slot 0"), "{err}");
     });
+}
+
+/// Through the runtime and the engine (one sequence at a time for these
+/// models): every planned buffer allocated exactly (the recurrent-state
+/// pool's bytes by hand), the greedy continuation transformers' for each
+/// prompt, one after the other; choices of one request refused.
+#[test]
+fn the_engine_serves_them_one_sequence_at_a_time() {
+    use sparkrt::checkpoint::PageCachePolicy;
+    use sparkrt::runtime::{HostSource, Loaded};
+
+    let host_root = common::fixture("hosts/box24");
+    let host = HostSource {
+        root: &host_root,
+        kubelet_config: None,
+    };
+    for name in FIXTURES {
+        let f = fixture(name);
+        let mut profile = Profile::for_checkpoint(
+            CheckpointFacts {
+                geometry: &f.config.geometry(),
+                max_position_embeddings: f.config.max_position_embeddings,
+            },
+            Some(common::fixture(name)),
+        )
+        .unwrap();
+        profile.serving.max_model_len = MAX_LEN;
+        profile.serving.kv_cache_dtype = KvCacheDtype::F32;
+        let loaded = Loaded::open_cpu(
+            &common::fixture(name),
+            Some(&profile),
+            &host,
+            PageCachePolicy::Keep,
+        )
+        .unwrap();
+        // 3 GDN layers × 8 slots × (conv (2·Hk·dk + Hv·dv) × 3 + Hv × dk × dv) × 4 B.
+        let (channels, ssm) = match name {
+            "qwen35-moe-tiny-r4" => (2 * 32 + 4 * 16, 4 * 32 * 16),
+            _ => (2 * 2 * 32 + 4 * 32, 4 * 32 * 32),
+        };
+        let state = &loaded.plan.recurrent_state;
+        assert_eq!(state.bytes, 3 * 8 * (channels * 3 + ssm) * 4, "{name}");
+        let source = loaded.source();
+        let mut engine = loaded.engine(&source).unwrap();
+        assert_eq!(loaded.ledger.verify_complete(), Ok(()), "{name}");
+        let (short, long) = (reference(name, ""), reference(name, "long_"));
+        let out = crate::fixture_runs::serve_greedy(
+            &mut engine,
+            &[short.input_ids.clone(), long.input_ids.clone()],
+            short.greedy_ids.len(),
+        );
+        assert_eq!(out[0].tokens, short.greedy_ids, "{name}");
+        assert_eq!(out[1].tokens, long.greedy_ids, "{name}");
+        let diff = max_abs_diff(&out[1].prompt_logits, &long.logits);
+        assert!(diff < 1e-3, "{name}: engine prompt logits differ by {diff}");
+    }
 }

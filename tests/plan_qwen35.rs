@@ -28,7 +28,10 @@ fn qwen36_35b_state_pool_and_kv_cache_by_hand() {
     // 128 × 128, all f32: (24,576 + 524,288) × 4 B; over 30 layers
     // 65,863,680 B (62.8 MiB) a sequence, × 16 sequences.
     let s = &plan.recurrent_state;
-    assert_eq!((s.conv_elements, s.ssm_elements), (8192 * 3, 32 * 128 * 128));
+    assert_eq!(
+        (s.conv_elements, s.ssm_elements),
+        (8192 * 3, 32 * 128 * 128)
+    );
     assert_eq!(s.bytes_per_seq, 30 * (24_576 + 524_288) * 4);
     assert_eq!(s.bytes_per_seq, 65_863_680);
     assert_eq!(s.bytes, 16 * 65_863_680);
@@ -88,10 +91,7 @@ fn qwen36_35b_state_pool_and_kv_cache_by_hand() {
         group(WeightGroup::SharedExpert),
         40 * (3 * 512 * 2048 + 2048) * 2
     );
-    assert_eq!(
-        group(WeightGroup::Experts),
-        40 * 256 * 3 * 512 * 2048 * 2
-    );
+    assert_eq!(group(WeightGroup::Experts), 40 * 256 * 3 * 512 * 2048 * 2);
 }
 
 #[test]

@@ -169,10 +169,7 @@ pub fn expected_tensors(config: &ModelConfig) -> Vec<(String, Expected)> {
 }
 
 /// [`expected_tensors`] with the experts laid out as `experts` says.
-pub fn expected_tensors_in(
-    config: &ModelConfig,
-    experts: ExpertLayout,
-) -> Vec<(String, Expected)> {
+pub fn expected_tensors_in(config: &ModelConfig, experts: ExpertLayout) -> Vec<(String, Expected)> {
     let mut e = Expectations {
         config,
         tensors: Vec::new(),
@@ -401,7 +398,10 @@ impl Expectations<'_> {
                 }
             }
             ExpertLayout::Stacked => {
-                self.bf16(&format!("{prefix}.mlp.experts.gate_up_proj"), &[e, 2 * i, h]);
+                self.bf16(
+                    &format!("{prefix}.mlp.experts.gate_up_proj"),
+                    &[e, 2 * i, h],
+                );
                 self.bf16(&format!("{prefix}.mlp.experts.down_proj"), &[e, h, i]);
             }
         }

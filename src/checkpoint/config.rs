@@ -670,16 +670,10 @@ impl RawConfig {
         .check()?;
         limits::HybridFields {
             key_heads: ("linear_num_key_heads", given(self.linear_num_key_heads)),
-            value_heads: (
-                "linear_num_value_heads",
-                given(self.linear_num_value_heads),
-            ),
+            value_heads: ("linear_num_value_heads", given(self.linear_num_value_heads)),
             key_head_dim: ("linear_key_head_dim", given(self.linear_key_head_dim)),
             value_head_dim: ("linear_value_head_dim", given(self.linear_value_head_dim)),
-            conv_kernel: (
-                "linear_conv_kernel_dim",
-                given(self.linear_conv_kernel_dim),
-            ),
+            conv_kernel: ("linear_conv_kernel_dim", given(self.linear_conv_kernel_dim)),
             shared_expert_intermediate: (
                 "shared_expert_intermediate_size",
                 given(self.shared_expert_intermediate_size),

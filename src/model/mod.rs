@@ -94,7 +94,10 @@ pub enum DeltaNetInput<'w, B: Backend + 'w> {
         a: B::Linear<'w>,
     },
     /// qwen3_next's `in_proj_qkvz` and `in_proj_ba`, grouped by key head.
-    Fused { qkvz: B::Linear<'w>, ba: B::Linear<'w> },
+    Fused {
+        qkvz: B::Linear<'w>,
+        ba: B::Linear<'w>,
+    },
 }
 
 pub struct DeltaNet<'w, B: Backend + 'w> {
@@ -417,8 +420,7 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
                 job(a, &mut h.gdn_a),
             ])?,
             DeltaNetInput::Fused { qkvz, ba } => {
-                let (Some(fused_qkvz), Some(fused_ba)) =
-                    (h.gdn_qkvz.as_mut(), h.gdn_ba.as_mut())
+                let (Some(fused_qkvz), Some(fused_ba)) = (h.gdn_qkvz.as_mut(), h.gdn_ba.as_mut())
                 else {
                     return Err(missing_buffers("fused Gated DeltaNet projections"));
                 };
@@ -538,11 +540,7 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
                     &mut st.block_out,
                 )?;
                 if let (Some(e), Some(sb)) = (shared, st.shared.as_mut()) {
-                    b.silu_mul(
-                        &mut sb.gate_proj,
-                        &sb.up_proj,
-                        rows * e.intermediate_size,
-                    )?;
+                    b.silu_mul(&mut sb.gate_proj, &sb.up_proj, rows * e.intermediate_size)?;
                     b.matmul(&mut [Matmul {
                         x: &sb.gate_proj,
                         x_row: 0,

@@ -17,8 +17,8 @@
 
 use super::rope::Rope;
 use super::{
-    Attention, DeltaNet, DeltaNetInput, Layer, Mixer, Mlp, ModelError, ModelSettings,
-    SharedExpert, Transformer, WeightSource,
+    Attention, DeltaNet, DeltaNetInput, Layer, Mixer, Mlp, ModelError, ModelSettings, SharedExpert,
+    Transformer, WeightSource,
 };
 use crate::backend::{AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::config::ModelConfig;

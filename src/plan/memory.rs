@@ -319,9 +319,18 @@ pub fn moe_workspace(
             SHARED_GATE,
             capacity_tokens * shared * ACTIVATION_BYTES,
         ));
-        buffers.push(buffer(SHARED_UP, capacity_tokens * shared * ACTIVATION_BYTES));
-        buffers.push(buffer(SHARED_OUTPUT, capacity_tokens * h * ACTIVATION_BYTES));
-        buffers.push(buffer(SHARED_GATE_LOGIT, capacity_tokens * ACTIVATION_BYTES));
+        buffers.push(buffer(
+            SHARED_UP,
+            capacity_tokens * shared * ACTIVATION_BYTES,
+        ));
+        buffers.push(buffer(
+            SHARED_OUTPUT,
+            capacity_tokens * h * ACTIVATION_BYTES,
+        ));
+        buffers.push(buffer(
+            SHARED_GATE_LOGIT,
+            capacity_tokens * ACTIVATION_BYTES,
+        ));
     }
     if device == PlanDevice::Cpu && g.quantization == Quantization::Mxfp4 {
         let values = rows * h.max(i);
@@ -745,9 +754,9 @@ pub struct RecurrentStatePlan {
 
 pub fn recurrent_state(g: &ModelGeometry, max_num_seqs: usize) -> RecurrentStatePlan {
     let layers = g.num_linear_layers();
-    let (conv_elements, ssm_elements) = g
-        .delta_net()
-        .map_or((0, 0), |d| (d.conv_state_elements(), d.ssm_state_elements()));
+    let (conv_elements, ssm_elements) = g.delta_net().map_or((0, 0), |d| {
+        (d.conv_state_elements(), d.ssm_state_elements())
+    });
     let bytes_per_seq = layers as u64 * (conv_elements + ssm_elements) as u64 * ACTIVATION_BYTES;
     RecurrentStatePlan {
         layers,

@@ -965,7 +965,8 @@ impl Profile {
         ];
         // A dense model (qwen3_5) has no experts.
         let dense_model = m.architecture == Architecture::Qwen35;
-        let expert_key = |key: &str| matches!(key, "num_experts" | "top_k" | "moe_intermediate_size");
+        let expert_key =
+            |key: &str| matches!(key, "num_experts" | "top_k" | "moe_intermediate_size");
         for (section, key, value) in positive {
             if value == 0 && !(dense_model && expert_key(key)) {
                 return Some((section, key, "must be at least 1".to_string()));

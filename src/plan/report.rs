@@ -191,7 +191,7 @@ pub fn render(plan: &Plan) -> String {
         row(
             &mut out,
             &format!(
-                "recurrent state ({} layers × {} sequences, f32)",
+                "recurrent state ({} layers × {} seqs, f32)",
                 state.layers, state.slots
             ),
             format_size(state.bytes),

@@ -168,8 +168,13 @@ pub(crate) fn conv(
                 let first = block * CHANNEL_BLOCK;
                 for (c, kept_inputs) in kept_block.chunks_mut(kept).enumerate() {
                     let channel = first + c;
-                    let taps: [f32; MAX_KERNEL] =
-                        std::array::from_fn(|k| if k < kernel { weight.get(channel * kernel + k) } else { 0.0 });
+                    let taps: [f32; MAX_KERNEL] = std::array::from_fn(|k| {
+                        if k < kernel {
+                            weight.get(channel * kernel + k)
+                        } else {
+                            0.0
+                        }
+                    });
                     // SAFETY: this task reads and writes only column
                     // `channel` of the sequence's rows, which no other
                     // task touches; the rows lie in the buffer (checked).
@@ -400,7 +405,12 @@ pub(crate) fn delta_rule(
 /// # Safety
 /// The (row, head) place must be the calling task's alone.
 #[allow(clippy::mut_from_ref)]
-unsafe fn output<'o>(out: SharedRows, shape: &DeltaNetShape, row: usize, head: usize) -> &'o mut [f32] {
+unsafe fn output<'o>(
+    out: SharedRows,
+    shape: &DeltaNetShape,
+    row: usize,
+    head: usize,
+) -> &'o mut [f32] {
     let d = shape.value_dim;
     // SAFETY: the caller's contract; the place lies in the output (checked
     // in `delta_rule`).
@@ -518,7 +528,11 @@ fn chunked(
         for s_ in 0..=t {
             let ks = inputs.key(rows.start + s_, key_head);
             let weight = dot(qt, ks) * (cum[t] - cum[s_]).exp();
-            let ds = if s_ == t { &*dt } else { &done[s_ * vd..][..vd] };
+            let ds = if s_ == t {
+                &*dt
+            } else {
+                &done[s_ * vd..][..vd]
+            };
             for (o, &d) in outputs[t].iter_mut().zip(ds) {
                 *o += weight * d;
             }

@@ -281,9 +281,7 @@ impl Backend for CpuBackend {
         // The table rotates the first `rotary_dim` dims of each head.
         let rd = shape.rotary_dim;
         if rd == 0 || rd > hd || !rd.is_multiple_of(2) {
-            return Err(shape_error(format!(
-                "{rd} rotary dims of a {hd}-wide head"
-            )));
+            return Err(shape_error(format!("{rd} rotary dims of a {hd}-wide head")));
         }
         let qw = shape.heads * hd;
         let kw = shape.kv_heads * hd;
@@ -484,7 +482,12 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn sigmoid_mul(&self, x: &mut CpuBuffer, gate: &CpuBuffer, n: usize) -> Result<(), BackendError> {
+    fn sigmoid_mul(
+        &self,
+        x: &mut CpuBuffer,
+        gate: &CpuBuffer,
+        n: usize,
+    ) -> Result<(), BackendError> {
         check_len("sigmoid_mul", n, x.data.len().min(gate.data.len()))?;
         x.data[..n]
             .par_chunks_mut(4096)

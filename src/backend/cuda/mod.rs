@@ -442,7 +442,9 @@ impl Backend for CudaBackend {
 
     fn vector<'w>(&self, v: VectorWeight<'w>) -> Result<CudaVector<'w>, BackendError> {
         if v.offset != 0.0 {
-            return Err(not_supported("a zero-centred RMSNorm (qwen3_5, qwen3_next)"));
+            return Err(not_supported(
+                "a zero-centred RMSNorm (qwen3_5, qwen3_next)",
+            ));
         }
         let (bytes, bf16, size) = match v.data {
             VectorData::Bf16(b) => (b, true, 2),
