@@ -237,10 +237,10 @@ unsafe fn conv_channel(
     let mut next_kept = [0.0f32; MAX_KERNEL];
     let old = kept.len();
     for (j, slot) in next_kept[..old].iter_mut().enumerate() {
-        // Position `len − old + j` of [kept | rows].
+        // Position `len + j` of [kept | rows] (the last `old` of them).
         let at = len + j;
-        // SAFETY: reads the caller's column.
         *slot = if at >= old {
+            // SAFETY: reads the caller's column.
             unsafe { *cell(at - old) }
         } else {
             kept[at]
