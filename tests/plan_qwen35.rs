@@ -107,3 +107,56 @@ fn qwen35_122b_state_pool_by_hand() {
     // 12 attention layers × 2 KV heads × 256 × (K, V) × 2 B.
     assert_eq!(plan.kv_cache.bytes_per_token, 12 * 2 * 256 * 2 * 2);
 }
+
+#[test]
+fn the_bench_configs_have_the_profiles_layer_shapes() {
+    use sparkrt::checkpoint::ModelConfig;
+    let bench = |name: &str| {
+        ModelConfig::load(&common::repo().join("benches/models").join(name))
+            .unwrap()
+            .geometry()
+    };
+    let profile = |name: &str| {
+        Profile::load(&common::profile(name))
+            .unwrap()
+            .model
+            .geometry()
+    };
+    for (config, full) in [
+        ("qwen3.6-35b-a3b-8l", "qwen3.6-35b-a3b-bf16"),
+        ("qwen3.5-122b-a10b-4l", "qwen3.5-122b-a10b-nvfp4"),
+    ] {
+        let (b, p) = (bench(config), profile(full));
+        assert_eq!(b.delta_net(), p.delta_net(), "{config}");
+        assert_eq!(
+            (
+                b.hidden_size,
+                b.num_attention_heads,
+                b.num_kv_heads,
+                b.head_dim
+            ),
+            (
+                p.hidden_size,
+                p.num_attention_heads,
+                p.num_kv_heads,
+                p.head_dim
+            ),
+            "{config}"
+        );
+        assert_eq!(
+            (
+                b.num_experts,
+                b.top_k,
+                b.moe_intermediate_size,
+                b.shared_expert_intermediate_size
+            ),
+            (
+                p.num_experts,
+                p.top_k,
+                p.moe_intermediate_size,
+                p.shared_expert_intermediate_size
+            ),
+            "{config}"
+        );
+    }
+}
