@@ -11,6 +11,17 @@ use serde::{Deserialize, Serialize};
 pub enum Architecture {
     Qwen3Moe,
     GptOss,
+    /// Qwen3.5 / Qwen3.6 MoE (`Qwen3_5MoeForConditionalGeneration`):
+    /// Gated DeltaNet and gated-attention layers, experts and a shared expert.
+    #[serde(rename = "qwen3_5_moe")]
+    Qwen35Moe,
+    /// Qwen3.5 dense (`Qwen3_5ForConditionalGeneration`): the same layers
+    /// with a dense MLP.
+    #[serde(rename = "qwen3_5")]
+    Qwen35,
+    /// Qwen3-Next: Qwen3.5's layers with fused GDN input projections, flat
+    /// (text-only) checkpoint.
+    Qwen3Next,
 }
 
 impl Architecture {
@@ -18,6 +29,39 @@ impl Architecture {
         match self {
             Architecture::Qwen3Moe => "qwen3_moe",
             Architecture::GptOss => "gpt_oss",
+            Architecture::Qwen35Moe => "qwen3_5_moe",
+            Architecture::Qwen35 => "qwen3_5",
+            Architecture::Qwen3Next => "qwen3_next",
+        }
+    }
+
+    /// Where the decoder's tensors live: `model.language_model` in the
+    /// vision-language checkpoints of Qwen3.5, `model` elsewhere.
+    pub fn text_prefix(self) -> &'static str {
+        match self {
+            Architecture::Qwen35Moe | Architecture::Qwen35 => "model.language_model",
+            _ => "model",
+        }
+    }
+
+    /// Whether layers mix tokens with Gated DeltaNet and gated attention
+    /// (Qwen3.5 and Qwen3-Next): `q_proj` emits a gate per head, every
+    /// decoder RMSNorm is zero-centred, RoPE is partial.
+    pub fn is_hybrid(self) -> bool {
+        matches!(
+            self,
+            Architecture::Qwen35Moe | Architecture::Qwen35 | Architecture::Qwen3Next
+        )
+    }
+
+    /// Top-level tensor prefixes a checkpoint of this architecture carries
+    /// that text serving never reads (a vision tower, multi-token
+    /// prediction layers): mapped, not planned as resident weights.
+    pub fn unused_prefixes(self) -> &'static [&'static str] {
+        match self {
+            Architecture::Qwen35Moe | Architecture::Qwen35 => &["model.visual.", "mtp."],
+            Architecture::Qwen3Next => &["mtp."],
+            _ => &[],
         }
     }
 }
@@ -49,6 +93,9 @@ impl Quantization {
 pub enum LayerAttention {
     FullAttention,
     SlidingAttention,
+    /// Gated DeltaNet (`linear_attention`): a recurrent state per sequence,
+    /// no KV cache.
+    LinearAttention,
 }
 
 /// Everything the plan needs to know about a model, and nothing more.
@@ -80,6 +127,22 @@ pub struct ModelGeometry {
     pub layer_types: Vec<LayerAttention>,
     /// Window of sliding-attention layers, in tokens.
     pub sliding_window: Option<usize>,
+    /// Gated DeltaNet (`linear_attention` layers): key heads, value heads,
+    /// their widths and the causal convolution's kernel; 0 without such layers.
+    #[serde(default)]
+    pub linear_num_key_heads: usize,
+    #[serde(default)]
+    pub linear_num_value_heads: usize,
+    #[serde(default)]
+    pub linear_key_head_dim: usize,
+    #[serde(default)]
+    pub linear_value_head_dim: usize,
+    #[serde(default)]
+    pub linear_conv_kernel_dim: usize,
+    /// Width of the shared expert every token also runs (Qwen3.5 MoE,
+    /// Qwen3-Next); 0 without one.
+    #[serde(default)]
+    pub shared_expert_intermediate_size: usize,
 }
 
 impl ModelGeometry {
@@ -87,8 +150,9 @@ impl ModelGeometry {
     /// every gpt_oss layer is sparse).
     pub fn is_moe_layer(&self, i: usize) -> bool {
         match self.architecture {
-            Architecture::GptOss => true,
-            Architecture::Qwen3Moe => {
+            Architecture::GptOss | Architecture::Qwen35Moe => true,
+            Architecture::Qwen35 => false,
+            Architecture::Qwen3Moe | Architecture::Qwen3Next => {
                 !self.mlp_only_layers.contains(&i)
                     && self.num_experts > 0
                     && self.decoder_sparse_step > 0
@@ -110,6 +174,79 @@ impl ModelGeometry {
             .copied()
             .unwrap_or(LayerAttention::FullAttention)
     }
+
+    /// Layers with a KV cache (full or sliding-window attention).
+    pub fn num_kv_layers(&self) -> usize {
+        (0..self.num_layers)
+            .filter(|&i| self.layer_attention(i) != LayerAttention::LinearAttention)
+            .count()
+    }
+
+    /// Gated DeltaNet layers (a recurrent state per sequence each).
+    pub fn num_linear_layers(&self) -> usize {
+        self.num_layers - self.num_kv_layers()
+    }
+
+    /// The Gated DeltaNet shape, when the model has such layers.
+    pub fn delta_net(&self) -> Option<DeltaNetShape> {
+        (self.num_linear_layers() > 0).then_some(DeltaNetShape {
+            key_heads: self.linear_num_key_heads,
+            value_heads: self.linear_num_value_heads,
+            key_dim: self.linear_key_head_dim,
+            value_dim: self.linear_value_head_dim,
+            conv_kernel: self.linear_conv_kernel_dim,
+        })
+    }
+}
+
+/// The shape of a Gated DeltaNet layer. Each key head serves
+/// `value_heads / key_heads` consecutive value heads (value head `h` reads
+/// key head `h / (value_heads / key_heads)`, transformers' repeat_interleave).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetShape {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetShape {
+    /// Width of the query (and of the key) projection: `key_heads × key_dim`.
+    pub fn key_width(&self) -> usize {
+        self.key_heads * self.key_dim
+    }
+
+    /// Width of the value projection (and of `z`, and of the output).
+    pub fn value_width(&self) -> usize {
+        self.value_heads * self.value_dim
+    }
+
+    /// Channels of the causal convolution: q, k and v, `2·key_width + value_width`.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_width() + self.value_width()
+    }
+
+    /// Inputs the convolution keeps between steps: `kernel − 1` per channel.
+    pub fn conv_state_len(&self) -> usize {
+        self.conv_kernel.saturating_sub(1)
+    }
+
+    /// Values of the convolution state of one layer and sequence.
+    pub fn conv_state_elements(&self) -> usize {
+        self.conv_channels() * self.conv_state_len()
+    }
+
+    /// Values of the delta-rule state of one layer and sequence:
+    /// `value_heads × key_dim × value_dim`.
+    pub fn ssm_state_elements(&self) -> usize {
+        self.value_heads * self.key_dim * self.value_dim
+    }
+
+    /// Value heads each key head serves.
+    pub fn group(&self) -> usize {
+        self.value_heads / self.key_heads.max(1)
+    }
 }
 
 /// Groups the plan and `inspect` report weight bytes by (which tensor
@@ -124,14 +261,20 @@ pub enum WeightGroup {
     DenseMlp,
     Norms,
     LmHead,
+    /// Gated DeltaNet projections, convolution and gates.
+    LinearAttention,
+    /// The shared expert and its gate: read for every token.
+    SharedExpert,
 }
 
 impl WeightGroup {
-    pub const ALL: [WeightGroup; 7] = [
+    pub const ALL: [WeightGroup; 9] = [
         WeightGroup::Embeddings,
         WeightGroup::Attention,
+        WeightGroup::LinearAttention,
         WeightGroup::Router,
         WeightGroup::Experts,
+        WeightGroup::SharedExpert,
         WeightGroup::DenseMlp,
         WeightGroup::Norms,
         WeightGroup::LmHead,
@@ -146,6 +289,8 @@ impl WeightGroup {
             WeightGroup::DenseMlp => "dense_mlp",
             WeightGroup::Norms => "norms",
             WeightGroup::LmHead => "lm_head",
+            WeightGroup::LinearAttention => "linear_attention",
+            WeightGroup::SharedExpert => "shared_expert",
         }
     }
 }

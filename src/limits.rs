@@ -44,6 +44,16 @@ pub const MAX_DECODER_SPARSE_STEP: usize = MAX_LAYERS;
 /// Entries of `mlp_only_layers` (each names a layer, so at most one per layer).
 pub const MAX_MLP_ONLY_LAYERS: usize = MAX_LAYERS;
 
+/// Key or value heads of a Gated DeltaNet layer.
+pub const MAX_LINEAR_HEADS: usize = 2048;
+/// Width of one Gated DeltaNet key or value head (the CPU keeps a row of
+/// the state per key dimension on its stack).
+pub const MAX_LINEAR_HEAD_DIM: usize = 1024;
+/// Kernel of the Gated DeltaNet's causal convolution (published: 4).
+pub const MAX_CONV_KERNEL: usize = 64;
+/// Intermediate size of the shared expert.
+pub const MAX_SHARED_EXPERT_INTERMEDIATE_SIZE: usize = MAX_INTERMEDIATE_SIZE;
+
 /// `[serving] max_model_len`: tokens of one sequence.
 pub const MAX_MODEL_LEN: usize = MAX_POSITION_EMBEDDINGS;
 /// `[serving] max_num_seqs`: sequences running at once.
@@ -158,6 +168,38 @@ impl GeometryFields<'_> {
             self.layers.1 * self.experts.1,
             MAX_TOTAL_EXPERTS,
         )
+    }
+}
+
+/// The Gated DeltaNet and shared-expert fields of a `config.json` or a
+/// profile's `[model]`, each with the name its file spells it with.
+pub struct HybridFields<'a> {
+    pub key_heads: (&'a str, usize),
+    pub value_heads: (&'a str, usize),
+    pub key_head_dim: (&'a str, usize),
+    pub value_head_dim: (&'a str, usize),
+    pub conv_kernel: (&'a str, usize),
+    pub shared_expert_intermediate: (&'a str, usize),
+}
+
+impl HybridFields<'_> {
+    /// The first field above its limit, in the order listed.
+    pub fn check(&self) -> Result<(), LimitExceeded> {
+        let table = [
+            (self.key_heads, MAX_LINEAR_HEADS),
+            (self.value_heads, MAX_LINEAR_HEADS),
+            (self.key_head_dim, MAX_LINEAR_HEAD_DIM),
+            (self.value_head_dim, MAX_LINEAR_HEAD_DIM),
+            (self.conv_kernel, MAX_CONV_KERNEL),
+            (
+                self.shared_expert_intermediate,
+                MAX_SHARED_EXPERT_INTERMEDIATE_SIZE,
+            ),
+        ];
+        for ((field, value), limit) in table {
+            check(field, value, limit)?;
+        }
+        Ok(())
     }
 }
 

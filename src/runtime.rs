@@ -152,8 +152,12 @@ impl HostSource<'_> {
 pub fn header_weight_bytes(config: &ModelConfig, headers: &checkpoint::HeaderSet) -> WeightBytes {
     let mut bytes = WeightBytes::zero();
     for t in &headers.tensors {
-        let group = checkpoint::groups::group_of(config.architecture, &t.name)
-            .unwrap_or(WeightGroup::Attention);
+        let arch = config.architecture;
+        if let Some(prefix) = checkpoint::groups::unused_prefix(arch, &t.name) {
+            bytes.add_unused(prefix, t.byte_len);
+            continue;
+        }
+        let group = checkpoint::groups::group_of(arch, &t.name).unwrap_or(WeightGroup::Attention);
         bytes.add(group, t.byte_len);
     }
     bytes
@@ -481,6 +485,14 @@ impl Loaded<CudaBackend> {
         options: &DeviceOptions,
     ) -> Result<Self, RuntimeError> {
         let mapped = Mapped::open(dir, profile, host, startup, PlanDevice::Cuda)?;
+        if mapped.config.architecture.is_hybrid() {
+            // Refused before a context is made, so `auto` runs the CPU.
+            return Err(BackendError::NotSupported {
+                backend: "cuda",
+                what: "Gated DeltaNet (qwen3_5, qwen3_5_moe, qwen3_next)",
+            }
+            .into());
+        }
         let (ledger, plan) = (&mapped.ledger, &mapped.plan);
         let max_seqs = plan.serving.max_num_seqs;
         let mut backend = CudaBackend::new(
@@ -553,6 +565,8 @@ impl<B: Backend> Loaded<B> {
             kv_blocks: self.plan.kv_cache.blocks as usize,
             kv_block_size: s.kv_block_size,
             sliding_window: sliding_window(&self.kv_layout()),
+            state_slots: self.plan.recurrent_state.slots
+                * usize::from(self.plan.recurrent_state.bytes > 0),
             prefix_caching: s.enable_prefix_caching,
         };
         Ok(Engine::new(

@@ -32,6 +32,11 @@ pub struct SeqChunk {
     pub table_start: u32,
     /// Number of blocks in its table (covering `past + len` tokens).
     pub table_len: u32,
+    /// Its slot in the recurrent-state pool (models with Gated DeltaNet
+    /// layers): the sequence's index in the batch unless
+    /// [`StepBatch::set_state_slot`] says otherwise. A slot must stay the
+    /// sequence's from its first chunk to its last.
+    pub state_slot: u32,
 }
 
 impl SeqChunk {
@@ -117,9 +122,17 @@ impl StepBatch {
             sliding_start: self.sliding_block_tables.len() as u32,
             table_start: self.block_tables.len() as u32,
             table_len: blocks.len() as u32,
+            state_slot: self.seqs.len() as u32,
         });
         self.block_tables.extend_from_slice(blocks);
         self.sliding_block_tables.extend_from_slice(sliding);
+    }
+
+    /// Gives sequence `i` (in push order) state slot `slot`.
+    pub fn set_state_slot(&mut self, i: usize, slot: u32) {
+        if let Some(chunk) = self.seqs.get_mut(i) {
+            chunk.state_slot = slot;
+        }
     }
 
     /// Block table of sequence `i`.

@@ -655,3 +655,116 @@ fn gpt_oss_check_names_mxfp4_problems() {
         ]
     );
 }
+
+#[test]
+fn qwen35_moe_fixture_config_from_its_text_config() {
+    let c = ModelConfig::load(&fixture("qwen35-moe-tiny")).unwrap();
+    assert_eq!(c.architecture, Architecture::Qwen35Moe);
+    assert_eq!(
+        (c.hidden_size, c.num_hidden_layers, c.head_dim),
+        (128, 4, 64)
+    );
+    assert_eq!(
+        c.layer_types,
+        [
+            LayerAttention::LinearAttention,
+            LayerAttention::LinearAttention,
+            LayerAttention::LinearAttention,
+            LayerAttention::FullAttention
+        ]
+    );
+    assert_eq!(
+        (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+            c.linear_conv_kernel_dim
+        ),
+        (2, 4, 32, 32, 4)
+    );
+    assert_eq!(c.shared_expert_intermediate_size, 64);
+    // partial_rotary_factor 0.25 of a 64-wide head; mrope_section [4, 2, 2]
+    // covers those 16 dims.
+    assert_eq!(c.rotary_dim(), 16);
+    assert_eq!(c.rope_theta, 10_000_000.0);
+    assert!(c.norm_topk_prob);
+    let g = c.geometry();
+    assert_eq!((g.num_kv_layers(), g.num_linear_layers()), (1, 3));
+    // The vision tower is mapped but neither expected nor checked.
+    let headers = read_headers(&fixture("qwen35-moe-tiny")).unwrap();
+    check_tensors(&c, &headers).unwrap();
+    let groups = bytes_by_group(c.architecture, &headers.tensors);
+    assert!(groups.ungrouped.is_empty(), "{:?}", groups.ungrouped);
+    assert!(groups.unused["model.visual."] > 0);
+    assert!(groups.bytes[&WeightGroup::LinearAttention] > 0);
+    assert!(groups.bytes[&WeightGroup::SharedExpert] > 0);
+}
+
+#[test]
+fn qwen35_and_qwen3_next_fixture_configs() {
+    let dense = ModelConfig::load(&fixture("qwen35-tiny")).unwrap();
+    assert_eq!(dense.architecture, Architecture::Qwen35);
+    assert_eq!((dense.num_experts, dense.intermediate_size), (0, 256));
+    assert!((0..4).all(|i| !dense.is_moe_layer(i)));
+    let next = ModelConfig::load(&fixture("qwen3-next-tiny")).unwrap();
+    assert_eq!(next.architecture, Architecture::Qwen3Next);
+    assert_eq!(next.rotary_dim(), 16);
+    for name in ["qwen35-tiny", "qwen3-next-tiny", "qwen35-moe-tiny-r4"] {
+        let c = ModelConfig::load(&fixture(name)).unwrap();
+        check_tensors(&c, &read_headers(&fixture(name)).unwrap()).unwrap();
+    }
+    assert_eq!(
+        group_of(
+            Architecture::Qwen3Next,
+            "model.layers.0.linear_attn.in_proj_qkvz.weight"
+        ),
+        Some(WeightGroup::LinearAttention)
+    );
+    assert_eq!(
+        group_of(
+            Architecture::Qwen35Moe,
+            "model.language_model.layers.0.mlp.experts.gate_up_proj"
+        ),
+        Some(WeightGroup::Experts)
+    );
+}
+
+#[test]
+fn hybrid_configs_refuse_what_they_cannot_run() {
+    let base = fixture_config("qwen35-moe-tiny");
+    let refused = |edit: &dyn Fn(&mut Value), needle: &str| {
+        let mut c = base.clone();
+        edit(&mut c);
+        let err = load_edited(&c).unwrap_err().to_string();
+        assert!(err.contains(needle), "{err}");
+    };
+    refused(
+        &|c| c["text_config"]["layer_types"][0] = json!("sliding_attention"),
+        "unknown layer type `sliding_attention`",
+    );
+    refused(
+        &|c| c["text_config"]["linear_num_value_heads"] = json!(3),
+        "not a multiple of `linear_num_key_heads`",
+    );
+    refused(
+        &|c| c["text_config"]["linear_num_value_heads"] = json!(1_000_000),
+        "`linear_num_value_heads` is 1000000, above the limit",
+    );
+    refused(
+        &|c| c["text_config"]["linear_conv_kernel_dim"] = json!(100),
+        "`linear_conv_kernel_dim` is 100, above the limit of 64",
+    );
+    refused(
+        &|c| c["text_config"]["rope_parameters"]["mrope_section"] = json!([4, 4, 4]),
+        "does not cover the 16 rotary dims",
+    );
+    refused(
+        &|c| c["text_config"]["hidden_act"] = json!("gelu"),
+        "`hidden_act` `gelu` is not supported",
+    );
+    refused(
+        &|c| c["text_config"]["layer_types"] = json!(["full_attention"]),
+        "`layer_types` has 1 entries for 4 layers",
+    );
+}

@@ -74,6 +74,8 @@ fn gpt_oss_report() {
 fn json_has_the_documented_keys() {
     let r = report(&fixture("qwen3-moe-tiny-nvfp4")).unwrap();
     let value = serde_json::to_value(&r).unwrap();
+    // Nothing the checkpoint carries goes unread.
+    assert_eq!(value["unused"], serde_json::json!({}));
     for key in [
         "architecture",
         "num_tensors",
@@ -94,9 +96,11 @@ fn json_has_the_documented_keys() {
             "dense_mlp",
             "embeddings",
             "experts",
+            "linear_attention",
             "lm_head",
             "norms",
-            "router"
+            "router",
+            "shared_expert",
         ]
     );
     let bf16 = serde_json::to_value(report(&fixture("qwen3-moe-tiny")).unwrap()).unwrap();
@@ -148,4 +152,21 @@ fn broken_folders_are_errors_naming_file_and_tensor() {
     std::fs::remove_file(dir.path().join("config.json")).unwrap();
     let message = run(&args).unwrap_err().to_string();
     assert!(message.contains("config.json"), "{message}");
+}
+
+#[test]
+fn a_qwen35_checkpoint_counts_its_vision_tower_as_unused() {
+    let r = report(&fixture("qwen35-moe-tiny")).unwrap();
+    assert_eq!(r.architecture, "qwen3_5_moe");
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    // Every byte is in a group or under an unused prefix.
+    let grouped: u64 = r.groups.values().sum();
+    assert_eq!(grouped + r.unused.values().sum::<u64>(), r.total_bytes);
+    assert!(r.unused["model.visual."] > 0);
+    // 3 GDN layers: in_proj_qkv 256 × 128, z 128 × 128, b and a 4 × 128,
+    // out_proj 128 × 128, conv 256 × 4, A_log and dt_bias 4, norm 32, bf16.
+    let gdn = (256 * 128 + 128 * 128 + 2 * 4 * 128 + 128 * 128 + 256 * 4 + 8 + 32) * 2;
+    assert_eq!(r.groups["linear_attention"], 3 * gdn);
+    // The shared expert (3 × 64 × 128) and its [1, 128] gate in 4 layers.
+    assert_eq!(r.groups["shared_expert"], 4 * (3 * 64 * 128 + 128) * 2);
 }

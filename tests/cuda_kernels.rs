@@ -55,14 +55,14 @@ impl OwnedVector {
 
     fn view(&self) -> VectorWeight<'_> {
         let b = &self.bytes[self.offset..];
-        VectorWeight {
-            len: self.len,
-            data: if b.len() == 2 * self.len {
+        VectorWeight::new(
+            self.len,
+            if b.len() == 2 * self.len {
                 VectorData::Bf16(b)
             } else {
                 VectorData::F32(b)
             },
-        }
+        )
     }
 }
 
@@ -712,6 +712,7 @@ fn rope_and_qk_norm_match_the_cpu() {
             heads,
             kv_heads,
             head_dim: hd,
+            rotary_dim: hd,
             scale: 1.0,
             window: None,
         };
@@ -918,6 +919,7 @@ fn attention_over_full_and_sliding_tables_matches_the_cpu() {
                     heads,
                     kv_heads,
                     head_dim: hd,
+                    rotary_dim: hd,
                     scale: 1.0 / (hd as f32).sqrt(),
                     window: (layer == 1).then_some(window),
                 };
@@ -1007,6 +1009,7 @@ fn kv_copy_blocks_copies_every_array_as_the_cpu() {
             heads,
             kv_heads,
             head_dim: hd,
+            rotary_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
             window: (layer == 1).then_some(window),
         };

@@ -67,6 +67,7 @@ pub fn limits(max_num_seqs: usize, batched: usize, kv_blocks: usize) -> EngineLi
         kv_block_size: 4,
         sliding_window: 0,
         prefix_caching: false,
+        state_slots: 0,
     }
 }
 

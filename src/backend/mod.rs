@@ -42,6 +42,12 @@ pub enum BackendError {
     },
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+    /// An op this backend does not have yet (Gated DeltaNet on CUDA).
+    #[error("{what} is not supported on the {backend} backend yet")]
+    NotSupported {
+        backend: &'static str,
+        what: &'static str,
+    },
 }
 
 impl BackendError {
@@ -140,9 +146,28 @@ pub struct AttentionShape {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Leading dims of each head RoPE rotates (`head_dim` unless partial).
+    pub rotary_dim: usize,
     pub scale: f32,
     /// Sliding-window span in tokens (`i − W < j ≤ i`), `None` for full attention.
     pub window: Option<usize>,
+}
+
+/// A Gated DeltaNet layer's shape and its place in the recurrent-state pool.
+pub use crate::geometry::DeltaNetShape;
+/// The recurrent-state pool as the plan sizes it.
+pub use crate::plan::memory::RecurrentStatePlan;
+
+/// What a Gated DeltaNet layer's delta rule reads beside the
+/// convolution's output: per value head `β = sigmoid(b)` and
+/// `g = −exp(A_log) · softplus(a + dt_bias)`.
+pub struct DeltaRuleGates<'a, 'w, B: Backend + 'w> {
+    /// `[rows, value_heads]` step gate logits (`in_proj_b`).
+    pub b: &'a B::Buffer,
+    /// `[rows, value_heads]` decay logits (`in_proj_a`).
+    pub a: &'a B::Buffer,
+    pub a_log: &'a B::Vector<'w>,
+    pub dt_bias: &'a B::Vector<'w>,
 }
 
 /// Byte size of a buffer of `elements` f32 activations.
@@ -173,6 +198,8 @@ pub trait Backend: Sync + Sized {
     type KvCache: Send;
     /// One step's token ids, positions and sequence table, in backend memory.
     type Step: Send;
+    /// The Gated DeltaNet layers' states of every sequence slot.
+    type RecurrentState: Send;
 
     fn name(&self) -> &'static str;
 
@@ -194,6 +221,11 @@ pub trait Backend: Sync + Sized {
     fn kv_cache(&self, layout: &KvLayout, layers: usize) -> Result<Self::KvCache, BackendError>;
     /// Step metadata storage exactly as the plan sizes it.
     fn step_storage(&self, plan: &StepMetadataPlan) -> Result<Self::Step, BackendError>;
+    /// The recurrent-state pool exactly as the plan sizes it, zeroed.
+    fn recurrent_state(
+        &self,
+        plan: &RecurrentStatePlan,
+    ) -> Result<Self::RecurrentState, BackendError>;
 
     // ---- a forward step ----
 
@@ -301,6 +333,17 @@ pub trait Backend: Sync + Sized {
         pairs: &[(u32, u32)],
     ) -> Result<(), BackendError>;
 
+    /// Copies whole sequence slots of the recurrent-state pool, every
+    /// layer's convolution and delta-rule state: for each `(from, to)` pair,
+    /// slot `from` onto slot `to` (an `n > 1` choice takes its leader's
+    /// state after the prompt). A slot appears at most once as a `to`,
+    /// never as a `from` too.
+    fn copy_state_slots(
+        &self,
+        state: &mut Self::RecurrentState,
+        pairs: &[(u32, u32)],
+    ) -> Result<(), BackendError>;
+
     /// Top-k routing of `rows` tokens from `[rows, E]` logits into the workspace.
     fn route(
         &self,
@@ -322,6 +365,107 @@ pub trait Backend: Sync + Sized {
         experts: &Self::Experts<'_>,
         ws: &mut Self::Workspace,
         out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    // ---- Gated DeltaNet and gated attention (qwen3_5, qwen3_next) ----
+
+    /// The causal depthwise convolution of a Gated DeltaNet layer, in place
+    /// over `qkv` (`[rows, conv_channels]`), then SiLU: each output sums
+    /// `kernel` inputs of its channel, the token's and the ones before it,
+    /// weighted by `weight` (`[channels, kernel]`, the last tap on the
+    /// token). A sequence continues from the inputs its state slot kept
+    /// (layer `layer` of the pool), zeros when its chunk starts at position
+    /// 0, and the slot keeps its last `kernel − 1` inputs for the next step.
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_conv(
+        &self,
+        qkv: &mut Self::Buffer,
+        weight: &Self::Vector<'_>,
+        state: &mut Self::RecurrentState,
+        layer: usize,
+        step: &Self::Step,
+        shape: &DeltaNetShape,
+    ) -> Result<(), BackendError>;
+
+    /// The gated delta rule of a Gated DeltaNet layer over the convolved
+    /// `qkv` (`[rows, q | k | v]`): q and k L2-normalised (in place), q scaled by
+    /// `1/√key_dim`; per value head a state `S` (`key_dim × value_dim`,
+    /// from the sequence's slot, zeroed at position 0) and per token
+    /// `S ← e^g S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀq` into `out`
+    /// (`[rows, value_heads × value_dim]`). A one-token chunk takes that
+    /// recurrence; a longer one the chunked (UT-transform) form, equal up
+    /// to rounding.
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_delta_rule(
+        &self,
+        qkv: &mut Self::Buffer,
+        gates: &DeltaRuleGates<'_, '_, Self>,
+        state: &mut Self::RecurrentState,
+        layer: usize,
+        step: &Self::Step,
+        shape: &DeltaNetShape,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// qwen3_next's fused projections back to the layout of the split
+    /// ones: `qkvz` (`[rows, key_heads × (q, k, v, z of the head's group)]`)
+    /// and `ba` (`[rows, key_heads × (b, a of the group)]`) into `qkv`
+    /// (`[rows, q | k | v]`), `z`, `b` and `a`.
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_unfuse(
+        &self,
+        qkvz: &Self::Buffer,
+        ba: &Self::Buffer,
+        rows: usize,
+        shape: &DeltaNetShape,
+        qkv: &mut Self::Buffer,
+        z: &mut Self::Buffer,
+        b: &mut Self::Buffer,
+        a: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// `x = rmsnorm(x) · w · silu(z)` per group of `width` values (a value
+    /// head), over `n` values (the Gated DeltaNet's output norm; `w` is
+    /// not zero-centred).
+    fn gated_rmsnorm(
+        &self,
+        x: &mut Self::Buffer,
+        z: &Self::Buffer,
+        w: &Self::Vector<'_>,
+        eps: f32,
+        width: usize,
+        n: usize,
+    ) -> Result<(), BackendError>;
+
+    /// Gated attention's `q_proj` output (`[rows, heads × (query | gate)]`,
+    /// `head_dim` each) into `q` and `gate` (`[rows, heads × head_dim]` each).
+    fn split_query_gate(
+        &self,
+        query_gate: &Self::Buffer,
+        rows: usize,
+        heads: usize,
+        head_dim: usize,
+        q: &mut Self::Buffer,
+        gate: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// `x[i] *= sigmoid(gate[i])` for `n` elements (gated attention's output).
+    fn sigmoid_mul(
+        &self,
+        x: &mut Self::Buffer,
+        gate: &Self::Buffer,
+        n: usize,
+    ) -> Result<(), BackendError>;
+
+    /// `out[r] += sigmoid(logit[r]) · x[r]` over `rows` rows of `width`
+    /// (the shared expert, weighted by its gate, joins the experts' sum).
+    fn add_gated(
+        &self,
+        out: &mut Self::Buffer,
+        x: &Self::Buffer,
+        logits: &Self::Buffer,
+        rows: usize,
+        width: usize,
     ) -> Result<(), BackendError>;
 
     /// `gate[i] = silu(gate[i]) · up[i]` for `n` elements.

@@ -8,7 +8,7 @@ use super::dtype::Dtype;
 use super::error::{CheckpointError, TensorProblem};
 use super::{Checkpoint, HeaderSet, TensorInfo};
 use crate::formats::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
-use crate::geometry::{Architecture, Quantization};
+use crate::geometry::{Architecture, LayerAttention, Quantization};
 
 /// Anything that can list a checkpoint's tensors: the headers alone or an
 /// open checkpoint.
@@ -32,6 +32,8 @@ impl TensorCatalog for Checkpoint {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Expected {
     pub dtype: Dtype,
+    /// A second dtype the tensor may have (F32 gates of Gated DeltaNet).
+    pub or_dtype: Option<Dtype>,
     pub shape: ExpectedShape,
     /// Optional tensors may be absent (NVFP4 `input_scale`, a tied `lm_head`).
     pub required: bool,
@@ -76,7 +78,7 @@ pub fn check_tensors(
 /// Every disagreement between `headers` and the tensors `config` needs,
 /// sorted by tensor name.
 pub fn tensor_problems(config: &ModelConfig, headers: &HeaderSet) -> Vec<TensorProblem> {
-    let expected = expected_tensors(config);
+    let expected = expected_tensors_in(config, ExpertLayout::of(config, headers));
     // Both lists are sorted by name: walk them side by side.
     let mut expected = expected.iter().peekable();
     let mut problems = Vec::new();
@@ -85,6 +87,10 @@ pub fn tensor_problems(config: &ModelConfig, headers: &HeaderSet) -> Vec<TensorP
             problems.extend(missing(name, want));
         }
         let file = headers.path_of(tensor);
+        // Mapped, never read (a vision tower, MTP layers): not checked.
+        if super::groups::unused_prefix(config.architecture, &tensor.name).is_some() {
+            continue;
+        }
         match expected.next_if(|(name, _)| *name == tensor.name) {
             Some((_, want)) => problems.extend(mismatch(tensor, file, want)),
             None => problems.push(TensorProblem::Unexpected {
@@ -107,7 +113,7 @@ fn missing(name: &str, want: &Expected) -> Option<TensorProblem> {
 }
 
 fn mismatch(tensor: &TensorInfo, file: &Path, want: &Expected) -> Option<TensorProblem> {
-    if tensor.dtype != want.dtype {
+    if tensor.dtype != want.dtype && Some(tensor.dtype) != want.or_dtype {
         return Some(TensorProblem::WrongDtype {
             tensor: tensor.name.clone(),
             file: file.to_path_buf(),
@@ -126,15 +132,52 @@ fn mismatch(tensor: &TensorInfo, file: &Path, want: &Expected) -> Option<TensorP
     None
 }
 
-/// Every tensor the architecture described by `config` has, sorted by name.
+/// How a checkpoint stores the experts of a hybrid architecture: one
+/// tensor per expert and projection (what transformers writes), or the
+/// experts of a layer stacked (`mlp.experts.gate_up_proj` `[E, 2I, H]`,
+/// `mlp.experts.down_proj` `[E, H, I]`, as Qwen publishes them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertLayout {
+    PerExpert,
+    Stacked,
+}
+
+impl ExpertLayout {
+    /// The layout `headers` use: stacked when the first MoE layer's stacked
+    /// tensor is there.
+    pub fn of(config: &ModelConfig, headers: &HeaderSet) -> ExpertLayout {
+        let first_moe = (0..config.num_hidden_layers).find(|&i| config.is_moe_layer(i));
+        let stacked = first_moe.is_some_and(|i| {
+            let name = format!(
+                "{}.layers.{i}.mlp.experts.gate_up_proj",
+                config.architecture.text_prefix()
+            );
+            headers.get(&name).is_some()
+        });
+        if stacked && config.architecture.is_hybrid() {
+            ExpertLayout::Stacked
+        } else {
+            ExpertLayout::PerExpert
+        }
+    }
+}
+
+/// Every tensor the architecture described by `config` has, sorted by name
+/// (experts one tensor per expert).
 pub fn expected_tensors(config: &ModelConfig) -> Vec<(String, Expected)> {
+    expected_tensors_in(config, ExpertLayout::PerExpert)
+}
+
+/// [`expected_tensors`] with the experts laid out as `experts` says.
+pub fn expected_tensors_in(config: &ModelConfig, experts: ExpertLayout) -> Vec<(String, Expected)> {
     let mut e = Expectations {
         config,
         tensors: Vec::new(),
     };
     let (h, v) = (config.hidden_size, config.vocab_size);
-    e.bf16("model.embed_tokens.weight", &[v, h]);
-    e.bf16("model.norm.weight", &[h]);
+    let text = config.architecture.text_prefix();
+    e.bf16(&format!("{text}.embed_tokens.weight"), &[v, h]);
+    e.bf16(&format!("{text}.norm.weight"), &[h]);
     if config.tie_word_embeddings {
         // Tied heads usually are not stored, but some exporters keep a copy.
         e.optional_bf16("lm_head.weight", &[v, h]);
@@ -142,13 +185,20 @@ pub fn expected_tensors(config: &ModelConfig) -> Vec<(String, Expected)> {
         e.linear("lm_head", v, h);
     }
     for layer in 0..config.num_hidden_layers {
-        let prefix = format!("model.layers.{layer}");
+        let prefix = format!("{text}.layers.{layer}");
         e.bf16(&format!("{prefix}.input_layernorm.weight"), &[h]);
         e.bf16(&format!("{prefix}.post_attention_layernorm.weight"), &[h]);
-        e.attention(&prefix);
+        if config.layer_attention(layer) == LayerAttention::LinearAttention {
+            e.delta_net(&prefix);
+        } else {
+            e.attention(&prefix);
+        }
         match config.architecture {
             Architecture::Qwen3Moe => e.qwen3_mlp(&prefix, layer),
             Architecture::GptOss => e.gpt_oss_experts(&prefix),
+            Architecture::Qwen35Moe | Architecture::Qwen35 | Architecture::Qwen3Next => {
+                e.hybrid_mlp(&prefix, layer, experts)
+            }
         }
     }
     // Names are generated unique, so an unstable sort is deterministic.
@@ -167,6 +217,7 @@ impl Expectations<'_> {
             name.to_string(),
             Expected {
                 dtype,
+                or_dtype: None,
                 shape,
                 required,
             },
@@ -225,12 +276,22 @@ impl Expectations<'_> {
         }
     }
 
+    /// A BF16 (or F32) vector of `len`.
+    fn bf16_or_f32(&mut self, name: &str, len: usize) {
+        self.bf16(name, &[len]);
+        if let Some((_, last)) = self.tensors.last_mut() {
+            last.or_dtype = Some(Dtype::F32);
+        }
+    }
+
     fn attention(&mut self, prefix: &str) {
         let c = self.config;
         let (h, d) = (c.hidden_size, c.head_dim);
         let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
+        // Gated attention: `q_proj` emits a query and a gate per head.
+        let q_rows = if c.architecture.is_hybrid() { 2 * q } else { q };
         for (projection, rows, cols) in [
-            ("q_proj", q, h),
+            ("q_proj", q_rows, h),
             ("k_proj", kv, h),
             ("v_proj", kv, h),
             ("o_proj", h, q),
@@ -242,7 +303,10 @@ impl Expectations<'_> {
             }
         }
         match c.architecture {
-            Architecture::Qwen3Moe => {
+            Architecture::Qwen3Moe
+            | Architecture::Qwen35Moe
+            | Architecture::Qwen35
+            | Architecture::Qwen3Next => {
                 self.bf16(&format!("{prefix}.self_attn.q_norm.weight"), &[d]);
                 self.bf16(&format!("{prefix}.self_attn.k_norm.weight"), &[d]);
             }
@@ -273,6 +337,80 @@ impl Expectations<'_> {
             self.linear(&format!("{prefix}.mlp.up_proj"), i, h);
             self.linear(&format!("{prefix}.mlp.down_proj"), h, i);
         }
+    }
+
+    /// A Gated DeltaNet layer: its input projections (fused in qwen3_next),
+    /// the depthwise convolution `[channels, 1, kernel]`, the decay and
+    /// step gates per value head, the output norm and projection.
+    fn delta_net(&mut self, prefix: &str) {
+        let c = self.config;
+        let g = c.geometry();
+        let Some(shape) = g.delta_net() else {
+            return;
+        };
+        let h = c.hidden_size;
+        let p = format!("{prefix}.linear_attn");
+        let (channels, values, heads) = (
+            shape.conv_channels(),
+            shape.value_width(),
+            shape.value_heads,
+        );
+        if c.architecture == Architecture::Qwen3Next {
+            self.linear(&format!("{p}.in_proj_qkvz"), channels + values, h);
+            self.linear(&format!("{p}.in_proj_ba"), 2 * heads, h);
+        } else {
+            self.linear(&format!("{p}.in_proj_qkv"), channels, h);
+            self.linear(&format!("{p}.in_proj_z"), values, h);
+            self.linear(&format!("{p}.in_proj_b"), heads, h);
+            self.linear(&format!("{p}.in_proj_a"), heads, h);
+        }
+        self.bf16(
+            &format!("{p}.conv1d.weight"),
+            &[channels, 1, shape.conv_kernel],
+        );
+        self.bf16_or_f32(&format!("{p}.A_log"), heads);
+        self.bf16_or_f32(&format!("{p}.dt_bias"), heads);
+        self.bf16_or_f32(&format!("{p}.norm.weight"), shape.value_dim);
+        self.linear(&format!("{p}.out_proj"), h, values);
+    }
+
+    /// Experts (per expert or stacked), the router, the shared expert and
+    /// its gate; or a dense MLP.
+    fn hybrid_mlp(&mut self, prefix: &str, layer: usize, layout: ExpertLayout) {
+        let c = self.config;
+        let h = c.hidden_size;
+        if !c.is_moe_layer(layer) {
+            let i = c.intermediate_size;
+            self.linear(&format!("{prefix}.mlp.gate_proj"), i, h);
+            self.linear(&format!("{prefix}.mlp.up_proj"), i, h);
+            self.linear(&format!("{prefix}.mlp.down_proj"), h, i);
+            return;
+        }
+        let (e, i) = (c.num_experts, c.moe_intermediate_size);
+        self.linear(&format!("{prefix}.mlp.gate"), e, h);
+        match layout {
+            ExpertLayout::PerExpert => {
+                for expert in 0..e {
+                    let module = format!("{prefix}.mlp.experts.{expert}");
+                    self.linear(&format!("{module}.gate_proj"), i, h);
+                    self.linear(&format!("{module}.up_proj"), i, h);
+                    self.linear(&format!("{module}.down_proj"), h, i);
+                }
+            }
+            ExpertLayout::Stacked => {
+                self.bf16(
+                    &format!("{prefix}.mlp.experts.gate_up_proj"),
+                    &[e, 2 * i, h],
+                );
+                self.bf16(&format!("{prefix}.mlp.experts.down_proj"), &[e, h, i]);
+            }
+        }
+        let s = c.shared_expert_intermediate_size;
+        let shared = format!("{prefix}.mlp.shared_expert");
+        self.linear(&format!("{shared}.gate_proj"), s, h);
+        self.linear(&format!("{shared}.up_proj"), s, h);
+        self.linear(&format!("{shared}.down_proj"), h, s);
+        self.linear(&format!("{prefix}.mlp.shared_expert_gate"), 1, h);
     }
 
     /// gpt-oss stores all experts of a layer stacked: MXFP4 blocks and scales

@@ -57,6 +57,17 @@ pub struct ModelConfig {
     pub swiglu_limit: Option<f64>,
     /// `None` when every weight is stored unquantized.
     pub quantization: Option<QuantizationConfig>,
+    /// Gated DeltaNet layers (qwen3_5, qwen3_5_moe, qwen3_next): heads,
+    /// widths and the convolution kernel; 0 without such layers.
+    pub linear_num_key_heads: usize,
+    pub linear_num_value_heads: usize,
+    pub linear_key_head_dim: usize,
+    pub linear_value_head_dim: usize,
+    pub linear_conv_kernel_dim: usize,
+    /// Width of the shared expert (0: none).
+    pub shared_expert_intermediate_size: usize,
+    /// Share of each head RoPE rotates: its first `head_dim × factor` dims.
+    pub partial_rotary_factor: f64,
 }
 
 /// YaRN RoPE parameters (see docs/FORMATS.md, "RoPE of gpt_oss").
@@ -107,11 +118,17 @@ impl ModelConfig {
         path: &Path,
         hf_quant: Option<(&str, &Path)>,
     ) -> Result<ModelConfig, CheckpointError> {
-        let raw: RawConfig =
+        let mut raw: RawConfig =
             serde_json::from_str(text).map_err(|source| CheckpointError::ConfigJson {
                 path: path.to_path_buf(),
                 source,
             })?;
+        // A vision-language checkpoint keeps its decoder's keys in
+        // `text_config`; the keys of the whole file (quantization, tied
+        // embeddings) stay where they are.
+        if let Some(text_config) = raw.text_config.take() {
+            raw = raw.with_text_config(*text_config);
+        }
         // Before anything is sized by them (the gpt_oss default layer
         // types, the expected-tensor list, the plan's per-layer loops).
         raw.check_limits().map_err(|limit| CheckpointError::Limit {
@@ -123,6 +140,9 @@ impl ModelConfig {
         let architecture = match model_type.as_str() {
             "qwen3_moe" => Architecture::Qwen3Moe,
             "gpt_oss" => Architecture::GptOss,
+            "qwen3_5_moe" => Architecture::Qwen35Moe,
+            "qwen3_5" => Architecture::Qwen35,
+            "qwen3_next" => Architecture::Qwen3Next,
             _ => {
                 return Err(CheckpointError::UnsupportedArchitecture {
                     path: path.to_path_buf(),
@@ -147,6 +167,9 @@ impl ModelConfig {
         let config = match architecture {
             Architecture::Qwen3Moe => keys.qwen3_moe(raw, quantization)?,
             Architecture::GptOss => keys.gpt_oss(raw, quantization)?,
+            Architecture::Qwen35Moe | Architecture::Qwen35 | Architecture::Qwen3Next => {
+                keys.hybrid(architecture, raw, quantization)?
+            }
         };
         config.validate(path)?;
         Ok(config)
@@ -176,14 +199,35 @@ impl ModelConfig {
             attention_bias: self.attention_bias,
             layer_types: self.layer_types.clone(),
             sliding_window: self.sliding_window,
+            linear_num_key_heads: self.linear_num_key_heads,
+            linear_num_value_heads: self.linear_num_value_heads,
+            linear_key_head_dim: self.linear_key_head_dim,
+            linear_value_head_dim: self.linear_value_head_dim,
+            linear_conv_kernel_dim: self.linear_conv_kernel_dim,
+            shared_expert_intermediate_size: self.shared_expert_intermediate_size,
         }
+    }
+
+    /// Dims of each head RoPE rotates (all of them unless the RoPE is partial).
+    pub fn rotary_dim(&self) -> usize {
+        // transformers: `int(head_dim × partial_rotary_factor)`.
+        (self.head_dim as f64 * self.partial_rotary_factor) as usize
+    }
+
+    /// The layer kind of layer `i` (full attention when not listed).
+    pub fn layer_attention(&self, i: usize) -> LayerAttention {
+        self.layer_types
+            .get(i)
+            .copied()
+            .unwrap_or(LayerAttention::FullAttention)
     }
 
     /// Whether layer `i` has experts rather than a dense MLP.
     pub fn is_moe_layer(&self, i: usize) -> bool {
         match self.architecture {
-            Architecture::GptOss => true,
-            Architecture::Qwen3Moe => {
+            Architecture::GptOss | Architecture::Qwen35Moe => true,
+            Architecture::Qwen35 => false,
+            Architecture::Qwen3Moe | Architecture::Qwen3Next => {
                 !self.mlp_only_layers.contains(&i)
                     && (i + 1).is_multiple_of(self.decoder_sparse_step)
             }
@@ -226,12 +270,19 @@ impl ModelConfig {
             ("num_key_value_heads", self.num_key_value_heads),
             ("head_dim", self.head_dim),
             ("vocab_size", self.vocab_size),
+            ("decoder_sparse_step", self.decoder_sparse_step),
+        ];
+        // A dense model (qwen3_5) has no experts to size.
+        let experts = [
             ("num_experts", self.num_experts),
             ("num_experts_per_tok", self.num_experts_per_tok),
             ("moe_intermediate_size", self.moe_intermediate_size),
-            ("decoder_sparse_step", self.decoder_sparse_step),
         ];
-        for (key, value) in positive {
+        let dense_model = self.architecture == Architecture::Qwen35;
+        let positive = positive
+            .iter()
+            .chain(experts.iter().filter(|_| !dense_model));
+        for &(key, value) in positive {
             if value == 0 {
                 return fail(format!("`{key}` must be positive"));
             }
@@ -276,12 +327,113 @@ impl ModelConfig {
         if sliding && self.sliding_window.is_none_or(|w| w == 0) {
             return fail("sliding-attention layers need a positive `sliding_window`".to_string());
         }
+        if self.architecture.is_hybrid() {
+            self.validate_hybrid(path)?;
+        }
         if self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 {
             return fail("`rms_norm_eps` must be non-negative".to_string());
         }
         // Written so that NaN fails too.
         if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
             return fail("`rope_theta` must be positive".to_string());
+        }
+        Ok(())
+    }
+}
+
+impl ModelConfig {
+    /// The fields only the hybrid architectures set, empty: the base the
+    /// other architectures' configs are completed with.
+    fn plain_attention() -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Qwen3Moe,
+            hidden_size: 0,
+            num_hidden_layers: 0,
+            num_attention_heads: 0,
+            num_key_value_heads: 0,
+            head_dim: 0,
+            vocab_size: 0,
+            num_experts: 0,
+            num_experts_per_tok: 0,
+            moe_intermediate_size: 0,
+            intermediate_size: 0,
+            mlp_only_layers: Vec::new(),
+            decoder_sparse_step: 1,
+            norm_topk_prob: false,
+            rms_norm_eps: 0.0,
+            rope_theta: 0.0,
+            rope_scaling: None,
+            max_position_embeddings: 0,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            layer_types: Vec::new(),
+            sliding_window: None,
+            swiglu_limit: None,
+            quantization: None,
+            linear_num_key_heads: 0,
+            linear_num_value_heads: 0,
+            linear_key_head_dim: 0,
+            linear_value_head_dim: 0,
+            linear_conv_kernel_dim: 0,
+            shared_expert_intermediate_size: 0,
+            partial_rotary_factor: 1.0,
+        }
+    }
+
+    /// The Gated DeltaNet and gated-attention checks of the hybrid
+    /// architectures.
+    fn validate_hybrid(&self, path: &Path) -> Result<(), CheckpointError> {
+        let fail = |reason: String| {
+            Err(CheckpointError::Config {
+                path: path.to_path_buf(),
+                reason,
+            })
+        };
+        let linear = self.layer_types.contains(&LayerAttention::LinearAttention);
+        if linear {
+            let positive = [
+                ("linear_num_key_heads", self.linear_num_key_heads),
+                ("linear_num_value_heads", self.linear_num_value_heads),
+                ("linear_key_head_dim", self.linear_key_head_dim),
+                ("linear_value_head_dim", self.linear_value_head_dim),
+                ("linear_conv_kernel_dim", self.linear_conv_kernel_dim),
+            ];
+            for (key, value) in positive {
+                if value == 0 {
+                    return fail(format!("`{key}` must be positive"));
+                }
+            }
+            if !self
+                .linear_num_value_heads
+                .is_multiple_of(self.linear_num_key_heads)
+            {
+                return fail(format!(
+                    "`linear_num_value_heads` ({}) is not a multiple of `linear_num_key_heads` ({})",
+                    self.linear_num_value_heads, self.linear_num_key_heads
+                ));
+            }
+        }
+        if self.layer_types.contains(&LayerAttention::SlidingAttention) {
+            return fail(format!(
+                "{} has no sliding-attention layers",
+                self.architecture.name()
+            ));
+        }
+        let rotary = self.rotary_dim();
+        if self.partial_rotary_factor.is_nan()
+            || self.partial_rotary_factor <= 0.0
+            || self.partial_rotary_factor > 1.0
+            || rotary == 0
+            || !rotary.is_multiple_of(2)
+        {
+            return fail(format!(
+                "`partial_rotary_factor` {} gives {rotary} rotary dims of a {}-wide head: it must give a positive even count",
+                self.partial_rotary_factor, self.head_dim
+            ));
+        }
+        let has_moe = (0..self.num_hidden_layers).any(|i| self.is_moe_layer(i));
+        if has_moe && self.shared_expert_intermediate_size == 0 {
+            return fail("`shared_expert_intermediate_size` must be positive".to_string());
         }
         Ok(())
     }
@@ -461,9 +613,31 @@ struct RawConfig {
     use_sliding_window: Option<bool>,
     swiglu_limit: Option<f64>,
     quantization_config: Option<RawQuant>,
+    hidden_act: Option<String>,
+    /// A vision-language checkpoint's decoder config.
+    text_config: Option<Box<RawConfig>>,
+    linear_num_key_heads: Option<usize>,
+    linear_num_value_heads: Option<usize>,
+    linear_key_head_dim: Option<usize>,
+    linear_value_head_dim: Option<usize>,
+    linear_conv_kernel_dim: Option<usize>,
+    shared_expert_intermediate_size: Option<usize>,
+    /// transformers' default `layer_types`: every `n`-th layer full attention.
+    full_attention_interval: Option<usize>,
+    /// Qwen3-Next's legacy spelling (newer files: `rope_parameters`).
+    partial_rotary_factor: Option<f64>,
 }
 
 impl RawConfig {
+    /// `text`'s keys, with the keys of the whole file it leaves out: the
+    /// architecture's `model_type` and the quantization of the outer file.
+    fn with_text_config(self, mut text: RawConfig) -> RawConfig {
+        text.model_type = self.model_type;
+        text.quantization_config = text.quantization_config.or(self.quantization_config);
+        text.tie_word_embeddings = text.tie_word_embeddings.or(self.tie_word_embeddings);
+        text
+    }
+
     /// Every size the file gives, as written, against `crate::limits`.
     fn check_limits(&self) -> Result<(), limits::LimitExceeded> {
         let given = |value: Option<usize>| value.unwrap_or(0);
@@ -494,6 +668,26 @@ impl RawConfig {
             sliding_window: ("sliding_window", given(self.sliding_window)),
         }
         .check()?;
+        limits::HybridFields {
+            key_heads: ("linear_num_key_heads", given(self.linear_num_key_heads)),
+            value_heads: ("linear_num_value_heads", given(self.linear_num_value_heads)),
+            key_head_dim: ("linear_key_head_dim", given(self.linear_key_head_dim)),
+            value_head_dim: ("linear_value_head_dim", given(self.linear_value_head_dim)),
+            conv_kernel: ("linear_conv_kernel_dim", given(self.linear_conv_kernel_dim)),
+            shared_expert_intermediate: (
+                "shared_expert_intermediate_size",
+                given(self.shared_expert_intermediate_size),
+            ),
+        }
+        .check()?;
+        limits::check(
+            "full_attention_interval",
+            given(self.full_attention_interval),
+            limits::MAX_LAYERS,
+        )?;
+        if let Some(text) = &self.text_config {
+            text.check_limits()?;
+        }
         limits::check(
             "max_position_embeddings",
             given(self.max_position_embeddings),
@@ -530,6 +724,10 @@ struct RawRope {
     truncate: Option<bool>,
     original_max_position_embeddings: Option<usize>,
     attention_factor: Option<f64>,
+    partial_rotary_factor: Option<f64>,
+    /// mRoPE's split of the rotary dims among time, height and width: for
+    /// text the three positions are the token's index, so plain RoPE.
+    mrope_section: Option<Vec<usize>>,
 }
 
 #[derive(Clone, Deserialize)]
@@ -712,6 +910,7 @@ impl Keys<'_> {
             sliding_window: None,
             swiglu_limit: None,
             quantization,
+            ..ModelConfig::plain_attention()
         })
     }
 
@@ -769,6 +968,164 @@ impl Keys<'_> {
             sliding_window: Some(raw.sliding_window.unwrap_or(128)),
             swiglu_limit: Some(raw.swiglu_limit.unwrap_or(7.0)),
             quantization,
+            ..ModelConfig::plain_attention()
+        })
+    }
+}
+
+impl Keys<'_> {
+    /// qwen3_5_moe, qwen3_5 and qwen3_next: Gated DeltaNet and gated
+    /// attention layers (`layer_types`), partial RoPE, a shared expert.
+    fn hybrid(
+        &self,
+        architecture: Architecture,
+        raw: RawConfig,
+        quantization: Option<QuantizationConfig>,
+    ) -> Result<ModelConfig, CheckpointError> {
+        let name = architecture.name();
+        let c = match architecture {
+            // The dense model has no experts.
+            Architecture::Qwen35 => Common {
+                num_experts: 0,
+                num_experts_per_tok: 0,
+                ..self.common_dense(&raw)?
+            },
+            _ => self.common(&raw)?,
+        };
+        if let Some(act) = &raw.hidden_act
+            && act != "silu"
+        {
+            return Err(self.error(format!("`hidden_act` `{act}` is not supported (silu)")));
+        }
+        if raw.attention_bias == Some(true) {
+            return Err(self.error(format!("`attention_bias` is not supported for {name}")));
+        }
+        if raw.use_sliding_window == Some(true) {
+            return Err(self.error(format!("`use_sliding_window` is not supported for {name}")));
+        }
+        let max_position_embeddings = raw.max_position_embeddings.unwrap_or(32768);
+        let (rope_theta, rope_scaling) = self.rope(&raw, 10_000.0, max_position_embeddings)?;
+        if rope_scaling.is_some() {
+            return Err(self.error(format!("YaRN RoPE is not supported for {name}")));
+        }
+        let params = raw.rope_parameters.as_ref();
+        let partial_rotary_factor = self
+            .either(
+                ("partial_rotary_factor", raw.partial_rotary_factor),
+                (
+                    "rope_parameters.partial_rotary_factor",
+                    params.and_then(|p| p.partial_rotary_factor),
+                ),
+            )?
+            // transformers' default for these architectures.
+            .unwrap_or(0.25);
+        let layer_types = match &raw.layer_types {
+            Some(names) => names
+                .iter()
+                .map(|name| match name.as_str() {
+                    "full_attention" => Ok(LayerAttention::FullAttention),
+                    "linear_attention" => Ok(LayerAttention::LinearAttention),
+                    other => Err(self.error(format!(
+                        "unknown layer type `{other}` (full_attention, linear_attention)"
+                    ))),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            // transformers' default: every `interval`-th layer attends.
+            None => {
+                let interval = raw.full_attention_interval.unwrap_or(4);
+                if interval == 0 {
+                    return Err(self.error("`full_attention_interval` must be positive".into()));
+                }
+                (0..c.num_hidden_layers)
+                    .map(|i| {
+                        if (i + 1).is_multiple_of(interval) {
+                            LayerAttention::FullAttention
+                        } else {
+                            LayerAttention::LinearAttention
+                        }
+                    })
+                    .collect()
+            }
+        };
+        let head_dim = c.head_dim;
+        let rotary = (head_dim as f64 * partial_rotary_factor) as usize;
+        if let Some(section) = params.and_then(|p| p.mrope_section.as_ref())
+            && section.iter().sum::<usize>() * 2 != rotary
+        {
+            return Err(self.error(format!(
+                "`rope_parameters.mrope_section` {section:?} does not cover the {rotary} rotary dims"
+            )));
+        }
+        let moe = architecture != Architecture::Qwen35;
+        Ok(ModelConfig {
+            architecture,
+            hidden_size: c.hidden_size,
+            num_hidden_layers: c.num_hidden_layers,
+            num_attention_heads: c.num_attention_heads,
+            num_key_value_heads: c.num_key_value_heads,
+            head_dim,
+            vocab_size: c.vocab_size,
+            num_experts: c.num_experts,
+            num_experts_per_tok: c.num_experts_per_tok,
+            moe_intermediate_size: if moe {
+                self.required("moe_intermediate_size", raw.moe_intermediate_size)?
+            } else {
+                0
+            },
+            intermediate_size: if moe {
+                raw.intermediate_size.unwrap_or(0)
+            } else {
+                self.required("intermediate_size", raw.intermediate_size)?
+            },
+            mlp_only_layers: raw.mlp_only_layers.unwrap_or_default(),
+            decoder_sparse_step: raw.decoder_sparse_step.unwrap_or(1),
+            // qwen3_5_moe always renormalises; qwen3_next reads the key.
+            norm_topk_prob: match architecture {
+                Architecture::Qwen3Next => raw.norm_topk_prob.unwrap_or(true),
+                _ => true,
+            },
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling: None,
+            max_position_embeddings,
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            attention_bias: false,
+            layer_types,
+            sliding_window: None,
+            swiglu_limit: None,
+            quantization,
+            linear_num_key_heads: raw.linear_num_key_heads.unwrap_or(16),
+            linear_num_value_heads: raw.linear_num_value_heads.unwrap_or(32),
+            linear_key_head_dim: raw.linear_key_head_dim.unwrap_or(128),
+            linear_value_head_dim: raw.linear_value_head_dim.unwrap_or(128),
+            linear_conv_kernel_dim: raw.linear_conv_kernel_dim.unwrap_or(4),
+            shared_expert_intermediate_size: if moe {
+                raw.shared_expert_intermediate_size.unwrap_or(0)
+            } else {
+                0
+            },
+            partial_rotary_factor,
+        })
+    }
+
+    /// The shared keys of a model without experts.
+    fn common_dense(&self, raw: &RawConfig) -> Result<Common, CheckpointError> {
+        let hidden_size = self.required("hidden_size", raw.hidden_size)?;
+        let num_attention_heads = self.required("num_attention_heads", raw.num_attention_heads)?;
+        let head_dim = match raw.head_dim {
+            Some(d) => d,
+            None if num_attention_heads > 0 => hidden_size / num_attention_heads,
+            None => 0,
+        };
+        Ok(Common {
+            hidden_size,
+            num_hidden_layers: self.required("num_hidden_layers", raw.num_hidden_layers)?,
+            num_attention_heads,
+            num_key_value_heads: raw.num_key_value_heads.unwrap_or(num_attention_heads),
+            head_dim,
+            vocab_size: self.required("vocab_size", raw.vocab_size)?,
+            num_experts: 0,
+            num_experts_per_tok: 0,
         })
     }
 }

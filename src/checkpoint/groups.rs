@@ -18,27 +18,45 @@ const LINEAR_PARAMS: [&str; 5] = [
 /// The group of tensor `name`, or `None` if the architecture has no such
 /// tensor.
 pub fn group_of(architecture: Architecture, name: &str) -> Option<WeightGroup> {
-    match name {
-        "model.embed_tokens.weight" => return Some(WeightGroup::Embeddings),
-        "model.norm.weight" => return Some(WeightGroup::Norms),
-        _ => {}
-    }
     if let Some(param) = name.strip_prefix("lm_head.") {
         return LINEAR_PARAMS
             .contains(&param)
             .then_some(WeightGroup::LmHead);
     }
-    let in_layer = strip_layer_prefix(name)?;
+    let text = name
+        .strip_prefix(architecture.text_prefix())?
+        .strip_prefix('.')?;
+    match text {
+        "embed_tokens.weight" => return Some(WeightGroup::Embeddings),
+        "norm.weight" => return Some(WeightGroup::Norms),
+        _ => {}
+    }
+    let in_layer = strip_layer_prefix(text)?;
     match architecture {
         Architecture::Qwen3Moe => qwen3_moe_group(in_layer),
         Architecture::GptOss => gpt_oss_group(in_layer),
+        Architecture::Qwen35Moe | Architecture::Qwen35 | Architecture::Qwen3Next => {
+            hybrid_group(in_layer)
+        }
     }
 }
 
-/// Bytes per group, and the tensors no group claims.
+/// The prefix (`model.visual.`, `mtp.`) of a tensor the checkpoint carries
+/// but text serving never reads, if `name` is one.
+pub fn unused_prefix(architecture: Architecture, name: &str) -> Option<&'static str> {
+    architecture
+        .unused_prefixes()
+        .iter()
+        .copied()
+        .find(|prefix| name.starts_with(prefix))
+}
+
+/// Bytes per group, the bytes text serving never reads (by prefix), and
+/// the tensors no group claims.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GroupBytes {
     pub bytes: BTreeMap<WeightGroup, u64>,
+    pub unused: BTreeMap<&'static str, u64>,
     pub ungrouped: Vec<String>,
 }
 
@@ -46,20 +64,24 @@ pub struct GroupBytes {
 pub fn bytes_by_group(architecture: Architecture, tensors: &[TensorInfo]) -> GroupBytes {
     let mut sums = GroupBytes {
         bytes: WeightGroup::ALL.iter().map(|&g| (g, 0)).collect(),
+        unused: BTreeMap::new(),
         ungrouped: Vec::new(),
     };
     for tensor in tensors {
         match group_of(architecture, &tensor.name) {
             Some(group) => *sums.bytes.entry(group).or_default() += tensor.byte_len,
-            None => sums.ungrouped.push(tensor.name.clone()),
+            None => match unused_prefix(architecture, &tensor.name) {
+                Some(prefix) => *sums.unused.entry(prefix).or_default() += tensor.byte_len,
+                None => sums.ungrouped.push(tensor.name.clone()),
+            },
         }
     }
     sums
 }
 
-/// `model.layers.{i}.rest` → `rest`.
+/// `layers.{i}.rest` → `rest`.
 fn strip_layer_prefix(name: &str) -> Option<&str> {
-    let rest = name.strip_prefix("model.layers.")?;
+    let rest = name.strip_prefix("layers.")?;
     let (index, rest) = rest.split_once('.')?;
     is_index(index).then_some(rest)
 }
@@ -102,6 +124,50 @@ fn qwen3_moe_group(rest: &str) -> Option<WeightGroup> {
     }
     if matches!(module, "mlp.gate_proj" | "mlp.up_proj" | "mlp.down_proj") {
         return Some(WeightGroup::DenseMlp);
+    }
+    let (expert, projection) = module.strip_prefix("mlp.experts.")?.split_once('.')?;
+    (is_index(expert) && matches!(projection, "gate_proj" | "up_proj" | "down_proj"))
+        .then_some(WeightGroup::Experts)
+}
+
+/// qwen3_5_moe, qwen3_5, qwen3_next: Gated DeltaNet or gated attention,
+/// then experts with a shared expert, or a dense MLP.
+fn hybrid_group(rest: &str) -> Option<WeightGroup> {
+    if is_layer_norm(rest) || matches!(rest, "self_attn.q_norm.weight" | "self_attn.k_norm.weight")
+    {
+        return Some(WeightGroup::Norms);
+    }
+    if let Some(gdn) = rest.strip_prefix("linear_attn.") {
+        let linear = linear_module(gdn).is_some_and(|module| {
+            matches!(
+                module,
+                "in_proj_qkv"
+                    | "in_proj_z"
+                    | "in_proj_b"
+                    | "in_proj_a"
+                    | "in_proj_qkvz"
+                    | "in_proj_ba"
+                    | "out_proj"
+            )
+        });
+        let other = matches!(gdn, "conv1d.weight" | "A_log" | "dt_bias" | "norm.weight");
+        return (linear || other).then_some(WeightGroup::LinearAttention);
+    }
+    if matches!(rest, "mlp.experts.gate_up_proj" | "mlp.experts.down_proj") {
+        return Some(WeightGroup::Experts);
+    }
+    let module = linear_module(rest)?;
+    if is_attention_projection(module) {
+        return Some(WeightGroup::Attention);
+    }
+    match module {
+        "mlp.gate" => return Some(WeightGroup::Router),
+        "mlp.shared_expert_gate"
+        | "mlp.shared_expert.gate_proj"
+        | "mlp.shared_expert.up_proj"
+        | "mlp.shared_expert.down_proj" => return Some(WeightGroup::SharedExpert),
+        "mlp.gate_proj" | "mlp.up_proj" | "mlp.down_proj" => return Some(WeightGroup::DenseMlp),
+        _ => {}
     }
     let (expert, projection) = module.strip_prefix("mlp.experts.")?.split_once('.')?;
     (is_index(expert) && matches!(projection, "gate_proj" | "up_proj" | "down_proj"))

@@ -150,14 +150,36 @@ pub enum VectorData<'a> {
 pub struct VectorWeight<'a> {
     pub len: usize,
     pub data: VectorData<'a>,
+    /// Added to every stored value when it is read: 1 for a zero-centred
+    /// RMSNorm weight (`x̂ · (1 + w)`, Qwen3.5), 0 otherwise. The weight
+    /// says it once, where it is loaded, so no op adds it twice.
+    pub offset: f32,
 }
 
-impl VectorWeight<'_> {
-    /// Element `i` as f32 (`i < len`).
+impl<'a> VectorWeight<'a> {
+    /// A weight read as stored.
+    pub fn new(len: usize, data: VectorData<'a>) -> VectorWeight<'a> {
+        VectorWeight {
+            len,
+            data,
+            offset: 0.0,
+        }
+    }
+
+    /// The weight of a zero-centred RMSNorm: read as `1 + w`.
+    pub fn zero_centred(self) -> VectorWeight<'a> {
+        VectorWeight {
+            offset: 1.0,
+            ..self
+        }
+    }
+
+    /// Element `i` as f32 (`i < len`), the offset added.
     pub fn get(&self, i: usize) -> f32 {
-        match self.data {
+        let stored = match self.data {
             VectorData::F32(b) => read_f32(b, i),
             VectorData::Bf16(b) => read_bf16(b, i),
-        }
+        };
+        stored + self.offset
     }
 }

@@ -35,6 +35,9 @@ pub struct InspectReport {
     pub total_bytes: u64,
     /// Bytes by plan group (`embeddings`, `attention`, …).
     pub groups: BTreeMap<&'static str, u64>,
+    /// Bytes the checkpoint carries that text serving never reads, by
+    /// prefix (a vision tower, MTP layers).
+    pub unused: BTreeMap<&'static str, u64>,
     pub dtypes: BTreeMap<&'static str, DtypeStats>,
     pub quantization: Option<&'static str>,
     /// Module patterns the quantization leaves unquantized.
@@ -107,6 +110,7 @@ pub fn report(dir: &Path) -> Result<InspectReport, CheckpointError> {
             .iter()
             .map(|(group, &bytes)| (group.name(), bytes))
             .collect(),
+        unused: by_group.unused.clone(),
         dtypes,
         quantization: config.quantization.as_ref().map(|q| q.method.name()),
         excluded_modules: config
@@ -182,7 +186,14 @@ fn write_table(out: &mut impl Write, dir: &Path, r: &InspectReport) -> std::io::
     // In the plan's order rather than alphabetically.
     for group in WeightGroup::ALL.map(WeightGroup::name) {
         let bytes = r.groups.get(group).copied().unwrap_or(0);
-        writeln!(out, "  {group:<12} {bytes:>16}  {}", HumanBytes(bytes))?;
+        writeln!(out, "  {group:<16} {bytes:>16}  {}", HumanBytes(bytes))?;
+    }
+    for (prefix, bytes) in &r.unused {
+        writeln!(
+            out,
+            "  {prefix:<16} {bytes:>16}  {}  (not used by text serving)",
+            HumanBytes(*bytes)
+        )?;
     }
     writeln!(out, "\nby dtype")?;
     for (dtype, stats) in &r.dtypes {

@@ -15,6 +15,9 @@ pub struct EngineLimits {
     pub sliding_window: usize,
     /// Keep full KV blocks for reuse by later requests.
     pub prefix_caching: bool,
+    /// Slots of the recurrent-state pool (models with Gated DeltaNet
+    /// layers; 0 for attention-only models): one per running sequence.
+    pub state_slots: usize,
 }
 
 /// Counters the server exports.

@@ -62,6 +62,14 @@ impl<'w, B: Backend + 'w> Executor for ModelExecutor<'w, B> {
             self.backend
                 .kv_copy_blocks(&mut self.buffers.kv, &plan.kv_copies)?;
         }
+        if !plan.state_copies.is_empty() {
+            let Some(state) = self.buffers.state.as_mut() else {
+                return Err(ModelError::Unsupported(
+                    "state slot copies for a model without recurrent state".to_string(),
+                ));
+            };
+            self.backend.copy_state_slots(state, &plan.state_copies)?;
+        }
         Ok(())
     }
 }

@@ -24,6 +24,13 @@
 //! are forked from its blocks (full blocks shared, the partial last one
 //! copied after the forward pass) and sample their first token from its
 //! logits row ([`super::step_plan::Fork`]).
+//!
+//! Recurrent state (models with Gated DeltaNet layers): a sequence holds a
+//! slot of the state pool while it holds blocks; the pool has one per
+//! sequence `max_num_seqs` allows, so a starting sequence always finds one.
+//! A forked choice gets a slot and a copy of its leader's. Such models
+//! reuse no cached prefix yet: the blocks hold keys, not the state at
+//! their end.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -39,6 +46,8 @@ use crate::step::Logits;
 pub(crate) struct Scheduler {
     limits: EngineLimits,
     blocks: BlockAllocator,
+    /// Recurrent-state slots no sequence holds (popped from the end).
+    free_slots: Vec<u32>,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     counters: Arc<EngineCounters>,
@@ -49,9 +58,11 @@ impl Scheduler {
         let blocks = BlockAllocator::new(limits.kv_blocks, limits.kv_block_size)?
             .with_prefix_caching(limits.prefix_caching)
             .with_sliding_window(limits.sliding_window);
+        let free_slots = (0..limits.state_slots as u32).rev().collect();
         Ok(Scheduler {
             limits,
             blocks,
+            free_slots,
             waiting: VecDeque::new(),
             running: Vec::new(),
             counters,
@@ -148,8 +159,8 @@ impl Scheduler {
         let mut index = 0;
         while index < self.running.len() {
             if self.running[index].finished.is_some() {
-                let seq = self.running.remove(index);
-                self.blocks.free(seq.id);
+                let mut seq = self.running.remove(index);
+                self.release(&mut seq);
                 done.push(seq);
             } else {
                 index += 1;
@@ -160,8 +171,8 @@ impl Scheduler {
             .partition(|s| s.finished.is_some());
         self.waiting = waiting.into();
         // A waiting sequence holds no blocks (freeing none is harmless).
-        for seq in finished {
-            self.blocks.free(seq.id);
+        for mut seq in finished {
+            self.release(&mut seq);
             done.push(seq);
         }
         done
@@ -296,6 +307,9 @@ impl Scheduler {
             sliding,
             logits,
         );
+        if let Some(slot) = seq.state_slot {
+            plan.batch.set_state_slot(plan.batch.seqs.len() - 1, slot);
+        }
         let added = plan.batch.logit_rows.len() - before;
         for i in 0..added {
             let row = plan.batch.logit_rows[before + i] as usize;
@@ -355,6 +369,10 @@ impl Scheduler {
                     at += 1;
                     continue;
                 }
+                let leader_slot = self.running[leader].state_slot;
+                if leader_slot.is_some() && self.free_slots.is_empty() {
+                    break;
+                }
                 let Ok(copies) = self.blocks.fork(leader_id, seq.id, prompt_len) else {
                     // No block for the copy: it starts from the cache later.
                     at += 1;
@@ -364,6 +382,11 @@ impl Scheduler {
                     break;
                 };
                 plan.kv_copies.extend(copies);
+                if let Some(from) = leader_slot {
+                    let to = self.free_slots.pop();
+                    seq.state_slot = to;
+                    plan.state_copies.extend(to.map(|to| (from, to)));
+                }
                 seq.computed = prompt_len;
                 seq.prompt_counted = prompt_len;
                 seq.cached_tokens.get_or_insert(prompt_len);
@@ -426,7 +449,9 @@ impl Scheduler {
             .sum();
         debug_assert!(self.blocks.table(id).is_none());
         let new = self.blocks.blocks_needed_after(hit, tokens, first_chunk);
-        new + self.blocks.unreferenced_in(hit) + reserved <= self.blocks.available_blocks()
+        let slot_free = self.limits.state_slots == 0 || !self.free_slots.is_empty();
+        slot_free
+            && new + self.blocks.unreferenced_in(hit) + reserved <= self.blocks.available_blocks()
     }
 
     /// The cached blocks running sequence `index` (not started) can start
@@ -437,7 +462,12 @@ impl Scheduler {
     /// when the cache is not consulted.
     fn prefix_hit(&self, index: usize) -> Option<PrefixHit> {
         let seq = &self.running[index];
-        if !self.blocks.prefix_caching() || seq.prompt_logits || seq.wants_prompt_logprobs() {
+        let state_cached = self.limits.state_slots == 0;
+        if !self.blocks.prefix_caching()
+            || !state_cached
+            || seq.prompt_logits
+            || seq.wants_prompt_logprobs()
+        {
             return None;
         }
         let known = seq.tokens.len().saturating_sub(1);
@@ -457,6 +487,10 @@ impl Scheduler {
         let hit = hit.unwrap_or_default();
         let reused = hit.blocks.len() * self.blocks.block_size();
         self.blocks.start(seq.id, seq.salt_root, hit);
+        if self.limits.state_slots > 0 {
+            // `can_start` saw one free.
+            seq.state_slot = self.free_slots.pop();
+        }
         seq.computed = reused;
         seq.cached_tokens.get_or_insert(reused);
         self.counters
@@ -482,9 +516,17 @@ impl Scheduler {
     /// Takes running sequence `index` out of the running set, returning its
     /// blocks.
     fn unschedule(&mut self, index: usize) -> Sequence {
-        let seq = self.running.remove(index);
-        self.blocks.free(seq.id);
+        let mut seq = self.running.remove(index);
+        self.release(&mut seq);
         seq
+    }
+
+    /// Frees a sequence's blocks and its state slot.
+    fn release(&mut self, seq: &mut Sequence) {
+        self.blocks.free(seq.id);
+        if let Some(slot) = seq.state_slot.take() {
+            self.free_slots.push(slot);
+        }
     }
 
     /// Takes running sequence `index` out and frees its blocks; it is to be

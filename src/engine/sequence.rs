@@ -89,6 +89,9 @@ pub(crate) struct Sequence {
     pub follows: Option<SeqId>,
     /// Whether later choices follow this one (it is their leader).
     pub has_followers: bool,
+    /// Its slot in the recurrent-state pool while it holds blocks (models
+    /// with recurrent state).
+    pub state_slot: Option<u32>,
 }
 
 impl Sequence {
@@ -127,6 +130,7 @@ impl Sequence {
             cached_tokens: None,
             follows: None,
             has_followers: false,
+            state_slot: None,
         })
     }
 

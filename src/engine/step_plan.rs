@@ -83,6 +83,9 @@ pub struct StepPlan {
     /// `(from, to)` KV blocks to copy after the forward pass, before
     /// anything writes to either again (the forked choices' partial blocks).
     pub kv_copies: Vec<(u32, u32)>,
+    /// `(from, to)` recurrent-state slots to copy after the forward pass
+    /// (a forked choice takes its leader's state after the prompt).
+    pub state_copies: Vec<(u32, u32)>,
 }
 
 impl StepPlan {
@@ -95,6 +98,7 @@ impl StepPlan {
             logit_rows: Vec::with_capacity(max_tokens.max(max_seqs)),
             forks: Vec::with_capacity(max_seqs),
             kv_copies: Vec::with_capacity(2 * max_seqs),
+            state_copies: Vec::with_capacity(max_seqs),
         }
     }
 
@@ -104,6 +108,7 @@ impl StepPlan {
         self.logit_rows.clear();
         self.forks.clear();
         self.kv_copies.clear();
+        self.state_copies.clear();
     }
 
     /// Rows the model runs.

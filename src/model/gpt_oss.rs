@@ -3,7 +3,7 @@
 //! MXFP4 experts with interleaved gate/up rows and a clamped SwiGLU.
 
 use super::rope::{Rope, Yarn};
-use super::{Layer, Mlp, ModelError, ModelSettings, Transformer, WeightSource};
+use super::{Attention, Layer, Mixer, Mlp, ModelError, ModelSettings, Transformer, WeightSource};
 use crate::backend::{AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::config::ModelConfig;
 use crate::geometry::{LayerAttention, Quantization};
@@ -81,10 +81,7 @@ pub fn load<'w, B: Backend + 'w>(
         };
         let attn = |name: &str| src.linear(&format!("{p}.self_attn.{name}"));
         let bias = |name: &str| src.vector(&format!("{p}.self_attn.{name}.bias"));
-        layers.push(Layer {
-            input_norm: b.vector(src.vector(&format!("{p}.input_layernorm.weight"))?)?,
-            post_attention_norm: b
-                .vector(src.vector(&format!("{p}.post_attention_layernorm.weight"))?)?,
+        let attention = Attention {
             q: b.linear(attn("q_proj")?)?,
             k: b.linear(attn("k_proj")?)?,
             v: b.linear(attn("v_proj")?)?,
@@ -97,17 +94,29 @@ pub fn load<'w, B: Backend + 'w>(
             ]),
             qk_norm: None,
             sinks: Some(b.vector(src.vector(&format!("{p}.self_attn.sinks"))?)?),
-            attention: AttentionShape {
+            output_gate: false,
+            shape: AttentionShape {
                 heads: config.num_attention_heads,
                 kv_heads: config.num_key_value_heads,
                 head_dim: config.head_dim,
+                rotary_dim: config.head_dim,
                 scale: 1.0 / (config.head_dim as f32).sqrt(),
                 window,
+            },
+        };
+        layers.push(Layer {
+            input_norm: b.vector(src.vector(&format!("{p}.input_layernorm.weight"))?)?,
+            post_attention_norm: b
+                .vector(src.vector(&format!("{p}.post_attention_layernorm.weight"))?)?,
+            mixer: Mixer::Attention {
+                attention,
+                kv_layer: i,
             },
             mlp: Mlp::Moe {
                 router: b.linear(src.linear(&format!("{p}.mlp.router"))?)?,
                 router_bias: Some(b.vector(src.vector(&format!("{p}.mlp.router.bias"))?)?),
                 experts: b.experts(spec)?,
+                shared: None,
             },
         });
     }

@@ -2,7 +2,7 @@
 //! RoPE, softmax-then-top-k routing, SwiGLU experts, optional dense layers.
 
 use super::rope::Rope;
-use super::{Layer, Mlp, ModelError, ModelSettings, Transformer, WeightSource};
+use super::{Attention, Layer, Mixer, Mlp, ModelError, ModelSettings, Transformer, WeightSource};
 use crate::backend::{AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::config::ModelConfig;
 
@@ -22,6 +22,7 @@ pub fn load<'w, B: Backend + 'w>(
         heads: config.num_attention_heads,
         kv_heads: config.num_key_value_heads,
         head_dim: config.head_dim,
+        rotary_dim: config.head_dim,
         scale: 1.0 / (config.head_dim as f32).sqrt(),
         window: None,
     };
@@ -54,6 +55,7 @@ pub fn load<'w, B: Backend + 'w>(
                 router: b.linear(src.linear(&format!("{p}.mlp.gate"))?)?,
                 router_bias: None,
                 experts: b.experts(spec)?,
+                shared: None,
             }
         } else {
             Mlp::Dense {
@@ -62,10 +64,7 @@ pub fn load<'w, B: Backend + 'w>(
                 down: b.linear(src.linear(&format!("{p}.mlp.down_proj"))?)?,
             }
         };
-        layers.push(Layer {
-            input_norm: b.vector(src.vector(&format!("{p}.input_layernorm.weight"))?)?,
-            post_attention_norm: b
-                .vector(src.vector(&format!("{p}.post_attention_layernorm.weight"))?)?,
+        let attention = Attention {
             q: b.linear(src.linear(&format!("{p}.self_attn.q_proj"))?)?,
             k: b.linear(src.linear(&format!("{p}.self_attn.k_proj"))?)?,
             v: b.linear(src.linear(&format!("{p}.self_attn.v_proj"))?)?,
@@ -76,7 +75,17 @@ pub fn load<'w, B: Backend + 'w>(
                 b.vector(src.vector(&format!("{p}.self_attn.k_norm.weight"))?)?,
             )),
             sinks: None,
-            attention: shape,
+            output_gate: false,
+            shape,
+        };
+        layers.push(Layer {
+            input_norm: b.vector(src.vector(&format!("{p}.input_layernorm.weight"))?)?,
+            post_attention_norm: b
+                .vector(src.vector(&format!("{p}.post_attention_layernorm.weight"))?)?,
+            mixer: Mixer::Attention {
+                attention,
+                kv_layer: i,
+            },
             mlp,
         });
     }

@@ -3,7 +3,7 @@
 
 use super::ModelError;
 use crate::checkpoint::config::ModelConfig;
-use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight};
+use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight, WeightData};
 use crate::checkpoint::{Checkpoint, CheckpointError, Dtype, TensorView};
 
 /// Weights by name, borrowed from wherever they live.
@@ -16,6 +16,19 @@ pub trait WeightSource: Sync {
     fn vector_row(&self, tensor: &str, row: usize) -> Result<VectorWeight<'_>, ModelError>;
     /// Expert `expert` of stacked MXFP4 experts (`X_blocks`, `X_scales`).
     fn stacked_expert(&self, prefix: &str, expert: usize) -> Result<LinearWeight<'_>, ModelError>;
+    /// Rows `first..first + rows` of expert `expert` of a stacked BF16
+    /// tensor `[experts, rows, cols]`, as a `[rows, cols]` weight
+    /// (Qwen3.5's `mlp.experts.gate_up_proj`: gate rows, then up rows).
+    fn stacked_rows(
+        &self,
+        tensor: &str,
+        expert: usize,
+        first: usize,
+        rows: usize,
+    ) -> Result<LinearWeight<'_>, ModelError>;
+    /// A tensor of any shape as its flat values (a `[channels, 1, kernel]`
+    /// convolution weight).
+    fn flat_vector(&self, tensor: &str) -> Result<VectorWeight<'_>, ModelError>;
 }
 
 /// An open checkpoint and its config.
@@ -58,6 +71,57 @@ impl WeightSource for CheckpointSource<'_> {
     fn stacked_expert(&self, prefix: &str, expert: usize) -> Result<LinearWeight<'_>, ModelError> {
         Ok(self.checkpoint.mxfp4_expert(prefix, expert)?)
     }
+
+    fn stacked_rows(
+        &self,
+        tensor: &str,
+        expert: usize,
+        first: usize,
+        rows: usize,
+    ) -> Result<LinearWeight<'_>, ModelError> {
+        let view = self.checkpoint.tensor(tensor)?;
+        let &[experts, all_rows, cols] = view.shape() else {
+            return Err(view.wrong_shape("[experts, rows, cols]").into());
+        };
+        if view.dtype() != Dtype::Bf16 {
+            return Err(CheckpointError::WrongDtype {
+                path: view.path().to_path_buf(),
+                tensor: view.name().to_string(),
+                found: view.dtype(),
+                expected: "BF16 (stacked experts)".to_string(),
+            }
+            .into());
+        }
+        if expert >= experts || first + rows > all_rows {
+            return Err(view
+                .wrong_shape(&format!(
+                    "at least {} experts of {} rows",
+                    expert + 1,
+                    first + rows
+                ))
+                .into());
+        }
+        // The checker matched the shape to the bytes: the range is inside.
+        let row_bytes = cols * 2;
+        let start = (expert * all_rows + first) * row_bytes;
+        let bytes = view
+            .bytes()
+            .get(start..start + rows * row_bytes)
+            .unwrap_or_default();
+        LinearWeight::new(rows, cols, WeightData::Bf16(bytes)).map_err(|source| {
+            CheckpointError::Quant {
+                path: view.path().to_path_buf(),
+                tensor: view.name().to_string(),
+                source,
+            }
+            .into()
+        })
+    }
+
+    fn flat_vector(&self, tensor: &str) -> Result<VectorWeight<'_>, ModelError> {
+        let view = self.checkpoint.tensor(tensor)?;
+        vector_of(&view, view.bytes())
+    }
 }
 
 fn vector_of<'a>(view: &TensorView<'a>, bytes: &'a [u8]) -> Result<VectorWeight<'a>, ModelError> {
@@ -74,5 +138,5 @@ fn vector_of<'a>(view: &TensorView<'a>, bytes: &'a [u8]) -> Result<VectorWeight<
             .into());
         }
     };
-    Ok(VectorWeight { len, data })
+    Ok(VectorWeight::new(len, data))
 }

@@ -130,7 +130,7 @@ impl Ledger {
             plan.weights.total,
             plan.moe_workspace.bytes,
             plan.activations.bytes,
-            plan.kv_cache.bytes,
+            plan.kv_cache.bytes + plan.recurrent_state.bytes,
             plan.runtime_overhead.bytes,
         ];
         Arc::new(Ledger::with_buffers(budgets, planned_buffers(plan)))
@@ -263,8 +263,9 @@ impl Ledger {
 }
 
 /// Every buffer of `plan`, by category: the weights as one, the MoE
-/// workspace's and the activations' as listed, the KV cache as one, the
-/// runtime overhead's as listed.
+/// workspace's and the activations' as listed, the KV cache as one (and
+/// the recurrent-state pool, in the same category), the runtime
+/// overhead's as listed.
 pub fn planned_buffers(plan: &Plan) -> Vec<PlannedBuffer> {
     let listed = |category: Category, buffers: &[super::memory::Buffer]| {
         buffers
@@ -284,6 +285,13 @@ pub fn planned_buffers(plan: &Plan) -> Vec<PlannedBuffer> {
         KV_CACHE,
         plan.kv_cache.bytes,
     ));
+    if plan.recurrent_state.bytes > 0 {
+        all.push(PlannedBuffer::new(
+            Category::KvCache,
+            super::memory::RECURRENT_STATE,
+            plan.recurrent_state.bytes,
+        ));
+    }
     all.extend(listed(
         Category::RuntimeOverhead,
         &plan.runtime_overhead.buffers,

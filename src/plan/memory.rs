@@ -21,17 +21,26 @@ pub const INDEX_BYTES: u64 = 4;
 pub const QUANTIZED_CODE_BYTES: u64 = 2;
 const QUANTIZED_BLOCK: u64 = crate::formats::MXFP4_GROUP as u64;
 
-/// Weight bytes by group (every group present, zero when empty).
+/// Weight bytes by group (every group present, zero when empty), and the
+/// bytes of tensors the checkpoint carries that text serving never reads
+/// (by prefix: a vision tower, MTP layers), which are not planned.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct WeightBytes {
     pub groups: BTreeMap<WeightGroup, u64>,
+    pub unused: BTreeMap<String, u64>,
 }
 
 impl WeightBytes {
     pub fn zero() -> WeightBytes {
         WeightBytes {
             groups: WeightGroup::ALL.iter().map(|&g| (g, 0)).collect(),
+            unused: BTreeMap::new(),
         }
+    }
+
+    /// Counts `bytes` of tensors under `prefix` as mapped but never read.
+    pub fn add_unused(&mut self, prefix: &str, bytes: u64) {
+        *self.unused.entry(prefix.to_string()).or_insert(0) += bytes;
     }
 
     pub fn add(&mut self, group: WeightGroup, bytes: u64) {
@@ -74,6 +83,9 @@ pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
     let kv_dim = kv_heads * hd;
     let gpt_oss = g.architecture == Architecture::GptOss;
 
+    if g.architecture.is_hybrid() {
+        return estimate_hybrid_weights(g);
+    }
     let mut w = WeightBytes::zero();
     w.add(WeightGroup::Embeddings, v * h * BF16);
     if !g.tie_word_embeddings {
@@ -117,6 +129,61 @@ pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
     w
 }
 
+/// [`estimate_weights`] for qwen3_5_moe, qwen3_5 and qwen3_next: Gated
+/// DeltaNet layers (projections, a `[channels, 1, kernel]` convolution,
+/// `A_log`, `dt_bias`, the output norm) and gated-attention layers (`q_proj`
+/// twice the query width), experts with a shared expert (and its `[1, H]`
+/// gate) or a dense MLP; all bf16 (experts in the model's quantization).
+fn estimate_hybrid_weights(g: &ModelGeometry) -> WeightBytes {
+    let (h, v) = (g.hidden_size as u64, g.vocab_size as u64);
+    let hd = g.head_dim as u64;
+    let (q_dim, kv_dim) = (
+        g.num_attention_heads as u64 * hd,
+        g.num_kv_heads as u64 * hd,
+    );
+    let (e, i_moe) = (g.num_experts as u64, g.moe_intermediate_size as u64);
+    let mut w = WeightBytes::zero();
+    w.add(WeightGroup::Embeddings, v * h * BF16);
+    if !g.tie_word_embeddings {
+        w.add(WeightGroup::LmHead, v * h * BF16);
+    }
+    w.add(WeightGroup::Norms, h * BF16);
+    let attention = (2 * q_dim * h + 2 * kv_dim * h + h * q_dim) * BF16;
+    let linear = g.delta_net().map_or(0, |d| {
+        let (channels, values, heads) = (
+            d.conv_channels() as u64,
+            d.value_width() as u64,
+            d.value_heads as u64,
+        );
+        (channels * h + values * h + 2 * heads * h + h * values) * BF16
+            + channels * d.conv_kernel as u64 * BF16
+            + (2 * heads + d.value_dim as u64) * BF16
+    });
+    let s = g.shared_expert_intermediate_size as u64;
+    let i_dense = g.intermediate_size as u64;
+    for layer in 0..g.num_layers {
+        w.add(WeightGroup::Norms, 2 * h * BF16);
+        if g.layer_attention(layer) == LayerAttention::LinearAttention {
+            w.add(WeightGroup::LinearAttention, linear);
+        } else {
+            w.add(WeightGroup::Attention, attention);
+            w.add(WeightGroup::Norms, 2 * hd * BF16);
+        }
+        if g.is_moe_layer(layer) {
+            w.add(WeightGroup::Router, e * h * BF16);
+            w.add(
+                WeightGroup::Experts,
+                e * (2 * linear_bytes(i_moe, h, g.quantization)
+                    + linear_bytes(h, i_moe, g.quantization)),
+            );
+            w.add(WeightGroup::SharedExpert, (3 * s * h + h) * BF16);
+        } else {
+            w.add(WeightGroup::DenseMlp, 3 * i_dense * h * BF16);
+        }
+    }
+    w
+}
+
 /// Weight bytes read to decode one token at batch 1 (bench's roofline):
 /// every dense weight, `top_k` of each MoE layer's experts, one embedding row.
 pub fn decode_weight_bytes_per_token(plan: &super::Plan) -> u64 {
@@ -154,6 +221,8 @@ pub fn decode_weight_bytes_per_step(
     let embedding_rows =
         g(WeightGroup::Embeddings) / vocab_size.max(1) as u64 * batch.max(1) as u64;
     g(WeightGroup::Attention)
+        + g(WeightGroup::LinearAttention)
+        + g(WeightGroup::SharedExpert)
         + g(WeightGroup::Router)
         + g(WeightGroup::DenseMlp)
         + g(WeightGroup::Norms)
@@ -242,6 +311,27 @@ pub fn moe_workspace(
         buffer("activation", rows * i * ACTIVATION_BYTES),
         buffer("down_output", rows * h * ACTIVATION_BYTES),
     ];
+    if g.shared_expert_intermediate_size > 0 {
+        // The shared expert runs on every token: its gate and up
+        // projections, its output and the logit of its gate.
+        let shared = g.shared_expert_intermediate_size as u64;
+        buffers.push(buffer(
+            SHARED_GATE,
+            capacity_tokens * shared * ACTIVATION_BYTES,
+        ));
+        buffers.push(buffer(
+            SHARED_UP,
+            capacity_tokens * shared * ACTIVATION_BYTES,
+        ));
+        buffers.push(buffer(
+            SHARED_OUTPUT,
+            capacity_tokens * h * ACTIVATION_BYTES,
+        ));
+        buffers.push(buffer(
+            SHARED_GATE_LOGIT,
+            capacity_tokens * ACTIVATION_BYTES,
+        ));
+    }
     if device == PlanDevice::Cpu && g.quantization == Quantization::Mxfp4 {
         let values = rows * h.max(i);
         buffers.push(buffer("quantized_input", values * QUANTIZED_CODE_BYTES));
@@ -260,6 +350,25 @@ pub fn moe_workspace(
         buffers,
     }
 }
+
+/// The shared expert's buffers in the MoE workspace (allocated by the model
+/// as f32 buffers, not by the backend's routed-expert workspace).
+pub const SHARED_GATE: &str = "shared_expert_gate_proj";
+pub const SHARED_UP: &str = "shared_expert_up_proj";
+pub const SHARED_OUTPUT: &str = "shared_expert_output";
+pub const SHARED_GATE_LOGIT: &str = "shared_expert_gate_logit";
+
+/// Activation buffers of gated attention and Gated DeltaNet layers.
+pub const QUERY_GATE: &str = "query_gate";
+pub const ATTENTION_GATE: &str = "attention_gate";
+pub const GDN_QKV: &str = "gdn_qkv";
+pub const GDN_Z: &str = "gdn_z";
+pub const GDN_B: &str = "gdn_b";
+pub const GDN_A: &str = "gdn_a";
+pub const GDN_OUTPUT: &str = "gdn_output";
+/// qwen3_next's fused projections' outputs.
+pub const GDN_QKVZ: &str = "gdn_qkvz";
+pub const GDN_BA: &str = "gdn_ba";
 
 /// The activation set: the largest live set of one forward step, allocated
 /// once and reused by every layer.
@@ -296,6 +405,31 @@ pub fn activations(
         // cos and sin of each token's position, head_dim/2 of each
         buffer("rope", t * g.head_dim as u64 * ACTIVATION_BYTES),
     ];
+    if g.architecture.is_hybrid() {
+        // Gated attention: q_proj's query and gate, then the gate alone;
+        // Gated DeltaNet: the projections' outputs (q, k and v convolved in
+        // place) and the delta rule's output. Every buffer is listed, empty
+        // where the model has no layer of its kind.
+        let attention = if g.num_kv_layers() > 0 { q_dim } else { 0 };
+        buffers.push(buffer(QUERY_GATE, 2 * t * attention * ACTIVATION_BYTES));
+        buffers.push(buffer(ATTENTION_GATE, t * attention * ACTIVATION_BYTES));
+        let (channels, values, heads) = g.delta_net().map_or((0, 0, 0), |d| {
+            (
+                d.conv_channels() as u64,
+                d.value_width() as u64,
+                d.value_heads as u64,
+            )
+        });
+        buffers.push(buffer(GDN_QKV, t * channels * ACTIVATION_BYTES));
+        buffers.push(buffer(GDN_Z, t * values * ACTIVATION_BYTES));
+        buffers.push(buffer(GDN_B, t * heads * ACTIVATION_BYTES));
+        buffers.push(buffer(GDN_A, t * heads * ACTIVATION_BYTES));
+        buffers.push(buffer(GDN_OUTPUT, t * values * ACTIVATION_BYTES));
+        if g.architecture == Architecture::Qwen3Next {
+            buffers.push(buffer(GDN_QKVZ, t * (channels + values) * ACTIVATION_BYTES));
+            buffers.push(buffer(GDN_BA, t * 2 * heads * ACTIVATION_BYTES));
+        }
+    }
     if g.num_moe_layers() < g.num_layers {
         let i = g.intermediate_size as u64;
         buffers.push(buffer("dense_gate", t * i * ACTIVATION_BYTES));
@@ -434,8 +568,12 @@ impl KvLayout {
             block_size: s.kv_block_size,
             blocks: blocks as usize,
             window: window as usize,
+            // One entry per layer with a KV cache (Gated DeltaNet layers
+            // have none): the model numbers its KV layers in this order.
             sliding_layers: (0..g.num_layers)
-                .map(|i| g.layer_attention(i) == LayerAttention::SlidingAttention)
+                .map(|i| g.layer_attention(i))
+                .filter(|&kind| kind != LayerAttention::LinearAttention)
+                .map(|kind| kind == LayerAttention::SlidingAttention)
                 .collect(),
             dtype: s.kv_cache_dtype,
         }
@@ -495,14 +633,14 @@ impl KvLayout {
 /// dtype_bytes` (see [`KvLayout`]).
 pub fn kv_bytes_per_token(g: &ModelGeometry, dtype_bytes: u64) -> u64 {
     let sliding = sliding_layers(g);
-    let arrays = sliding.max(g.num_layers as u64 - sliding);
+    let arrays = sliding.max(g.num_kv_layers() as u64 - sliding);
     2 * arrays * g.num_kv_heads as u64 * g.head_dim as u64 * dtype_bytes
 }
 
 /// Bytes per token the full-attention layers read (decode estimates):
 /// `2 × full layers × kv_heads × head_dim × dtype_bytes`.
 pub fn full_attention_bytes_per_token(g: &ModelGeometry, dtype_bytes: u64) -> u64 {
-    let full = g.num_layers as u64 - sliding_layers(g);
+    let full = g.num_kv_layers() as u64 - sliding_layers(g);
     2 * full * g.num_kv_heads as u64 * g.head_dim as u64 * dtype_bytes
 }
 
@@ -586,6 +724,47 @@ pub fn sliding_kv(g: &ModelGeometry, dtype_bytes: u64, s: &ServingSection) -> Sl
         step_blocks,
         blocks,
         bytes: blocks * block * kv_bytes_per_token(g, dtype_bytes),
+    }
+}
+
+/// The name of the recurrent-state pool's buffer (charged to `kv_cache`).
+pub const RECURRENT_STATE: &str = "recurrent_state";
+
+/// The recurrent-state pool of the Gated DeltaNet layers: per layer and per
+/// sequence slot (`max_num_seqs` slots; a running sequence holds one) the
+/// convolution's last inputs, `conv_channels × (kernel − 1)` values, and the
+/// delta rule's state, `value_heads × key_dim × value_dim` values, in f32:
+///
+/// `bytes = layers × slots × (conv + ssm) × 4`.
+///
+/// It is charged with the KV cache (both are per-sequence caches) and, unlike
+/// it, does not grow with the context.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RecurrentStatePlan {
+    pub layers: usize,
+    pub slots: usize,
+    /// Values of one layer's convolution state for one sequence.
+    pub conv_elements: usize,
+    /// Values of one layer's delta-rule state for one sequence.
+    pub ssm_elements: usize,
+    /// Bytes one sequence's states take over all layers.
+    pub bytes_per_seq: u64,
+    pub bytes: u64,
+}
+
+pub fn recurrent_state(g: &ModelGeometry, max_num_seqs: usize) -> RecurrentStatePlan {
+    let layers = g.num_linear_layers();
+    let (conv_elements, ssm_elements) = g.delta_net().map_or((0, 0), |d| {
+        (d.conv_state_elements(), d.ssm_state_elements())
+    });
+    let bytes_per_seq = layers as u64 * (conv_elements + ssm_elements) as u64 * ACTIVATION_BYTES;
+    RecurrentStatePlan {
+        layers,
+        slots: max_num_seqs,
+        conv_elements,
+        ssm_elements,
+        bytes_per_seq,
+        bytes: bytes_per_seq * max_num_seqs as u64,
     }
 }
 
@@ -939,6 +1118,12 @@ mod tests {
                 })
                 .collect(),
             sliding_window: Some(40),
+            linear_num_key_heads: 0,
+            linear_num_value_heads: 0,
+            linear_key_head_dim: 0,
+            linear_value_head_dim: 0,
+            linear_conv_kernel_dim: 0,
+            shared_expert_intermediate_size: 0,
         }
     }
 

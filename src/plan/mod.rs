@@ -15,8 +15,8 @@ use thiserror::Error;
 
 use crate::geometry::{self, Architecture, ModelGeometry, WeightGroup};
 use memory::{
-    Activations, Headroom, HostFigures, KvLayout, MoeWorkspace, RuntimeOverhead, SlidingKv,
-    StepMetadataPlan, WeightBytes,
+    Activations, Headroom, HostFigures, KvLayout, MoeWorkspace, RecurrentStatePlan,
+    RuntimeOverhead, SlidingKv, StepMetadataPlan, WeightBytes,
 };
 use profile::{
     DEFAULT_CPU_OVERHEAD, DEFAULT_CUDA_OVERHEAD, DeviceKind, KvCacheDtype, KvCacheSize, Profile,
@@ -73,6 +73,10 @@ pub struct ModelSummary {
 pub struct WeightsPlan {
     pub total: u64,
     pub groups: std::collections::BTreeMap<WeightGroup, u64>,
+    /// Bytes of the checkpoint's tensors text serving never reads, by
+    /// prefix (a vision tower, MTP layers): mapped, never touched, not in
+    /// `total`.
+    pub unused: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -125,6 +129,9 @@ pub struct Plan {
     pub prompt_logprobs: memory::PromptLogprobsPlan,
     pub runtime_overhead: RuntimeOverhead,
     pub kv_cache: KvPlan,
+    /// The Gated DeltaNet layers' states (zero bytes without such layers),
+    /// charged with the KV cache.
+    pub recurrent_state: RecurrentStatePlan,
     /// The step metadata (also the activation buffer `step_metadata`).
     #[serde(skip)]
     pub step_metadata: StepMetadataPlan,
@@ -144,6 +151,7 @@ impl Plan {
             + self.moe_workspace.bytes
             + self.activations.bytes
             + self.runtime_overhead.bytes
+            + self.recurrent_state.bytes
     }
 }
 
@@ -196,12 +204,18 @@ pub fn compute(
     let dtype_bytes = s.kv_cache_dtype.bytes();
     let bytes_per_token = memory::kv_bytes_per_token(&g, dtype_bytes);
     let sliding = memory::sliding_kv(&g, dtype_bytes, s);
+    let state = memory::recurrent_state(&g, s.max_num_seqs);
 
     // The sliding layers' reserve is fixed by the serving limits, so it is
     // paid before the full-attention tokens: `"auto"` gives those what is
     // left, and an explicit `kv_cache` buys only them (the reserve comes on
     // top, as the sliding layers' rings did).
-    let fixed = weights.total() + workspace.bytes + activations.bytes + overhead + sliding.bytes;
+    let fixed = weights.total()
+        + workspace.bytes
+        + activations.bytes
+        + overhead
+        + state.bytes
+        + sliding.bytes;
     let usable = headroom.usable;
     let kv_budget = match s.kv_cache {
         KvCacheSize::Auto => u64::try_from(usable - fixed as i64).unwrap_or(0),
@@ -234,7 +248,7 @@ pub fn compute(
     let layout = KvLayout::new(&g, s, blocks, sliding.window_tokens);
     // The cache's bytes are the layout's, array by array: `tokens ×
     // bytes_per_token + sliding.bytes`.
-    let kv_bytes = layout.bytes(g.num_layers);
+    let kv_bytes = layout.bytes(g.num_kv_layers());
     let total = fixed - sliding.bytes + kv_bytes;
 
     // One sequence of max_model_len tokens must fit in the cache (its
@@ -297,6 +311,7 @@ pub fn compute(
         weights: WeightsPlan {
             total: weights.total(),
             groups: weights.groups,
+            unused: weights.unused,
         },
         moe_workspace: workspace,
         prompt_logprobs: memory::prompt_logprobs(&g, s.max_num_batched_tokens, s.max_num_seqs),
@@ -314,6 +329,7 @@ pub fn compute(
             bytes: kv_bytes,
             layout,
         },
+        recurrent_state: state,
         step_metadata: StepMetadataPlan::for_serving(s),
         total,
         shortfall,

@@ -48,6 +48,9 @@ pub fn attention_flops_per_prompt_token(g: &ModelGeometry, len: usize) -> f64 {
             let window = match g.layer_attention(i) {
                 LayerAttention::SlidingAttention => g.sliding_window,
                 LayerAttention::FullAttention => None,
+                // A Gated DeltaNet attends to no keys (its state's FLOPs are
+                // in its projections' share).
+                LayerAttention::LinearAttention => return 0.0,
             };
             per_key * mean_keys_attended(len, window)
         })
@@ -147,6 +150,12 @@ mod tests {
                 LayerAttention::SlidingAttention,
             ],
             sliding_window: Some(3),
+            linear_num_key_heads: 0,
+            linear_num_value_heads: 0,
+            linear_key_head_dim: 0,
+            linear_value_head_dim: 0,
+            linear_conv_kernel_dim: 0,
+            shared_expert_intermediate_size: 0,
         }
     }
 

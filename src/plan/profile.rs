@@ -120,6 +120,18 @@ pub struct ModelSection {
     pub layer_types: Vec<LayerAttention>,
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    #[serde(default)]
+    pub linear_num_key_heads: usize,
+    #[serde(default)]
+    pub linear_num_value_heads: usize,
+    #[serde(default)]
+    pub linear_key_head_dim: usize,
+    #[serde(default)]
+    pub linear_value_head_dim: usize,
+    #[serde(default)]
+    pub linear_conv_kernel_dim: usize,
+    #[serde(default)]
+    pub shared_expert_intermediate_size: usize,
 }
 
 fn one() -> usize {
@@ -147,6 +159,12 @@ impl ModelSection {
             attention_bias: self.attention_bias,
             layer_types: self.layer_types.clone(),
             sliding_window: self.sliding_window,
+            linear_num_key_heads: self.linear_num_key_heads,
+            linear_num_value_heads: self.linear_num_value_heads,
+            linear_key_head_dim: self.linear_key_head_dim,
+            linear_value_head_dim: self.linear_value_head_dim,
+            linear_conv_kernel_dim: self.linear_conv_kernel_dim,
+            shared_expert_intermediate_size: self.shared_expert_intermediate_size,
         }
     }
 
@@ -173,6 +191,12 @@ impl ModelSection {
             attention_bias: geometry.attention_bias,
             layer_types: geometry.layer_types.clone(),
             sliding_window: geometry.sliding_window,
+            linear_num_key_heads: geometry.linear_num_key_heads,
+            linear_num_value_heads: geometry.linear_num_value_heads,
+            linear_key_head_dim: geometry.linear_key_head_dim,
+            linear_value_head_dim: geometry.linear_value_head_dim,
+            linear_conv_kernel_dim: geometry.linear_conv_kernel_dim,
+            shared_expert_intermediate_size: geometry.shared_expert_intermediate_size,
         }
     }
 }
@@ -421,6 +445,12 @@ struct ModelDraft {
     attention_bias: Option<bool>,
     layer_types: Option<Vec<LayerAttention>>,
     sliding_window: Option<usize>,
+    linear_num_key_heads: Option<usize>,
+    linear_num_value_heads: Option<usize>,
+    linear_key_head_dim: Option<usize>,
+    linear_value_head_dim: Option<usize>,
+    linear_conv_kernel_dim: Option<usize>,
+    shared_expert_intermediate_size: Option<usize>,
 }
 
 /// `[serving]` as written: every key optional (defaults in
@@ -705,6 +735,12 @@ impl ProfileDraft {
             sliding_window: d
                 .sliding_window
                 .or(checkpoint.and_then(|g| g.sliding_window)),
+            linear_num_key_heads: optional!(linear_num_key_heads, 0),
+            linear_num_value_heads: optional!(linear_num_value_heads, 0),
+            linear_key_head_dim: optional!(linear_key_head_dim, 0),
+            linear_value_head_dim: optional!(linear_value_head_dim, 0),
+            linear_conv_kernel_dim: optional!(linear_conv_kernel_dim, 0),
+            shared_expert_intermediate_size: optional!(shared_expert_intermediate_size, 0),
         })
     }
 }
@@ -796,6 +832,19 @@ impl Profile {
             mlp_only_layers: ("mlp_only_layers", m.mlp_only_layers.len()),
             layer_types: ("layer_types", m.layer_types.len()),
             sliding_window: ("sliding_window", m.sliding_window.unwrap_or(0)),
+        }
+        .check()
+        .map_err(|limit| ("model", limit))?;
+        limits::HybridFields {
+            key_heads: ("linear_num_key_heads", m.linear_num_key_heads),
+            value_heads: ("linear_num_value_heads", m.linear_num_value_heads),
+            key_head_dim: ("linear_key_head_dim", m.linear_key_head_dim),
+            value_head_dim: ("linear_value_head_dim", m.linear_value_head_dim),
+            conv_kernel: ("linear_conv_kernel_dim", m.linear_conv_kernel_dim),
+            shared_expert_intermediate: (
+                "shared_expert_intermediate_size",
+                m.shared_expert_intermediate_size,
+            ),
         }
         .check()
         .map_err(|limit| ("model", limit))?;
@@ -914,8 +963,12 @@ impl Profile {
             ),
             ("serving", "kv_block_size", s.kv_block_size),
         ];
+        // A dense model (qwen3_5) has no experts.
+        let dense_model = m.architecture == Architecture::Qwen35;
+        let expert_key =
+            |key: &str| matches!(key, "num_experts" | "top_k" | "moe_intermediate_size");
         for (section, key, value) in positive {
-            if value == 0 {
+            if value == 0 && !(dense_model && expert_key(key)) {
                 return Some((section, key, "must be at least 1".to_string()));
             }
         }

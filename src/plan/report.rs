@@ -113,6 +113,14 @@ pub fn render(plan: &Plan) -> String {
             row(&mut out, &format!("  {}", group.name()), format_size(bytes));
         }
     }
+    for (prefix, bytes) in &plan.weights.unused {
+        // Mapped, never read: no byte of it is planned.
+        row(
+            &mut out,
+            &format!("  ({prefix}* not used by text serving)"),
+            format_size(*bytes),
+        );
+    }
     let ws = &plan.moe_workspace;
     row(
         &mut out,
@@ -176,6 +184,22 @@ pub fn render(plan: &Plan) -> String {
                 kv.sliding.layers, kv.sliding.window_tokens, kv.sliding.blocks
             ),
             format_size(kv.sliding.bytes),
+        );
+    }
+    let state = &plan.recurrent_state;
+    if state.bytes > 0 {
+        row(
+            &mut out,
+            &format!(
+                "recurrent state ({} layers × {} seqs, f32)",
+                state.layers, state.slots
+            ),
+            format_size(state.bytes),
+        );
+        row(
+            &mut out,
+            "  bytes per sequence",
+            format_size(state.bytes_per_seq),
         );
     }
     row(&mut out, "total", format_gib(plan.total));

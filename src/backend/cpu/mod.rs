@@ -3,6 +3,7 @@
 //! It is the reference the CUDA backend is checked against.
 
 mod attention;
+mod delta_net;
 pub mod kernels;
 mod kv;
 mod moe;
@@ -13,14 +14,15 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::{
-    AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind,
-    StepMetadataPlan,
+    AttentionShape, Backend, BackendError, DeltaNetShape, DeltaRuleGates, ExpertsSpec, KvLayout,
+    Matmul, RecurrentStatePlan, RouterKind, StepMetadataPlan,
 };
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::plan::ledger::{Category, Charge, Ledger};
 use crate::plan::memory::{MoeWorkspace as MoeWorkspacePlan, STEP_METADATA};
 use crate::step::StepBatch;
 
+pub use delta_net::CpuRecurrentState;
 pub use kv::CpuKvCache;
 pub use moe::{CpuExperts, CpuWorkspace};
 
@@ -83,6 +85,7 @@ impl Backend for CpuBackend {
     type Workspace = CpuWorkspace;
     type KvCache = CpuKvCache;
     type Step = CpuStep;
+    type RecurrentState = CpuRecurrentState;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -132,6 +135,13 @@ impl Backend for CpuBackend {
             ),
             _charge: self.charge(Category::Activations, plan.bytes, STEP_METADATA)?,
         })
+    }
+
+    fn recurrent_state(
+        &self,
+        plan: &RecurrentStatePlan,
+    ) -> Result<CpuRecurrentState, BackendError> {
+        CpuRecurrentState::allocate(plan, &self.ledger)
     }
 
     fn load_step(&self, batch: &StepBatch, step: &mut CpuStep) -> Result<(), BackendError> {
@@ -268,23 +278,28 @@ impl Backend for CpuBackend {
         shape: &AttentionShape,
     ) -> Result<(), BackendError> {
         let hd = shape.head_dim;
+        // The table rotates the first `rotary_dim` dims of each head.
+        let rd = shape.rotary_dim;
+        if rd == 0 || rd > hd || !rd.is_multiple_of(2) {
+            return Err(shape_error(format!("{rd} rotary dims of a {hd}-wide head")));
+        }
         let qw = shape.heads * hd;
         let kw = shape.kv_heads * hd;
         check_len("q", rows * qw, q.data.len())?;
         check_len("k", rows * kw, k.data.len())?;
-        check_len("rope table", rows * hd, rope.data.len())?;
-        let table = &rope.data[..rows * hd];
+        check_len("rope table", rows * rd, rope.data.len())?;
+        let table = &rope.data[..rows * rd];
         let apply = |data: &mut [f32], width: usize, norm: Option<(&VectorWeight<'_>, f32)>| {
             data[..rows * width]
                 .par_chunks_mut(width)
-                .zip(table.par_chunks(hd))
+                .zip(table.par_chunks(rd))
                 .for_each(|(row, cos_sin)| {
-                    let (cos, sin) = cos_sin.split_at(hd / 2);
+                    let (cos, sin) = cos_sin.split_at(rd / 2);
                     for head in row.chunks_mut(hd) {
                         if let Some((w, eps)) = norm {
                             ops::rmsnorm_in_place(head, w, eps);
                         }
-                        ops::rotate_half(head, cos, sin);
+                        ops::rotate_half(&mut head[..rd], cos, sin);
                     }
                 });
         };
@@ -338,6 +353,14 @@ impl Backend for CpuBackend {
         kv.copy_blocks(pairs)
     }
 
+    fn copy_state_slots(
+        &self,
+        state: &mut CpuRecurrentState,
+        pairs: &[(u32, u32)],
+    ) -> Result<(), BackendError> {
+        state.copy_slots(pairs)
+    }
+
     fn route(
         &self,
         logits: &CpuBuffer,
@@ -359,6 +382,154 @@ impl Backend for CpuBackend {
         out: &mut CpuBuffer,
     ) -> Result<(), BackendError> {
         ws.run_experts(&x.data, rows, experts, &mut out.data)
+    }
+
+    fn gdn_conv(
+        &self,
+        qkv: &mut CpuBuffer,
+        weight: &VectorWeight<'_>,
+        state: &mut CpuRecurrentState,
+        layer: usize,
+        step: &CpuStep,
+        shape: &DeltaNetShape,
+    ) -> Result<(), BackendError> {
+        delta_net::conv(&mut qkv.data, weight, state, layer, &step.batch, shape)
+    }
+
+    fn gdn_delta_rule(
+        &self,
+        qkv: &mut CpuBuffer,
+        gates: &DeltaRuleGates<'_, '_, Self>,
+        state: &mut CpuRecurrentState,
+        layer: usize,
+        step: &CpuStep,
+        shape: &DeltaNetShape,
+        out: &mut CpuBuffer,
+    ) -> Result<(), BackendError> {
+        delta_net::delta_rule(
+            &mut qkv.data,
+            &gates.b.data,
+            &gates.a.data,
+            gates.a_log,
+            gates.dt_bias,
+            state,
+            layer,
+            &step.batch,
+            shape,
+            &mut out.data,
+        )
+    }
+
+    fn gdn_unfuse(
+        &self,
+        qkvz: &CpuBuffer,
+        ba: &CpuBuffer,
+        rows: usize,
+        shape: &DeltaNetShape,
+        qkv: &mut CpuBuffer,
+        z: &mut CpuBuffer,
+        b: &mut CpuBuffer,
+        a: &mut CpuBuffer,
+    ) -> Result<(), BackendError> {
+        delta_net::unfuse(
+            &qkvz.data,
+            &ba.data,
+            rows,
+            shape,
+            &mut qkv.data,
+            &mut z.data,
+            &mut b.data,
+            &mut a.data,
+        )
+    }
+
+    fn gated_rmsnorm(
+        &self,
+        x: &mut CpuBuffer,
+        z: &CpuBuffer,
+        w: &VectorWeight<'_>,
+        eps: f32,
+        width: usize,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        check_len("gated rmsnorm", n, x.data.len().min(z.data.len()))?;
+        if width == 0 || w.len != width || !n.is_multiple_of(width) {
+            return Err(shape_error(format!(
+                "a gated RMSNorm of {} weights over groups of {width}",
+                w.len
+            )));
+        }
+        x.data[..n]
+            .par_chunks_mut(width)
+            .zip(z.data[..n].par_chunks(width))
+            .for_each(|(x, z)| ops::gated_rmsnorm(x, z, w, eps));
+        Ok(())
+    }
+
+    fn split_query_gate(
+        &self,
+        query_gate: &CpuBuffer,
+        rows: usize,
+        heads: usize,
+        head_dim: usize,
+        q: &mut CpuBuffer,
+        gate: &mut CpuBuffer,
+    ) -> Result<(), BackendError> {
+        let width = heads * head_dim;
+        check_len("q_proj output", rows * 2 * width, query_gate.data.len())?;
+        check_len("q", rows * width, q.data.len().min(gate.data.len()))?;
+        let pairs = query_gate.data[..rows * 2 * width].chunks_exact(2 * head_dim);
+        let outs = q.data[..rows * width]
+            .chunks_exact_mut(head_dim)
+            .zip(gate.data[..rows * width].chunks_exact_mut(head_dim));
+        for (pair, (q, g)) in pairs.zip(outs) {
+            let (query, gate) = pair.split_at(head_dim);
+            q.copy_from_slice(query);
+            g.copy_from_slice(gate);
+        }
+        Ok(())
+    }
+
+    fn sigmoid_mul(
+        &self,
+        x: &mut CpuBuffer,
+        gate: &CpuBuffer,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        check_len("sigmoid_mul", n, x.data.len().min(gate.data.len()))?;
+        x.data[..n]
+            .par_chunks_mut(4096)
+            .zip(gate.data[..n].par_chunks(4096))
+            .for_each(|(x, g)| {
+                for (x, &g) in x.iter_mut().zip(g) {
+                    *x *= ops::sigmoid(g);
+                }
+            });
+        Ok(())
+    }
+
+    fn add_gated(
+        &self,
+        out: &mut CpuBuffer,
+        x: &CpuBuffer,
+        logits: &CpuBuffer,
+        rows: usize,
+        width: usize,
+    ) -> Result<(), BackendError> {
+        let n = rows * width;
+        check_len("add_gated", n, out.data.len().min(x.data.len()))?;
+        check_len("gate logits", rows, logits.data.len())?;
+        out.data[..n]
+            .par_chunks_mut(width)
+            .zip(x.data[..n].par_chunks(width))
+            .zip(logits.data[..rows].par_iter())
+            .for_each(|((o, x), &logit)| {
+                let gate = ops::sigmoid(logit);
+                for (o, &x) in o.iter_mut().zip(x) {
+                    *o += gate * x;
+                }
+            });
+        Ok(())
     }
 
     fn silu_mul(&self, gate: &mut CpuBuffer, up: &CpuBuffer, n: usize) -> Result<(), BackendError> {

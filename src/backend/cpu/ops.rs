@@ -7,7 +7,7 @@ use crate::checkpoint::linear::{VectorData, VectorWeight};
 /// `out = x · rsqrt(mean(x²) + eps) · w`, the sum of squares in f32 as
 /// transformers computes it (SIMD kernel for bf16 weights).
 pub fn rmsnorm(x: &[f32], w: &VectorWeight<'_>, eps: f32, out: &mut [f32]) {
-    if let VectorData::Bf16(bytes) = w.data {
+    if let (VectorData::Bf16(bytes), 0.0) = (w.data, w.offset) {
         return kernels::ops::rmsnorm(x, bytes, eps, out);
     }
     let scale = inverse_rms(x, eps);
@@ -24,7 +24,7 @@ pub fn add_rmsnorm(
     eps: f32,
     out: &mut [f32],
 ) {
-    if let VectorData::Bf16(bytes) = w.data {
+    if let (VectorData::Bf16(bytes), 0.0) = (w.data, w.offset) {
         return kernels::ops::add_rmsnorm(residual, delta, bytes, eps, out);
     }
     for (r, d) in residual.iter_mut().zip(delta) {
@@ -68,6 +68,20 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 #[inline]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `x = rmsnorm(x) · w · silu(z)` of one group (transformers'
+/// RMSNormGated: the norm before the gate).
+pub fn gated_rmsnorm(x: &mut [f32], z: &[f32], w: &VectorWeight<'_>, eps: f32) {
+    let scale = inverse_rms(x, eps);
+    for (i, (v, &g)) in x.iter_mut().zip(z).enumerate() {
+        *v = *v * scale * w.get(i) * silu(g);
+    }
 }
 
 /// Adds `bias` to every row of `out` (rows of `bias.len`).

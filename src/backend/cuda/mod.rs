@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use thiserror::Error;
 
 use super::{
-    AttentionShape, Backend, BackendError, ExpertsSpec, KvLayout, Matmul, RouterKind,
-    StepMetadataPlan,
+    AttentionShape, Backend, BackendError, DeltaNetShape, DeltaRuleGates, ExpertsSpec, KvLayout,
+    Matmul, RecurrentStatePlan, RouterKind, StepMetadataPlan,
 };
 use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight, WeightData};
 use crate::host::gpu::GpuInfo;
@@ -392,6 +392,16 @@ fn stride_blocks(n: usize) -> u32 {
     n.div_ceil(256).clamp(1, 4096) as u32
 }
 
+/// The CUDA backend has no Gated DeltaNet kernels yet: no state to hold.
+pub struct NoRecurrentState;
+
+fn not_supported(what: &'static str) -> BackendError {
+    BackendError::NotSupported {
+        backend: "cuda",
+        what,
+    }
+}
+
 impl Backend for CudaBackend {
     type Buffer = CudaBuffer;
     type Linear<'w> = CudaLinear<'w>;
@@ -400,6 +410,7 @@ impl Backend for CudaBackend {
     type Workspace = CudaWorkspace;
     type KvCache = CudaKvCache;
     type Step = CudaStep;
+    type RecurrentState = NoRecurrentState;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -430,6 +441,11 @@ impl Backend for CudaBackend {
     }
 
     fn vector<'w>(&self, v: VectorWeight<'w>) -> Result<CudaVector<'w>, BackendError> {
+        if v.offset != 0.0 {
+            return Err(not_supported(
+                "a zero-centred RMSNorm (qwen3_5, qwen3_next)",
+            ));
+        }
         let (bytes, bf16, size) = match v.data {
             VectorData::Bf16(b) => (b, true, 2),
             VectorData::F32(b) => (b, false, 4),
@@ -461,6 +477,104 @@ impl Backend for CudaBackend {
     fn step_storage(&self, plan: &StepMetadataPlan) -> Result<CudaStep, BackendError> {
         self.device.bind()?;
         CudaStep::allocate(&self.device, &self.ledger, plan)
+    }
+
+    fn recurrent_state(
+        &self,
+        _plan: &RecurrentStatePlan,
+    ) -> Result<NoRecurrentState, BackendError> {
+        Err(not_supported("the Gated DeltaNet recurrent state"))
+    }
+
+    fn copy_state_slots(
+        &self,
+        _state: &mut NoRecurrentState,
+        _pairs: &[(u32, u32)],
+    ) -> Result<(), BackendError> {
+        Err(not_supported("the recurrent-state pool"))
+    }
+
+    fn gdn_conv(
+        &self,
+        _qkv: &mut CudaBuffer,
+        _weight: &CudaVector<'_>,
+        _state: &mut NoRecurrentState,
+        _layer: usize,
+        _step: &CudaStep,
+        _shape: &DeltaNetShape,
+    ) -> Result<(), BackendError> {
+        Err(not_supported("the Gated DeltaNet convolution"))
+    }
+
+    fn gdn_delta_rule(
+        &self,
+        _qkv: &mut CudaBuffer,
+        _gates: &DeltaRuleGates<'_, '_, Self>,
+        _state: &mut NoRecurrentState,
+        _layer: usize,
+        _step: &CudaStep,
+        _shape: &DeltaNetShape,
+        _out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        Err(not_supported("the gated delta rule"))
+    }
+
+    fn gdn_unfuse(
+        &self,
+        _qkvz: &CudaBuffer,
+        _ba: &CudaBuffer,
+        _rows: usize,
+        _shape: &DeltaNetShape,
+        _qkv: &mut CudaBuffer,
+        _z: &mut CudaBuffer,
+        _b: &mut CudaBuffer,
+        _a: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        Err(not_supported("qwen3_next's fused projections"))
+    }
+
+    fn gated_rmsnorm(
+        &self,
+        _x: &mut CudaBuffer,
+        _z: &CudaBuffer,
+        _w: &CudaVector<'_>,
+        _eps: f32,
+        _width: usize,
+        _n: usize,
+    ) -> Result<(), BackendError> {
+        Err(not_supported("the gated RMSNorm"))
+    }
+
+    fn split_query_gate(
+        &self,
+        _query_gate: &CudaBuffer,
+        _rows: usize,
+        _heads: usize,
+        _head_dim: usize,
+        _q: &mut CudaBuffer,
+        _gate: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        Err(not_supported("gated attention"))
+    }
+
+    fn sigmoid_mul(
+        &self,
+        _x: &mut CudaBuffer,
+        _gate: &CudaBuffer,
+        _n: usize,
+    ) -> Result<(), BackendError> {
+        Err(not_supported("gated attention"))
+    }
+
+    fn add_gated(
+        &self,
+        _out: &mut CudaBuffer,
+        _x: &CudaBuffer,
+        _logits: &CudaBuffer,
+        _rows: usize,
+        _width: usize,
+    ) -> Result<(), BackendError> {
+        Err(not_supported("the shared expert"))
     }
 
     fn load_step(&self, batch: &StepBatch, step: &mut CudaStep) -> Result<(), BackendError> {
@@ -663,6 +777,9 @@ impl Backend for CudaBackend {
         let hd = shape.head_dim;
         if hd > p::MAX_HEAD_DIM || !hd.is_multiple_of(2) {
             return Err(BackendError::Shape(format!("unsupported head_dim {hd}")));
+        }
+        if shape.rotary_dim != hd {
+            return Err(not_supported("partial RoPE"));
         }
         check("q", rows * shape.heads * hd, q.len())?;
         check("k", rows * shape.kv_heads * hd, k.len())?;

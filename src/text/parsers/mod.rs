@@ -131,7 +131,14 @@ impl ParserNames {
         tool: Option<ToolParserName>,
     ) -> ParserNames {
         let (default_reasoning, default_tool) = match architecture {
-            Some(Architecture::Qwen3Moe) => (ReasoningParserName::Qwen3, ToolParserName::Hermes),
+            Some(Architecture::Qwen3Moe | Architecture::Qwen3Next) => {
+                (ReasoningParserName::Qwen3, ToolParserName::Hermes)
+            }
+            // Qwen3.5 thinks as Qwen3 does; its XML tool calls have no
+            // parser yet.
+            Some(Architecture::Qwen35Moe | Architecture::Qwen35) => {
+                (ReasoningParserName::Qwen3, ToolParserName::None)
+            }
             Some(Architecture::GptOss) => (
                 ReasoningParserName::OpenaiGptoss,
                 ToolParserName::OpenaiGptoss,

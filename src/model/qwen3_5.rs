@@ -1,0 +1,229 @@
+//! qwen3_5_moe (Qwen3.5 / Qwen3.6 MoE), qwen3_5 (dense) and qwen3_next
+//! (Qwen3-Next): three Gated DeltaNet layers to one gated-attention layer
+//! (`layer_types`), every decoder RMSNorm zero-centred (`x̂ · (1 + w)`,
+//! the weights stored around 0), partial RoPE on the first `rotary_dim`
+//! dims of each head, softmax-then-top-k routing renormalised, SwiGLU
+//! experts plus a shared expert weighted by `sigmoid(shared_expert_gate)`
+//! (qwen3_5: a dense SwiGLU MLP).
+//!
+//! The Qwen3.5 checkpoints are vision-language models: the decoder lives
+//! under `model.language_model.`; the vision tower (`model.visual.`) and the
+//! MTP layers (`mtp.`) are never read. Qwen3-Next is text-only, under
+//! `model.`, and fuses each GDN layer's input projections by key head
+//! (`in_proj_qkvz`, `in_proj_ba`, unfused by `Backend::gdn_unfuse`).
+//! Experts are read one tensor per expert (what transformers writes) or
+//! stacked (`mlp.experts.gate_up_proj` `[E, 2I, H]`, gate rows first, and
+//! `mlp.experts.down_proj` `[E, H, I]`, as Qwen publishes them).
+
+use super::rope::Rope;
+use super::{
+    Attention, DeltaNet, DeltaNetInput, Layer, Mixer, Mlp, ModelError, ModelSettings, SharedExpert,
+    Transformer, WeightSource,
+};
+use crate::backend::{AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
+use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::linear::LinearWeight;
+use crate::geometry::{Architecture, LayerAttention};
+
+pub fn load<'w, B: Backend + 'w>(
+    b: &B,
+    config: &ModelConfig,
+    src: &'w dyn WeightSource,
+) -> Result<Transformer<'w, B>, ModelError> {
+    let rotary_dim = config.rotary_dim();
+    let settings = ModelSettings::of(
+        config,
+        RouterKind::SoftmaxTopK {
+            renormalize: config.norm_topk_prob,
+        },
+        // For text, mRoPE's three positions are the token's index: plain
+        // RoPE over the rotary dims.
+        Rope::plain(config.rope_theta, rotary_dim),
+    );
+    let shape = AttentionShape {
+        heads: config.num_attention_heads,
+        kv_heads: config.num_key_value_heads,
+        head_dim: config.head_dim,
+        rotary_dim,
+        scale: 1.0 / (config.head_dim as f32).sqrt(),
+        window: None,
+    };
+    let text = config.architecture.text_prefix();
+    // Experts stacked, or one tensor each: as the first MoE layer has them
+    // (the checker holds every layer to the same layout).
+    let stacked = (0..config.num_hidden_layers)
+        .find(|&i| config.is_moe_layer(i))
+        .is_some_and(|i| {
+            src.flat_vector(&format!("{text}.layers.{i}.mlp.experts.gate_up_proj"))
+                .is_ok()
+        });
+    // A zero-centred norm: its weight is read as `1 + w`.
+    let norm = |name: &str| -> Result<B::Vector<'w>, ModelError> {
+        Ok(b.vector(src.vector(name)?.zero_centred())?)
+    };
+    let (mut kv_layers, mut state_layers) = (0, 0);
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for i in 0..config.num_hidden_layers {
+        let p = format!("{text}.layers.{i}");
+        let mixer = match config.layer_attention(i) {
+            LayerAttention::LinearAttention => {
+                let net = delta_net(b, config, src, &p, state_layers)?;
+                state_layers += 1;
+                Mixer::DeltaNet(net)
+            }
+            LayerAttention::FullAttention => {
+                let attn = |name: &str| src.linear(&format!("{p}.self_attn.{name}"));
+                let attention = Attention {
+                    q: b.linear(attn("q_proj")?)?,
+                    k: b.linear(attn("k_proj")?)?,
+                    v: b.linear(attn("v_proj")?)?,
+                    o: b.linear(attn("o_proj")?)?,
+                    qkvo_bias: None,
+                    qk_norm: Some((
+                        norm(&format!("{p}.self_attn.q_norm.weight"))?,
+                        norm(&format!("{p}.self_attn.k_norm.weight"))?,
+                    )),
+                    sinks: None,
+                    output_gate: true,
+                    shape,
+                };
+                let kv_layer = kv_layers;
+                kv_layers += 1;
+                Mixer::Attention {
+                    attention,
+                    kv_layer,
+                }
+            }
+            LayerAttention::SlidingAttention => {
+                return Err(ModelError::Unsupported(format!(
+                    "{} has no sliding-attention layers",
+                    config.architecture.name()
+                )));
+            }
+        };
+        let mlp = if config.is_moe_layer(i) {
+            moe(b, config, src, &p, stacked)?
+        } else {
+            let dense = |name: &str| src.linear(&format!("{p}.mlp.{name}"));
+            Mlp::Dense {
+                gate: b.linear(dense("gate_proj")?)?,
+                up: b.linear(dense("up_proj")?)?,
+                down: b.linear(dense("down_proj")?)?,
+            }
+        };
+        layers.push(Layer {
+            input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
+            post_attention_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+            mixer,
+            mlp,
+        });
+    }
+    let lm_head = if config.tie_word_embeddings {
+        format!("{text}.embed_tokens")
+    } else {
+        "lm_head".to_string()
+    };
+    Ok(Transformer {
+        settings,
+        embed: b.linear(src.linear(&format!("{text}.embed_tokens"))?)?,
+        layers,
+        norm: norm(&format!("{text}.norm.weight"))?,
+        lm_head: b.linear(src.linear(&lm_head)?)?,
+    })
+}
+
+/// The Gated DeltaNet of layer prefix `p`, the `state_layer`-th of its kind.
+fn delta_net<'w, B: Backend + 'w>(
+    b: &B,
+    config: &ModelConfig,
+    src: &'w dyn WeightSource,
+    p: &str,
+    state_layer: usize,
+) -> Result<DeltaNet<'w, B>, ModelError> {
+    let shape = config.geometry().delta_net().ok_or_else(|| {
+        ModelError::Unsupported("a linear_attention layer without its geometry".to_string())
+    })?;
+    let linear = |name: &str| -> Result<B::Linear<'w>, ModelError> {
+        Ok(b.linear(src.linear(&format!("{p}.linear_attn.{name}"))?)?)
+    };
+    let vector = |name: &str| -> Result<B::Vector<'w>, ModelError> {
+        Ok(b.vector(src.vector(&format!("{p}.linear_attn.{name}"))?)?)
+    };
+    let input = if config.architecture == Architecture::Qwen3Next {
+        DeltaNetInput::Fused {
+            qkvz: linear("in_proj_qkvz")?,
+            ba: linear("in_proj_ba")?,
+        }
+    } else {
+        DeltaNetInput::Split {
+            qkv: linear("in_proj_qkv")?,
+            z: linear("in_proj_z")?,
+            b: linear("in_proj_b")?,
+            a: linear("in_proj_a")?,
+        }
+    };
+    Ok(DeltaNet {
+        input,
+        conv: b.vector(src.flat_vector(&format!("{p}.linear_attn.conv1d.weight"))?)?,
+        a_log: vector("A_log")?,
+        dt_bias: vector("dt_bias")?,
+        norm: vector("norm.weight")?,
+        out_proj: linear("out_proj")?,
+        shape,
+        state_layer,
+    })
+}
+
+/// The routed experts, the router and the shared expert of layer prefix `p`.
+fn moe<'w, B: Backend + 'w>(
+    b: &B,
+    config: &ModelConfig,
+    src: &'w dyn WeightSource,
+    p: &str,
+    stacked: bool,
+) -> Result<Mlp<'w, B>, ModelError> {
+    let (e, i) = (config.num_experts, config.moe_intermediate_size);
+    let experts = 0..e;
+    let collect = |f: &dyn Fn(usize) -> Result<LinearWeight<'w>, ModelError>| {
+        experts.clone().map(f).collect::<Result<Vec<_>, _>>()
+    };
+    let (gate, up, down) = if stacked {
+        let gate_up = format!("{p}.mlp.experts.gate_up_proj");
+        let down = format!("{p}.mlp.experts.down_proj");
+        (
+            collect(&|x| src.stacked_rows(&gate_up, x, 0, i))?,
+            collect(&|x| src.stacked_rows(&gate_up, x, i, i))?,
+            collect(&|x| src.stacked_rows(&down, x, 0, config.hidden_size))?,
+        )
+    } else {
+        let expert = |x: usize, proj: &str| src.linear(&format!("{p}.mlp.experts.{x}.{proj}"));
+        (
+            collect(&|x| expert(x, "gate_proj"))?,
+            collect(&|x| expert(x, "up_proj"))?,
+            collect(&|x| expert(x, "down_proj"))?,
+        )
+    };
+    let spec = ExpertsSpec {
+        gate_up: GateUp::Split { gate, up },
+        down,
+        down_bias: Vec::new(),
+        activation: ExpertActivation::SiluMul,
+        hidden_size: config.hidden_size,
+        intermediate_size: i,
+    };
+    let shared = |name: &str| -> Result<B::Linear<'w>, ModelError> {
+        Ok(b.linear(src.linear(&format!("{p}.mlp.{name}"))?)?)
+    };
+    Ok(Mlp::Moe {
+        router: shared("gate")?,
+        router_bias: None,
+        experts: b.experts(spec)?,
+        shared: Some(SharedExpert {
+            gate_proj: shared("shared_expert.gate_proj")?,
+            up_proj: shared("shared_expert.up_proj")?,
+            down_proj: shared("shared_expert.down_proj")?,
+            gate: shared("shared_expert_gate")?,
+            intermediate_size: config.shared_expert_intermediate_size,
+        }),
+    })
+}

@@ -1,0 +1,162 @@
+//! The memory plan of the hybrid models, figures by hand: Qwen3.6-35B-A3B
+//! and Qwen3.5-122B-A10B (profiles/), and the tiny fixture whose buffers
+//! the CPU backend allocates.
+
+use sparkrt::plan::memory::{self, HostFigures};
+use sparkrt::plan::profile::Profile;
+use sparkrt::plan::{self, PlanDevice};
+
+use crate::common;
+
+fn host() -> HostFigures {
+    // A DGX Spark's ~121.7 GiB, nearly all available.
+    HostFigures {
+        mem_total: 121 << 30,
+        mem_available: 118 << 30,
+        ..HostFigures::default()
+    }
+}
+
+#[test]
+fn qwen36_35b_state_pool_and_kv_cache_by_hand() {
+    let profile = Profile::load(&common::profile("qwen3.6-35b-a3b-bf16")).unwrap();
+    let g = profile.model.geometry();
+    assert_eq!((g.num_kv_layers(), g.num_linear_layers()), (10, 30));
+    let plan = plan::compute(&profile, &host(), None, PlanDevice::Cpu);
+    // Per GDN layer and sequence: the convolution keeps 3 inputs of
+    // 2·16·128 + 32·128 = 8192 channels, the delta rule 32 heads of
+    // 128 × 128, all f32: (24,576 + 524,288) × 4 B; over 30 layers
+    // 65,863,680 B (62.8 MiB) a sequence, × 16 sequences.
+    let s = &plan.recurrent_state;
+    assert_eq!(
+        (s.conv_elements, s.ssm_elements),
+        (8192 * 3, 32 * 128 * 128)
+    );
+    assert_eq!(s.bytes_per_seq, 30 * (24_576 + 524_288) * 4);
+    assert_eq!(s.bytes_per_seq, 65_863_680);
+    assert_eq!(s.bytes, 16 * 65_863_680);
+    // KV only for the 10 attention layers: 10 × 2 KV heads × 256 × (K, V)
+    // × 2 B (bf16) = 20,480 B a token.
+    assert_eq!(plan.kv_cache.bytes_per_token, 10 * 2 * 256 * 2 * 2);
+    assert_eq!(plan.kv_cache.layout.sliding_layers.len(), 10);
+    // The state is charged with the KV cache and counted in the total.
+    assert_eq!(
+        plan.total,
+        plan.weights.total
+            + plan.moe_workspace.bytes
+            + plan.activations.bytes
+            + plan.runtime_overhead.bytes
+            + s.bytes
+            + plan.kv_cache.bytes
+    );
+    // The shared expert is in the one MoE workspace: its gate and up
+    // projections (8192 tokens × 512), output (× 2048) and gate logit.
+    let ws = |name: &str| {
+        plan.moe_workspace
+            .buffers
+            .iter()
+            .find(|b| b.name == name)
+            .map(|b| b.bytes)
+    };
+    assert_eq!(ws(memory::SHARED_GATE), Some(8192 * 512 * 4));
+    assert_eq!(ws(memory::SHARED_UP), Some(8192 * 512 * 4));
+    assert_eq!(ws(memory::SHARED_OUTPUT), Some(8192 * 2048 * 4));
+    assert_eq!(ws(memory::SHARED_GATE_LOGIT), Some(8192 * 4));
+    // Activations: the GDN projections' outputs for 8192 tokens.
+    let act = |name: &str| {
+        plan.activations
+            .buffers
+            .iter()
+            .find(|b| b.name == name)
+            .map(|b| b.bytes)
+    };
+    assert_eq!(act(memory::GDN_QKV), Some(8192 * 8192 * 4));
+    assert_eq!(act(memory::GDN_Z), Some(8192 * 4096 * 4));
+    assert_eq!(act(memory::GDN_B), Some(8192 * 32 * 4));
+    assert_eq!(act(memory::QUERY_GATE), Some(8192 * 2 * 16 * 256 * 4));
+    // Weights by hand (bf16): 30 GDN layers of in_proj_qkv 8192 × 2048,
+    // z 4096 × 2048, b and a 32 × 2048, out_proj 2048 × 4096, the
+    // convolution 8192 × 4, A_log, dt_bias (32 each) and the norm (128).
+    let gdn = (8192 * 2048 + 4096 * 2048 + 2 * 32 * 2048 + 2048 * 4096 + 8192 * 4 + 64 + 128) * 2;
+    let groups = &plan.weights.groups;
+    let group = |g| groups.get(&g).copied().unwrap_or(0);
+    use sparkrt::geometry::WeightGroup;
+    assert_eq!(group(WeightGroup::LinearAttention), 30 * gdn);
+    // 10 attention layers: q_proj 2 × 4096 × 2048, k and v 512 × 2048,
+    // o_proj 2048 × 4096.
+    let attention = (2 * 4096 * 2048 + 2 * 512 * 2048 + 2048 * 4096) * 2;
+    assert_eq!(group(WeightGroup::Attention), 10 * attention);
+    // The shared expert and its [1, 2048] gate in all 40 layers.
+    assert_eq!(
+        group(WeightGroup::SharedExpert),
+        40 * (3 * 512 * 2048 + 2048) * 2
+    );
+    assert_eq!(group(WeightGroup::Experts), 40 * 256 * 3 * 512 * 2048 * 2);
+}
+
+#[test]
+fn qwen35_122b_state_pool_by_hand() {
+    let profile = Profile::load(&common::profile("qwen3.5-122b-a10b-nvfp4")).unwrap();
+    let plan = plan::compute(&profile, &host(), None, PlanDevice::Cpu);
+    // 36 GDN layers of 2·16·128 + 64·128 = 12,288 channels × 3 and
+    // 64 × 128 × 128, f32; 8 sequences.
+    let s = &plan.recurrent_state;
+    assert_eq!(s.layers, 36);
+    assert_eq!(s.bytes_per_seq, 36 * (12_288 * 3 + 64 * 128 * 128) * 4);
+    assert_eq!(s.bytes, 8 * s.bytes_per_seq);
+    // 12 attention layers × 2 KV heads × 256 × (K, V) × 2 B.
+    assert_eq!(plan.kv_cache.bytes_per_token, 12 * 2 * 256 * 2 * 2);
+}
+
+#[test]
+fn the_bench_configs_have_the_profiles_layer_shapes() {
+    use sparkrt::checkpoint::ModelConfig;
+    let bench = |name: &str| {
+        ModelConfig::load(&common::repo().join("benches/models").join(name))
+            .unwrap()
+            .geometry()
+    };
+    let profile = |name: &str| {
+        Profile::load(&common::profile(name))
+            .unwrap()
+            .model
+            .geometry()
+    };
+    for (config, full) in [
+        ("qwen3.6-35b-a3b-8l", "qwen3.6-35b-a3b-bf16"),
+        ("qwen3.5-122b-a10b-4l", "qwen3.5-122b-a10b-nvfp4"),
+    ] {
+        let (b, p) = (bench(config), profile(full));
+        assert_eq!(b.delta_net(), p.delta_net(), "{config}");
+        assert_eq!(
+            (
+                b.hidden_size,
+                b.num_attention_heads,
+                b.num_kv_heads,
+                b.head_dim
+            ),
+            (
+                p.hidden_size,
+                p.num_attention_heads,
+                p.num_kv_heads,
+                p.head_dim
+            ),
+            "{config}"
+        );
+        assert_eq!(
+            (
+                b.num_experts,
+                b.top_k,
+                b.moe_intermediate_size,
+                b.shared_expert_intermediate_size
+            ),
+            (
+                p.num_experts,
+                p.top_k,
+                p.moe_intermediate_size,
+                p.shared_expert_intermediate_size
+            ),
+            "{config}"
+        );
+    }
+}
