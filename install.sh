@@ -7,9 +7,10 @@
 #   sudo ./install.sh --uninstall
 #
 # What it does, in order: checks the machine (architecture, GPU and driver,
-# toolchain), builds or takes the binary, runs `sparkrt plan` as a preflight
+# toolchain), builds or takes the binaries (`sparkrt` and the monitor
+# `sparkrt-top` that `sparkrt top` runs), runs `sparkrt plan` as a preflight
 # (a plan that does not fit stops here, before anything is written), reports
-# the kubelet's allocatable memory, installs the binary, the profiles, a
+# the kubelet's allocatable memory, installs the binaries, the profiles, a
 # config and the unit, creates the system user, then enables and starts the
 # service. Every file it adds is listed in /etc/sparkrt/install-manifest,
 # which --uninstall reads. Running it twice changes nothing the second time.
@@ -40,11 +41,14 @@ readonly CACHE_PATH=/var/cache/sparkrt
 readonly KUBELET_CONFIG=/var/lib/kubelet/config.yaml
 readonly EXIT_USAGE=2
 readonly EXIT_DOES_NOT_FIT=3
+# The monitor's binary, installed beside sparkrt (`sparkrt top` runs it).
+readonly MONITOR_NAME=sparkrt-top
 
 profile=""
 model_dir=""
 prefix=/usr/local
 binary=""
+monitor=""
 root=""
 host_root=/
 listen=127.0.0.1
@@ -71,6 +75,7 @@ usage: install.sh --profile NAME --model-dir DIR [options]
   --model-dir DIR     the checkpoint folder the service reads (absolute path)
   --prefix DIR        where bin/sparkrt goes (default /usr/local)
   --binary PATH       install this binary instead of building one with cargo
+                      (and the sparkrt-top beside it)
   --listen ADDR       address the service listens on (default 127.0.0.1)
   --port N            port (default 8000)
   --api-key-file F    file holding the API key clients must send (needed
@@ -171,6 +176,9 @@ validate_args() {
 	[[ -d $host_root ]] || die "--host-root $host_root is not a directory" "$EXIT_USAGE"
 	if [[ -n $binary ]]; then
 		[[ -f $binary && -x $binary ]] || die "--binary $binary is not an executable file" "$EXIT_USAGE"
+		monitor=$(dirname "$binary")/$MONITOR_NAME
+		[[ -f $monitor && -x $monitor ]] ||
+			die "--binary $binary: no executable $MONITOR_NAME beside it (the monitor \`sparkrt top\` runs; \`cargo build --release\` builds both)" "$EXIT_USAGE"
 	fi
 	case $model_dir in
 	/home/* | /root/* | /run/user/*)
@@ -219,7 +227,7 @@ check_machine() {
 	fi
 }
 
-# Sets `binary`: the one given, or one built from this source tree.
+# Sets `binary` and `monitor`: the ones given, or built from this source tree.
 obtain_binary() {
 	if [[ -n $binary ]]; then
 		say "binary: $binary ($("$binary" --version 2>/dev/null || echo 'no --version'))"
@@ -229,12 +237,15 @@ obtain_binary() {
 		die "no cargo on PATH: install a Rust toolchain, or pass --binary PATH"
 	say "toolchain: $(cargo --version)"
 	binary=$SCRIPT_DIR/target/release/sparkrt
+	monitor=$SCRIPT_DIR/target/release/$MONITOR_NAME
+	local build=(cargo build --release --locked --bin sparkrt --bin "$MONITOR_NAME")
 	if ((dry_run)); then
-		say "would run: cargo build --release --locked --bin sparkrt (in $SCRIPT_DIR)"
+		say "would run: ${build[*]} (in $SCRIPT_DIR)"
 		[[ -x $binary ]] || binary=""
+		[[ -x $monitor ]] || monitor=""
 	else
-		say "building: cargo build --release --locked --bin sparkrt"
-		(cd "$SCRIPT_DIR" && cargo build --release --locked --bin sparkrt)
+		say "building: ${build[*]}"
+		(cd "$SCRIPT_DIR" && "${build[@]}")
 	fi
 }
 
@@ -546,6 +557,7 @@ do_install() {
 	report_kubelet
 
 	install_file "$binary" "$prefix/bin/sparkrt" 0755
+	install_file "$monitor" "$prefix/bin/$MONITOR_NAME" 0755
 	install_profiles "$profile_src"
 	install_config "$profile_file"
 	local before=$changes

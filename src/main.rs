@@ -36,7 +36,7 @@ enum Command {
     Bench(cli::bench::BenchArgs),
     /// Serve the OpenAI-compatible HTTP API with continuous batching.
     Serve(cli::serve::ServeArgs),
-    /// Live unified-memory monitor in the terminal.
+    /// Live unified-memory monitor in the terminal (runs sparkrt-top, the monitor's binary).
     Top(cli::top::TopArgs),
     /// Write a random checkpoint with a real model's geometry (benchmarks).
     MakeCheckpoint(cli::make_checkpoint::MakeCheckpointArgs),

@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sparkrt_tui::wire::LoadPhase;
+use sparkrt_wire::LoadPhase;
 
 use crate::checkpoint::load::LoadProgress;
 

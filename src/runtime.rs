@@ -25,7 +25,7 @@ use crate::plan::memory::{self, WeightBytes};
 use crate::plan::profile::{CheckpointFacts, DeviceKind, KubeletMode, Profile};
 use crate::plan::{self, Plan, PlanDevice, PlanError};
 use crate::text::{TextError, Tokenizer};
-use sparkrt_tui::wire::LoadPhase;
+use sparkrt_wire::LoadPhase;
 
 #[derive(Debug, Error)]
 pub enum RuntimeError {

@@ -13,6 +13,24 @@ use std::process::{Command, Output};
 use common::*;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_sparkrt");
+/// What the stand-in `sparkrt-top` holds: install.sh copies the monitor's
+/// binary but never runs it.
+const MONITOR_STAND_IN: &str = "#!/bin/sh\necho 'stand-in for sparkrt-top'\n";
+
+/// A folder laid out like `target/release/`: `sparkrt` (a hard link to the
+/// test build's, so the folder is in the target's file system) and
+/// `sparkrt-top` beside it, the stand-in. Without a monitor, only `sparkrt`.
+fn binaries(with_monitor: bool) -> tempfile::TempDir {
+    let build = Path::new(BINARY).parent().unwrap();
+    let dir = tempfile::tempdir_in(build).unwrap();
+    std::fs::hard_link(BINARY, dir.path().join("sparkrt")).unwrap();
+    if with_monitor {
+        let monitor = dir.path().join("sparkrt-top");
+        std::fs::write(&monitor, MONITOR_STAND_IN).unwrap();
+        std::fs::set_permissions(&monitor, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    dir
+}
 
 fn spark_root() -> String {
     fixture("hosts/spark").display().to_string()
@@ -22,12 +40,16 @@ fn tiny_model() -> String {
     fixture("qwen3-moe-tiny").display().to_string()
 }
 
-/// Runs install.sh with a staging root and the fake Spark host, plus `args`.
+/// Runs install.sh with a staging root, the fake Spark host and the test
+/// build's binaries, plus `args`.
 fn install(root: &Path, args: &[&str]) -> Output {
+    let binaries = binaries(true);
     Command::new(repo().join("install.sh"))
         .arg("--root")
         .arg(root)
-        .args(["--binary", BINARY, "--host-root", &spark_root()])
+        .arg("--binary")
+        .arg(binaries.path().join("sparkrt"))
+        .args(["--host-root", &spark_root()])
         .args(args)
         .output()
         .expect("install.sh runs")
@@ -148,7 +170,7 @@ fn repo_profiles() -> Vec<PathBuf> {
 }
 
 #[test]
-fn installs_the_binary_profiles_config_and_a_hardened_unit() {
+fn installs_the_binaries_profiles_config_and_a_hardened_unit() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let passwd_before = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
@@ -162,6 +184,9 @@ fn installs_the_binary_profiles_config_and_a_hardened_unit() {
         std::fs::read(BINARY).unwrap()
     );
     assert_eq!(mode(root, "/usr/local/bin/sparkrt"), 0o755);
+    // The monitor `sparkrt top` runs, beside it.
+    assert_eq!(read(root, "/usr/local/bin/sparkrt-top"), MONITOR_STAND_IN);
+    assert_eq!(mode(root, "/usr/local/bin/sparkrt-top"), 0o755);
 
     // Every shipped profile.
     for profile in repo_profiles() {
@@ -353,6 +378,7 @@ fn dry_run_writes_nothing() {
     let text = stdout(&out);
     for action in [
         "would write /usr/local/bin/sparkrt (mode 0755)",
+        "would write /usr/local/bin/sparkrt-top (mode 0755)",
         "would write /etc/systemd/system/sparkrt.service (mode 0644)",
         "would enable",
     ] {
@@ -391,6 +417,9 @@ fn a_plan_that_does_not_fit_installs_and_enables_nothing() {
 fn bad_options_are_exit_2_and_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model();
+    let without_monitor = binaries(false);
+    let alone = without_monitor.path().join("sparkrt");
+    let alone = alone.to_str().unwrap();
     for (args, needle) in [
         (vec!["--model-dir", model.as_str()], "--profile is required"),
         (
@@ -426,6 +455,17 @@ fn bad_options_are_exit_2_and_write_nothing() {
             "no profile",
         ),
         (vec!["--frobnicate"], "unknown option"),
+        (
+            vec![
+                "--profile",
+                "qwen3-moe-tiny",
+                "--model-dir",
+                &model,
+                "--binary",
+                alone,
+            ],
+            "no executable sparkrt-top beside it",
+        ),
         (
             vec![
                 "--profile",

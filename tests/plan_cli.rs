@@ -4,6 +4,7 @@
 use crate::common;
 
 use common::*;
+use sparkrt_wire::{HostSnapshot, PROBE_SNAPSHOT_ARGS};
 
 const GIB: i64 = 1 << 30;
 const MIB: i64 = 1 << 20;
@@ -45,6 +46,75 @@ fn probe_reads_the_spark_tree() {
     assert_eq!(v["eviction_hard_bytes"], 6_533_399_142u64);
     assert_eq!(v["kubepods"]["current"], 3u64 << 30);
     assert_eq!(v["kubepods"]["max"], serde_json::Value::Null);
+}
+
+/// `sparkrt probe --json --snapshot` on the Spark tree: the monitor's host
+/// reading, `usable` from the plan's headroom rule with the reserves given.
+fn probe_snapshot(extra: &[&str]) -> HostSnapshot {
+    let root = spark_root();
+    let mut args: Vec<&str> = PROBE_SNAPSHOT_ARGS.to_vec();
+    args.extend(["--host-root", root.as_str()]);
+    args.extend(extra);
+    let out = sparkrt(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn probe_snapshot_is_the_monitors_reading_with_the_plans_headroom() {
+    let snapshot = probe_snapshot(&[]);
+    let kb = |k: u64| k * 1024;
+    let mem_total = kb(127_605_452);
+    let mem_available = kb(118_000_000);
+    let eviction = 6_533_399_142u64; // 5% of MemTotal, truncated
+    let g = |n: u64| n << 30;
+    let mut expected = HostSnapshot {
+        mem_total,
+        mem_available,
+        mem_free: kb(101_234_567),
+        cached: kb(15_728_640),
+        buffers: kb(204_800),
+        shmem: kb(524_288),
+        swap_total: 0,
+        swap_free: 0,
+        kubepods_current: Some(g(3)),
+        kubepods_max: None,
+        system_reserved: g(2),
+        kube_reserved: g(1),
+        eviction_hard: eviction,
+        usable: None,
+        gpu_processes: Vec::new(),
+    };
+    // Built-in reserves: os 2 GiB, safety 1 GiB. The host's own limit binds:
+    // the kubelet's is MemTotal − 2 − 1 GiB reserved − eviction − 3 GiB of
+    // pods − 1 GiB safety, larger.
+    let host_limit = mem_available - eviction - g(2) - g(1);
+    let kube_limit = mem_total - g(2) - g(1) - eviction - g(3) - g(1);
+    assert!(host_limit < kube_limit);
+    expected.usable = Some(host_limit);
+    assert_eq!(snapshot, expected);
+
+    // A profile's [host] reserves: os 4 GiB, safety 2 GiB.
+    let snapshot = probe_snapshot(&["--profile", "qwen3-30b-a3b-nvfp4"]);
+    expected.usable = Some(mem_available - eviction - g(4) - g(2));
+    assert_eq!(snapshot, expected);
+}
+
+#[test]
+fn probe_snapshot_flags_need_their_mode() {
+    let root = spark_root();
+    expect_bad_input(&["probe", "--snapshot", "--host-root", &root], "--json");
+    expect_bad_input(
+        &[
+            "probe",
+            "--json",
+            "--profile",
+            "qwen3-moe-tiny",
+            "--host-root",
+            &root,
+        ],
+        "--snapshot",
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use crate::server;
 
 use serde_json::{Value, json};
 use server::{Reply, Server, generate, ids, prompt_ids, tiny_profile};
-use sparkrt_tui::wire::{
+use sparkrt_wire::{
     MemoryReport, PageCachePolicy, RequestOutcomes, ServingStats, WeightsResidency,
 };
 
@@ -513,10 +513,11 @@ fn memory_and_metrics_follow_the_contract() {
     );
     assert_eq!(m.get("sparkrt_guard_tripped"), 0.0);
 
-    // /v1/stats: the same figures as JSON, read with the monitor's types.
+    // /v1/stats: the same figures as JSON, read with the wire types the
+    // monitor reads it with.
     let reply = server.get("/v1/stats");
     assert_eq!(reply.status, 200, "{}", reply.body);
-    let stats = ServingStats::parse(&reply.body).unwrap();
+    let stats: ServingStats = serde_json::from_str(&reply.body).unwrap();
     // One request: one TTFT sample; its 3 tokens: two inter-token gaps.
     let ttft = stats
         .ttft_seconds
@@ -548,8 +549,9 @@ fn memory_and_metrics_follow_the_contract() {
             itl_seconds: Some(itl),
         }
     );
-    // The monitor reads /v1/memory with the types the server wrote it with.
-    let report = MemoryReport::parse(&server.get("/v1/memory").body).unwrap();
+    // The monitor reads /v1/memory with the types the server wrote it with
+    // (the plan kept as untyped JSON, as the monitor keeps it).
+    let report: MemoryReport<Value> = serde_json::from_str(&server.get("/v1/memory").body).unwrap();
     assert_eq!(report.ledger.page_cache_policy, PageCachePolicy::WillNeed);
     assert_eq!(report.ledger.weights_residency, WeightsResidency::Mapped);
     assert_eq!(report.kv.blocks_total, 512);

@@ -1,14 +1,41 @@
 //! End to end: `sparkrt top` in a real terminal (tmux) against a real
-//! `sparkrt serve` on the tiny model. Skips with a reason where tmux is
-//! missing (scripts/ci-deps.sh installs it in CI).
+//! `sparkrt serve` on the tiny model. `sparkrt top` runs the monitor's own
+//! binary, `sparkrt-top`, which reads the host through `sparkrt probe`.
+//! Skips with a reason where tmux or `sparkrt-top` is missing, and fails
+//! under CI (scripts/ci-deps.sh installs tmux; `cargo test --workspace`
+//! builds `sparkrt-top`).
 
 use crate::common;
 use crate::server;
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use server::Server;
+
+/// The monitor's binary where `sparkrt top` looks first: beside `sparkrt`,
+/// where cargo builds it for the tui package's tests (`cargo test
+/// --workspace`) and for `cargo build`.
+fn monitor_binary() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_sparkrt")).with_file_name("sparkrt-top")
+}
+
+/// Whether `sparkrt-top` is built: skips locally with the reason, fails
+/// under CI, where `cargo test --workspace` builds it.
+fn monitor_built(test: &str) -> bool {
+    let monitor = monitor_binary();
+    if monitor.is_file() {
+        return true;
+    }
+    let why = format!(
+        "no {} (`cargo test --workspace` or `cargo build` builds it)",
+        monitor.display()
+    );
+    assert!(std::env::var_os("CI").is_none(), "{test}: {why}");
+    eprintln!("skipped {test}: {why}");
+    false
+}
 
 fn tmux(args: &[&str]) -> String {
     let out = Command::new("tmux").args(args).output().expect("tmux runs");
@@ -29,7 +56,9 @@ fn wait_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn top_shows_the_pool_and_the_ledger_of_a_running_server() {
-    if !common::tool_present("top_tmux", common::missing_command("tmux")) {
+    if !common::tool_present("top_tmux", common::missing_command("tmux"))
+        || !monitor_built("top_tmux")
+    {
         return;
     }
     let server = Server::start(&["--profile", "qwen3-moe-tiny"]);
@@ -68,6 +97,8 @@ fn top_shows_the_pool_and_the_ledger_of_a_running_server() {
     assert!(shown, "top never showed a connected server:\n{screen}");
     for label in [
         "pool",
+        // The plan's headroom, which only the probe's snapshot carries.
+        "usable",
         "MemTotal",
         "eviction",
         "weights",
@@ -89,4 +120,52 @@ fn top_shows_the_pool_and_the_ledger_of_a_running_server() {
         stty.split_whitespace().any(|w| w == "icanon") && stty.contains(" echo"),
         "terminal not restored after q: {stty}"
     );
+}
+
+#[test]
+fn top_fails_before_the_screen_on_bad_flags_and_hosts() {
+    if !monitor_built("top_fails_before_the_screen_on_bad_flags_and_hosts") {
+        return;
+    }
+    let out = common::sparkrt(&["top", "--host-root", "/nonexistent-host"]);
+    assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+    let err = common::stderr(&out);
+    assert!(
+        err.contains("reading the host below /nonexistent-host"),
+        "{err}"
+    );
+    let out = common::sparkrt(&["top", "--interval", "10ms"]);
+    assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+    assert!(
+        common::stderr(&out).contains("too short"),
+        "{}",
+        common::stderr(&out)
+    );
+    let out = common::sparkrt(&["top", "--frobnicate"]);
+    assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+    assert!(
+        common::stderr(&out).contains("--frobnicate"),
+        "{}",
+        common::stderr(&out)
+    );
+}
+
+#[test]
+fn top_without_the_monitor_binary_says_how_to_build_it() {
+    // sparkrt alone in a folder, and a PATH without sparkrt-top. A hard
+    // link, not a copy: a file being written cannot be executed while
+    // another test forks (ETXTBSY), and the link is in the same file system.
+    let binary = Path::new(env!("CARGO_BIN_EXE_sparkrt"));
+    let dir = tempfile::tempdir_in(binary.parent().unwrap()).unwrap();
+    let alone = dir.path().join("sparkrt");
+    std::fs::hard_link(binary, &alone).unwrap();
+    let out = Command::new(&alone)
+        .arg("top")
+        .env("PATH", dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+    let err = common::stderr(&out);
+    assert!(err.contains("sparkrt-top"), "{err}");
+    assert!(err.contains("cargo build --release"), "{err}");
 }

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use sparkrt_tui::wire::{LoadPhase, LoadingReport};
+use sparkrt_wire::{LoadPhase, LoadingReport};
 
 use super::Checkpoint;
 use super::error::CheckpointError;

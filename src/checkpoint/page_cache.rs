@@ -14,7 +14,7 @@ use super::error::CheckpointError;
 
 /// The page-cache policy applied to the checkpoint, as the ledger records
 /// it: a wire type (`/v1/memory` reports it), defined with the monitor's.
-pub use sparkrt_tui::wire::PageCachePolicy;
+pub use sparkrt_wire::PageCachePolicy;
 
 /// The policy stored in the checkpoint's `AtomicU8` (`policy as u8`).
 fn policy_from_u8(value: u8) -> PageCachePolicy {

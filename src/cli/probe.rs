@@ -1,13 +1,17 @@
-//! `sparkrt probe`: what the host looks like to sparkrt.
+//! `sparkrt probe`: what the host looks like to sparkrt; with `--snapshot`,
+//! the reading the monitor (`sparkrt-top`) draws, which it runs this for.
 
 use std::process::ExitCode;
 
 use anyhow::Result;
 use serde::Serialize;
+use sparkrt_wire::HostSnapshot;
 
 use super::common::HostArgs;
+use super::find_profile;
 use crate::host::{GpuProbe, HostReading, gpu};
-use crate::plan::profile::KubeletMode;
+use crate::plan::memory;
+use crate::plan::profile::{HostSection, KubeletMode, ProfileDraft};
 use crate::units::format_gib;
 
 #[derive(Debug, clap::Args)]
@@ -17,6 +21,15 @@ pub struct ProbeArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// With --json: print the reading `sparkrt top` draws instead (memory,
+    /// kubepods and kubelet figures, and `usable`, the plan's headroom on
+    /// this reading); no GPU probe.
+    #[arg(long, requires = "json")]
+    pub snapshot: bool,
+    /// With --snapshot: the profile whose [host] reserves give `usable`
+    /// [default: built-in reserves].
+    #[arg(long, requires = "snapshot")]
+    pub profile: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -29,6 +42,12 @@ struct ProbeReport<'a> {
 }
 
 pub fn run(args: &ProbeArgs) -> Result<ExitCode> {
+    if args.snapshot {
+        let reserves = snapshot_reserves(args.profile.as_deref())?;
+        let snapshot = snapshot(&args.host, &reserves)?;
+        println!("{}", serde_json::to_string(&snapshot)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     let reading = args.host.read(KubeletMode::Auto)?;
     let gpu = gpu::probe();
     if args.json {
@@ -42,6 +61,39 @@ pub fn run(args: &ProbeArgs) -> Result<ExitCode> {
         print!("{}", render(&reading, &gpu));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The reserves a snapshot's `usable` is computed with: `profile`'s `[host]`
+/// section, else the built-in reserves with the kubelet found if present.
+fn snapshot_reserves(profile: Option<&str>) -> Result<HostSection> {
+    Ok(match profile {
+        // Only the reserves: a profile that leaves its geometry to the
+        // checkpoint is fine here.
+        Some(p) => ProfileDraft::load(&find_profile(p)?)?.host().clone(),
+        None => HostSection {
+            kubelet: KubeletMode::Auto,
+            ..HostSection::default()
+        },
+    })
+}
+
+/// One reading of the host as the monitor draws it, with the plan's
+/// headroom (`plan::memory::headroom`, the plan's own formula) for it.
+fn snapshot(host: &HostArgs, reserves: &HostSection) -> Result<HostSnapshot> {
+    let reading = host.read(reserves.kubelet)?;
+    let figures = crate::plan::host_figures(&reading);
+    let headroom = memory::headroom(&figures, reserves.os_reserve.0, reserves.safety_margin.0);
+    let mut snapshot = reading.meminfo.to_wire(
+        reading.kubepods.as_ref(),
+        [
+            figures.system_reserved,
+            figures.kube_reserved,
+            figures.eviction_hard,
+        ],
+    );
+    // Negative headroom: nothing is usable, and no line is drawn.
+    snapshot.usable = u64::try_from(headroom.usable).ok();
+    Ok(snapshot)
 }
 
 fn render(r: &HostReading, gpu: &GpuProbe) -> String {

@@ -23,7 +23,7 @@ use crate::server::listen::{self, ConnectionLimits};
 use crate::server::loading::{LoadingState, RouterSwitch};
 use crate::server::{ServerConfig, ServerState, expose, fds, router};
 use crate::text::ChatTemplate;
-use sparkrt_tui::wire::LoadPhase;
+use sparkrt_wire::LoadPhase;
 use tokio::sync::watch;
 
 #[derive(Debug, clap::Args)]
@@ -292,7 +292,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
                 .ledger
                 .snapshot()
                 .weights_residency
-                .unwrap_or(sparkrt_tui::wire::WeightsResidency::Mapped)
+                .unwrap_or(sparkrt_wire::WeightsResidency::Mapped)
         )
         .to_lowercase(),
     );

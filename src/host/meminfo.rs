@@ -30,8 +30,8 @@ impl MemInfo {
         &self,
         kubepods: Option<&CgroupMemory>,
         [system_reserved, kube_reserved, eviction_hard]: [u64; 3],
-    ) -> sparkrt_tui::HostSnapshot {
-        sparkrt_tui::HostSnapshot {
+    ) -> sparkrt_wire::HostSnapshot {
+        sparkrt_wire::HostSnapshot {
             mem_total: self.mem_total,
             mem_available: self.mem_available,
             mem_free: self.mem_free,

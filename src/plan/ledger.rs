@@ -12,7 +12,7 @@ use super::Plan;
 
 // The categories, the page-cache policy and where the weights live are on
 // the wire (`/v1/memory`): defined once, with the monitor's types.
-pub use sparkrt_tui::wire::{Category, PageCachePolicy, WeightsResidency};
+pub use sparkrt_wire::{Category, PageCachePolicy, WeightsResidency};
 
 /// A category's slot in the ledger's arrays ([`Category::ALL`]'s order).
 fn index(category: Category) -> usize {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::host::cgroup::{self, OwnCgroup};
 use crate::host::{self, MemInfo};
 use crate::plan::memory::guard_threshold;
-pub use sparkrt_tui::wire::GuardState;
+pub use sparkrt_wire::GuardState;
 
 #[derive(Debug)]
 pub struct MemoryGuard {

@@ -14,7 +14,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use hyper::service::Service;
 use hyper_util::service::TowerToHyperService;
-use sparkrt_tui::wire::{HealthReport, LoadPhase, LoadingReport};
+use sparkrt_wire::{HealthReport, LoadPhase, LoadingReport};
 
 use super::auth;
 use super::errors::ApiError;
@@ -69,7 +69,7 @@ fn loading_router(state: Arc<LoadingState>) -> Router {
     Router::new()
         .route("/health", axum::routing::get(health))
         .route("/ready", axum::routing::get(ready))
-        .route(sparkrt_tui::wire::MEMORY_PATH, axum::routing::get(memory))
+        .route(sparkrt_wire::MEMORY_PATH, axum::routing::get(memory))
         .fallback(not_yet)
         .with_state(state)
 }

@@ -1,7 +1,7 @@
 //! `/health`, `/ready`, `/metrics` (Prometheus text), and the typed JSON the
 //! monitor reads: `/v1/stats` (the serving gauges) and `/v1/memory` (the
 //! plan, the ledger and the latest host reading). The JSON types are
-//! `sparkrt_tui::wire`'s, shared with the monitor.
+//! `sparkrt_wire`'s, shared with the monitor.
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -12,8 +12,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use sparkrt_tui::wire::{
-    self, HostSnapshot, KvState, MemoryReport, Percentiles, RequestOutcomes, ServingStats,
+use sparkrt_wire::{
+    self as wire, HostSnapshot, KvState, MemoryReport, Percentiles, RequestOutcomes, ServingStats,
     WeightsResidency,
 };
 
@@ -301,7 +301,7 @@ mod tests {
 
     use crate::checkpoint::load::LoadProgress;
     use crate::server::loading::health_answer;
-    use sparkrt_tui::wire::{HealthReport, LoadPhase};
+    use sparkrt_wire::{HealthReport, LoadPhase};
 
     async fn health_of(response: Response) -> (StatusCode, HealthReport) {
         let status = response.status();

@@ -13,11 +13,13 @@ use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use sparkrt_tui::wire::{
-    Category, GuardState, KvState, Ledger, LedgerEntry, MEMORY_PATH, MemoryReport, PageCachePolicy,
-    Percentiles, RequestOutcomes, STATS_PATH, ServingStats, WeightsResidency,
+use sparkrt_tui::memory::ServerMemory;
+use sparkrt_tui::{HostSource, TopOptions};
+use sparkrt_wire::{
+    Category, GpuProcess, GuardState, HostSnapshot, KvState, Ledger, LedgerEntry, MEMORY_PATH,
+    MemoryReport, PageCachePolicy, Percentiles, RequestOutcomes, STATS_PATH, ServingStats,
+    WeightsResidency,
 };
-use sparkrt_tui::{GpuProcess, HostSnapshot, HostSource, TopOptions};
 
 const GIB: u64 = 1 << 30;
 const MEM_TOTAL: u64 = 128 * GIB;
@@ -69,7 +71,7 @@ fn host_at(t: f64) -> HostSnapshot {
     }
 }
 
-fn memory_at(t: f64) -> MemoryReport {
+fn memory_at(t: f64) -> ServerMemory {
     let blocks_total = 20_480u64;
     let blocks_used = (blocks_total as f64 * kv_fill(t)) as u64;
     let host = host_at(t);

@@ -4,12 +4,12 @@ use std::cmp::Reverse;
 use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use sparkrt_wire::LedgerEntry;
 
 use crate::history::{History, HistoryPoint};
 use crate::processes::ProcessRow;
 use crate::sample::Sample;
 use crate::units::Units;
-use crate::wire::LedgerEntry;
 
 /// The panel `tab` selects; `s` sorts the focused one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

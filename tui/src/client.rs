@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
+use sparkrt_wire::{
+    HEALTH_PATH, HealthReport, LoadingReport, MEMORY_PATH, STATS_PATH, ServingStats,
+};
 use thiserror::Error;
 
-use crate::memory::MemoryParseError;
-use crate::stats::StatsParseError;
-use crate::wire::{
-    HEALTH_PATH, HealthReport, LoadingReport, MEMORY_PATH, MemoryReport, STATS_PATH, ServingStats,
-};
+use crate::memory::{self, MemoryParseError, ServerMemory};
+use crate::stats::{self, StatsParseError};
 
 /// A larger answer than this is not one of ours (the ledger is a few KiB).
 const MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
@@ -62,14 +62,14 @@ impl ServerClient {
         &self.base_url
     }
 
-    pub fn memory(&self) -> Result<MemoryReport, FetchError> {
+    pub fn memory(&self) -> Result<ServerMemory, FetchError> {
         let body = self.get_text(MEMORY_PATH)?;
-        Ok(MemoryReport::parse(&body)?)
+        Ok(memory::parse(&body)?)
     }
 
     pub fn stats(&self) -> Result<ServingStats, FetchError> {
         let body = self.get_text(STATS_PATH)?;
-        Ok(ServingStats::parse(&body)?)
+        Ok(stats::parse(&body)?)
     }
 
     /// The loading section of `/health` while the server starts (`None`

@@ -1,10 +1,10 @@
-//! Options of `sparkrt top` and the parser for its `--interval` value.
+//! Options of the monitor and the parser for its `--interval` value.
 
 use std::time::Duration;
 
 use thiserror::Error;
 
-/// How the monitor runs. `sparkrt top` fills it from its flags.
+/// How the monitor runs. `sparkrt-top` (`src/main.rs`) fills it from its flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopOptions {
     /// Base URL of `sparkrt serve`, e.g. `http://127.0.0.1:8000`.

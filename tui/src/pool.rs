@@ -1,8 +1,9 @@
 //! The unified pool split into what the bar draws, left to right, and where
 //! its eviction and usable lines fall. Pure arithmetic on one sample.
 
-use crate::host::HostSnapshot;
-use crate::wire::{Category, MemoryReport, WeightsResidency};
+use sparkrt_wire::{Category, HostSnapshot, WeightsResidency};
+
+use crate::memory::ServerMemory;
 
 /// The eviction margin (MemAvailable − evictionHard) below this share of
 /// MemTotal turns the pool yellow: on a 128 GiB Spark that is ~12.8 GiB,
@@ -101,7 +102,7 @@ pub struct PoolBreakdown {
 }
 
 impl PoolBreakdown {
-    pub fn new(host: &HostSnapshot, server: Option<&MemoryReport>) -> PoolBreakdown {
+    pub fn new(host: &HostSnapshot, server: Option<&ServerMemory>) -> PoolBreakdown {
         let total = host.mem_total;
         let runtime = server.map(runtime_segments).unwrap_or_default();
         let runtime_total = runtime
@@ -167,7 +168,7 @@ impl PoolBreakdown {
 
 /// The runtime's categories from the ledger, the KV cache split by the `kv`
 /// fill. Categories the monitor does not know are drawn as overhead.
-fn runtime_segments(server: &MemoryReport) -> Vec<Segment> {
+fn runtime_segments(server: &ServerMemory) -> Vec<Segment> {
     let allocated = |category| server.category(category).map_or(0, |c| c.allocated);
     let kv_allocated = server.category(Category::KvCache).map_or_else(
         || server.kv.blocks_total.saturating_mul(server.kv.block_bytes),

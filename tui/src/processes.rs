@@ -1,9 +1,8 @@
 //! The top processes by resident memory, read from /proc through sysinfo,
 //! with GPU memory attached where the host source reports it.
 
+use sparkrt_wire::GpuProcess;
 use sysinfo::{ProcessRefreshKind, ProcessesToUpdate, System};
-
-use crate::host::GpuProcess;
 
 /// One row of the process panel.
 #[derive(Debug, Clone, PartialEq, Eq)]

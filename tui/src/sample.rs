@@ -2,10 +2,11 @@
 
 use std::time::Instant;
 
-use crate::host::HostSnapshot;
+use sparkrt_wire::{HostSnapshot, LoadingReport, ServingStats};
+
 use crate::link::ServerLink;
+use crate::memory::ServerMemory;
 use crate::processes::ProcessRow;
-use crate::wire::{LoadingReport, MemoryReport, ServingStats};
 
 /// Everything read in one round.
 #[derive(Debug, Clone)]
@@ -16,7 +17,7 @@ pub struct Sample {
     pub processes: Vec<ProcessRow>,
     pub link: ServerLink,
     /// `/v1/memory`, while connected.
-    pub server: Option<MemoryReport>,
+    pub server: Option<ServerMemory>,
     /// `/v1/stats` (or why it could not be read), while connected.
     pub stats: Option<Result<ServingStats, String>>,
     pub generation_tokens_per_s: Option<f64>,

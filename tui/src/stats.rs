@@ -1,10 +1,9 @@
-//! Reading `GET /v1/stats` ([`ServingStats`], shape in [`crate::wire`]): the
+//! Reading `GET /v1/stats` ([`ServingStats`], shape in [`sparkrt_wire`]): the
 //! serving panel's figures as typed JSON. (`/metrics` carries the same
 //! figures as Prometheus text, for Prometheus; the monitor does not read it.)
 
+use sparkrt_wire::ServingStats;
 use thiserror::Error;
-
-use crate::wire::ServingStats;
 
 #[derive(Debug, Error)]
 pub enum StatsParseError {
@@ -14,8 +13,7 @@ pub enum StatsParseError {
     Json(#[from] serde_json::Error),
 }
 
-impl ServingStats {
-    pub fn parse(body: &str) -> Result<ServingStats, StatsParseError> {
-        Ok(serde_json::from_str(body)?)
-    }
+/// Parses the answer; a missing field or a wrong type is an error.
+pub fn parse(body: &str) -> Result<ServingStats, StatsParseError> {
+    Ok(serde_json::from_str(body)?)
 }

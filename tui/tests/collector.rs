@@ -8,11 +8,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{GIB, Mode, TestServer, canned_host, dead_url};
+use sparkrt_tui::HostSource;
 use sparkrt_tui::client::ServerClient;
 use sparkrt_tui::collector::{self, Collector, Sample};
 use sparkrt_tui::event::AppEvent;
 use sparkrt_tui::link::ServerLink;
-use sparkrt_tui::{HostSnapshot, HostSource};
+use sparkrt_wire::HostSnapshot;
 
 /// Short enough that a stalled server fails a poll quickly.
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(300);

@@ -11,4 +11,5 @@ mod keys;
 mod parse_memory;
 mod parse_stats;
 mod pool;
+mod probe;
 mod render;

@@ -4,8 +4,8 @@ use crate::common;
 
 use common::{GIB, MEMORY_OK};
 use serde_json::error::Category;
-use sparkrt_tui::memory::MemoryParseError;
-use sparkrt_tui::wire::{self, KvState, MemoryReport, PageCachePolicy, WeightsResidency};
+use sparkrt_tui::memory::{self, MemoryParseError};
+use sparkrt_wire::{self as wire, KvState, PageCachePolicy, WeightsResidency};
 
 /// The canned answer with one JSON value replaced (by its pointer path).
 fn with(pointer: &str, value: serde_json::Value) -> String {
@@ -26,7 +26,7 @@ fn without(parent: &str, key: &str) -> String {
 }
 
 fn json_error(body: &str) -> serde_json::Error {
-    match MemoryReport::parse(body) {
+    match memory::parse(body) {
         Err(MemoryParseError::Json(e)) => e,
         other => panic!("expected a JSON error, got {other:?}"),
     }
@@ -34,7 +34,7 @@ fn json_error(body: &str) -> serde_json::Error {
 
 #[test]
 fn canned_answer_parses_to_its_figures() {
-    let memory = MemoryReport::parse(MEMORY_OK).unwrap();
+    let memory = memory::parse(MEMORY_OK).unwrap();
     let names: Vec<&str> = memory
         .ledger
         .categories
@@ -92,7 +92,7 @@ fn extra_fields_are_ignored() {
     doc["guard"]["extra"] = serde_json::json!({"anything": [1, 2]});
     doc["new_section"] = serde_json::json!(7);
     let body = doc.to_string();
-    assert!(MemoryReport::parse(&body).is_ok());
+    assert!(memory::parse(&body).is_ok());
 }
 
 #[test]
@@ -160,9 +160,9 @@ fn missing_fields_are_errors_that_name_them() {
 
 #[test]
 fn absent_plan_and_null_kubepods_are_fine() {
-    let memory = MemoryReport::parse(&without("", "plan")).unwrap();
+    let memory = memory::parse(&without("", "plan")).unwrap();
     assert!(memory.plan.is_null());
-    let memory = MemoryReport::parse(&without("/host", "kubepods_current")).unwrap();
+    let memory = memory::parse(&without("/host", "kubepods_current")).unwrap();
     assert_eq!(memory.host.kubepods_current, None);
 }
 
@@ -170,7 +170,7 @@ fn absent_plan_and_null_kubepods_are_fine() {
 fn impossible_figures_are_errors() {
     let body = with("/kv/blocks_used", serde_json::json!(20481));
     assert!(matches!(
-        MemoryReport::parse(&body),
+        memory::parse(&body),
         Err(MemoryParseError::KvOverfull {
             used: 20481,
             total: 20480
@@ -178,7 +178,7 @@ fn impossible_figures_are_errors() {
     ));
     let body = with("/host/mem_available", serde_json::json!(129 * GIB));
     assert!(matches!(
-        MemoryReport::parse(&body),
+        memory::parse(&body),
         Err(MemoryParseError::AvailableAboveTotal { .. })
     ));
 }
@@ -188,6 +188,6 @@ fn the_canned_answer_is_exactly_what_the_wire_type_writes() {
     // Parsed and written back, nothing is lost or added: the fixture has the
     // shape the server serializes (the server builds the same type).
     let recorded: serde_json::Value = serde_json::from_str(MEMORY_OK).unwrap();
-    let written = serde_json::to_value(MemoryReport::parse(MEMORY_OK).unwrap()).unwrap();
+    let written = serde_json::to_value(memory::parse(MEMORY_OK).unwrap()).unwrap();
     assert_eq!(written, recorded);
 }

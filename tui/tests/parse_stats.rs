@@ -4,8 +4,8 @@ use crate::common;
 
 use common::STATS_OK;
 use serde_json::error::Category;
-use sparkrt_tui::stats::StatsParseError;
-use sparkrt_tui::wire::{Percentiles, RequestOutcomes, ServingStats};
+use sparkrt_tui::stats::{self, StatsParseError};
+use sparkrt_wire::{Percentiles, RequestOutcomes, ServingStats};
 
 /// The canned answer with one JSON value replaced (by its pointer path).
 fn with(pointer: &str, value: serde_json::Value) -> String {
@@ -15,7 +15,7 @@ fn with(pointer: &str, value: serde_json::Value) -> String {
 }
 
 fn json_error(body: &str) -> serde_json::Error {
-    match ServingStats::parse(body) {
+    match stats::parse(body) {
         Err(StatsParseError::Json(e)) => e,
         Ok(stats) => panic!("expected a JSON error, got {stats:?}"),
     }
@@ -23,7 +23,7 @@ fn json_error(body: &str) -> serde_json::Error {
 
 #[test]
 fn canned_answer_parses_to_its_figures() {
-    let stats = ServingStats::parse(STATS_OK).unwrap();
+    let stats = stats::parse(STATS_OK).unwrap();
     assert_eq!(
         stats,
         ServingStats {
@@ -59,7 +59,7 @@ fn canned_answer_parses_to_its_figures() {
 #[test]
 fn the_canned_answer_is_exactly_what_the_wire_type_writes() {
     let recorded: serde_json::Value = serde_json::from_str(STATS_OK).unwrap();
-    let written = serde_json::to_value(ServingStats::parse(STATS_OK).unwrap()).unwrap();
+    let written = serde_json::to_value(stats::parse(STATS_OK).unwrap()).unwrap();
     assert_eq!(written, recorded);
 }
 
@@ -72,7 +72,7 @@ fn an_answer_without_the_cancelled_count_reads_as_none_cancelled() {
         .remove("cancelled")
         .unwrap();
     doc["requests"]["ok"] = 7.into();
-    let stats = ServingStats::parse(&doc.to_string()).unwrap();
+    let stats = stats::parse(&doc.to_string()).unwrap();
     assert_eq!((stats.requests.ok, stats.requests.cancelled), (7, 0));
 }
 
@@ -95,7 +95,7 @@ fn missing_figures_are_errors_that_name_them() {
 
 #[test]
 fn guard_tripped_reads_true() {
-    let stats = ServingStats::parse(&with("/guard_tripped", serde_json::json!(true))).unwrap();
+    let stats = stats::parse(&with("/guard_tripped", serde_json::json!(true))).unwrap();
     assert!(stats.guard_tripped);
 }
 
@@ -125,8 +125,8 @@ fn extra_fields_are_ignored() {
     doc["host_mem_available_bytes"] = serde_json::json!("NaN");
     doc["requests"]["other_thing"] = serde_json::json!([1]);
     assert_eq!(
-        ServingStats::parse(&doc.to_string()).unwrap(),
-        ServingStats::parse(STATS_OK).unwrap()
+        stats::parse(&doc.to_string()).unwrap(),
+        stats::parse(STATS_OK).unwrap()
     );
 }
 
@@ -164,6 +164,6 @@ fn an_answer_without_latencies_reads_as_none_yet() {
     let object = doc.as_object_mut().unwrap();
     object.remove("ttft_seconds").unwrap();
     object.remove("itl_seconds").unwrap();
-    let stats = ServingStats::parse(&doc.to_string()).unwrap();
+    let stats = stats::parse(&doc.to_string()).unwrap();
     assert_eq!((stats.ttft_seconds, stats.itl_seconds), (None, None));
 }

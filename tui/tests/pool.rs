@@ -9,7 +9,7 @@ use sparkrt_tui::pool::{
     MARGIN_CRITICAL_FRACTION, MARGIN_WARNING_FRACTION, MarginLevel, PoolBreakdown, SegmentKind,
     boundary, marker_column,
 };
-use sparkrt_tui::wire::{LedgerEntry, WeightsResidency};
+use sparkrt_wire::{LedgerEntry, WeightsResidency};
 
 fn layout(pool: &PoolBreakdown) -> Vec<(SegmentKind, u64)> {
     pool.segments.iter().map(|s| (s.kind, s.bytes)).collect()

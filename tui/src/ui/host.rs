@@ -7,9 +7,10 @@ use ratatui::style::{Color, Style};
 use ratatui::text::Line;
 use ratatui::widgets::Paragraph;
 
+use sparkrt_wire::HostSnapshot;
+
 use super::style::{dim, panel};
 use crate::app::App;
-use crate::host::HostSnapshot;
 use crate::units::Units;
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App) {

@@ -4,11 +4,11 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::Line;
 use ratatui::widgets::{Cell, Paragraph, Row, Table};
+use sparkrt_wire::WeightsResidency;
 
 use super::style::{bold, dim, panel};
 use crate::app::App;
 use crate::units::Units;
-use crate::wire::WeightsResidency;
 
 /// Below this width the headers are abbreviated.
 const NARROW: u16 = 44;

@@ -6,11 +6,11 @@ use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
+use sparkrt_wire::Percentiles;
 
 use super::style::{dim, panel};
 use crate::app::App;
 use crate::units::Units;
-use crate::wire::Percentiles;
 
 fn rate(value: Option<f64>) -> String {
     value.map_or_else(|| "–".to_string(), |v| format!("{v:.1}"))

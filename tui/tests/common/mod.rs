@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use sparkrt_tui::HostSnapshot;
 use sparkrt_tui::collector::Sample;
 use sparkrt_tui::link::ServerLink;
+use sparkrt_tui::memory::{self, ServerMemory};
 use sparkrt_tui::processes::ProcessRow;
-use sparkrt_tui::wire::{MemoryReport, ServingStats};
+use sparkrt_tui::stats;
+use sparkrt_wire::{HostSnapshot, ServingStats};
 
 pub const GIB: u64 = 1 << 30;
 pub const MEMORY_OK: &str = include_str!("../data/memory_ok.json");
@@ -38,12 +39,12 @@ pub fn canned_host() -> HostSnapshot {
     }
 }
 
-pub fn canned_memory() -> MemoryReport {
-    MemoryReport::parse(MEMORY_OK).expect("canned /v1/memory parses")
+pub fn canned_memory() -> ServerMemory {
+    memory::parse(MEMORY_OK).expect("canned /v1/memory parses")
 }
 
 pub fn canned_stats() -> ServingStats {
-    ServingStats::parse(STATS_OK).expect("canned /v1/stats parses")
+    stats::parse(STATS_OK).expect("canned /v1/stats parses")
 }
 
 pub fn canned_processes() -> Vec<ProcessRow> {

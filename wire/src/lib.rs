@@ -1,20 +1,33 @@
-//! The JSON the server sends and the monitor reads, defined once: the server
-//! (root crate) builds these structs and serializes them, the monitor
-//! deserializes them. Shapes in docs/ARCHITECTURE.md, "Contracts".
+//! The JSON sparkrt's processes exchange, defined once: the server (root
+//! crate) builds these structs and serializes them, the monitor (`tui/`)
+//! deserializes them, and the ledger and the memory guard use the same
+//! categories and states. Shapes in docs/ARCHITECTURE.md, "Contracts".
 //!
 //! - `GET /v1/memory`: [`MemoryReport`] (plan, ledger, KV fill, host, guard).
 //! - `GET /v1/stats`: [`ServingStats`] (the serving gauges and counters that
 //!   `/metrics` also gives Prometheus).
+//! - `GET /health`: [`HealthReport`] (with the start-up's [`LoadingReport`]).
+//! - `sparkrt probe` with [`PROBE_SNAPSHOT_ARGS`]: one [`HostSnapshot`], the
+//!   monitor's host reading (the monitor runs it each interval).
 //!
 //! Sizes are integers in bytes. Every field is required on reading: an
 //! answer missing one (a server of another version) is refused, not guessed
 //! at. Fields the reader does not know are ignored, so adding one is safe.
+//!
+//! This crate depends on serde alone, so that the server links no terminal
+//! code and the monitor no server code.
 
 use serde::{Deserialize, Serialize};
 
 pub const MEMORY_PATH: &str = "/v1/memory";
 pub const STATS_PATH: &str = "/v1/stats";
 pub const HEALTH_PATH: &str = "/health";
+
+/// The arguments after the `sparkrt` binary that print one [`HostSnapshot`]
+/// as JSON on stdout, `usable` filled from the plan's headroom formula
+/// (followed by `--host-root DIR`, `--kubelet-config FILE`, `--profile P` as
+/// needed).
+pub const PROBE_SNAPSHOT_ARGS: [&str; 3] = ["probe", "--json", "--snapshot"];
 
 /// The plan's memory categories: every byte the runtime owns is charged to
 /// one of them. [`Category::ALL`] is the contract's order.
@@ -88,9 +101,10 @@ pub enum WeightsResidency {
 /// The answer of `GET /v1/memory`.
 ///
 /// `P` is the plan: the server sends its `Plan` (what `sparkrt plan --json`
-/// prints); the monitor keeps it as untyped JSON and does not read into it.
+/// prints); the monitor keeps it as untyped JSON (`serde_json::Value`) and
+/// does not read into it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MemoryReport<P = serde_json::Value> {
+pub struct MemoryReport<P> {
     #[serde(default)]
     pub plan: P,
     pub ledger: Ledger,
@@ -103,6 +117,29 @@ pub struct MemoryReport<P = serde_json::Value> {
     /// still holds (absent from older servers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loading: Option<LoadingReport>,
+}
+
+impl<P> MemoryReport<P> {
+    /// The ledger row of `category`, if the server reports one.
+    pub fn category(&self, category: Category) -> Option<&LedgerEntry> {
+        self.ledger
+            .categories
+            .iter()
+            .find(|c| c.name == category.name())
+    }
+
+    /// Everything the runtime holds now, all categories together.
+    pub fn runtime_allocated(&self) -> u64 {
+        self.ledger
+            .categories
+            .iter()
+            .fold(0u64, |sum, c| sum.saturating_add(c.allocated))
+    }
+
+    /// Bytes of KV blocks in use (`blocks_used × block_bytes`).
+    pub fn kv_used_bytes(&self) -> u64 {
+        self.kv.blocks_used.saturating_mul(self.kv.block_bytes)
+    }
 }
 
 /// Where start-up is in bringing the weights in.
@@ -285,10 +322,12 @@ pub struct GuardState {
 }
 
 /// One reading of the host's memory, in bytes: the `host` object of
-/// `/v1/memory`, and what a monitor's own host source reads.
+/// `/v1/memory`, and what `sparkrt probe` prints for the monitor
+/// ([`PROBE_SNAPSHOT_ARGS`]).
 ///
-/// `usable` and `gpu_processes` are not on the wire: only a monitor's host
-/// source fills them.
+/// `usable` is only in the probe's answer (the server leaves it out);
+/// `gpu_processes` is never on the wire: only a monitor's host source fills
+/// it.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct HostSnapshot {
     pub mem_total: u64,
@@ -314,11 +353,30 @@ pub struct HostSnapshot {
     /// reading: what the plan lets the runtime hold. The pool bar draws a
     /// line this many bytes from its left end, where the runtime's
     /// categories start.
-    #[serde(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usable: Option<u64>,
     /// Per-process GPU memory, where NVML reports it (empty elsewhere).
     #[serde(skip)]
     pub gpu_processes: Vec<GpuProcess>,
+}
+
+impl HostSnapshot {
+    /// The eviction margin: MemAvailable minus the eviction threshold, how
+    /// far the box is from the kubelet evicting pods. Negative once past the
+    /// line. Live, and not the plan's headroom (that is `usable`, which also
+    /// takes off the OS reserve, the safety margin and the kubelet's limit).
+    pub fn eviction_margin(&self) -> i128 {
+        i128::from(self.mem_available) - i128::from(self.eviction_hard)
+    }
+
+    /// Page cache as the pool bar counts it: Cached + Buffers.
+    pub fn page_cache(&self) -> u64 {
+        self.cached.saturating_add(self.buffers)
+    }
+
+    pub fn swap_used(&self) -> u64 {
+        self.swap_total.saturating_sub(self.swap_free)
+    }
 }
 
 /// GPU memory NVML attributes to one process.
@@ -413,5 +471,21 @@ mod tests {
         for phase in LoadPhase::ALL {
             assert_eq!(phase.name(), serde_name(phase));
         }
+    }
+
+    #[test]
+    fn usable_is_on_the_wire_only_when_known() {
+        // The server's `host` (usable unknown) has no such field; the probe's
+        // answer carries it, and it reads back.
+        let mut host = HostSnapshot {
+            mem_total: 64,
+            ..HostSnapshot::default()
+        };
+        let written = serde_json::to_value(&host).unwrap();
+        assert_eq!(written.get("usable"), None, "{written}");
+        host.usable = Some(48);
+        let text = serde_json::to_string(&host).unwrap();
+        let read: HostSnapshot = serde_json::from_str(&text).unwrap();
+        assert_eq!(read, host);
     }
 }
