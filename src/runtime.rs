@@ -14,7 +14,7 @@ use crate::backend::cuda::{CudaBackend, CudaOptions, WeightsPolicy};
 use crate::backend::{Backend, BackendError, KvLayout};
 use crate::checkpoint::config::ModelConfig;
 use crate::checkpoint::load::LoadProgress;
-use crate::checkpoint::{self, Checkpoint, CheckpointError, PageCachePolicy};
+use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointFiles, PageCachePolicy};
 use crate::engine::{Engine, EngineError, EngineLimits, ModelExecutor};
 use crate::geometry::WeightGroup;
 use crate::host::{HostError, HostReading, KubeletSource};
@@ -70,16 +70,11 @@ pub struct Loaded<B: Backend> {
 /// The model on the backend chosen at start-up. This is the one place the
 /// CPU / CUDA choice is made: past it, everything is written once over
 /// `B: Backend` and handed its backend's own buffers and weights, so a mix-up
-/// cannot compile. Run generic work on it with [`LoadedModel::run`].
+/// cannot compile. A command matches on it once and calls its own generic
+/// code with the [`Loaded`] inside.
 pub enum LoadedModel {
     Cpu(Box<Loaded<CpuBackend>>),
     Cuda(Box<Loaded<CudaBackend>>),
-}
-
-/// Work done with the loaded model on whichever backend it runs on.
-pub trait WithBackend {
-    type Output;
-    fn run<B: Backend>(self, loaded: &Loaded<B>) -> Self::Output;
 }
 
 /// Where the model runs: `--backend` over the profile's `[backend] device`,
@@ -163,6 +158,16 @@ pub fn header_weight_bytes(config: &ModelConfig, headers: &checkpoint::HeaderSet
     bytes
 }
 
+/// A checkpoint planned for a device: what the plan was made from and the
+/// plan, with the checkpoint's files still open so that they are mapped
+/// without a header being read again ([`CheckpointFiles::map`]).
+pub struct Planned {
+    pub config: ModelConfig,
+    pub profile: Profile,
+    pub plan: Plan,
+    pub files: CheckpointFiles,
+}
+
 /// Plans for the checkpoint in `dir` with `profile` (or defaults made from
 /// its config) on the host `host` describes: headers only, nothing mapped.
 pub fn plan_checkpoint(
@@ -170,7 +175,7 @@ pub fn plan_checkpoint(
     profile: Option<&Profile>,
     host: &HostSource<'_>,
     device: PlanDevice,
-) -> Result<(ModelConfig, Profile, Plan), RuntimeError> {
+) -> Result<Planned, RuntimeError> {
     let config = ModelConfig::load(dir)?;
     let geometry = config.geometry();
     let profile = match profile {
@@ -187,16 +192,28 @@ pub fn plan_checkpoint(
         )
         .map_err(|e| RuntimeError::Profile(Box::new(e)))?,
     };
-    let headers = checkpoint::read_headers(dir)?;
-    checkpoint::check_tensors(&config, &headers)?;
+    let files = open_checked(dir, &config)?;
     let reading = host.read(profile.host.kubelet)?;
     let plan = plan::compute(
         &profile,
         &plan::host_figures(&reading),
-        Some(header_weight_bytes(&config, &headers)),
+        Some(header_weight_bytes(&config, files.headers())),
         device,
     );
-    Ok((config, profile, plan))
+    Ok(Planned {
+        config,
+        profile,
+        plan,
+        files,
+    })
+}
+
+/// The files of the checkpoint in `dir`, each header read and validated
+/// once, checked to hold exactly the tensors `config` needs.
+fn open_checked(dir: &Path, config: &ModelConfig) -> Result<CheckpointFiles, RuntimeError> {
+    let files = CheckpointFiles::open(dir)?;
+    checkpoint::check_tensors(config, files.headers())?;
+    Ok(files)
 }
 
 /// Plans `profile` on the host `host` describes, for the device the profile
@@ -226,9 +243,8 @@ pub fn plan_profile_on(
         Some(dir) => {
             let config = ModelConfig::load(dir)?;
             plan::check_geometry(&profile.model.geometry(), &config.geometry())?;
-            let headers = checkpoint::read_headers(dir)?;
-            checkpoint::check_tensors(&config, &headers)?;
-            Some(header_weight_bytes(&config, &headers))
+            let files = open_checked(dir, &config)?;
+            Some(header_weight_bytes(&config, files.headers()))
         }
         None => None,
     };
@@ -324,14 +340,6 @@ impl LoadedModel {
             }
         }
     }
-
-    /// Runs `work` over the model, on its backend.
-    pub fn run<W: WithBackend>(&self, work: W) -> W::Output {
-        match self {
-            LoadedModel::Cpu(loaded) => work.run(loaded.as_ref()),
-            LoadedModel::Cuda(loaded) => work.run(loaded.as_ref()),
-        }
-    }
 }
 
 /// A checkpoint planned for a device and mapped, its ledger made: what is
@@ -357,7 +365,12 @@ impl Mapped {
     ) -> Result<Mapped, RuntimeError> {
         let (progress, page_cache) = (startup.progress, startup.page_cache);
         progress.begin(LoadPhase::Mapping, 0);
-        let (config, profile, plan) = plan_checkpoint(dir, profile, host, device)?;
+        let Planned {
+            config,
+            profile,
+            plan,
+            files,
+        } = plan_checkpoint(dir, profile, host, device)?;
         if !plan.fits {
             let advice = plan
                 .shortfall
@@ -367,7 +380,8 @@ impl Mapped {
             return Err(RuntimeError::DoesNotFit(advice));
         }
         let ledger = Ledger::from_plan(&plan);
-        let checkpoint = Checkpoint::open(dir)?;
+        // The files the plan counted, mapped: no header is read again.
+        let checkpoint = files.map()?;
         progress.set_probe(checkpoint.residency_probe()?);
         if startup.resident {
             load_resident(&checkpoint, progress)?;
@@ -617,4 +631,29 @@ fn load_resident(checkpoint: &Checkpoint, progress: &LoadProgress) -> Result<(),
         100.0 * resident.fraction()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::files::HEADERS_READ;
+
+    /// The walk from a folder to a loaded model reads each file's header
+    /// once: the plan's reading is the one the mapping uses.
+    #[test]
+    fn start_up_reads_each_header_once() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let host_root = repo.join("tests/fixtures/hosts/box24");
+        let host = HostSource {
+            root: &host_root,
+            kubelet_config: None,
+        };
+        let profile = Profile::load(&repo.join("profiles/qwen3-moe-tiny.toml")).unwrap();
+        let dir = repo.join("tests/fixtures/qwen3-moe-tiny");
+        let before = HEADERS_READ.with(|count| count.get());
+        let loaded = Loaded::open_cpu(&dir, Some(&profile), &host, PageCachePolicy::Keep).unwrap();
+        let read = HEADERS_READ.with(|count| count.get()) - before;
+        assert_eq!(loaded.checkpoint.files().len(), 1);
+        assert_eq!(read, 1, "headers read during start-up");
+    }
 }

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use half::bf16;
 use safetensors::SafeTensors;
 use sparkrt::checkpoint::{
-    Checkpoint, CheckpointError, Dtype, ModelConfig, PageCachePolicy, WeightData, read_headers,
+    Checkpoint, CheckpointError, CheckpointFiles, Dtype, ModelConfig, PageCachePolicy, WeightData,
+    read_headers,
 };
 use sparkrt::formats::e4m3_to_f32;
 
@@ -201,6 +202,77 @@ fn sharded_and_single_file_give_identical_views() {
                 assert_eq!(ra, rb, "{module} row {row}");
             }
         }
+    }
+}
+
+/// Start-up reads each header once: what is mapped is the files opened for
+/// the plan, with the headers the plan read. A shard replaced on disk in
+/// between (a new file renamed over it, with other tensors) is not looked
+/// at again: mapping by path, or reading a header twice, would see it.
+#[test]
+fn mapping_uses_the_files_and_headers_read_for_the_plan() {
+    let single_dir = fixture("qwen3-moe-tiny");
+    let sharded = tempfile::tempdir().unwrap();
+    write_sharded_copy(&single_dir, sharded.path(), 3);
+    let files = CheckpointFiles::open(sharded.path()).unwrap();
+    let planned = files.headers().clone();
+
+    let shard = sharded.path().join("model-00002-of-00003.safetensors");
+    let other = sharded.path().join("other.safetensors");
+    write_safetensors(
+        &other,
+        &[(
+            "not.in.the.index".to_string(),
+            safetensors::Dtype::F32,
+            vec![4],
+            vec![7; 16],
+        )],
+    );
+    std::fs::rename(&other, &shard).unwrap();
+    // Read anew, the folder is now refused: the index names tensors the
+    // second shard no longer holds.
+    assert!(matches!(
+        read_headers(sharded.path()),
+        Err(CheckpointError::NotInShard { .. } | CheckpointError::NotInIndex { .. })
+    ));
+
+    let checkpoint = files.map().unwrap();
+    assert_eq!(checkpoint.headers(), &planned);
+    let single = Checkpoint::open(&single_dir).unwrap();
+    for name in single.tensor_names() {
+        assert_eq!(
+            checkpoint.tensor(name).unwrap().bytes(),
+            single.tensor(name).unwrap().bytes(),
+            "{name}"
+        );
+    }
+}
+
+/// A file whose size changed after its header was validated is refused
+/// when mapped, naming both sizes.
+#[test]
+fn a_file_grown_after_its_header_was_read_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    std::fs::copy(fixture("qwen3-moe-tiny").join("model.safetensors"), &path).unwrap();
+    let validated = std::fs::metadata(&path).unwrap().len();
+    let files = CheckpointFiles::open(dir.path()).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(validated + 4096)
+        .unwrap();
+    match files.map().unwrap_err() {
+        CheckpointError::FileChanged {
+            path: named,
+            validated: v,
+            mapped,
+        } => {
+            assert_eq!(named, path);
+            assert_eq!((v, mapped), (validated, validated + 4096));
+        }
+        other => panic!("expected a changed file, got {other}"),
     }
 }
 

@@ -14,7 +14,7 @@ use sparkrt::checkpoint::PageCachePolicy;
 use sparkrt::engine::FinishReason;
 use sparkrt::plan::ledger::WeightsResidency;
 use sparkrt::plan::profile::{DeviceKind, KvCacheDtype, Profile};
-use sparkrt::runtime::{DeviceOptions, HostSource, Loaded, LoadedModel, WithBackend};
+use sparkrt::runtime::{DeviceOptions, HostSource, Loaded, LoadedModel};
 
 use fixture_runs::{FIXTURES, Outcome, max_abs_diff, profile, reference, serve_greedy};
 
@@ -43,12 +43,16 @@ fn run(
         &options,
     )
     .unwrap();
-    loaded.run(Greedy {
+    let greedy = Greedy {
         name,
         device,
         prompts,
         max_tokens,
-    })
+    };
+    match &loaded {
+        LoadedModel::Cpu(loaded) => greedy.run(loaded.as_ref()),
+        LoadedModel::Cuda(loaded) => greedy.run(loaded.as_ref()),
+    }
 }
 
 /// Greedy requests through an engine on the loaded model.
@@ -59,9 +63,7 @@ struct Greedy<'a> {
     max_tokens: usize,
 }
 
-impl WithBackend for Greedy<'_> {
-    type Output = Vec<Outcome>;
-
+impl Greedy<'_> {
     fn run<B: Backend>(self, loaded: &Loaded<B>) -> Vec<Outcome> {
         let Greedy {
             name,
@@ -267,9 +269,7 @@ struct HitsAndForks<'a> {
     target: &'a [u32],
 }
 
-impl WithBackend for HitsAndForks<'_> {
-    type Output = (Choice, Vec<Choice>);
-
+impl HitsAndForks<'_> {
     fn run<B: Backend>(self, loaded: &Loaded<B>) -> (Choice, Vec<Choice>) {
         use sparkrt::engine::sampling::SamplingParams;
         use sparkrt::engine::{Event, EventSink, Request};
@@ -358,10 +358,14 @@ fn cuda_cache_hits_and_forked_choices_give_the_cold_greedy_tokens() {
             &options,
         )
         .unwrap();
-        let (hit, group) = loaded.run(HitsAndForks {
+        let hits = HitsAndForks {
             warm: &warm,
             target: &target,
-        });
+        };
+        let (hit, group) = match &loaded {
+            LoadedModel::Cpu(loaded) => hits.run(loaded.as_ref()),
+            LoadedModel::Cuda(loaded) => hits.run(loaded.as_ref()),
+        };
         assert_eq!(hit.cached_tokens, 32, "{name}: two full blocks hit");
         assert_eq!(hit.tokens, cold[0].tokens, "{name}: the hit's tokens");
         // The first choice hits the cache (now three blocks of the target's

@@ -11,7 +11,7 @@ use sparkrt::engine::FinishReason;
 use sparkrt::plan::profile::{KvCacheDtype, Profile};
 
 use fixture_runs::{FIXTURES, Outcome, max_abs_diff, profile, reference, serve_greedy};
-use sparkrt::runtime::{HostSource, Loaded, plan_checkpoint};
+use sparkrt::runtime::{HostSource, Loaded, Planned, plan_checkpoint};
 
 /// Runs `prompts` together through an engine built from `profile`, greedy,
 /// `max_tokens` each, and returns each request's outcome.
@@ -47,7 +47,8 @@ fn cpu_kv_and_step_allocations_are_the_plans_figures() {
     for name in FIXTURES {
         let dir = common::fixture(name);
         let p = profile(name);
-        let (config, _, plan) = plan_checkpoint(&dir, Some(&p), &host, PlanDevice::Cpu).unwrap();
+        let Planned { config, plan, .. } =
+            plan_checkpoint(&dir, Some(&p), &host, PlanDevice::Cpu).unwrap();
         let kv = &plan.kv_cache;
         let s = &p.serving;
 

@@ -1,11 +1,12 @@
 //! Safetensors checkpoints: mapped once, validated completely, viewed in place.
 //!
-//! Two readers share one validation path (`header` for each file, `assemble`
-//! across files):
-//! - [`read_headers`] reads only the length prefix and JSON header of each
-//!   file (the plan's exact byte counts, no tensor data touched);
-//! - [`Checkpoint::open`] validates the same way, then maps each file once
-//!   and hands out zero-copy views that borrow the mapping.
+//! One path in ([`files`]): [`CheckpointFiles::open`] locates the files,
+//! opens each and reads and validates its header once (`header` for each
+//! file, `assemble` across files), touching no tensor byte; its
+//! [`HeaderSet`] is what the plan counts, and [`CheckpointFiles::map`] then
+//! maps those same open files into a [`Checkpoint`], whose zero-copy views
+//! borrow the mapping. [`read_headers`] and [`Checkpoint::open`] are the two
+//! halves taken alone.
 //!
 //! The folder is assumed not to change while it is open: a file shrunk by
 //! another process after validation would still fault on access, as with any
@@ -15,6 +16,7 @@ pub mod check;
 pub mod config;
 pub mod dtype;
 pub mod error;
+pub mod files;
 pub mod groups;
 pub mod header;
 mod layout;
@@ -29,27 +31,21 @@ pub mod view;
 mod weights;
 
 use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU8;
 
 use memmap2::Mmap;
 
-use crate::limits;
-use crate::util::files::open_regular;
-
 pub use check::{TensorCatalog, check_tensors};
 pub use config::ModelConfig;
 pub use dtype::Dtype;
 pub use error::{CheckpointError, TensorProblem};
+pub use files::CheckpointFiles;
 pub use header::HeaderError;
 pub use layout::{INDEX_FILE, SINGLE_FILE};
 pub use linear::{LinearWeight, WeightData};
 pub use page_cache::PageCachePolicy;
 pub use view::{Element, Elements, F8E4M3, TensorView};
-
-use header::{LENGTH_PREFIX_BYTES, ParsedHeader};
-use layout::Layout;
 
 /// One safetensors file of a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,15 +109,7 @@ impl HeaderSet {
 /// Reads and validates the headers of the checkpoint in `dir` without mapping
 /// or reading any tensor data.
 pub fn read_headers(dir: &Path) -> Result<HeaderSet, CheckpointError> {
-    let layout = layout::locate(dir)?;
-    let mut headers = Vec::with_capacity(layout.files.len());
-    let mut tensors = 0;
-    for path in &layout.files {
-        let header = read_file_header(path)?;
-        tensors = count_tensors(tensors, &header, path)?;
-        headers.push(header);
-    }
-    assemble(&layout, headers)
+    Ok(CheckpointFiles::open(dir)?.into_headers())
 }
 
 /// Loads `config.json`, opens the checkpoint and checks that it holds exactly
@@ -150,26 +138,11 @@ struct MappedShard {
 }
 
 impl Checkpoint {
-    /// Maps every file of the checkpoint in `dir` and validates every header
-    /// before any tensor byte can be reached.
+    /// Maps every file of the checkpoint in `dir`, every header validated
+    /// before any tensor byte can be reached ([`CheckpointFiles::open`]
+    /// then [`CheckpointFiles::map`]).
     pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
-        let layout = layout::locate(dir)?;
-        let mut shards = Vec::with_capacity(layout.files.len());
-        let mut headers = Vec::with_capacity(layout.files.len());
-        let mut tensors = 0;
-        for path in &layout.files {
-            let (shard, header) = map_file(path)?;
-            tensors = count_tensors(tensors, &header, path)?;
-            shards.push(shard);
-            headers.push(header);
-        }
-        let headers = assemble(&layout, headers)?;
-        Ok(Checkpoint {
-            dir: dir.to_path_buf(),
-            headers,
-            shards,
-            policy: AtomicU8::new(PageCachePolicy::Keep as u8),
-        })
+        CheckpointFiles::open(dir)?.map()
     }
 
     pub fn dir(&self) -> &Path {
@@ -251,164 +224,4 @@ impl Checkpoint {
         let range = usize::try_from(start).ok()?..usize::try_from(end).ok()?;
         self.shards.get(file)?.map.get(range)
     }
-}
-
-/// Tensors read so far plus those of `header` (of the file `path`), refused
-/// above [`limits::MAX_TENSORS`] before the next file's header is read.
-fn count_tensors(
-    before: usize,
-    header: &ParsedHeader,
-    path: &Path,
-) -> Result<usize, CheckpointError> {
-    let count = before.saturating_add(header.entries.len());
-    if count > limits::MAX_TENSORS {
-        return Err(CheckpointError::TooMany {
-            path: path.to_path_buf(),
-            what: "tensors in the checkpoint up to this file",
-            count,
-            limit: limits::MAX_TENSORS,
-        });
-    }
-    Ok(count)
-}
-
-/// Reads the length prefix and JSON header of one file with plain reads.
-fn read_file_header(path: &Path) -> Result<ParsedHeader, CheckpointError> {
-    let mut file = open_regular(path).map_err(|source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    read_header_from(&mut file, path)
-}
-
-/// Reads and validates the header of the open file `file` (at `path`).
-fn read_header_from(file: &mut File, path: &Path) -> Result<ParsedHeader, CheckpointError> {
-    let io_error = |source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let header_error = |source| CheckpointError::Header {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file_len = file.metadata().map_err(io_error)?.len();
-    let mut prefix = [0u8; LENGTH_PREFIX_BYTES as usize];
-    let prefix_read = if file_len >= LENGTH_PREFIX_BYTES {
-        file.read_exact(&mut prefix).map_err(io_error)?;
-        &prefix[..]
-    } else {
-        &prefix[..0]
-    };
-    // Checked against the limit and the file size before allocating.
-    let json_len = header::json_len(prefix_read, file_len).map_err(header_error)?;
-    let mut start = vec![0u8; (LENGTH_PREFIX_BYTES + json_len) as usize];
-    start[..prefix.len()].copy_from_slice(&prefix);
-    file.read_exact(&mut start[prefix.len()..])
-        .map_err(io_error)?;
-    header::parse_header(&start, file_len).map_err(header_error)
-}
-
-/// Validates one file's header (plain reads, as `read_headers` does), then
-/// maps the file. Reading the header rather than faulting it in through the
-/// mapping is also faster on a cold page cache.
-fn map_file(path: &Path) -> Result<(MappedShard, ParsedHeader), CheckpointError> {
-    let io_error = |source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut file = open_regular(path).map_err(io_error)?;
-    let header = read_header_from(&mut file, path)?;
-    // SAFETY: the mapping is read-only and only ever read through `&[u8]`
-    // slices inside its length; every tensor range was validated against the
-    // file size, and the mapping is refused below unless it has exactly that
-    // size. The checkpoint folder is required to stay unmodified while open
-    // (documented on the module): another process truncating or rewriting a
-    // file under us is outside what Rust can guard, as for any mmap reader.
-    let map = unsafe { Mmap::map(&file) }.map_err(io_error)?;
-    if map.len() as u64 != header.file_len {
-        return Err(CheckpointError::FileChanged {
-            path: path.to_path_buf(),
-            validated: header.file_len,
-            mapped: map.len() as u64,
-        });
-    }
-    Ok((MappedShard { file, map }, header))
-}
-
-/// Checks that the shards hold exactly the tensors the index lists, each in
-/// the file the index names. Both lists are sorted by name, so one pass
-/// joins them.
-fn check_against_index(
-    files: &[ShardInfo],
-    tensors: &[TensorInfo],
-    listed: &[(String, usize)],
-) -> Result<(), CheckpointError> {
-    let mut listed = listed.iter().peekable();
-    for tensor in tensors {
-        // Listed names that sort before this tensor are in no file.
-        if let Some((name, file)) = listed.next_if(|(name, _)| *name < tensor.name) {
-            return Err(CheckpointError::NotInShard {
-                path: files[*file].path.clone(),
-                tensor: name.clone(),
-            });
-        }
-        let listed_file = listed
-            .next_if(|(name, _)| *name == tensor.name)
-            .map(|&(_, file)| file);
-        if listed_file != Some(tensor.file) {
-            return Err(CheckpointError::NotInIndex {
-                path: files[tensor.file].path.clone(),
-                tensor: tensor.name.clone(),
-                listed: listed_file.map(|f| files[f].path.clone()),
-            });
-        }
-    }
-    match listed.next() {
-        Some((name, file)) => Err(CheckpointError::NotInShard {
-            path: files[*file].path.clone(),
-            tensor: name.clone(),
-        }),
-        None => Ok(()),
-    }
-}
-
-/// Joins per-file headers into one set: names unique across files and, with an
-/// index, each tensor exactly where the index puts it.
-fn assemble(layout: &Layout, headers: Vec<ParsedHeader>) -> Result<HeaderSet, CheckpointError> {
-    let files: Vec<ShardInfo> = layout
-        .files
-        .iter()
-        .zip(&headers)
-        .map(|(path, header)| ShardInfo {
-            path: path.clone(),
-            file_bytes: header.file_len,
-            header_bytes: header.data_start,
-        })
-        .collect();
-    let mut tensors: Vec<TensorInfo> = headers
-        .into_iter()
-        .enumerate()
-        .flat_map(|(file, header)| {
-            header.entries.into_iter().map(move |entry| TensorInfo {
-                name: entry.name,
-                dtype: entry.dtype,
-                shape: entry.shape,
-                byte_len: entry.byte_len,
-                file,
-                offset: entry.offset,
-            })
-        })
-        .collect();
-    tensors.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-    if let Some(pair) = tensors.windows(2).find(|pair| pair[0].name == pair[1].name) {
-        return Err(CheckpointError::DuplicateTensor {
-            tensor: pair[0].name.clone(),
-            first: files[pair[0].file].path.clone(),
-            second: files[pair[1].file].path.clone(),
-        });
-    }
-    if let Some(index) = &layout.index {
-        check_against_index(&files, &tensors, &index.tensor_file)?;
-    }
-    Ok(HeaderSet { files, tensors })
 }

@@ -19,7 +19,7 @@ use crate::engine::sampling::SamplingParams;
 use crate::engine::{Event, FinishReason, Request};
 use crate::plan::memory;
 use crate::plan::profile::{KvCacheSize, Profile, ValueSource};
-use crate::runtime::{Loaded, LoadedModel, RuntimeError, WithBackend};
+use crate::runtime::{Loaded, LoadedModel, RuntimeError};
 use crate::text::{ChatMessage, Tokenizer};
 
 #[derive(Debug, clap::Args)]
@@ -100,7 +100,10 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         }
         other => other?,
     };
-    loaded.run(Generate(args, prompt))
+    match &loaded {
+        LoadedModel::Cpu(loaded) => generate(args, prompt, loaded.as_ref()),
+        LoadedModel::Cuda(loaded) => generate(args, prompt, loaded.as_ref()),
+    }
 }
 
 /// Sizes the KV cache to the one request of `tokens` (prompt + max
@@ -133,16 +136,6 @@ fn size_kv_to_request(profile: &mut Profile, tokens: usize) {
 }
 
 /// One prompt through an engine on the loaded model.
-struct Generate<'a>(&'a GenerateArgs, Vec<u32>);
-
-impl WithBackend for Generate<'_> {
-    type Output = Result<ExitCode>;
-
-    fn run<B: Backend>(self, loaded: &Loaded<B>) -> Result<ExitCode> {
-        generate(self.0, self.1, loaded)
-    }
-}
-
 fn generate<B: Backend>(
     args: &GenerateArgs,
     prompt: Vec<u32>,

@@ -16,7 +16,7 @@ use super::common::{
 use crate::backend::Backend;
 use crate::checkpoint::load::LoadProgress;
 use crate::checkpoint::{CheckpointError, PageCachePolicy};
-use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, Startup, WithBackend};
+use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, Startup};
 use crate::server::engine_loop::{self, EngineHandle, Gauges};
 use crate::server::guard::MemoryGuard;
 use crate::server::listen::{self, ConnectionLimits};
@@ -179,7 +179,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
             };
         }
     };
-    loaded.run(Serve {
+    let job = Serve {
         args,
         api_key,
         dir: &dir,
@@ -190,7 +190,11 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         accept_loop,
         switch,
         progress,
-    })
+    };
+    match &loaded {
+        LoadedModel::Cpu(loaded) => serve(job, loaded.as_ref()),
+        LoadedModel::Cuda(loaded) => serve(job, loaded.as_ref()),
+    }
 }
 
 /// Resolves once `stopped` turns true (or its sender is gone).
@@ -211,14 +215,6 @@ struct Serve<'a> {
     accept_loop: tokio::task::JoinHandle<()>,
     switch: Arc<RouterSwitch>,
     progress: Arc<LoadProgress>,
-}
-
-impl WithBackend for Serve<'_> {
-    type Output = Result<ExitCode>;
-
-    fn run<B: Backend>(self, loaded: &Loaded<B>) -> Result<ExitCode> {
-        serve(self, loaded)
-    }
 }
 
 fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {

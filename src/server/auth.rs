@@ -8,8 +8,8 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::ServerState;
 use super::errors::ApiError;
+use super::state::ServerState;
 
 /// The routes that answer without a key: liveness and readiness probes,
 /// which reveal nothing but whether the server is up and admitting work.

@@ -8,12 +8,12 @@
 //! to three times its bytes) plus room for everything else a request holds.
 //! The fixed limits are generous for any real client and small enough that
 //! the engine thread's per-token work (stop strings) stays negligible.
+//!
+//! Everything here takes plain numbers and strings: each route counts its
+//! own request into the sizes below (the OpenAI routes in
+//! `openai::sizes`), so the limits know nothing of a wire format.
 
 use super::errors::ApiError;
-use super::openai::types::{
-    ChatContent, ChatInput, CommonParams, OneOrMany, SamplingFields, TemplateParams,
-};
-use crate::text::ChatMessage;
 
 /// Stop strings per request (OpenAI allows 4; vLLM has no limit).
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -130,23 +130,24 @@ impl RequestLimits {
         }
     }
 
-    /// The fields both routes share: model, n, max_tokens, stop strings.
-    pub fn check_common(&self, common: &CommonParams) -> Result<(), ApiError> {
-        if let Some(model) = &common.model {
+    /// The fields every generation route shares: model, n, max_tokens,
+    /// stop strings, and the sampling fields whose size a client chooses.
+    pub fn check_common(&self, sizes: &CommonSizes<'_>) -> Result<(), ApiError> {
+        if let Some(model_bytes) = sizes.model_bytes {
             at_most(
                 "max_model_name_bytes",
                 "the `model` length in bytes",
-                model.len(),
+                model_bytes,
                 self.max_model_name_bytes,
                 Some("model"),
             )?;
         }
-        if let Some(n) = common.n {
+        if let Some(n) = sizes.n {
             at_most("max_n", "`n`", n as usize, self.max_n as usize, Some("n"))?;
         }
         for (field, value) in [
-            ("`max_tokens`", common.max_tokens),
-            ("`max_completion_tokens`", common.max_completion_tokens),
+            ("`max_tokens`", sizes.max_tokens),
+            ("`max_completion_tokens`", sizes.max_completion_tokens),
         ] {
             if let Some(v) = value
                 && v > 0
@@ -160,19 +161,14 @@ impl RequestLimits {
                 )?;
             }
         }
-        let stops: &[String] = match &common.stop {
-            None => &[],
-            Some(OneOrMany::One(s)) => std::slice::from_ref(s),
-            Some(OneOrMany::Many(v)) => v,
-        };
         at_most(
             "max_stop_strings",
             "the number of stop strings",
-            stops.len(),
+            sizes.stop.len(),
             self.max_stop_strings,
             Some("stop"),
         )?;
-        for (i, stop) in stops.iter().enumerate() {
+        for (i, stop) in sizes.stop.iter().enumerate() {
             at_most(
                 "max_stop_bytes",
                 &format!("stop string {i}'s length in bytes"),
@@ -181,12 +177,7 @@ impl RequestLimits {
                 Some("stop"),
             )?;
         }
-        self.check_sampling(&common.sampling)
-    }
-
-    /// The sampling fields whose size a client chooses.
-    fn check_sampling(&self, sampling: &SamplingFields) -> Result<(), ApiError> {
-        if let Some(best_of) = sampling.best_of {
+        if let Some(best_of) = sizes.best_of {
             at_most(
                 "max_n",
                 "`best_of`",
@@ -198,21 +189,21 @@ impl RequestLimits {
         at_most(
             "max_logit_bias",
             "the number of logit_bias entries",
-            sampling.logit_bias.as_ref().map_or(0, |m| m.len()),
+            sizes.logit_bias,
             self.max_logit_bias,
             Some("logit_bias"),
         )?;
         at_most(
             "max_stop_token_ids",
             "the number of stop_token_ids",
-            sampling.stop_token_ids.as_ref().map_or(0, Vec::len),
+            sizes.stop_token_ids,
             self.max_stop_token_ids,
             Some("stop_token_ids"),
         )?;
         at_most(
             "max_grammar_bytes",
             "the structured-output fields' length in bytes",
-            sampling.grammar_bytes(),
+            sizes.grammar_bytes,
             self.max_grammar_bytes,
             None,
         )
@@ -293,112 +284,68 @@ impl RequestLimits {
         )
     }
 
-    /// A chat's messages, before rendering: their count, their content
-    /// parts and tool calls, their roles, and the bytes of all their text
-    /// (contents, reasoning, names, tool-call arguments) together.
-    pub fn check_messages(&self, messages: &[ChatInput]) -> Result<(), ApiError> {
+    /// A chat's messages, before rendering: their count, their roles, their
+    /// content parts and tool calls, and the bytes of all their text.
+    pub fn check_messages(&self, sizes: &MessageSizes) -> Result<(), ApiError> {
         at_most(
             "max_messages",
             "the number of messages",
-            messages.len(),
+            sizes.messages,
             self.max_messages,
             Some("messages"),
         )?;
-        let mut parts = 0usize;
-        let mut calls = 0usize;
-        let mut bytes = 0usize;
-        let mut add = |n: usize| bytes = bytes.saturating_add(n);
-        for m in messages {
+        for &role_bytes in &sizes.role_bytes {
             at_most(
                 "max_role_bytes",
                 "a message's role length in bytes",
-                m.role.len(),
+                role_bytes,
                 self.max_role_bytes,
                 Some("messages"),
             )?;
-            add(m.role.len());
-            match &m.content {
-                None => {}
-                Some(ChatContent::Text(t)) => add(t.len()),
-                Some(ChatContent::Parts(p)) => {
-                    parts = parts.saturating_add(p.len());
-                    for part in p {
-                        add(part.kind.len());
-                        add(part.text.as_ref().map_or(0, String::len));
-                    }
-                }
-            }
-            for text in [&m.name, &m.tool_call_id, &m.reasoning_content, &m.reasoning]
-                .into_iter()
-                .flatten()
-            {
-                add(text.len());
-            }
-            for call in m.tool_calls.iter().flatten() {
-                calls += 1;
-                add(call.id.as_ref().map_or(0, String::len));
-                add(call.function.name.len());
-                add(json_bytes(&call.function.arguments));
-            }
         }
         at_most(
             "max_content_parts",
             "the number of content parts",
-            parts,
+            sizes.content_parts,
             self.max_content_parts,
             Some("messages"),
         )?;
         at_most(
             "max_tool_calls",
             "the number of tool calls in the messages",
-            calls,
+            sizes.tool_calls,
             self.max_tool_calls,
             Some("messages"),
         )?;
         at_most(
             "max_prompt_bytes",
             "the messages' length in bytes",
-            bytes,
+            sizes.text_bytes,
             self.max_prompt_bytes,
             Some("messages"),
         )
     }
 
-    /// Messages built from another input shape (`/v1/responses` items), as
-    /// [`RequestLimits::check_messages`] counts a chat's.
-    pub fn check_chat_messages(&self, messages: &[ChatMessage]) -> Result<(), ApiError> {
+    /// Input items (`/v1/responses`), counted as a chat's messages are.
+    pub fn check_input_items(&self, sizes: &InputSizes) -> Result<(), ApiError> {
         at_most(
             "max_messages",
             "the number of input items",
-            messages.len(),
+            sizes.items,
             self.max_messages,
             Some("input"),
         )?;
-        let mut calls = 0usize;
-        let mut bytes = 0usize;
-        for m in messages {
-            bytes = bytes
-                .saturating_add(m.role.len())
-                .saturating_add(m.content.len())
-                .saturating_add(m.reasoning.as_ref().map_or(0, String::len));
-            for call in m.tool_calls.iter().flatten() {
-                calls += 1;
-                bytes = bytes
-                    .saturating_add(call.name.len())
-                    .saturating_add(json_bytes(&call.arguments));
-            }
-        }
         at_most(
             "max_tool_calls",
             "the number of function calls in the input",
-            calls,
+            sizes.function_calls,
             self.max_tool_calls,
             Some("input"),
         )?;
         at_most(
             "max_prompt_bytes",
             "the input's length in bytes",
-            bytes,
+            sizes.text_bytes,
             self.max_prompt_bytes,
             Some("input"),
         )
@@ -407,51 +354,73 @@ impl RequestLimits {
     /// The template's further inputs, before rendering: the number of
     /// tools, and the JSON bytes of tools, documents and template
     /// arguments together.
-    pub fn check_template_params(&self, params: &TemplateParams) -> Result<(), ApiError> {
-        let tools = params.tools.as_deref().unwrap_or_default();
+    pub fn check_template_arguments(&self, sizes: &TemplateSizes) -> Result<(), ApiError> {
         at_most(
             "max_tools",
             "the number of tools",
-            tools.len(),
+            sizes.tools,
             self.max_tools,
             Some("tools"),
         )?;
-        let documents = params.documents.as_deref().unwrap_or_default();
-        let kwargs = params.chat_template_kwargs.iter().flatten();
-        let bytes = tools
-            .iter()
-            .chain(documents)
-            .map(json_bytes)
-            .chain(kwargs.map(|(name, value)| name.len() + json_bytes(value)))
-            .fold(0usize, usize::saturating_add);
         at_most(
             "max_template_arguments_bytes",
             "the bytes of tools, documents and chat_template_kwargs as JSON",
-            bytes,
+            sizes.argument_bytes,
             self.max_template_arguments_bytes,
             Some("tools"),
         )
     }
 }
 
-/// The length of a value written as compact JSON, without writing it out.
-fn json_bytes(value: &minijinja::Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // A value parsed from JSON always serializes; an error counts as huge.
-    match serde_json::to_writer(&mut count, value) {
-        Ok(()) => count.0,
-        Err(_) => usize::MAX,
-    }
+/// The client-sized fields every generation request shares, as its route
+/// read them.
+#[derive(Clone, Debug, Default)]
+pub struct CommonSizes<'a> {
+    /// Bytes of `model`, when given.
+    pub model_bytes: Option<usize>,
+    pub n: Option<u32>,
+    /// As sent: 0 and below are refused elsewhere, not here.
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub stop: &'a [String],
+    pub best_of: Option<i64>,
+    /// Entries of `logit_bias`.
+    pub logit_bias: usize,
+    /// Entries of `stop_token_ids`.
+    pub stop_token_ids: usize,
+    /// Bytes of the structured-output fields together.
+    pub grammar_bytes: usize,
+}
+
+/// A chat's messages, counted.
+#[derive(Clone, Debug, Default)]
+pub struct MessageSizes {
+    pub messages: usize,
+    /// Each message's role length in bytes, in order (the first one over
+    /// the limit is the one named).
+    pub role_bytes: Vec<usize>,
+    pub content_parts: usize,
+    pub tool_calls: usize,
+    /// Bytes of all their text together: contents, roles, reasoning,
+    /// names, tool-call ids, names and arguments.
+    pub text_bytes: usize,
+}
+
+/// `/v1/responses` input items, counted.
+#[derive(Clone, Debug, Default)]
+pub struct InputSizes {
+    pub items: usize,
+    pub function_calls: usize,
+    /// Bytes of all their text together.
+    pub text_bytes: usize,
+}
+
+/// The template's further inputs, counted.
+#[derive(Clone, Debug, Default)]
+pub struct TemplateSizes {
+    pub tools: usize,
+    /// JSON bytes of tools, documents and template arguments together.
+    pub argument_bytes: usize,
 }
 
 fn at_most(
@@ -472,10 +441,6 @@ fn at_most(
 mod tests {
     use super::*;
 
-    fn common(json: serde_json::Value) -> CommonParams {
-        serde_json::from_value(json).unwrap()
-    }
-
     #[test]
     fn limits_follow_the_model() {
         let l = RequestLimits::new(1024, Some(16));
@@ -495,7 +460,10 @@ mod tests {
         let l = RequestLimits::new(1024, Some(16));
         let many: Vec<String> = (0..17).map(|i| i.to_string()).collect();
         let e = l
-            .check_common(&common(serde_json::json!({"stop": many})))
+            .check_common(&CommonSizes {
+                stop: &many,
+                ..CommonSizes::default()
+            })
             .unwrap_err();
         assert_eq!(e.code, Some("max_stop_strings"));
         assert!(
@@ -503,37 +471,52 @@ mod tests {
             "{}",
             e.message
         );
-        let long = "x".repeat(257);
+        let long = ["x".repeat(257)];
         let e = l
-            .check_common(&common(serde_json::json!({"stop": long})))
+            .check_common(&CommonSizes {
+                stop: &long,
+                ..CommonSizes::default()
+            })
             .unwrap_err();
         assert_eq!(e.code, Some("max_stop_bytes"));
         assert!(e.message.contains("257"), "{}", e.message);
         let e = l
-            .check_common(&common(serde_json::json!({"max_tokens": 1025})))
+            .check_common(&CommonSizes {
+                max_tokens: Some(1025),
+                ..CommonSizes::default()
+            })
             .unwrap_err();
         assert_eq!(e.code, Some("max_tokens"));
         let e = l
-            .check_common(&common(serde_json::json!({"n": 17})))
+            .check_common(&CommonSizes {
+                n: Some(17),
+                ..CommonSizes::default()
+            })
             .unwrap_err();
         assert_eq!(e.code, Some("max_n"));
-        let mut best_of = common(serde_json::json!({}));
-        best_of.sampling.best_of = Some(17);
+        let mut best_of = CommonSizes {
+            best_of: Some(17),
+            ..CommonSizes::default()
+        };
         assert_eq!(
             l.check_common(&best_of).unwrap_err().param.as_deref(),
             Some("best_of")
         );
-        best_of.sampling.best_of = Some(16);
+        best_of.best_of = Some(16);
         assert!(l.check_common(&best_of).is_ok());
         assert_eq!(
             l.check_choices(5, 13).unwrap_err().code,
             Some("max_choices")
         );
         assert!(l.check_choices(4, 16).is_ok());
+        let stops = vec!["y".repeat(256); 16];
         assert!(
-            l.check_common(&common(serde_json::json!({
-                "stop": vec!["y".repeat(256); 16], "max_tokens": 1024, "n": 1
-            })))
+            l.check_common(&CommonSizes {
+                stop: &stops,
+                max_tokens: Some(1024),
+                n: Some(1),
+                ..CommonSizes::default()
+            })
             .is_ok()
         );
         assert_eq!(
@@ -560,82 +543,5 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("top_logprobs"));
         assert!(l.check_top_logprobs("logprobs", -1).is_err());
         assert_eq!(l.check_top_logprobs("logprobs", 20).unwrap(), 20);
-    }
-
-    #[test]
-    fn messages_are_counted_with_their_parts_and_bytes() {
-        let l = RequestLimits::new(1024, Some(16));
-        let messages =
-            |v: serde_json::Value| -> Vec<ChatInput> { serde_json::from_value(v).unwrap() };
-        let one = serde_json::json!({"role": "user", "content": "hi"});
-        let too_many = messages(serde_json::Value::Array(vec![one.clone(); 2049]));
-        assert_eq!(
-            l.check_messages(&too_many).unwrap_err().code,
-            Some("max_messages")
-        );
-        let part = serde_json::json!({"type": "text", "text": "a"});
-        let parts = messages(serde_json::json!([{"role": "user", "content": vec![part; 2049]}]));
-        assert_eq!(
-            l.check_messages(&parts).unwrap_err().code,
-            Some("max_content_parts")
-        );
-        let big = messages(serde_json::json!([{"role": "user", "content": "z".repeat(16 * 1024)}]));
-        assert_eq!(
-            l.check_messages(&big).unwrap_err().code,
-            Some("max_prompt_bytes")
-        );
-        let role = messages(serde_json::json!([{"role": "r".repeat(65), "content": "hi"}]));
-        assert_eq!(
-            l.check_messages(&role).unwrap_err().code,
-            Some("max_role_bytes")
-        );
-        assert!(
-            l.check_messages(&messages(serde_json::json!([one])))
-                .is_ok()
-        );
-        // Tool-call arguments count as message bytes, and calls are counted.
-        let call = serde_json::json!({"id": "c", "type": "function",
-            "function": {"name": "f", "arguments": "y".repeat(16 * 1024)}});
-        let big_call = messages(serde_json::json!([{"role": "assistant", "tool_calls": [call]}]));
-        assert_eq!(
-            l.check_messages(&big_call).unwrap_err().code,
-            Some("max_prompt_bytes")
-        );
-        let small = serde_json::json!({"function": {"name": "f", "arguments": "{}"}});
-        let calls =
-            messages(serde_json::json!([{"role": "assistant", "tool_calls": vec![small; 2049]}]));
-        assert_eq!(
-            l.check_messages(&calls).unwrap_err().code,
-            Some("max_tool_calls")
-        );
-    }
-
-    #[test]
-    fn tools_and_template_arguments_are_bounded() {
-        let l = RequestLimits::new(1024, Some(16));
-        let params =
-            |v: serde_json::Value| -> TemplateParams { serde_json::from_value(v).unwrap() };
-        let tool = serde_json::json!({"type": "function", "function": {"name": "f"}});
-        assert!(
-            l.check_template_params(&params(
-                serde_json::json!({"tools": vec![tool.clone(); 128]})
-            ))
-            .is_ok()
-        );
-        assert_eq!(
-            l.check_template_params(&params(serde_json::json!({"tools": vec![tool; 129]})))
-                .unwrap_err()
-                .code,
-            Some("max_tools")
-        );
-        // 16 KiB of JSON in any of tools, documents or kwargs, together.
-        let half = "d".repeat(8 * 1024);
-        let over = params(serde_json::json!({
-            "documents": [{"text": half}], "chat_template_kwargs": {"k": half}
-        }));
-        let e = l.check_template_params(&over).unwrap_err();
-        assert_eq!(e.code, Some("max_template_arguments_bytes"));
-        let under = params(serde_json::json!({"chat_template_kwargs": {"k": half}}));
-        assert!(l.check_template_params(&under).is_ok());
     }
 }

@@ -17,14 +17,15 @@ use sparkrt_wire::{
     WeightsResidency,
 };
 
-use super::ServerState;
 use super::errors::ApiError;
+use super::loading::health_answer;
+use super::state::ServerState;
 use crate::plan::ledger::LedgerSnapshot;
 
 /// `{"status": "ok", "loading": …}`, or 503 with the reason once the engine
 /// thread has died (a liveness probe then restarts the server).
 pub async fn health(State(state): State<Arc<ServerState>>) -> Response {
-    super::loading::health_answer(
+    health_answer(
         state.config.loading.report(),
         state.config.engine.gauges.failure(),
     )

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use minijinja::Value;
 use serde::Deserialize;
 
-use super::types::Unsupported;
+use super::unsupported::Unsupported;
 
 /// One message of a chat request.
 #[derive(Deserialize)]

@@ -14,22 +14,25 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::{mpsc, oneshot};
 
 use super::logprobs::{ChoiceLogprobs, LogprobsAsked};
+use super::meta::{ChoiceMeta, ResponseMeta};
 use super::outcome::Outcome;
+use super::route::Route;
 use super::tool_types::{finish_reason, message_parts};
 use super::types::{
     ASSISTANT, AssistantMessage, ChatChoice, ChatInput, ChatLogprobParams, ChatRequest,
     CommonParams, CompletionLogprobParams, CompletionRequest, CompletionResponse, ModelCard,
     ModelList, OneOrMany, Prompt, RequestBody, TemplateParams, TextChoice, Usage,
 };
-use super::{ChoiceMeta, ResponseMeta, Route, chat_prompt, stream};
+use super::{chat_prompt, sizes, stream};
 use crate::engine::grammar::Constraint;
 use crate::engine::sampling::{MAX_TEMPERATURE, SamplingParams};
 use crate::engine::{AdmissionError, Event, EventSink, Request, TokenLogprob};
+use crate::server::body;
 use crate::server::engine_loop::{Command, SubmitError};
 use crate::server::errors::ApiError;
 use crate::server::latency::TimedSink;
 use crate::server::limits::RequestLimits;
-use crate::server::{ServerState, body};
+use crate::server::state::ServerState;
 use crate::text::parsers::{OutputParser, ParsedMessage, TokenPiece};
 
 /// Seconds a client is told to wait after a 429 or 503.
@@ -455,7 +458,7 @@ pub(super) fn check_model(state: &ServerState, model: Option<&str>) -> Result<()
 }
 
 pub(super) fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiError> {
-    state.request_limits.check_common(common)?;
+    state.request_limits.check_common(&sizes::common(common))?;
     check_model(state, common.model.as_deref())
 }
 
@@ -466,8 +469,9 @@ fn prepare_chat(
     messages: Vec<ChatInput>,
     params: TemplateParams,
 ) -> Result<chat_prompt::PreparedChat, ApiError> {
-    state.request_limits.check_messages(&messages)?;
-    state.request_limits.check_template_params(&params)?;
+    let limits = &state.request_limits;
+    limits.check_messages(&sizes::messages(&messages))?;
+    limits.check_template_arguments(&sizes::template(&params))?;
     chat_prompt::prepare(messages, params)
 }
 

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::Route;
+use super::route::Route;
 use super::types::{
     ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, CompletionLogprobs, Logprobs, OrderedMap,
     PromptLogprob, PromptLogprobs,

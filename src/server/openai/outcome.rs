@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::server::ServerState;
+use crate::server::state::ServerState;
 
 pub(super) struct Outcome {
     state: Arc<ServerState>,

@@ -21,13 +21,14 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::logprobs::ChoiceLogprobs;
+use super::meta::ResponseMeta;
 use super::outcome::Outcome;
+use super::route::Route;
 use super::tool_types::{finish_reason, tool_call_delta};
 use super::types::{ASSISTANT, ChatChunkChoice, ChatDelta, CompletionChunk, TextChoice, Usage};
-use super::{ResponseMeta, Route};
 use crate::engine::Event;
-use crate::server::ServerState;
 use crate::server::errors::ApiError;
+use crate::server::state::ServerState;
 use crate::text::parsers::{Delta, OutputParser, TokenPiece};
 
 /// Seconds between keep-alive comments while the engine is silent.

@@ -12,8 +12,9 @@ use axum::http::HeaderMap;
 use super::handlers::{check_model, encode, parse_body, render_messages};
 use super::logprobs::token_name;
 use super::types::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
+use crate::server::body;
 use crate::server::errors::ApiError;
-use crate::server::{ServerState, body};
+use crate::server::state::ServerState;
 
 pub async fn tokenize(
     State(state): State<Arc<ServerState>>,

@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::types::{ChatInput, RequestBody, Unsupported};
+use super::chat_types::ChatInput;
+use super::unsupported::{RequestBody, Unsupported};
 
 /// The body of `POST /tokenize`: a `prompt`, or chat `messages` rendered by
 /// the model's template first.

@@ -15,6 +15,7 @@ pub use super::logprob_types::*;
 pub use super::sampling_types::SamplingFields;
 pub use super::tokenize_types::*;
 pub use super::tool_types::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta};
+pub use super::unsupported::{RequestBody, Unsupported};
 use crate::engine::grammar::Constraint;
 
 // ---------------------------------------------------------------- requests
@@ -86,33 +87,6 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// Every field of a request body that no struct field took. The rule of the
-/// API is *refuse, don't ignore*: a field is implemented by adding it to a
-/// request struct (and honouring it); any other field the client sets is a
-/// 400 `unsupported_parameter` naming it. A field sent as `null` means "not
-/// set", as in OpenAI's API, and is accepted.
-///
-/// It must be the **last** flattened field of its struct: serde hands a
-/// flattened map only the entries that the fields before it left.
-#[derive(Deserialize, Default)]
-#[serde(transparent)]
-pub struct Unsupported(serde_json::Map<String, serde_json::Value>);
-
-impl Unsupported {
-    /// The first field set to something other than `null`, by name order
-    /// (so the answer does not depend on the client's key order).
-    pub fn first_set(&self) -> Option<&str> {
-        let mut set: Vec<&str> = self
-            .0
-            .iter()
-            .filter(|(_, value)| !value.is_null())
-            .map(|(key, _)| key.as_str())
-            .collect();
-        set.sort_unstable();
-        set.first().copied()
-    }
-}
-
 /// The body of `POST /v1/completions`.
 #[derive(Deserialize)]
 pub struct CompletionRequest {
@@ -142,11 +116,6 @@ pub struct ChatRequest {
     pub logprobs: ChatLogprobParams,
     #[serde(flatten)]
     pub unsupported: Unsupported,
-}
-
-/// A request body that may carry fields this server does not implement.
-pub trait RequestBody {
-    fn unsupported(&self) -> &Unsupported;
 }
 
 impl RequestBody for CompletionRequest {

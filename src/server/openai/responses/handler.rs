@@ -22,12 +22,14 @@ use super::types::{
     TextFormat, TextFormatEcho,
 };
 use crate::engine::Event;
+use crate::server::body;
 use crate::server::errors::ApiError;
 use crate::server::openai::handlers::{self, Fanout, Prepared, PreparedPrompt, Submitted};
 use crate::server::openai::logprobs::LogprobsAsked;
+use crate::server::openai::meta::ResponseMeta;
 use crate::server::openai::outcome::Outcome;
-use crate::server::openai::{ResponseMeta, Route};
-use crate::server::{ServerState, body};
+use crate::server::openai::route::Route;
+use crate::server::state::ServerState;
 use crate::text::parsers::{OutputParser, TokenPiece};
 
 /// Seconds between keep-alive comments while the engine is silent.

@@ -15,6 +15,7 @@ use super::types::{InputContent, InputItem, InputPart, ResponseInput, ResponsesR
 use crate::server::errors::ApiError;
 use crate::server::limits::RequestLimits;
 use crate::server::openai::chat_prompt::{self, PreparedChat, invalid_at, refuse_unknown};
+use crate::server::openai::sizes;
 use crate::server::openai::types::{CommonParams, TemplateParams};
 use crate::text::{ChatMessage, ToolCall};
 
@@ -119,9 +120,9 @@ pub fn prepare(
         reasoning_effort: effort,
         ..TemplateParams::default()
     };
-    limits.check_template_params(&params)?;
+    limits.check_template_arguments(&sizes::template(&params))?;
     let messages = messages(request.instructions, request.input)?;
-    limits.check_chat_messages(&messages)?;
+    limits.check_input_items(&sizes::input_items(&messages))?;
     let prepared = chat_prompt::with_template_params(messages, params)?;
     Ok((common, prepared, echo))
 }
