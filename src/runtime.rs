@@ -152,7 +152,7 @@ impl HostSource<'_> {
 pub fn header_weight_bytes(config: &ModelConfig, headers: &checkpoint::HeaderSet) -> WeightBytes {
     let mut bytes = WeightBytes::zero();
     for t in &headers.tensors {
-        let group = checkpoint::groups::group_of(config.architecture, &t.name)
+        let group = checkpoint::groups::group_of(config.geometry.architecture, &t.name)
             .unwrap_or(WeightGroup::Attention);
         bytes.add(group, t.byte_len);
     }
@@ -168,15 +168,14 @@ pub fn plan_checkpoint(
     device: PlanDevice,
 ) -> Result<(ModelConfig, Profile, Plan), RuntimeError> {
     let config = ModelConfig::load(dir)?;
-    let geometry = config.geometry();
     let profile = match profile {
         Some(p) => {
-            plan::check_geometry(&p.model.geometry(), &geometry)?;
+            plan::check_geometry(&p.model.geometry, &config.geometry)?;
             p.clone()
         }
         None => Profile::for_checkpoint(
             CheckpointFacts {
-                geometry: &geometry,
+                geometry: &config.geometry,
                 max_position_embeddings: config.max_position_embeddings,
             },
             Some(dir.to_path_buf()),
@@ -221,7 +220,7 @@ pub fn plan_profile_on(
     let weights = match checkpoint {
         Some(dir) => {
             let config = ModelConfig::load(dir)?;
-            plan::check_geometry(&profile.model.geometry(), &config.geometry())?;
+            plan::check_geometry(&profile.model.geometry, &config.geometry)?;
             let headers = checkpoint::read_headers(dir)?;
             checkpoint::check_tensors(&config, &headers)?;
             Some(header_weight_bytes(&config, &headers))

@@ -132,21 +132,21 @@ pub fn expected_tensors(config: &ModelConfig) -> Vec<(String, Expected)> {
         config,
         tensors: Vec::new(),
     };
-    let (h, v) = (config.hidden_size, config.vocab_size);
+    let (h, v) = (config.geometry.hidden_size, config.geometry.vocab_size);
     e.bf16("model.embed_tokens.weight", &[v, h]);
     e.bf16("model.norm.weight", &[h]);
-    if config.tie_word_embeddings {
+    if config.geometry.tie_word_embeddings {
         // Tied heads usually are not stored, but some exporters keep a copy.
         e.optional_bf16("lm_head.weight", &[v, h]);
     } else {
         e.linear("lm_head", v, h);
     }
-    for layer in 0..config.num_hidden_layers {
+    for layer in 0..config.geometry.num_layers {
         let prefix = format!("model.layers.{layer}");
         e.bf16(&format!("{prefix}.input_layernorm.weight"), &[h]);
         e.bf16(&format!("{prefix}.post_attention_layernorm.weight"), &[h]);
         e.attention(&prefix);
-        match config.architecture {
+        match config.geometry.architecture {
             Architecture::Qwen3Moe => e.qwen3_mlp(&prefix, layer),
             Architecture::GptOss => e.gpt_oss_experts(&prefix),
         }
@@ -227,8 +227,11 @@ impl Expectations<'_> {
 
     fn attention(&mut self, prefix: &str) {
         let c = self.config;
-        let (h, d) = (c.hidden_size, c.head_dim);
-        let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
+        let (h, d) = (c.geometry.hidden_size, c.geometry.head_dim);
+        let (q, kv) = (
+            c.geometry.num_attention_heads * d,
+            c.geometry.num_kv_heads * d,
+        );
         for (projection, rows, cols) in [
             ("q_proj", q, h),
             ("k_proj", kv, h),
@@ -237,11 +240,11 @@ impl Expectations<'_> {
         ] {
             let module = format!("{prefix}.self_attn.{projection}");
             self.linear(&module, rows, cols);
-            if c.attention_bias {
+            if c.geometry.attention_bias {
                 self.bf16(&format!("{module}.bias"), &[rows]);
             }
         }
-        match c.architecture {
+        match c.geometry.architecture {
             Architecture::Qwen3Moe => {
                 self.bf16(&format!("{prefix}.self_attn.q_norm.weight"), &[d]);
                 self.bf16(&format!("{prefix}.self_attn.k_norm.weight"), &[d]);
@@ -249,7 +252,7 @@ impl Expectations<'_> {
             Architecture::GptOss => {
                 self.bf16(
                     &format!("{prefix}.self_attn.sinks"),
-                    &[c.num_attention_heads],
+                    &[c.geometry.num_attention_heads],
                 );
             }
         }
@@ -257,18 +260,18 @@ impl Expectations<'_> {
 
     fn qwen3_mlp(&mut self, prefix: &str, layer: usize) {
         let c = self.config;
-        let h = c.hidden_size;
-        if c.is_moe_layer(layer) {
-            let i = c.moe_intermediate_size;
-            self.linear(&format!("{prefix}.mlp.gate"), c.num_experts, h);
-            for expert in 0..c.num_experts {
+        let h = c.geometry.hidden_size;
+        if c.geometry.is_moe_layer(layer) {
+            let i = c.geometry.moe_intermediate_size;
+            self.linear(&format!("{prefix}.mlp.gate"), c.geometry.num_experts, h);
+            for expert in 0..c.geometry.num_experts {
                 let module = format!("{prefix}.mlp.experts.{expert}");
                 self.linear(&format!("{module}.gate_proj"), i, h);
                 self.linear(&format!("{module}.up_proj"), i, h);
                 self.linear(&format!("{module}.down_proj"), h, i);
             }
         } else {
-            let i = c.intermediate_size;
+            let i = c.geometry.intermediate_size;
             self.linear(&format!("{prefix}.mlp.gate_proj"), i, h);
             self.linear(&format!("{prefix}.mlp.up_proj"), i, h);
             self.linear(&format!("{prefix}.mlp.down_proj"), h, i);
@@ -280,7 +283,11 @@ impl Expectations<'_> {
     /// transformers layout `gate_up_proj` [E, H, 2I] / `down_proj` [E, I, H].
     fn gpt_oss_experts(&mut self, prefix: &str) {
         let c = self.config;
-        let (e, h, i) = (c.num_experts, c.hidden_size, c.moe_intermediate_size);
+        let (e, h, i) = (
+            c.geometry.num_experts,
+            c.geometry.hidden_size,
+            c.geometry.moe_intermediate_size,
+        );
         self.bf16(&format!("{prefix}.mlp.router.weight"), &[e, h]);
         self.bf16(&format!("{prefix}.mlp.router.bias"), &[e]);
         let experts = format!("{prefix}.mlp.experts");

@@ -20,26 +20,15 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const HF_QUANT_CONFIG_FILE: &str = "hf_quant_config.json";
 
 /// What sparkrt needs from `config.json`, defaults applied as transformers
-/// applies them.
+/// applies them: the model's shape, and what the forward pass needs beyond it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
-    pub architecture: Architecture,
-    pub hidden_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub num_key_value_heads: usize,
-    pub head_dim: usize,
-    pub vocab_size: usize,
-    pub num_experts: usize,
-    /// Experts per token (`num_experts_per_tok` / `experts_per_token`).
-    pub num_experts_per_tok: usize,
-    /// Intermediate size of one expert (gpt_oss: its `intermediate_size`).
-    pub moe_intermediate_size: usize,
-    /// Intermediate size of a dense MLP layer (qwen3_moe); 0 for gpt_oss.
-    pub intermediate_size: usize,
-    /// Layers with a dense MLP (qwen3_moe).
-    pub mlp_only_layers: Vec<usize>,
-    pub decoder_sparse_step: usize,
+    /// The shape, in sparkrt's names (`num_layers` for `num_hidden_layers`,
+    /// `num_kv_heads` for `num_key_value_heads`, `top_k` for
+    /// `num_experts_per_tok`; gpt_oss' `intermediate_size` is its
+    /// `moe_intermediate_size`). Its `quantization` is that of
+    /// [`ModelConfig::quantization`], `Bf16` when there is none.
+    pub geometry: ModelGeometry,
     /// Renormalise the top-k routing weights (qwen3_moe).
     pub norm_topk_prob: bool,
     pub rms_norm_eps: f64,
@@ -47,12 +36,6 @@ pub struct ModelConfig {
     /// YaRN RoPE scaling (gpt_oss); `None` for plain RoPE.
     pub rope_scaling: Option<YarnScaling>,
     pub max_position_embeddings: usize,
-    pub tie_word_embeddings: bool,
-    /// q/k/v/o projections carry biases.
-    pub attention_bias: bool,
-    /// Per-layer attention span (gpt_oss); empty means all full attention.
-    pub layer_types: Vec<LayerAttention>,
-    pub sliding_window: Option<usize>,
     /// Clamp of the gpt_oss SwiGLU.
     pub swiglu_limit: Option<f64>,
     /// `None` when every weight is stored unquantized.
@@ -152,49 +135,9 @@ impl ModelConfig {
         Ok(config)
     }
 
-    /// The geometry the memory plan needs.
-    pub fn geometry(&self) -> ModelGeometry {
-        ModelGeometry {
-            architecture: self.architecture,
-            quantization: self
-                .quantization
-                .as_ref()
-                .map_or(Quantization::Bf16, |q| q.method),
-            num_layers: self.num_hidden_layers,
-            hidden_size: self.hidden_size,
-            num_attention_heads: self.num_attention_heads,
-            num_kv_heads: self.num_key_value_heads,
-            head_dim: self.head_dim,
-            vocab_size: self.vocab_size,
-            num_experts: self.num_experts,
-            top_k: self.num_experts_per_tok,
-            moe_intermediate_size: self.moe_intermediate_size,
-            intermediate_size: self.intermediate_size,
-            mlp_only_layers: self.mlp_only_layers.clone(),
-            decoder_sparse_step: self.decoder_sparse_step,
-            tie_word_embeddings: self.tie_word_embeddings,
-            attention_bias: self.attention_bias,
-            layer_types: self.layer_types.clone(),
-            sliding_window: self.sliding_window,
-        }
-    }
-
-    /// Whether layer `i` has experts rather than a dense MLP.
-    pub fn is_moe_layer(&self, i: usize) -> bool {
-        match self.architecture {
-            Architecture::GptOss => true,
-            Architecture::Qwen3Moe => {
-                !self.mlp_only_layers.contains(&i)
-                    && (i + 1).is_multiple_of(self.decoder_sparse_step)
-            }
-        }
-    }
-
     /// The storage format of the quantized weights, `Bf16` if none.
     pub fn quantization_method(&self) -> Quantization {
-        self.quantization
-            .as_ref()
-            .map_or(Quantization::Bf16, |q| q.method)
+        self.geometry.quantization
     }
 
     /// Whether the linear module `module` (a module path such as
@@ -219,61 +162,54 @@ impl ModelConfig {
                 reason,
             })
         };
+        let g = &self.geometry;
         let positive = [
-            ("hidden_size", self.hidden_size),
-            ("num_hidden_layers", self.num_hidden_layers),
-            ("num_attention_heads", self.num_attention_heads),
-            ("num_key_value_heads", self.num_key_value_heads),
-            ("head_dim", self.head_dim),
-            ("vocab_size", self.vocab_size),
-            ("num_experts", self.num_experts),
-            ("num_experts_per_tok", self.num_experts_per_tok),
-            ("moe_intermediate_size", self.moe_intermediate_size),
-            ("decoder_sparse_step", self.decoder_sparse_step),
+            ("hidden_size", g.hidden_size),
+            ("num_hidden_layers", g.num_layers),
+            ("num_attention_heads", g.num_attention_heads),
+            ("num_key_value_heads", g.num_kv_heads),
+            ("head_dim", g.head_dim),
+            ("vocab_size", g.vocab_size),
+            ("num_experts", g.num_experts),
+            ("num_experts_per_tok", g.top_k),
+            ("moe_intermediate_size", g.moe_intermediate_size),
+            ("decoder_sparse_step", g.decoder_sparse_step),
         ];
         for (key, value) in positive {
             if value == 0 {
                 return fail(format!("`{key}` must be positive"));
             }
         }
-        if !self
-            .num_attention_heads
-            .is_multiple_of(self.num_key_value_heads)
-        {
+        if !g.num_attention_heads.is_multiple_of(g.num_kv_heads) {
             return fail(format!(
                 "`num_attention_heads` ({}) is not a multiple of `num_key_value_heads` ({})",
-                self.num_attention_heads, self.num_key_value_heads
+                g.num_attention_heads, g.num_kv_heads
             ));
         }
-        if self.num_experts_per_tok > self.num_experts {
+        if g.top_k > g.num_experts {
             return fail(format!(
                 "{} experts per token, but only {} experts",
-                self.num_experts_per_tok, self.num_experts
+                g.top_k, g.num_experts
             ));
         }
-        if let Some(&layer) = self
-            .mlp_only_layers
-            .iter()
-            .find(|&&l| l >= self.num_hidden_layers)
-        {
+        if let Some(&layer) = g.mlp_only_layers.iter().find(|&&l| l >= g.num_layers) {
             return fail(format!(
                 "`mlp_only_layers` names layer {layer}, but there are {} layers",
-                self.num_hidden_layers
+                g.num_layers
             ));
         }
-        let has_dense = (0..self.num_hidden_layers).any(|i| !self.is_moe_layer(i));
-        if has_dense && self.intermediate_size == 0 {
+        if g.num_moe_layers() < g.num_layers && g.intermediate_size == 0 {
             return fail("dense MLP layers need a positive `intermediate_size`".to_string());
         }
-        if !self.layer_types.is_empty() && self.layer_types.len() != self.num_hidden_layers {
+        if !g.layer_types.is_empty() && g.layer_types.len() != g.num_layers {
             return fail(format!(
                 "`layer_types` has {} entries for {} layers",
-                self.layer_types.len(),
-                self.num_hidden_layers
+                g.layer_types.len(),
+                g.num_layers
             ));
         }
-        let sliding = self.layer_types.contains(&LayerAttention::SlidingAttention);
-        if sliding && self.sliding_window.is_none_or(|w| w == 0) {
+        let sliding = g.layer_types.contains(&LayerAttention::SlidingAttention);
+        if sliding && g.sliding_window.is_none_or(|w| w == 0) {
             return fail("sliding-attention layers need a positive `sliding_window`".to_string());
         }
         if self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 {
@@ -663,13 +599,13 @@ impl Keys<'_> {
         };
         Ok(Common {
             hidden_size,
-            num_hidden_layers: self.required("num_hidden_layers", raw.num_hidden_layers)?,
+            num_layers: self.required("num_hidden_layers", raw.num_hidden_layers)?,
             num_attention_heads,
-            num_key_value_heads: raw.num_key_value_heads.unwrap_or(num_attention_heads),
+            num_kv_heads: raw.num_key_value_heads.unwrap_or(num_attention_heads),
             head_dim,
             vocab_size: self.required("vocab_size", raw.vocab_size)?,
             num_experts: self.num_experts(raw)?,
-            num_experts_per_tok: self.top_k(raw)?,
+            top_k: self.top_k(raw)?,
         })
     }
 
@@ -686,30 +622,34 @@ impl Keys<'_> {
         }
         let max_position_embeddings = raw.max_position_embeddings.unwrap_or(32768);
         let (rope_theta, rope_scaling) = self.rope(&raw, 10_000.0, max_position_embeddings)?;
-        Ok(ModelConfig {
+        let geometry = ModelGeometry {
             architecture: Architecture::Qwen3Moe,
+            quantization: method_of(&quantization),
+            num_layers: c.num_layers,
             hidden_size: c.hidden_size,
-            num_hidden_layers: c.num_hidden_layers,
             num_attention_heads: c.num_attention_heads,
-            num_key_value_heads: c.num_key_value_heads,
+            num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             vocab_size: c.vocab_size,
             num_experts: c.num_experts,
-            num_experts_per_tok: c.num_experts_per_tok,
+            top_k: c.top_k,
             moe_intermediate_size: self
                 .required("moe_intermediate_size", raw.moe_intermediate_size)?,
             intermediate_size: raw.intermediate_size.unwrap_or(0),
             mlp_only_layers: raw.mlp_only_layers.unwrap_or_default(),
             decoder_sparse_step: raw.decoder_sparse_step.unwrap_or(1),
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            attention_bias: raw.attention_bias.unwrap_or(false),
+            layer_types: Vec::new(),
+            sliding_window: None,
+        };
+        Ok(ModelConfig {
+            geometry,
             norm_topk_prob: raw.norm_topk_prob.unwrap_or(false),
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
             max_position_embeddings,
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
-            attention_bias: raw.attention_bias.unwrap_or(false),
-            layer_types: Vec::new(),
-            sliding_window: None,
             swiglu_limit: None,
             quantization,
         })
@@ -734,7 +674,7 @@ impl Keys<'_> {
                 })
                 .collect::<Result<Vec<_>, _>>()?,
             // transformers' default: even layers slide, odd layers see everything.
-            None => (0..c.num_hidden_layers)
+            None => (0..c.num_layers)
                 .map(|i| {
                     if i % 2 == 0 {
                         LayerAttention::SlidingAttention
@@ -744,44 +684,56 @@ impl Keys<'_> {
                 })
                 .collect(),
         };
-        Ok(ModelConfig {
+        let geometry = ModelGeometry {
             architecture: Architecture::GptOss,
+            quantization: method_of(&quantization),
+            num_layers: c.num_layers,
             hidden_size: c.hidden_size,
-            num_hidden_layers: c.num_hidden_layers,
             num_attention_heads: c.num_attention_heads,
-            num_key_value_heads: c.num_key_value_heads,
+            num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             vocab_size: c.vocab_size,
             num_experts: c.num_experts,
-            num_experts_per_tok: c.num_experts_per_tok,
+            top_k: c.top_k,
             moe_intermediate_size,
             intermediate_size: 0,
             mlp_only_layers: Vec::new(),
             decoder_sparse_step: 1,
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            attention_bias: raw.attention_bias.unwrap_or(true),
+            layer_types,
+            sliding_window: Some(raw.sliding_window.unwrap_or(128)),
+        };
+        Ok(ModelConfig {
+            geometry,
             norm_topk_prob: false,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-5),
             rope_theta,
             rope_scaling,
             max_position_embeddings,
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
-            attention_bias: raw.attention_bias.unwrap_or(true),
-            layer_types,
-            sliding_window: Some(raw.sliding_window.unwrap_or(128)),
             swiglu_limit: Some(raw.swiglu_limit.unwrap_or(7.0)),
             quantization,
         })
     }
 }
 
+/// The storage format the geometry records: the quantization's, else bf16.
+fn method_of(quantization: &Option<QuantizationConfig>) -> Quantization {
+    quantization
+        .as_ref()
+        .map_or(Quantization::Bf16, |q| q.method)
+}
+
+/// The keys both architectures share, in the geometry's names.
 struct Common {
     hidden_size: usize,
-    num_hidden_layers: usize,
+    num_layers: usize,
     num_attention_heads: usize,
-    num_key_value_heads: usize,
+    num_kv_heads: usize,
     head_dim: usize,
     vocab_size: usize,
     num_experts: usize,
-    num_experts_per_tok: usize,
+    top_k: usize,
 }
 
 #[cfg(test)]

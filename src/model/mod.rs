@@ -90,12 +90,12 @@ impl ModelSettings {
     /// router and RoPE.
     pub fn of(config: &ModelConfig, router: RouterKind, rope: Rope) -> ModelSettings {
         ModelSettings {
-            architecture: config.architecture,
-            hidden_size: config.hidden_size,
-            vocab_size: config.vocab_size,
-            num_experts: config.num_experts,
-            top_k: config.num_experts_per_tok,
-            intermediate_size: config.intermediate_size,
+            architecture: config.geometry.architecture,
+            hidden_size: config.geometry.hidden_size,
+            vocab_size: config.geometry.vocab_size,
+            num_experts: config.geometry.num_experts,
+            top_k: config.geometry.top_k,
+            intermediate_size: config.geometry.intermediate_size,
             rms_norm_eps: config.rms_norm_eps as f32,
             router,
             rope,
@@ -118,7 +118,7 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
         config: &ModelConfig,
         source: &'w dyn WeightSource,
     ) -> Result<Self, ModelError> {
-        match config.architecture {
+        match config.geometry.architecture {
             Architecture::Qwen3Moe => qwen3_moe::load(backend, config, source),
             Architecture::GptOss => gpt_oss::load(backend, config, source),
         }

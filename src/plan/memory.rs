@@ -891,7 +891,7 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("profiles/qwen3-30b-a3b-bf16.toml");
         let profile = super::super::profile::Profile::load(&path).unwrap();
-        let g = profile.model.geometry();
+        let g = profile.model.geometry.clone();
         assert_eq!(g.vocab_size, 151_936);
         assert_eq!(profile.serving.max_num_seqs, 16);
         let p = prompt_logprobs(&g, 8192, 16);
