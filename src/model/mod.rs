@@ -405,22 +405,18 @@ impl<B: Backend> Buffers<B> {
     pub fn allocate(b: &B, plan: &Plan, kv: &KvLayout) -> Result<Self, ModelError> {
         let t = plan.serving.max_num_batched_tokens;
         let s = plan.serving.max_num_seqs;
-        let find = |name: &str| {
-            plan.activations
-                .buffers
-                .iter()
-                .find(|buf| buf.name == name)
-                .map(|buf| activation_elements(buf.bytes))
-        };
+        let find = |name: &str| plan.activations.buffers.iter().find(|buf| buf.name == name);
         let alloc = |name: &'static str| -> Result<B::Buffer, ModelError> {
-            let elements = find(name).ok_or_else(|| {
+            let planned = find(name).ok_or_else(|| {
                 ModelError::Unsupported(format!("the plan lists no activation buffer {name}"))
             })?;
-            Ok(b.alloc(Category::Activations, name, elements)?)
+            let elements = activation_elements(planned.bytes);
+            Ok(b.alloc(Category::Activations, name, elements, planned.placement)?)
         };
         let dense = find("dense_gate").is_some();
         let vocab = plan.model.vocab_size.max(1);
-        let prompt_logit_rows = find(PROMPT_LOGITS).map_or(0, |elements| elements / vocab);
+        let prompt_logit_rows =
+            find(PROMPT_LOGITS).map_or(0, |buf| activation_elements(buf.bytes) / vocab);
         Ok(Buffers {
             max_rows: t,
             max_seqs: s,

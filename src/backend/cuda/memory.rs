@@ -10,7 +10,9 @@ use super::constants::{SEQ_FIELDS, SEQ_LEN, SEQ_PAST, SEQ_SLIDING, SEQ_START, SE
 use super::driver::{Device, DeviceMemory, HostMapped};
 use crate::backend::{BackendError, KvLayout, StepMetadataPlan, charge_workspace_buffer};
 use crate::plan::ledger::{Category, Charge, KV_CACHE, Ledger};
-use crate::plan::memory::{ACTIVATION_BYTES, MoeWorkspace as MoeWorkspacePlan, STEP_METADATA};
+use crate::plan::memory::{
+    ACTIVATION_BYTES, MoeWorkspace as MoeWorkspacePlan, Placement, STEP_METADATA,
+};
 use crate::plan::profile::KvCacheDtype;
 use crate::step::{NO_BLOCK, StepBatch};
 
@@ -20,7 +22,8 @@ enum Memory {
     Host(HostMapped),
 }
 
-/// An f32 buffer in device memory (or host-mapped for the logits).
+/// An f32 buffer in device memory, or host-mapped where the plan says
+/// (`Placement`).
 #[derive(Debug)]
 pub struct CudaBuffer {
     memory: Memory,
@@ -29,18 +32,16 @@ pub struct CudaBuffer {
 }
 
 impl CudaBuffer {
-    /// The activation buffer the host reads every step is host-mapped.
     pub(crate) fn allocate(
         device: &Arc<Device>,
         charge: Charge,
         elements: usize,
-        host_mapped: bool,
+        placement: Placement,
     ) -> Result<CudaBuffer, BackendError> {
         let bytes = elements * ACTIVATION_BYTES as usize;
-        let memory = if host_mapped {
-            Memory::Host(HostMapped::zeroed(device, bytes)?)
-        } else {
-            Memory::Device(DeviceMemory::zeroed(device, bytes)?)
+        let memory = match placement {
+            Placement::HostMapped => Memory::Host(HostMapped::zeroed(device, bytes)?),
+            Placement::Device => Memory::Device(DeviceMemory::zeroed(device, bytes)?),
         };
         Ok(CudaBuffer {
             memory,

@@ -41,7 +41,7 @@ use super::{
 use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight, WeightData};
 use crate::host::gpu::GpuInfo;
 use crate::plan::ledger::{Category, Charge, Ledger, WeightsResidency};
-use crate::plan::memory::{LOGITS, MoeWorkspace as MoeWorkspacePlan, PROMPT_LOGITS, SAMPLED_IDS};
+use crate::plan::memory::{MoeWorkspace as MoeWorkspacePlan, Placement, SAMPLED_IDS};
 use crate::step::StepBatch;
 use constants::{
     BLOCK_THREADS, FMT_BF16, FMT_F32, FMT_MXFP4, FMT_NVFP4, KEY_TILE, MATMUL_WARPS, MAX_HEAD_DIM,
@@ -416,14 +416,13 @@ impl Backend for CudaBackend {
         category: Category,
         what: &'static str,
         elements: usize,
+        placement: Placement,
     ) -> Result<CudaBuffer, BackendError> {
         self.device.bind()?;
         let charge = self
             .ledger
             .charge(category, super::f32_bytes(elements), what)?;
-        // The logits are what the host reads every step.
-        let host_read = what == LOGITS || what == PROMPT_LOGITS;
-        CudaBuffer::allocate(&self.device, charge, elements, host_read)
+        CudaBuffer::allocate(&self.device, charge, elements, placement)
     }
 
     fn linear<'w>(&self, w: LinearWeight<'w>) -> Result<CudaLinear<'w>, BackendError> {
