@@ -18,11 +18,8 @@
 // masked for every row, and are read as zeros, never from memory.
 #include "common.cuh"
 
-#define Q_TILE 16
-#define KEY_TILE 32
-#define ATTN_WARPS 4
+// Q_TILE, KEY_TILE, ATTN_WARPS, MAX_HEAD_DIM, MAX_COPY_PAIRS: constants.cuh.
 #define ROWS_PER_WARP (Q_TILE / ATTN_WARPS)
-#define MAX_HEAD_DIM 256
 #define DIMS_PER_LANE (MAX_HEAD_DIM / WARP)
 #define NO_SEQ 0xffffffffu
 
@@ -356,7 +353,7 @@ static_assert(sizeof(AppendParams) == 72, "AppendParams layout");
 // One block per row: its key and value into the layer's cache, through the
 // layer's table (the engine gives every position of a step's chunk a block
 // in both tables; the host checked it, a NO_BLOCK is skipped all the same).
-extern "C" __global__ void __launch_bounds__(128) kv_append(AppendParams p) {
+extern "C" __global__ void __launch_bounds__(APPEND_THREADS) kv_append(AppendParams p) {
     const u32 row = blockIdx.x;
     StepView step = step_view(p.meta, p.max_tokens, p.max_seqs, p.num_seqs);
     const u32 seq = seq_of_row(step, row);
@@ -373,8 +370,6 @@ extern "C" __global__ void __launch_bounds__(128) kv_append(AppendParams p) {
     }
 }
 
-#define MAX_COPY_PAIRS 64
-
 struct CopyParams {
     u64 cache;        // the whole pool: each array's K, then its V
     u64 half_bytes;   // bytes of one array's K (its V as many)
@@ -389,7 +384,7 @@ static_assert(sizeof(CopyParams) == 24 + 8 * MAX_COPY_PAIRS, "CopyParams layout"
 // one array. The host checked the ids and that no `to` is another pair's
 // `from` or `to`, so the blocks of a launch do not race. u16 units: the
 // smallest KV element, so any block size and width copies exactly.
-extern "C" __global__ void __launch_bounds__(256) kv_copy_blocks(CopyParams p) {
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) kv_copy_blocks(CopyParams p) {
     const u32 pair = blockIdx.x;
     if (pair >= p.pairs) {
         return;

@@ -3,8 +3,12 @@
 // any alignment (weights are read in place from safetensors files, where a
 // tensor may start at any byte), warp reductions, and the step metadata
 // layout. Every struct passed to a kernel is mirrored field by field in
-// src/backend/cuda/params.rs; its size is checked on both sides.
+// src/backend/cuda/params.rs; its size is checked on both sides. The
+// numbers shared with the host (block sizes, limits, format codes, the
+// metadata layout) come from constants.cuh, which the host writes from
+// src/backend/cuda/constants.rs.
 #pragma once
+#include "constants.cuh"
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -12,7 +16,6 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 #define FULL_MASK 0xffffffffu
-#define WARP 32
 
 // Dynamic shared memory as floats. The CPU emulator (kernels/emu, a test
 // tool) gives each block its own buffer instead.
@@ -46,12 +49,8 @@ __device__ __forceinline__ u16 f32_to_bf16(float x) {
 // Mirrors src/formats.rs (the crate's one definition of these formats, see
 // docs/FORMATS.md) constant for constant and rule for rule; the case table of
 // tests/format_cases is checked against both (tests/formats.rs, and on the
-// GPU or its emulator tests/cuda_kernels.rs).
-
-#define NVFP4_GROUP 16u        // elements per E4M3 scale
-#define MXFP4_GROUP 32u        // elements per E8M0 scale
-#define MXFP4_BLOCK_BYTES 16u  // packed codes per MXFP4 block
-#define E8M0_NAN 0xffu         // the one E8M0 byte that is not a power of two
+// GPU or its emulator tests/cuda_kernels.rs). Its constants (NVFP4_GROUP,
+// MXFP4_GROUP, MXFP4_BLOCK_BYTES, E8M0_NAN) are in constants.cuh.
 
 // Codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign.
 __device__ __forceinline__ float e2m1_to_f32(u32 code) {
@@ -155,11 +154,7 @@ __device__ __forceinline__ float vector_get(u64 data, u32 is_bf16, u32 i) {
 }
 
 // ---- weights ------------------------------------------------------------------------
-
-#define FMT_F32 0u
-#define FMT_BF16 1u
-#define FMT_NVFP4 2u
-#define FMT_MXFP4 3u
+// Formats FMT_F32, FMT_BF16, FMT_NVFP4, FMT_MXFP4 (constants.cuh).
 
 // A [rows, cols] weight in device-readable memory, in its checkpoint format.
 struct Weight {
@@ -209,14 +204,8 @@ __device__ __forceinline__ float weight_element(const Weight& w, u32 row, u32 co
 // counted from the start of the tables region (so SEQ_SLIDING is S × B +
 // SeqChunk::sliding_start): a kernel picks a layer's table by the field alone.
 // A sliding table's entry is NO_BLOCK for a block that left the window.
-
-#define SEQ_FIELDS 5u
-#define SEQ_START 0u
-#define SEQ_LEN 1u
-#define SEQ_PAST 2u
-#define SEQ_SLIDING 3u
-#define SEQ_TABLE 4u
-#define NO_BLOCK 0xffffffffu
+// The fields' indices SEQ_START .. SEQ_TABLE, SEQ_FIELDS and NO_BLOCK are in
+// constants.cuh.
 
 struct StepView {
     const u32* tokens;

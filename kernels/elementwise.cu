@@ -12,7 +12,7 @@ struct EmbedParams {
 static_assert(sizeof(EmbedParams) == 56, "EmbedParams layout");
 
 // One block per row: out[t] = table[token[t]] (token ids checked on the host).
-extern "C" __global__ void __launch_bounds__(256) embed(EmbedParams p) {
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) embed(EmbedParams p) {
     u32 row = blockIdx.x;
     u32 token = ((const u32*)p.meta)[row];
     float* out = (float*)p.out + (u64)row * p.table.cols;
@@ -29,7 +29,7 @@ struct PairParams {
 static_assert(sizeof(PairParams) == 24, "PairParams layout");
 
 // a[i] = silu(a[i]) · b[i], silu(x) = x / (1 + e^-x).
-extern "C" __global__ void __launch_bounds__(256) silu_mul(PairParams p) {
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) silu_mul(PairParams p) {
     float* a = (float*)p.a;
     const float* b = (const float*)p.b;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n;
@@ -40,7 +40,7 @@ extern "C" __global__ void __launch_bounds__(256) silu_mul(PairParams p) {
 }
 
 // a[i] += b[i].
-extern "C" __global__ void __launch_bounds__(256) add(PairParams p) {
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) add(PairParams p) {
     float* a = (float*)p.a;
     const float* b = (const float*)p.b;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n;
@@ -62,7 +62,7 @@ static_assert(sizeof(CompactParams) == 32, "CompactParams layout");
 // One block, rows in order: row logit_rows[i] moves to row i. Ascending rows
 // make the in-order copy safe; a parallel one could overwrite a row that a
 // later copy still reads.
-extern "C" __global__ void __launch_bounds__(256) compact_rows(CompactParams p) {
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) compact_rows(CompactParams p) {
     float* buf = (float*)p.buf;
     const u32* rows = (const u32*)p.meta + p.max_tokens;
     for (u32 i = 0; i < p.count; ++i) {
@@ -89,9 +89,9 @@ __device__ __forceinline__ bool beats(float v, u32 i, float best_v, u32 best_i) 
 }
 
 // One block per row: the index of the largest logit, ties to the lowest.
-extern "C" __global__ void __launch_bounds__(256) argmax(ArgmaxParams p) {
-    __shared__ float warp_v[8];
-    __shared__ u32 warp_i[8];
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) argmax(ArgmaxParams p) {
+    __shared__ float warp_v[BLOCK_THREADS / WARP];
+    __shared__ u32 warp_i[BLOCK_THREADS / WARP];
     const float* row = (const float*)p.logits + (u64)blockIdx.x * p.vocab;
     float best_v = f32_neg_inf();
     u32 best_i = 0xffffffffu;

@@ -7,8 +7,7 @@
 #pragma once
 #include "common.cuh"
 
-// Rows per pass of the dense matmul.
-#define TOKEN_TILE 8
+// Rows per pass of the dense matmul: TOKEN_TILE (constants.cuh).
 
 // acc[t] += Σ_i w[i] · x[t][offset + i] over LEN consecutive elements.
 template <int TT, int LEN>

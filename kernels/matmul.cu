@@ -9,12 +9,8 @@
 #include "linear.cuh"
 #include "mma.cuh"
 
-#define MATMUL_WARPS 4
-#define MAX_JOBS 4
-// matmul_mma: features per block (a warp per MMA_M) and rows per block.
-#define MMA_WARPS 4
-#define MMA_TILES 8
-#define MMA_TOKENS (MMA_TILES * MMA_N)
+// MATMUL_WARPS, MAX_JOBS, and for matmul_mma MMA_WARPS (a warp per MMA_M
+// features), MMA_TILES and MMA_TOKENS (rows per block): constants.cuh.
 
 struct MatmulJob {
     Weight w;

@@ -31,9 +31,8 @@
 #pragma once
 #include "common.cuh"
 
-#define MMA_M 16u  // weight rows (output features) per tile
-#define MMA_N 8u   // activation rows (tokens) per tile
-#define MMA_K 16u  // reduction depth per tile
+// The tile is MMA_M weight rows (output features) × MMA_N activation rows
+// (tokens) × MMA_K reduction depth (constants.cuh).
 #define ACTIVATION_TERMS 3  // BF16 terms per activation (see above)
 
 // d += A·B over one 16×8×16 tile; every lane of the warp calls it at once.

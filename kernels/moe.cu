@@ -13,23 +13,17 @@
 #include "linear.cuh"
 #include "mma.cuh"
 
-#define ROUTE_WARPS 4
-#define MAX_EXPERTS 1024
-#define MAX_TOP_K 32
-#define EXPERT_WARPS 4
+// ROUTE_WARPS, MAX_EXPERTS, MAX_TOP_K, EXPERT_WARPS, EXPERT_MMA_WARPS and the
+// ROUTER_* kinds: constants.cuh.
 // Routed rows per pass: fewer than the dense matmul's, as gate/up keeps two
 // accumulators per row (register pressure).
 #define EXPERT_TILE 4
 #define NONE 0xffffffffu
-// Tensor-core forms: warps per block (MMA_M features each), and tiles of
-// MMA_N routed rows per pass (gate/up keeps two sets of accumulators).
-#define EXPERT_MMA_WARPS 4
+// Tensor-core forms: EXPERT_MMA_WARPS warps per block (MMA_M features each),
+// and tiles of MMA_N routed rows per pass (gate/up keeps two sets of
+// accumulators).
 #define GATE_UP_MMA_TILES 4
 #define DOWN_MMA_TILES 8
-
-#define ROUTER_SOFTMAX_TOPK 0u
-#define ROUTER_SOFTMAX_TOPK_RENORM 1u
-#define ROUTER_TOPK_SOFTMAX 2u
 
 struct RouteParams {
     u64 logits;        // [rows, experts]
@@ -479,7 +473,7 @@ struct CombineParams {
 static_assert(sizeof(CombineParams) == 48, "CombineParams layout");
 
 // One block per token: out = Σ_rank w · down[position], ranks in order.
-extern "C" __global__ void __launch_bounds__(256) moe_combine(CombineParams p) {
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) moe_combine(CombineParams p) {
     u32 token = blockIdx.x;
     const u32* positions = (const u32*)p.positions + (u64)token * p.top_k;
     const float* weights = (const float*)p.weights + (u64)token * p.top_k;

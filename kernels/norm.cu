@@ -3,7 +3,7 @@
 // All f32; the formulas are those of src/backend/cpu/ops.rs.
 #include "common.cuh"
 
-#define NORM_THREADS 256
+// NORM_THREADS, ROPE_THREADS, MAX_ROPE_HALF, MAX_HEAD_DIM: constants.cuh.
 
 struct NormParams {
     u64 x;       // rmsnorm: the input; add_rmsnorm: the residual, updated in place
@@ -57,8 +57,6 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm(NormParams p)
     }
 }
 
-#define MAX_ROPE_HALF 256
-
 struct RopeTableParams {
     u64 meta;
     u64 out;  // [rows, 2·half]: cos then sin
@@ -74,7 +72,7 @@ static_assert(sizeof(RopeTableParams) == 40 + 4 * MAX_ROPE_HALF, "RopeTableParam
 
 // One block per row. The angle is an f32 product, as transformers computes
 // it; cos and sin are taken in double and rounded, like the CPU backend.
-extern "C" __global__ void __launch_bounds__(128) rope_table(RopeTableParams p) {
+extern "C" __global__ void __launch_bounds__(ROPE_THREADS) rope_table(RopeTableParams p) {
     u32 row = blockIdx.x;
     StepView step = step_view(p.meta, p.max_tokens, p.max_seqs, p.num_seqs);
     float position = (float)position_of_row(step, row);
@@ -85,8 +83,6 @@ extern "C" __global__ void __launch_bounds__(128) rope_table(RopeTableParams p) 
         out[p.half + j] = (float)sin(angle) * p.attention_factor;
     }
 }
-
-#define MAX_HEAD_DIM 256
 
 struct QkRopeParams {
     u64 q;

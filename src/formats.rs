@@ -5,9 +5,10 @@
 //!
 //! Every decoder in the crate follows these rules: the checkpoint's row
 //! decoders, the CPU kernels (which look values up in the tables here), and
-//! the CUDA kernels, whose `kernels/common.cuh` mirrors this file constant
-//! for constant. `tests/formats.rs` holds one table of byte → value cases
-//! that all of them pass.
+//! the CUDA kernels, which take this file's constants from the
+//! `constants.cuh` the host writes (`backend::cuda::constants`) and mirror
+//! its rules in `kernels/common.cuh`. `tests/formats.rs` holds one table of
+//! byte → value cases that all of them pass.
 //!
 //! Everything here reads bytes one at a time (it works on misaligned
 //! slices), and every value it decodes is exact in f32.

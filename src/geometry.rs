@@ -98,52 +98,76 @@ pub enum LayerAttention {
     LinearAttention,
 }
 
-/// Everything the plan needs to know about a model, and nothing more.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ModelGeometry {
-    pub architecture: Architecture,
-    pub quantization: Quantization,
-    pub num_layers: usize,
-    pub hidden_size: usize,
-    pub num_attention_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub vocab_size: usize,
-    pub num_experts: usize,
-    /// Experts each token is routed to (`num_experts_per_tok`).
-    pub top_k: usize,
-    /// Intermediate size of one expert.
-    pub moe_intermediate_size: usize,
-    /// Intermediate size of a dense MLP layer (qwen3_moe `mlp_only_layers`); 0 if none.
-    pub intermediate_size: usize,
-    /// Layers with a dense MLP instead of experts (qwen3_moe).
-    pub mlp_only_layers: Vec<usize>,
-    /// A layer `i` is sparse when `(i + 1) % decoder_sparse_step == 0` (qwen3_moe).
-    pub decoder_sparse_step: usize,
-    pub tie_word_embeddings: bool,
-    /// q/k/v/o projections carry biases (gpt_oss).
-    pub attention_bias: bool,
-    /// Per-layer attention span; empty means every layer is full attention.
-    pub layer_types: Vec<LayerAttention>,
-    /// Window of sliding-attention layers, in tokens.
-    pub sliding_window: Option<usize>,
-    /// Gated DeltaNet (`linear_attention` layers): key heads, value heads,
-    /// their widths and the causal convolution's kernel; 0 without such layers.
-    #[serde(default)]
-    pub linear_num_key_heads: usize,
-    #[serde(default)]
-    pub linear_num_value_heads: usize,
-    #[serde(default)]
-    pub linear_key_head_dim: usize,
-    #[serde(default)]
-    pub linear_value_head_dim: usize,
-    #[serde(default)]
-    pub linear_conv_kernel_dim: usize,
-    /// Width of the shared expert every token also runs (Qwen3.5 MoE,
-    /// Qwen3-Next); 0 without one.
-    #[serde(default)]
-    pub shared_expert_intermediate_size: usize,
+/// The model's shape, listed once: calls `$then!` with every field of
+/// [`ModelGeometry`] as `docs name: Type = default,` in order, where
+/// `default` is `required` or `(value)`, the value a profile's `[model]`
+/// without a checkpoint takes when it leaves the key out.
+///
+/// [`ModelGeometry`] is made from this list (below), and so is the
+/// all-optional `[model]` of a profile file (`plan::profile`), so a field
+/// added here is a profile key at once. A new field also needs: its value
+/// in `checkpoint::config` (which builds a `ModelGeometry` from config.json),
+/// and, for a size, its limit in `limits::GeometryFields`.
+macro_rules! with_geometry_fields {
+    ($then:ident) => {
+        $then! {
+            architecture: $crate::geometry::Architecture = required,
+            quantization: $crate::geometry::Quantization = required,
+            num_layers: usize = required,
+            hidden_size: usize = required,
+            num_attention_heads: usize = required,
+            num_kv_heads: usize = required,
+            head_dim: usize = required,
+            vocab_size: usize = required,
+            num_experts: usize = required,
+            /// Experts each token is routed to (`num_experts_per_tok`).
+            top_k: usize = required,
+            /// Intermediate size of one expert.
+            moe_intermediate_size: usize = required,
+            /// Intermediate size of a dense MLP layer (qwen3_moe `mlp_only_layers`); 0 if none.
+            intermediate_size: usize = (0),
+            /// Layers with a dense MLP instead of experts (qwen3_moe).
+            mlp_only_layers: Vec<usize> = (Vec::new()),
+            /// A layer `i` is sparse when `(i + 1) % decoder_sparse_step == 0` (qwen3_moe).
+            decoder_sparse_step: usize = (1),
+            tie_word_embeddings: bool = (false),
+            /// q/k/v/o projections carry biases (gpt_oss).
+            attention_bias: bool = (false),
+            /// Per-layer attention span; empty means every layer is full attention.
+            layer_types: Vec<$crate::geometry::LayerAttention> = (Vec::new()),
+            /// Window of sliding-attention layers, in tokens.
+            sliding_window: Option<usize> = (None),
+            /// Gated DeltaNet (`linear_attention` layers): key heads, value heads,
+            /// their widths and the causal convolution's kernel; 0 without such layers.
+            #[serde(default)]
+            linear_num_key_heads: usize = (0),
+            #[serde(default)]
+            linear_num_value_heads: usize = (0),
+            #[serde(default)]
+            linear_key_head_dim: usize = (0),
+            #[serde(default)]
+            linear_value_head_dim: usize = (0),
+            #[serde(default)]
+            linear_conv_kernel_dim: usize = (0),
+            /// Width of the shared expert every token also runs (Qwen3.5 MoE,
+            /// Qwen3-Next); 0 without one.
+            #[serde(default)]
+            shared_expert_intermediate_size: usize = (0),
+        }
+    };
 }
+pub(crate) use with_geometry_fields;
+
+macro_rules! define_model_geometry {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty = $default:tt,)*) => {
+        /// Everything the plan needs to know about a model, and nothing more.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        pub struct ModelGeometry {
+            $($(#[$doc])* pub $field: $ty,)*
+        }
+    };
+}
+with_geometry_fields!(define_model_geometry);
 
 impl ModelGeometry {
     /// Whether layer `i` has experts (the rule of transformers' Qwen3MoeDecoderLayer;

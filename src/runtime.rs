@@ -147,7 +147,7 @@ impl HostSource<'_> {
 pub fn header_weight_bytes(config: &ModelConfig, headers: &checkpoint::HeaderSet) -> WeightBytes {
     let mut bytes = WeightBytes::zero();
     for t in &headers.tensors {
-        let arch = config.architecture;
+        let arch = config.geometry.architecture;
         if let Some(prefix) = checkpoint::groups::unused_prefix(arch, &t.name) {
             bytes.add_unused(prefix, t.byte_len);
             continue;
@@ -177,15 +177,14 @@ pub fn plan_checkpoint(
     device: PlanDevice,
 ) -> Result<Planned, RuntimeError> {
     let config = ModelConfig::load(dir)?;
-    let geometry = config.geometry();
     let profile = match profile {
         Some(p) => {
-            plan::check_geometry(&p.model.geometry(), &geometry)?;
+            plan::check_geometry(&p.model.geometry, &config.geometry)?;
             p.clone()
         }
         None => Profile::for_checkpoint(
             CheckpointFacts {
-                geometry: &geometry,
+                geometry: &config.geometry,
                 max_position_embeddings: config.max_position_embeddings,
             },
             Some(dir.to_path_buf()),
@@ -242,7 +241,7 @@ pub fn plan_profile_on(
     let weights = match checkpoint {
         Some(dir) => {
             let config = ModelConfig::load(dir)?;
-            plan::check_geometry(&profile.model.geometry(), &config.geometry())?;
+            plan::check_geometry(&profile.model.geometry, &config.geometry)?;
             let files = open_checked(dir, &config)?;
             Some(header_weight_bytes(&config, files.headers()))
         }
@@ -499,7 +498,7 @@ impl Loaded<CudaBackend> {
         options: &DeviceOptions,
     ) -> Result<Self, RuntimeError> {
         let mapped = Mapped::open(dir, profile, host, startup, PlanDevice::Cuda)?;
-        if mapped.config.architecture.is_hybrid() {
+        if mapped.config.geometry.architecture.is_hybrid() {
             // Refused before a context is made, so `auto` runs the CPU.
             return Err(BackendError::NotSupported {
                 backend: "cuda",

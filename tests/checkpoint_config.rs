@@ -33,31 +33,37 @@ fn load_edited(config: &Value) -> Result<ModelConfig, CheckpointError> {
 #[test]
 fn qwen3_moe_fixture_config() {
     let c = ModelConfig::load(&fixture("qwen3-moe-tiny")).unwrap();
-    assert_eq!(c.architecture, Architecture::Qwen3Moe);
+    assert_eq!(c.geometry.architecture, Architecture::Qwen3Moe);
     assert_eq!(
         (
-            c.hidden_size,
-            c.num_hidden_layers,
-            c.num_attention_heads,
-            c.num_key_value_heads
+            c.geometry.hidden_size,
+            c.geometry.num_layers,
+            c.geometry.num_attention_heads,
+            c.geometry.num_kv_heads
         ),
         (128, 4, 8, 2)
     );
-    assert_eq!((c.head_dim, c.vocab_size), (32, 512));
-    assert_eq!((c.num_experts, c.num_experts_per_tok), (16, 4));
-    assert_eq!((c.moe_intermediate_size, c.intermediate_size), (64, 256));
-    assert!(c.mlp_only_layers.is_empty());
-    assert_eq!(c.decoder_sparse_step, 1);
+    assert_eq!((c.geometry.head_dim, c.geometry.vocab_size), (32, 512));
+    assert_eq!((c.geometry.num_experts, c.geometry.top_k), (16, 4));
+    assert_eq!(
+        (
+            c.geometry.moe_intermediate_size,
+            c.geometry.intermediate_size
+        ),
+        (64, 256)
+    );
+    assert!(c.geometry.mlp_only_layers.is_empty());
+    assert_eq!(c.geometry.decoder_sparse_step, 1);
     assert!(c.norm_topk_prob);
     assert_eq!(c.rms_norm_eps, 1e-6);
     assert_eq!(c.rope_theta, 1_000_000.0);
     assert_eq!(c.rope_scaling, None);
-    assert!(!c.tie_word_embeddings && !c.attention_bias);
-    assert!(c.layer_types.is_empty());
+    assert!(!c.geometry.tie_word_embeddings && !c.geometry.attention_bias);
+    assert!(c.geometry.layer_types.is_empty());
     assert_eq!(c.quantization, None);
     assert!(!c.is_quantized("model.layers.0.mlp.experts.0.gate_proj"));
 
-    let g = c.geometry();
+    let g = &c.geometry;
     assert_eq!(g.quantization, Quantization::Bf16);
     assert_eq!((g.num_layers, g.num_kv_heads, g.top_k), (4, 2, 4));
     assert_eq!(g.num_moe_layers(), 4);
@@ -77,7 +83,7 @@ fn nvfp4_fixture_config_and_its_exclusions() {
             "model.layers.*.self_attn*"
         ]
     );
-    assert_eq!(c.geometry().quantization, Quantization::Nvfp4);
+    assert_eq!(c.geometry.quantization, Quantization::Nvfp4);
     for quantized in [
         "model.layers.0.mlp.experts.0.gate_proj",
         "model.layers.3.mlp.experts.15.down_proj",
@@ -162,22 +168,35 @@ fn unsupported_quantizations_are_named() {
 #[test]
 fn gpt_oss_fixture_config() {
     let c = ModelConfig::load(&fixture("gpt-oss-tiny")).unwrap();
-    assert_eq!(c.architecture, Architecture::GptOss);
+    assert_eq!(c.geometry.architecture, Architecture::GptOss);
     assert_eq!(
-        (c.hidden_size, c.num_hidden_layers, c.head_dim),
+        (
+            c.geometry.hidden_size,
+            c.geometry.num_layers,
+            c.geometry.head_dim
+        ),
         (64, 4, 16)
     );
-    assert_eq!((c.num_attention_heads, c.num_key_value_heads), (8, 2));
-    assert_eq!((c.num_experts, c.num_experts_per_tok), (8, 4));
+    assert_eq!(
+        (c.geometry.num_attention_heads, c.geometry.num_kv_heads),
+        (8, 2)
+    );
+    assert_eq!((c.geometry.num_experts, c.geometry.top_k), (8, 4));
     // gpt_oss's `intermediate_size` is the expert size; there are no dense MLPs.
-    assert_eq!((c.moe_intermediate_size, c.intermediate_size), (64, 0));
-    assert!(c.attention_bias);
-    assert_eq!(c.sliding_window, Some(8));
+    assert_eq!(
+        (
+            c.geometry.moe_intermediate_size,
+            c.geometry.intermediate_size
+        ),
+        (64, 0)
+    );
+    assert!(c.geometry.attention_bias);
+    assert_eq!(c.geometry.sliding_window, Some(8));
     assert_eq!(c.swiglu_limit, Some(7.0));
     assert_eq!(c.rms_norm_eps, 1e-5);
     assert_eq!(c.rope_theta, 150_000.0);
     use LayerAttention::{FullAttention as F, SlidingAttention as S};
-    assert_eq!(c.layer_types, [S, F, S, F]);
+    assert_eq!(c.geometry.layer_types, [S, F, S, F]);
     let yarn = c.rope_scaling.clone().unwrap();
     assert_eq!(
         (yarn.factor, yarn.beta_fast, yarn.beta_slow),
@@ -194,7 +213,7 @@ fn gpt_oss_fixture_config() {
     assert!(!c.is_quantized("model.layers.3.mlp.router"));
     assert!(!c.is_quantized("lm_head"));
 
-    let g = c.geometry();
+    let g = &c.geometry;
     assert_eq!(g.quantization, Quantization::Mxfp4);
     assert_eq!((g.moe_intermediate_size, g.intermediate_size), (64, 0));
     assert_eq!(g.num_moe_layers(), 4);
@@ -287,9 +306,9 @@ fn dense_layers_from_mlp_only_layers_and_sparse_step() {
     config["decoder_sparse_step"] = json!(2);
     let c = load_edited(&config).unwrap();
     // Layer 0 is listed; layer 2 fails (i + 1) % 2 == 0; layers 1 and 3 are sparse.
-    let moe: Vec<bool> = (0..4).map(|i| c.is_moe_layer(i)).collect();
+    let moe: Vec<bool> = (0..4).map(|i| c.geometry.is_moe_layer(i)).collect();
     assert_eq!(moe, [false, true, false, true]);
-    assert_eq!(c.geometry().num_moe_layers(), 2);
+    assert_eq!(c.geometry.num_moe_layers(), 2);
 
     // Defaults where the keys are absent: every layer sparse, untied.
     let mut config = fixture_config("qwen3-moe-tiny");
@@ -303,9 +322,12 @@ fn dense_layers_from_mlp_only_layers_and_sparse_step() {
         object.remove(key);
     }
     let c = load_edited(&config).unwrap();
-    assert_eq!((c.decoder_sparse_step, c.head_dim), (1, 128 / 8));
-    assert!(!c.tie_word_embeddings);
-    assert!((0..4).all(|i| c.is_moe_layer(i)));
+    assert_eq!(
+        (c.geometry.decoder_sparse_step, c.geometry.head_dim),
+        (1, 128 / 8)
+    );
+    assert!(!c.geometry.tie_word_embeddings);
+    assert!((0..4).all(|i| c.geometry.is_moe_layer(i)));
 }
 
 #[test]
@@ -617,14 +639,14 @@ fn each_missing_unexpected_or_misshaped_tensor_is_named() {
 #[test]
 fn tied_embeddings_make_lm_head_optional() {
     let mut config = ModelConfig::load(&fixture("qwen3-moe-tiny")).unwrap();
-    config.tie_word_embeddings = true;
+    config.geometry.tie_word_embeddings = true;
     let with_head = read_headers(&fixture("qwen3-moe-tiny")).unwrap();
     check_tensors(&config, &with_head).unwrap();
     let without_head = edited_headers("qwen3-moe-tiny", |h| {
         h.tensors.retain(|t| t.name != "lm_head.weight");
     });
     check_tensors(&config, &without_head).unwrap();
-    config.tie_word_embeddings = false;
+    config.geometry.tie_word_embeddings = false;
     assert!(check_tensors(&config, &without_head).is_err());
 }
 
@@ -659,13 +681,17 @@ fn gpt_oss_check_names_mxfp4_problems() {
 #[test]
 fn qwen35_moe_fixture_config_from_its_text_config() {
     let c = ModelConfig::load(&fixture("qwen35-moe-tiny")).unwrap();
-    assert_eq!(c.architecture, Architecture::Qwen35Moe);
+    assert_eq!(c.geometry.architecture, Architecture::Qwen35Moe);
     assert_eq!(
-        (c.hidden_size, c.num_hidden_layers, c.head_dim),
+        (
+            c.geometry.hidden_size,
+            c.geometry.num_layers,
+            c.geometry.head_dim
+        ),
         (128, 4, 64)
     );
     assert_eq!(
-        c.layer_types,
+        c.geometry.layer_types,
         [
             LayerAttention::LinearAttention,
             LayerAttention::LinearAttention,
@@ -675,26 +701,26 @@ fn qwen35_moe_fixture_config_from_its_text_config() {
     );
     assert_eq!(
         (
-            c.linear_num_key_heads,
-            c.linear_num_value_heads,
-            c.linear_key_head_dim,
-            c.linear_value_head_dim,
-            c.linear_conv_kernel_dim
+            c.geometry.linear_num_key_heads,
+            c.geometry.linear_num_value_heads,
+            c.geometry.linear_key_head_dim,
+            c.geometry.linear_value_head_dim,
+            c.geometry.linear_conv_kernel_dim
         ),
         (2, 4, 32, 32, 4)
     );
-    assert_eq!(c.shared_expert_intermediate_size, 64);
+    assert_eq!(c.geometry.shared_expert_intermediate_size, 64);
     // partial_rotary_factor 0.25 of a 64-wide head; mrope_section [4, 2, 2]
     // covers those 16 dims.
     assert_eq!(c.rotary_dim(), 16);
     assert_eq!(c.rope_theta, 10_000_000.0);
     assert!(c.norm_topk_prob);
-    let g = c.geometry();
+    let g = &c.geometry;
     assert_eq!((g.num_kv_layers(), g.num_linear_layers()), (1, 3));
     // The vision tower is mapped but neither expected nor checked.
     let headers = read_headers(&fixture("qwen35-moe-tiny")).unwrap();
     check_tensors(&c, &headers).unwrap();
-    let groups = bytes_by_group(c.architecture, &headers.tensors);
+    let groups = bytes_by_group(c.geometry.architecture, &headers.tensors);
     assert!(groups.ungrouped.is_empty(), "{:?}", groups.ungrouped);
     assert!(groups.unused["model.visual."] > 0);
     assert!(groups.bytes[&WeightGroup::LinearAttention] > 0);
@@ -704,11 +730,14 @@ fn qwen35_moe_fixture_config_from_its_text_config() {
 #[test]
 fn qwen35_and_qwen3_next_fixture_configs() {
     let dense = ModelConfig::load(&fixture("qwen35-tiny")).unwrap();
-    assert_eq!(dense.architecture, Architecture::Qwen35);
-    assert_eq!((dense.num_experts, dense.intermediate_size), (0, 256));
-    assert!((0..4).all(|i| !dense.is_moe_layer(i)));
+    assert_eq!(dense.geometry.architecture, Architecture::Qwen35);
+    assert_eq!(
+        (dense.geometry.num_experts, dense.geometry.intermediate_size),
+        (0, 256)
+    );
+    assert!((0..4).all(|i| !dense.geometry.is_moe_layer(i)));
     let next = ModelConfig::load(&fixture("qwen3-next-tiny")).unwrap();
-    assert_eq!(next.architecture, Architecture::Qwen3Next);
+    assert_eq!(next.geometry.architecture, Architecture::Qwen3Next);
     assert_eq!(next.rotary_dim(), 16);
     for name in ["qwen35-tiny", "qwen3-next-tiny", "qwen35-moe-tiny-r4"] {
         let c = ModelConfig::load(&fixture(name)).unwrap();

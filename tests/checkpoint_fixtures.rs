@@ -492,8 +492,8 @@ fn nvfp4_fixture_dequantizes_like_a_modelopt_export() {
     let config = ModelConfig::load(&dir).unwrap();
     let checkpoint = Checkpoint::open(&dir).unwrap();
     let mut checked = 0;
-    for layer in 0..config.num_hidden_layers {
-        for expert in 0..config.num_experts {
+    for layer in 0..config.geometry.num_layers {
+        for expert in 0..config.geometry.num_experts {
             for projection in ["gate_proj", "up_proj", "down_proj"] {
                 let module = format!("model.layers.{layer}.mlp.experts.{expert}.{projection}");
                 let w = checkpoint.linear(&config, &module).unwrap();

@@ -12,7 +12,7 @@ use crate::kernels_common;
 use cuda_common::{Both, assert_close, workspace_plan};
 use kernels_common::{Format, OwnedWeight, Rng, random_weight, random_x};
 use sparkrt::backend::cpu::kernels::{Isa, quantizes_activations};
-use sparkrt::backend::cuda::{MatmulPath, TENSOR_CORE_MIN_ROWS, WeightsPolicy};
+use sparkrt::backend::cuda::{MatmulPath, TENSOR_CORE_MIN_ROWS, WeightsPolicy, constants};
 use sparkrt::backend::{
     AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, KvLayout, Matmul, RouterKind,
     StepMetadataPlan,
@@ -1397,15 +1397,17 @@ fn emulator_mma_follows_the_ptx_fragment_layouts() {
         return;
     }
     let emu = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/emu");
-    let exe = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("emulator-mma-test");
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let exe = out.join("emulator-mma-test");
+    // mma.cuh includes common.cuh, which includes the host's constants.cuh.
+    let include = out.join("emulator-mma-include");
+    std::fs::create_dir_all(&include).unwrap();
+    std::fs::write(include.join("constants.cuh"), constants::header()).unwrap();
     let build = std::process::Command::new("g++")
-        .args([
-            "-std=c++20",
-            "-O1",
-            "-pthread",
-            "-fno-strict-aliasing",
-            "-o",
-        ])
+        .args(["-std=c++20", "-O1", "-pthread", "-fno-strict-aliasing"])
+        .arg("-I")
+        .arg(&include)
+        .arg("-o")
         .arg(&exe)
         .arg(emu.join("tests/mma_test.cpp"))
         .arg(emu.join("driver.cpp"))

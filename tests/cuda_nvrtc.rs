@@ -54,7 +54,7 @@ fn a_compile_error_names_the_file_and_line() {
         &Source {
             name: "kernels/broken.cu",
             text,
-            headers: &kernels::HEADERS,
+            headers: &kernels::headers(),
         },
         "sm_121",
     )

@@ -55,11 +55,11 @@ fn cpu_kv_and_step_allocations_are_the_plans_figures() {
         // By hand: one pool of blocks shared by the full-attention and the
         // sliding-window layers, in max(full, sliding) arrays (the k-th layer
         // of each kind shares array k) of K and V for every slot.
-        let width = (config.num_key_value_heads * config.head_dim) as u64;
+        let width = (config.geometry.num_kv_heads * config.geometry.head_dim) as u64;
         let dtype = s.kv_cache_dtype.bytes();
         let block = s.kv_block_size as u64;
         let sliding_layers = kv.sliding.layers;
-        let full_layers = config.num_hidden_layers as u64 - sliding_layers;
+        let full_layers = config.geometry.num_layers as u64 - sliding_layers;
         let arrays = full_layers.max(sliding_layers);
         assert_eq!(kv.bytes_per_token, 2 * arrays * width * dtype, "{name}");
         assert_eq!(kv.block_bytes, kv.bytes_per_token * block, "{name}");
@@ -107,7 +107,9 @@ fn cpu_kv_and_step_allocations_are_the_plans_figures() {
         // What the CPU backend allocates for them.
         let ledger = Ledger::from_plan(&plan);
         let cpu = CpuBackend::new(Arc::clone(&ledger));
-        let cache = cpu.kv_cache(&kv.layout, config.num_hidden_layers).unwrap();
+        let cache = cpu
+            .kv_cache(&kv.layout, config.geometry.num_layers)
+            .unwrap();
         assert_eq!(cache.allocated_bytes(), expected_kv, "{name}");
         assert_eq!(ledger.allocated(Category::KvCache), expected_kv, "{name}");
         let _step = cpu.step_storage(&plan.step_metadata).unwrap();

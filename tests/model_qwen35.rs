@@ -81,7 +81,7 @@ struct Fixture {
 fn fixture(name: &str) -> Fixture {
     let dir = common::fixture(name);
     let (config, checkpoint) = checkpoint::load(&dir).unwrap();
-    let geometry = config.geometry();
+    let geometry = config.geometry.clone();
     let mut profile = Profile::for_checkpoint(
         CheckpointFacts {
             geometry: &geometry,
@@ -140,7 +140,7 @@ impl<'f> Runner<'f> {
             backend,
             model,
             buffers,
-            vocab: fixture.config.vocab_size,
+            vocab: fixture.config.geometry.vocab_size,
         }
     }
 
@@ -452,7 +452,7 @@ fn engine_loaded(name: &str, f: &Fixture, batched: usize) -> sparkrt::runtime::L
     };
     let mut profile = Profile::for_checkpoint(
         CheckpointFacts {
-            geometry: &f.config.geometry(),
+            geometry: &f.config.geometry,
             max_position_embeddings: f.config.max_position_embeddings,
         },
         Some(common::fixture(name)),

@@ -20,7 +20,7 @@ fn host() -> HostFigures {
 #[test]
 fn qwen36_35b_state_pool_and_kv_cache_by_hand() {
     let profile = Profile::load(&common::profile("qwen3.6-35b-a3b-bf16")).unwrap();
-    let g = profile.model.geometry();
+    let g = &profile.model.geometry;
     assert_eq!((g.num_kv_layers(), g.num_linear_layers()), (10, 30));
     let plan = plan::compute(&profile, &host(), None, PlanDevice::Cpu);
     // Per GDN layer and sequence: the convolution keeps 3 inputs of
@@ -114,13 +114,13 @@ fn the_bench_configs_have_the_profiles_layer_shapes() {
     let bench = |name: &str| {
         ModelConfig::load(&common::repo().join("benches/models").join(name))
             .unwrap()
-            .geometry()
+            .geometry
     };
     let profile = |name: &str| {
         Profile::load(&common::profile(name))
             .unwrap()
             .model
-            .geometry()
+            .geometry
     };
     for (config, full) in [
         ("qwen3.6-35b-a3b-8l", "qwen3.6-35b-a3b-bf16"),

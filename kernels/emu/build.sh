@@ -5,8 +5,14 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:?usage: build.sh OUT_DIR}"
-mkdir -p "$out"
+mkdir -p "$out/include"
+# constants.cuh, which kernels/common.cuh includes: the numbers the kernels
+# share with the host, written by the host (src/backend/cuda/constants.rs)
+# as it gives them to NVRTC. The test profile's binary is the one
+# `cargo test` builds anyway.
+cargo run --quiet --profile test --manifest-path "$here/../../Cargo.toml" --bin sparkrt -- \
+	kernels --constants >"$out/include/constants.cuh"
 g++ -std=c++20 -O2 -g -fPIC -shared -pthread -fvisibility=hidden -fno-strict-aliasing \
 	-Wall -Wno-unknown-pragmas -Wno-unused-function -Wno-unused-variable \
 	-fsanitize=alignment,bounds -fno-sanitize-recover=all \
-	-I"$here/.." "$here"/*.cpp -o "$out/libcuda.so"
+	-I"$here/.." -I"$out/include" "$here"/*.cpp -o "$out/libcuda.so"

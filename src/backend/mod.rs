@@ -21,9 +21,9 @@ use thiserror::Error;
 
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::plan::ledger::{Category, Charge, Ledger, LedgerError};
-use crate::plan::memory::MoeWorkspace as MoeWorkspacePlan;
 /// The plan's KV layout and step metadata, which the backends allocate.
 pub use crate::plan::memory::{KvLayout, StepMetadataPlan};
+use crate::plan::memory::{MoeWorkspace as MoeWorkspacePlan, Placement};
 use crate::step::StepBatch;
 
 #[derive(Debug, Error)]
@@ -205,12 +205,14 @@ pub trait Backend: Sync + Sized {
 
     // ---- memory, all charged to the ledger, all allocated once ----
 
-    /// A zeroed f32 buffer of `elements`, charged to `category`.
+    /// A zeroed f32 buffer of `elements`, charged to `category`, where
+    /// `placement` says.
     fn alloc(
         &self,
         category: Category,
         what: &'static str,
         elements: usize,
+        placement: Placement,
     ) -> Result<Self::Buffer, BackendError>;
     fn linear<'w>(&self, w: LinearWeight<'w>) -> Result<Self::Linear<'w>, BackendError>;
     fn vector<'w>(&self, v: VectorWeight<'w>) -> Result<Self::Vector<'w>, BackendError>;

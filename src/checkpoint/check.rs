@@ -88,7 +88,7 @@ pub fn tensor_problems(config: &ModelConfig, headers: &HeaderSet) -> Vec<TensorP
         }
         let file = headers.path_of(tensor);
         // Mapped, never read (a vision tower, MTP layers): not checked.
-        if super::groups::unused_prefix(config.architecture, &tensor.name).is_some() {
+        if super::groups::unused_prefix(config.geometry.architecture, &tensor.name).is_some() {
             continue;
         }
         match expected.next_if(|(name, _)| *name == tensor.name) {
@@ -146,15 +146,15 @@ impl ExpertLayout {
     /// The layout `headers` use: stacked when the first MoE layer's stacked
     /// tensor is there.
     pub fn of(config: &ModelConfig, headers: &HeaderSet) -> ExpertLayout {
-        let first_moe = (0..config.num_hidden_layers).find(|&i| config.is_moe_layer(i));
+        let first_moe = (0..config.geometry.num_layers).find(|&i| config.geometry.is_moe_layer(i));
         let stacked = first_moe.is_some_and(|i| {
             let name = format!(
                 "{}.layers.{i}.mlp.experts.gate_up_proj",
-                config.architecture.text_prefix()
+                config.geometry.architecture.text_prefix()
             );
             headers.get(&name).is_some()
         });
-        if stacked && config.architecture.is_hybrid() {
+        if stacked && config.geometry.architecture.is_hybrid() {
             ExpertLayout::Stacked
         } else {
             ExpertLayout::PerExpert
@@ -174,17 +174,17 @@ pub fn expected_tensors_in(config: &ModelConfig, experts: ExpertLayout) -> Vec<(
         config,
         tensors: Vec::new(),
     };
-    let (h, v) = (config.hidden_size, config.vocab_size);
-    let text = config.architecture.text_prefix();
+    let (h, v) = (config.geometry.hidden_size, config.geometry.vocab_size);
+    let text = config.geometry.architecture.text_prefix();
     e.bf16(&format!("{text}.embed_tokens.weight"), &[v, h]);
     e.bf16(&format!("{text}.norm.weight"), &[h]);
-    if config.tie_word_embeddings {
+    if config.geometry.tie_word_embeddings {
         // Tied heads usually are not stored, but some exporters keep a copy.
         e.optional_bf16("lm_head.weight", &[v, h]);
     } else {
         e.linear("lm_head", v, h);
     }
-    for layer in 0..config.num_hidden_layers {
+    for layer in 0..config.geometry.num_layers {
         let prefix = format!("{text}.layers.{layer}");
         e.bf16(&format!("{prefix}.input_layernorm.weight"), &[h]);
         e.bf16(&format!("{prefix}.post_attention_layernorm.weight"), &[h]);
@@ -193,7 +193,7 @@ pub fn expected_tensors_in(config: &ModelConfig, experts: ExpertLayout) -> Vec<(
         } else {
             e.attention(&prefix);
         }
-        match config.architecture {
+        match config.geometry.architecture {
             Architecture::Qwen3Moe => e.qwen3_mlp(&prefix, layer),
             Architecture::GptOss => e.gpt_oss_experts(&prefix),
             Architecture::Qwen35Moe | Architecture::Qwen35 | Architecture::Qwen3Next => {
@@ -286,10 +286,17 @@ impl Expectations<'_> {
 
     fn attention(&mut self, prefix: &str) {
         let c = self.config;
-        let (h, d) = (c.hidden_size, c.head_dim);
-        let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
+        let (h, d) = (c.geometry.hidden_size, c.geometry.head_dim);
+        let (q, kv) = (
+            c.geometry.num_attention_heads * d,
+            c.geometry.num_kv_heads * d,
+        );
         // Gated attention: `q_proj` emits a query and a gate per head.
-        let q_rows = if c.architecture.is_hybrid() { 2 * q } else { q };
+        let q_rows = if c.geometry.architecture.is_hybrid() {
+            2 * q
+        } else {
+            q
+        };
         for (projection, rows, cols) in [
             ("q_proj", q_rows, h),
             ("k_proj", kv, h),
@@ -298,11 +305,11 @@ impl Expectations<'_> {
         ] {
             let module = format!("{prefix}.self_attn.{projection}");
             self.linear(&module, rows, cols);
-            if c.attention_bias {
+            if c.geometry.attention_bias {
                 self.bf16(&format!("{module}.bias"), &[rows]);
             }
         }
-        match c.architecture {
+        match c.geometry.architecture {
             Architecture::Qwen3Moe
             | Architecture::Qwen35Moe
             | Architecture::Qwen35
@@ -313,7 +320,7 @@ impl Expectations<'_> {
             Architecture::GptOss => {
                 self.bf16(
                     &format!("{prefix}.self_attn.sinks"),
-                    &[c.num_attention_heads],
+                    &[c.geometry.num_attention_heads],
                 );
             }
         }
@@ -321,18 +328,18 @@ impl Expectations<'_> {
 
     fn qwen3_mlp(&mut self, prefix: &str, layer: usize) {
         let c = self.config;
-        let h = c.hidden_size;
-        if c.is_moe_layer(layer) {
-            let i = c.moe_intermediate_size;
-            self.linear(&format!("{prefix}.mlp.gate"), c.num_experts, h);
-            for expert in 0..c.num_experts {
+        let h = c.geometry.hidden_size;
+        if c.geometry.is_moe_layer(layer) {
+            let i = c.geometry.moe_intermediate_size;
+            self.linear(&format!("{prefix}.mlp.gate"), c.geometry.num_experts, h);
+            for expert in 0..c.geometry.num_experts {
                 let module = format!("{prefix}.mlp.experts.{expert}");
                 self.linear(&format!("{module}.gate_proj"), i, h);
                 self.linear(&format!("{module}.up_proj"), i, h);
                 self.linear(&format!("{module}.down_proj"), h, i);
             }
         } else {
-            let i = c.intermediate_size;
+            let i = c.geometry.intermediate_size;
             self.linear(&format!("{prefix}.mlp.gate_proj"), i, h);
             self.linear(&format!("{prefix}.mlp.up_proj"), i, h);
             self.linear(&format!("{prefix}.mlp.down_proj"), h, i);
@@ -344,18 +351,18 @@ impl Expectations<'_> {
     /// step gates per value head, the output norm and projection.
     fn delta_net(&mut self, prefix: &str) {
         let c = self.config;
-        let g = c.geometry();
+        let g = &c.geometry;
         let Some(shape) = g.delta_net() else {
             return;
         };
-        let h = c.hidden_size;
+        let h = c.geometry.hidden_size;
         let p = format!("{prefix}.linear_attn");
         let (channels, values, heads) = (
             shape.conv_channels(),
             shape.value_width(),
             shape.value_heads,
         );
-        if c.architecture == Architecture::Qwen3Next {
+        if c.geometry.architecture == Architecture::Qwen3Next {
             self.linear(&format!("{p}.in_proj_qkvz"), channels + values, h);
             self.linear(&format!("{p}.in_proj_ba"), 2 * heads, h);
         } else {
@@ -378,15 +385,15 @@ impl Expectations<'_> {
     /// its gate; or a dense MLP.
     fn hybrid_mlp(&mut self, prefix: &str, layer: usize, layout: ExpertLayout) {
         let c = self.config;
-        let h = c.hidden_size;
-        if !c.is_moe_layer(layer) {
-            let i = c.intermediate_size;
+        let h = c.geometry.hidden_size;
+        if !c.geometry.is_moe_layer(layer) {
+            let i = c.geometry.intermediate_size;
             self.linear(&format!("{prefix}.mlp.gate_proj"), i, h);
             self.linear(&format!("{prefix}.mlp.up_proj"), i, h);
             self.linear(&format!("{prefix}.mlp.down_proj"), h, i);
             return;
         }
-        let (e, i) = (c.num_experts, c.moe_intermediate_size);
+        let (e, i) = (c.geometry.num_experts, c.geometry.moe_intermediate_size);
         self.linear(&format!("{prefix}.mlp.gate"), e, h);
         match layout {
             ExpertLayout::PerExpert => {
@@ -405,7 +412,7 @@ impl Expectations<'_> {
                 self.bf16(&format!("{prefix}.mlp.experts.down_proj"), &[e, h, i]);
             }
         }
-        let s = c.shared_expert_intermediate_size;
+        let s = c.geometry.shared_expert_intermediate_size;
         let shared = format!("{prefix}.mlp.shared_expert");
         self.linear(&format!("{shared}.gate_proj"), s, h);
         self.linear(&format!("{shared}.up_proj"), s, h);
@@ -418,7 +425,11 @@ impl Expectations<'_> {
     /// transformers layout `gate_up_proj` [E, H, 2I] / `down_proj` [E, I, H].
     fn gpt_oss_experts(&mut self, prefix: &str) {
         let c = self.config;
-        let (e, h, i) = (c.num_experts, c.hidden_size, c.moe_intermediate_size);
+        let (e, h, i) = (
+            c.geometry.num_experts,
+            c.geometry.hidden_size,
+            c.geometry.moe_intermediate_size,
+        );
         self.bf16(&format!("{prefix}.mlp.router.weight"), &[e, h]);
         self.bf16(&format!("{prefix}.mlp.router.bias"), &[e]);
         let experts = format!("{prefix}.mlp.experts");

@@ -20,26 +20,15 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const HF_QUANT_CONFIG_FILE: &str = "hf_quant_config.json";
 
 /// What sparkrt needs from `config.json`, defaults applied as transformers
-/// applies them.
+/// applies them: the model's shape, and what the forward pass needs beyond it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
-    pub architecture: Architecture,
-    pub hidden_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub num_key_value_heads: usize,
-    pub head_dim: usize,
-    pub vocab_size: usize,
-    pub num_experts: usize,
-    /// Experts per token (`num_experts_per_tok` / `experts_per_token`).
-    pub num_experts_per_tok: usize,
-    /// Intermediate size of one expert (gpt_oss: its `intermediate_size`).
-    pub moe_intermediate_size: usize,
-    /// Intermediate size of a dense MLP layer (qwen3_moe); 0 for gpt_oss.
-    pub intermediate_size: usize,
-    /// Layers with a dense MLP (qwen3_moe).
-    pub mlp_only_layers: Vec<usize>,
-    pub decoder_sparse_step: usize,
+    /// The shape, in sparkrt's names (`num_layers` for `num_hidden_layers`,
+    /// `num_kv_heads` for `num_key_value_heads`, `top_k` for
+    /// `num_experts_per_tok`; gpt_oss' `intermediate_size` is its
+    /// `moe_intermediate_size`). Its `quantization` is that of
+    /// [`ModelConfig::quantization`], `Bf16` when there is none.
+    pub geometry: ModelGeometry,
     /// Renormalise the top-k routing weights (qwen3_moe).
     pub norm_topk_prob: bool,
     pub rms_norm_eps: f64,
@@ -47,25 +36,10 @@ pub struct ModelConfig {
     /// YaRN RoPE scaling (gpt_oss); `None` for plain RoPE.
     pub rope_scaling: Option<YarnScaling>,
     pub max_position_embeddings: usize,
-    pub tie_word_embeddings: bool,
-    /// q/k/v/o projections carry biases.
-    pub attention_bias: bool,
-    /// Per-layer attention span (gpt_oss); empty means all full attention.
-    pub layer_types: Vec<LayerAttention>,
-    pub sliding_window: Option<usize>,
     /// Clamp of the gpt_oss SwiGLU.
     pub swiglu_limit: Option<f64>,
     /// `None` when every weight is stored unquantized.
     pub quantization: Option<QuantizationConfig>,
-    /// Gated DeltaNet layers (qwen3_5, qwen3_5_moe, qwen3_next): heads,
-    /// widths and the convolution kernel; 0 without such layers.
-    pub linear_num_key_heads: usize,
-    pub linear_num_value_heads: usize,
-    pub linear_key_head_dim: usize,
-    pub linear_value_head_dim: usize,
-    pub linear_conv_kernel_dim: usize,
-    /// Width of the shared expert (0: none).
-    pub shared_expert_intermediate_size: usize,
     /// Share of each head RoPE rotates: its first `head_dim × factor` dims.
     pub partial_rotary_factor: f64,
 }
@@ -175,70 +149,27 @@ impl ModelConfig {
         Ok(config)
     }
 
-    /// The geometry the memory plan needs.
-    pub fn geometry(&self) -> ModelGeometry {
-        ModelGeometry {
-            architecture: self.architecture,
-            quantization: self
-                .quantization
-                .as_ref()
-                .map_or(Quantization::Bf16, |q| q.method),
-            num_layers: self.num_hidden_layers,
-            hidden_size: self.hidden_size,
-            num_attention_heads: self.num_attention_heads,
-            num_kv_heads: self.num_key_value_heads,
-            head_dim: self.head_dim,
-            vocab_size: self.vocab_size,
-            num_experts: self.num_experts,
-            top_k: self.num_experts_per_tok,
-            moe_intermediate_size: self.moe_intermediate_size,
-            intermediate_size: self.intermediate_size,
-            mlp_only_layers: self.mlp_only_layers.clone(),
-            decoder_sparse_step: self.decoder_sparse_step,
-            tie_word_embeddings: self.tie_word_embeddings,
-            attention_bias: self.attention_bias,
-            layer_types: self.layer_types.clone(),
-            sliding_window: self.sliding_window,
-            linear_num_key_heads: self.linear_num_key_heads,
-            linear_num_value_heads: self.linear_num_value_heads,
-            linear_key_head_dim: self.linear_key_head_dim,
-            linear_value_head_dim: self.linear_value_head_dim,
-            linear_conv_kernel_dim: self.linear_conv_kernel_dim,
-            shared_expert_intermediate_size: self.shared_expert_intermediate_size,
-        }
+    /// The quantization of the checkpoint's quantized linears (`Bf16` when
+    /// none is).
+    pub fn quantization_method(&self) -> Quantization {
+        self.quantization
+            .as_ref()
+            .map_or(Quantization::Bf16, |q| q.method)
     }
 
     /// Dims of each head RoPE rotates (all of them unless the RoPE is partial).
     pub fn rotary_dim(&self) -> usize {
         // transformers: `int(head_dim × partial_rotary_factor)`.
-        (self.head_dim as f64 * self.partial_rotary_factor) as usize
+        (self.geometry.head_dim as f64 * self.partial_rotary_factor) as usize
     }
 
     /// The layer kind of layer `i` (full attention when not listed).
     pub fn layer_attention(&self, i: usize) -> LayerAttention {
-        self.layer_types
+        self.geometry
+            .layer_types
             .get(i)
             .copied()
             .unwrap_or(LayerAttention::FullAttention)
-    }
-
-    /// Whether layer `i` has experts rather than a dense MLP.
-    pub fn is_moe_layer(&self, i: usize) -> bool {
-        match self.architecture {
-            Architecture::GptOss | Architecture::Qwen35Moe => true,
-            Architecture::Qwen35 => false,
-            Architecture::Qwen3Moe | Architecture::Qwen3Next => {
-                !self.mlp_only_layers.contains(&i)
-                    && (i + 1).is_multiple_of(self.decoder_sparse_step)
-            }
-        }
-    }
-
-    /// The storage format of the quantized weights, `Bf16` if none.
-    pub fn quantization_method(&self) -> Quantization {
-        self.quantization
-            .as_ref()
-            .map_or(Quantization::Bf16, |q| q.method)
     }
 
     /// Whether the linear module `module` (a module path such as
@@ -263,22 +194,23 @@ impl ModelConfig {
                 reason,
             })
         };
+        let g = &self.geometry;
         let positive = [
-            ("hidden_size", self.hidden_size),
-            ("num_hidden_layers", self.num_hidden_layers),
-            ("num_attention_heads", self.num_attention_heads),
-            ("num_key_value_heads", self.num_key_value_heads),
-            ("head_dim", self.head_dim),
-            ("vocab_size", self.vocab_size),
-            ("decoder_sparse_step", self.decoder_sparse_step),
+            ("hidden_size", g.hidden_size),
+            ("num_hidden_layers", g.num_layers),
+            ("num_attention_heads", g.num_attention_heads),
+            ("num_key_value_heads", g.num_kv_heads),
+            ("head_dim", g.head_dim),
+            ("vocab_size", g.vocab_size),
+            ("decoder_sparse_step", g.decoder_sparse_step),
         ];
         // A dense model (qwen3_5) has no experts to size.
         let experts = [
-            ("num_experts", self.num_experts),
-            ("num_experts_per_tok", self.num_experts_per_tok),
-            ("moe_intermediate_size", self.moe_intermediate_size),
+            ("num_experts", g.num_experts),
+            ("num_experts_per_tok", g.top_k),
+            ("moe_intermediate_size", g.moe_intermediate_size),
         ];
-        let dense_model = self.architecture == Architecture::Qwen35;
+        let dense_model = g.architecture == Architecture::Qwen35;
         let positive = positive
             .iter()
             .chain(experts.iter().filter(|_| !dense_model));
@@ -287,47 +219,39 @@ impl ModelConfig {
                 return fail(format!("`{key}` must be positive"));
             }
         }
-        if !self
-            .num_attention_heads
-            .is_multiple_of(self.num_key_value_heads)
-        {
+        if !g.num_attention_heads.is_multiple_of(g.num_kv_heads) {
             return fail(format!(
                 "`num_attention_heads` ({}) is not a multiple of `num_key_value_heads` ({})",
-                self.num_attention_heads, self.num_key_value_heads
+                g.num_attention_heads, g.num_kv_heads
             ));
         }
-        if self.num_experts_per_tok > self.num_experts {
+        if g.top_k > g.num_experts {
             return fail(format!(
                 "{} experts per token, but only {} experts",
-                self.num_experts_per_tok, self.num_experts
+                g.top_k, g.num_experts
             ));
         }
-        if let Some(&layer) = self
-            .mlp_only_layers
-            .iter()
-            .find(|&&l| l >= self.num_hidden_layers)
-        {
+        if let Some(&layer) = g.mlp_only_layers.iter().find(|&&l| l >= g.num_layers) {
             return fail(format!(
                 "`mlp_only_layers` names layer {layer}, but there are {} layers",
-                self.num_hidden_layers
+                g.num_layers
             ));
         }
-        let has_dense = (0..self.num_hidden_layers).any(|i| !self.is_moe_layer(i));
-        if has_dense && self.intermediate_size == 0 {
+        if g.num_moe_layers() < g.num_layers && g.intermediate_size == 0 {
             return fail("dense MLP layers need a positive `intermediate_size`".to_string());
         }
-        if !self.layer_types.is_empty() && self.layer_types.len() != self.num_hidden_layers {
+        if !g.layer_types.is_empty() && g.layer_types.len() != g.num_layers {
             return fail(format!(
                 "`layer_types` has {} entries for {} layers",
-                self.layer_types.len(),
-                self.num_hidden_layers
+                g.layer_types.len(),
+                g.num_layers
             ));
         }
-        let sliding = self.layer_types.contains(&LayerAttention::SlidingAttention);
-        if sliding && self.sliding_window.is_none_or(|w| w == 0) {
+        let sliding = g.layer_types.contains(&LayerAttention::SlidingAttention);
+        if sliding && g.sliding_window.is_none_or(|w| w == 0) {
             return fail("sliding-attention layers need a positive `sliding_window`".to_string());
         }
-        if self.architecture.is_hybrid() {
+        if g.architecture.is_hybrid() {
             self.validate_hybrid(path)?;
         }
         if self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 {
@@ -342,44 +266,6 @@ impl ModelConfig {
 }
 
 impl ModelConfig {
-    /// The fields only the hybrid architectures set, empty: the base the
-    /// other architectures' configs are completed with.
-    fn plain_attention() -> ModelConfig {
-        ModelConfig {
-            architecture: Architecture::Qwen3Moe,
-            hidden_size: 0,
-            num_hidden_layers: 0,
-            num_attention_heads: 0,
-            num_key_value_heads: 0,
-            head_dim: 0,
-            vocab_size: 0,
-            num_experts: 0,
-            num_experts_per_tok: 0,
-            moe_intermediate_size: 0,
-            intermediate_size: 0,
-            mlp_only_layers: Vec::new(),
-            decoder_sparse_step: 1,
-            norm_topk_prob: false,
-            rms_norm_eps: 0.0,
-            rope_theta: 0.0,
-            rope_scaling: None,
-            max_position_embeddings: 0,
-            tie_word_embeddings: false,
-            attention_bias: false,
-            layer_types: Vec::new(),
-            sliding_window: None,
-            swiglu_limit: None,
-            quantization: None,
-            linear_num_key_heads: 0,
-            linear_num_value_heads: 0,
-            linear_key_head_dim: 0,
-            linear_value_head_dim: 0,
-            linear_conv_kernel_dim: 0,
-            shared_expert_intermediate_size: 0,
-            partial_rotary_factor: 1.0,
-        }
-    }
-
     /// The Gated DeltaNet and gated-attention checks of the hybrid
     /// architectures.
     fn validate_hybrid(&self, path: &Path) -> Result<(), CheckpointError> {
@@ -389,34 +275,35 @@ impl ModelConfig {
                 reason,
             })
         };
-        let linear = self.layer_types.contains(&LayerAttention::LinearAttention);
+        let g = &self.geometry;
+        let linear = g.layer_types.contains(&LayerAttention::LinearAttention);
         if linear {
             let positive = [
-                ("linear_num_key_heads", self.linear_num_key_heads),
-                ("linear_num_value_heads", self.linear_num_value_heads),
-                ("linear_key_head_dim", self.linear_key_head_dim),
-                ("linear_value_head_dim", self.linear_value_head_dim),
-                ("linear_conv_kernel_dim", self.linear_conv_kernel_dim),
+                ("linear_num_key_heads", g.linear_num_key_heads),
+                ("linear_num_value_heads", g.linear_num_value_heads),
+                ("linear_key_head_dim", g.linear_key_head_dim),
+                ("linear_value_head_dim", g.linear_value_head_dim),
+                ("linear_conv_kernel_dim", g.linear_conv_kernel_dim),
             ];
             for (key, value) in positive {
                 if value == 0 {
                     return fail(format!("`{key}` must be positive"));
                 }
             }
-            if !self
+            if !g
                 .linear_num_value_heads
-                .is_multiple_of(self.linear_num_key_heads)
+                .is_multiple_of(g.linear_num_key_heads)
             {
                 return fail(format!(
                     "`linear_num_value_heads` ({}) is not a multiple of `linear_num_key_heads` ({})",
-                    self.linear_num_value_heads, self.linear_num_key_heads
+                    g.linear_num_value_heads, g.linear_num_key_heads
                 ));
             }
         }
-        if self.layer_types.contains(&LayerAttention::SlidingAttention) {
+        if g.layer_types.contains(&LayerAttention::SlidingAttention) {
             return fail(format!(
                 "{} has no sliding-attention layers",
-                self.architecture.name()
+                g.architecture.name()
             ));
         }
         let rotary = self.rotary_dim();
@@ -428,11 +315,11 @@ impl ModelConfig {
         {
             return fail(format!(
                 "`partial_rotary_factor` {} gives {rotary} rotary dims of a {}-wide head: it must give a positive even count",
-                self.partial_rotary_factor, self.head_dim
+                self.partial_rotary_factor, g.head_dim
             ));
         }
-        let has_moe = (0..self.num_hidden_layers).any(|i| self.is_moe_layer(i));
-        if has_moe && self.shared_expert_intermediate_size == 0 {
+        let has_moe = (0..g.num_layers).any(|i| g.is_moe_layer(i));
+        if has_moe && g.shared_expert_intermediate_size == 0 {
             return fail("`shared_expert_intermediate_size` must be positive".to_string());
         }
         Ok(())
@@ -861,13 +748,13 @@ impl Keys<'_> {
         };
         Ok(Common {
             hidden_size,
-            num_hidden_layers: self.required("num_hidden_layers", raw.num_hidden_layers)?,
+            num_layers: self.required("num_hidden_layers", raw.num_hidden_layers)?,
             num_attention_heads,
-            num_key_value_heads: raw.num_key_value_heads.unwrap_or(num_attention_heads),
+            num_kv_heads: raw.num_key_value_heads.unwrap_or(num_attention_heads),
             head_dim,
             vocab_size: self.required("vocab_size", raw.vocab_size)?,
             num_experts: self.num_experts(raw)?,
-            num_experts_per_tok: self.top_k(raw)?,
+            top_k: self.top_k(raw)?,
         })
     }
 
@@ -884,33 +771,44 @@ impl Keys<'_> {
         }
         let max_position_embeddings = raw.max_position_embeddings.unwrap_or(32768);
         let (rope_theta, rope_scaling) = self.rope(&raw, 10_000.0, max_position_embeddings)?;
-        Ok(ModelConfig {
+        let geometry = ModelGeometry {
             architecture: Architecture::Qwen3Moe,
+            quantization: method_of(&quantization),
+            num_layers: c.num_layers,
             hidden_size: c.hidden_size,
-            num_hidden_layers: c.num_hidden_layers,
             num_attention_heads: c.num_attention_heads,
-            num_key_value_heads: c.num_key_value_heads,
+            num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             vocab_size: c.vocab_size,
             num_experts: c.num_experts,
-            num_experts_per_tok: c.num_experts_per_tok,
+            top_k: c.top_k,
             moe_intermediate_size: self
                 .required("moe_intermediate_size", raw.moe_intermediate_size)?,
             intermediate_size: raw.intermediate_size.unwrap_or(0),
             mlp_only_layers: raw.mlp_only_layers.unwrap_or_default(),
             decoder_sparse_step: raw.decoder_sparse_step.unwrap_or(1),
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            attention_bias: raw.attention_bias.unwrap_or(false),
+            layer_types: Vec::new(),
+            sliding_window: None,
+            linear_num_key_heads: 0,
+            linear_num_value_heads: 0,
+            linear_key_head_dim: 0,
+            linear_value_head_dim: 0,
+            linear_conv_kernel_dim: 0,
+            shared_expert_intermediate_size: 0,
+        };
+        Ok(ModelConfig {
+            geometry,
             norm_topk_prob: raw.norm_topk_prob.unwrap_or(false),
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
             max_position_embeddings,
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
-            attention_bias: raw.attention_bias.unwrap_or(false),
-            layer_types: Vec::new(),
-            sliding_window: None,
             swiglu_limit: None,
             quantization,
-            ..ModelConfig::plain_attention()
+            // Plain RoPE over the whole head.
+            partial_rotary_factor: 1.0,
         })
     }
 
@@ -933,7 +831,7 @@ impl Keys<'_> {
                 })
                 .collect::<Result<Vec<_>, _>>()?,
             // transformers' default: even layers slide, odd layers see everything.
-            None => (0..c.num_hidden_layers)
+            None => (0..c.num_layers)
                 .map(|i| {
                     if i % 2 == 0 {
                         LayerAttention::SlidingAttention
@@ -943,32 +841,43 @@ impl Keys<'_> {
                 })
                 .collect(),
         };
-        Ok(ModelConfig {
+        let geometry = ModelGeometry {
             architecture: Architecture::GptOss,
+            quantization: method_of(&quantization),
+            num_layers: c.num_layers,
             hidden_size: c.hidden_size,
-            num_hidden_layers: c.num_hidden_layers,
             num_attention_heads: c.num_attention_heads,
-            num_key_value_heads: c.num_key_value_heads,
+            num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             vocab_size: c.vocab_size,
             num_experts: c.num_experts,
-            num_experts_per_tok: c.num_experts_per_tok,
+            top_k: c.top_k,
             moe_intermediate_size,
             intermediate_size: 0,
             mlp_only_layers: Vec::new(),
             decoder_sparse_step: 1,
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            attention_bias: raw.attention_bias.unwrap_or(true),
+            layer_types,
+            sliding_window: Some(raw.sliding_window.unwrap_or(128)),
+            linear_num_key_heads: 0,
+            linear_num_value_heads: 0,
+            linear_key_head_dim: 0,
+            linear_value_head_dim: 0,
+            linear_conv_kernel_dim: 0,
+            shared_expert_intermediate_size: 0,
+        };
+        Ok(ModelConfig {
+            geometry,
             norm_topk_prob: false,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-5),
             rope_theta,
             rope_scaling,
             max_position_embeddings,
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
-            attention_bias: raw.attention_bias.unwrap_or(true),
-            layer_types,
-            sliding_window: Some(raw.sliding_window.unwrap_or(128)),
             swiglu_limit: Some(raw.swiglu_limit.unwrap_or(7.0)),
             quantization,
-            ..ModelConfig::plain_attention()
+            // Plain RoPE over the whole head.
+            partial_rotary_factor: 1.0,
         })
     }
 }
@@ -985,11 +894,7 @@ impl Keys<'_> {
         let name = architecture.name();
         let c = match architecture {
             // The dense model has no experts.
-            Architecture::Qwen35 => Common {
-                num_experts: 0,
-                num_experts_per_tok: 0,
-                ..self.common_dense(&raw)?
-            },
+            Architecture::Qwen35 => self.common_dense(&raw)?,
             _ => self.common(&raw)?,
         };
         if let Some(act) = &raw.hidden_act
@@ -1036,7 +941,7 @@ impl Keys<'_> {
                 if interval == 0 {
                     return Err(self.error("`full_attention_interval` must be positive".into()));
                 }
-                (0..c.num_hidden_layers)
+                (0..c.num_layers)
                     .map(|i| {
                         if (i + 1).is_multiple_of(interval) {
                             LayerAttention::FullAttention
@@ -1057,16 +962,17 @@ impl Keys<'_> {
             )));
         }
         let moe = architecture != Architecture::Qwen35;
-        Ok(ModelConfig {
+        let geometry = ModelGeometry {
             architecture,
+            quantization: method_of(&quantization),
+            num_layers: c.num_layers,
             hidden_size: c.hidden_size,
-            num_hidden_layers: c.num_hidden_layers,
             num_attention_heads: c.num_attention_heads,
-            num_key_value_heads: c.num_key_value_heads,
+            num_kv_heads: c.num_kv_heads,
             head_dim,
             vocab_size: c.vocab_size,
             num_experts: c.num_experts,
-            num_experts_per_tok: c.num_experts_per_tok,
+            top_k: c.top_k,
             moe_intermediate_size: if moe {
                 self.required("moe_intermediate_size", raw.moe_intermediate_size)?
             } else {
@@ -1079,21 +985,10 @@ impl Keys<'_> {
             },
             mlp_only_layers: raw.mlp_only_layers.unwrap_or_default(),
             decoder_sparse_step: raw.decoder_sparse_step.unwrap_or(1),
-            // qwen3_5_moe always renormalises; qwen3_next reads the key.
-            norm_topk_prob: match architecture {
-                Architecture::Qwen3Next => raw.norm_topk_prob.unwrap_or(true),
-                _ => true,
-            },
-            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
-            rope_theta,
-            rope_scaling: None,
-            max_position_embeddings,
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             attention_bias: false,
             layer_types,
             sliding_window: None,
-            swiglu_limit: None,
-            quantization,
             linear_num_key_heads: raw.linear_num_key_heads.unwrap_or(16),
             linear_num_value_heads: raw.linear_num_value_heads.unwrap_or(32),
             linear_key_head_dim: raw.linear_key_head_dim.unwrap_or(128),
@@ -1104,6 +999,20 @@ impl Keys<'_> {
             } else {
                 0
             },
+        };
+        Ok(ModelConfig {
+            geometry,
+            // qwen3_5_moe always renormalises; qwen3_next reads the key.
+            norm_topk_prob: match architecture {
+                Architecture::Qwen3Next => raw.norm_topk_prob.unwrap_or(true),
+                _ => true,
+            },
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling: None,
+            max_position_embeddings,
+            swiglu_limit: None,
+            quantization,
             partial_rotary_factor,
         })
     }
@@ -1119,26 +1028,34 @@ impl Keys<'_> {
         };
         Ok(Common {
             hidden_size,
-            num_hidden_layers: self.required("num_hidden_layers", raw.num_hidden_layers)?,
+            num_layers: self.required("num_hidden_layers", raw.num_hidden_layers)?,
             num_attention_heads,
-            num_key_value_heads: raw.num_key_value_heads.unwrap_or(num_attention_heads),
+            num_kv_heads: raw.num_key_value_heads.unwrap_or(num_attention_heads),
             head_dim,
             vocab_size: self.required("vocab_size", raw.vocab_size)?,
             num_experts: 0,
-            num_experts_per_tok: 0,
+            top_k: 0,
         })
     }
 }
 
+/// The storage format the geometry records: the quantization's, else bf16.
+fn method_of(quantization: &Option<QuantizationConfig>) -> Quantization {
+    quantization
+        .as_ref()
+        .map_or(Quantization::Bf16, |q| q.method)
+}
+
+/// The keys both architectures share, in the geometry's names.
 struct Common {
     hidden_size: usize,
-    num_hidden_layers: usize,
+    num_layers: usize,
     num_attention_heads: usize,
-    num_key_value_heads: usize,
+    num_kv_heads: usize,
     head_dim: usize,
     vocab_size: usize,
     num_experts: usize,
-    num_experts_per_tok: usize,
+    top_k: usize,
 }
 
 #[cfg(test)]

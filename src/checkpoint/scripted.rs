@@ -700,7 +700,7 @@ fn weights(
 ) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
     let h = layout.hidden;
     let s = layout.input_scale();
-    let qwen = config.architecture == crate::geometry::Architecture::Qwen3Moe;
+    let qwen = config.geometry.architecture == crate::geometry::Architecture::Qwen3Moe;
     let mut out = Vec::new();
     for (name, expected) in expected_tensors(config) {
         if !expected.required {

@@ -154,7 +154,7 @@ impl PerfModel {
         let (prefill_tok_s, decode_tok_s) = rates;
         let plan = &loaded.plan;
         let m = &plan.model;
-        let geometry = loaded.config.geometry();
+        let geometry = &loaded.config.geometry;
         let per_step = |batch| {
             decode_weight_bytes_per_step(
                 &plan.weights.groups,
@@ -166,13 +166,13 @@ impl PerfModel {
         };
         let kv_context_tokens = args.prompt_len + args.generate / 2;
         let kv_bytes_per_step = decode_kv_bytes_per_step(
-            memory::full_attention_bytes_per_token(&geometry, plan.kv_cache.dtype.bytes()),
+            memory::full_attention_bytes_per_token(geometry, plan.kv_cache.dtype.bytes()),
             &plan.kv_cache.sliding,
             kv_context_tokens,
             args.batch,
         );
         let weight_bytes_per_step = per_step(args.batch);
-        let flops_per_prefill_token = prefill_flops_per_token(&geometry, args.prompt_len);
+        let flops_per_prefill_token = prefill_flops_per_token(geometry, args.prompt_len);
         let decode_bytes_s = decode_tok_s / args.batch.max(1) as f64
             * (weight_bytes_per_step + kv_bytes_per_step) as f64;
         let prefill_flops_s = prefill_tok_s * flops_per_prefill_token;
@@ -187,10 +187,10 @@ impl PerfModel {
             ),
             kv_context_tokens,
             kv_bytes_per_step,
-            activated_params: activated_params_per_token(&geometry),
+            activated_params: activated_params_per_token(geometry),
             flops_per_prefill_token,
             attention_flops_per_prefill_token: attention_flops_per_prompt_token(
-                &geometry,
+                geometry,
                 args.prompt_len,
             ),
             decode_bytes_s,
@@ -321,7 +321,8 @@ fn weight_regions<'c, B: Backend>(checkpoint: &'c Checkpoint, loaded: &Loaded<B>
     let mut regions: Vec<(bool, &[u8])> = checkpoint
         .tensor_names()
         .filter_map(|name| {
-            let expert = group_of(loaded.config.architecture, name) == Some(WeightGroup::Experts);
+            let expert =
+                group_of(loaded.config.geometry.architecture, name) == Some(WeightGroup::Experts);
             Some((expert, checkpoint.tensor(name).ok()?.bytes()))
         })
         .collect();

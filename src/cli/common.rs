@@ -223,14 +223,10 @@ pub fn resolve_profile(
         Some(dir) => Some(crate::checkpoint::config::ModelConfig::load(dir)?),
         None => None,
     };
-    let geometry = config.as_ref().map(|c| c.geometry());
-    let facts = config
-        .as_ref()
-        .zip(geometry.as_ref())
-        .map(|(c, geometry)| CheckpointFacts {
-            geometry,
-            max_position_embeddings: c.max_position_embeddings,
-        });
+    let facts = config.as_ref().map(|c| CheckpointFacts {
+        geometry: &c.geometry,
+        max_position_embeddings: c.max_position_embeddings,
+    });
     let profile = draft.resolve(facts, &serving.overrides()?)?;
     Ok(Resolved {
         profile,

@@ -92,7 +92,7 @@ pub fn run(args: &InspectArgs) -> Result<(), CheckpointError> {
 pub fn report(dir: &Path) -> Result<InspectReport, CheckpointError> {
     let config = ModelConfig::load(dir)?;
     let headers = read_headers(dir)?;
-    let by_group = bytes_by_group(config.architecture, &headers.tensors);
+    let by_group = bytes_by_group(config.geometry.architecture, &headers.tensors);
     let mut dtypes: BTreeMap<&'static str, DtypeStats> = BTreeMap::new();
     for tensor in &headers.tensors {
         let stats = dtypes.entry(tensor.dtype.name()).or_default();
@@ -101,7 +101,7 @@ pub fn report(dir: &Path) -> Result<InspectReport, CheckpointError> {
     }
     let problems = tensor_problems(&config, &headers);
     Ok(InspectReport {
-        architecture: config.architecture.name(),
+        architecture: config.geometry.architecture.name(),
         num_tensors: headers.tensors.len(),
         num_parameters: headers.tensors.iter().map(|t| parameters(&config, t)).sum(),
         total_bytes: headers.total_tensor_bytes(),

@@ -3,7 +3,8 @@
 //! registers and spills, and — from `cuobjdump -sass` of that CUBIN — its
 //! tensor-core (HMMA) instructions and local-memory loads/stores (LDL/STL);
 //! exits 1 if any file fails to compile. Without cuobjdump the SASS columns
-//! say so; that is not a failure.
+//! say so; that is not a failure. `--constants` prints the `constants.cuh`
+//! the kernels compile with instead.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,6 +30,11 @@ pub struct KernelsArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Print `constants.cuh`, the numbers the kernels share with the host,
+    /// and exit (the CPU emulator's build, kernels/emu/build.sh, takes it
+    /// from here).
+    #[arg(long, conflicts_with_all = ["archs", "cuobjdump", "json"])]
+    pub constants: bool,
 }
 
 #[derive(Serialize)]
@@ -73,6 +79,10 @@ struct Report {
 }
 
 pub fn run(args: &KernelsArgs) -> Result<ExitCode> {
+    if args.constants {
+        print!("{}", cuda::constants::header());
+        return Ok(ExitCode::SUCCESS);
+    }
     let archs = if args.archs.is_empty() {
         match crate::host::gpu::probe().first() {
             Some(gpu) => vec![gpu.arch()],

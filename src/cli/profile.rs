@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 
 use crate::checkpoint::config::ModelConfig;
-use crate::plan::profile::{ModelSection, ServingSection};
+use crate::plan::profile::ServingSection;
 
 #[derive(Debug, clap::Args)]
 pub struct ProfileArgs {
@@ -74,8 +74,7 @@ pub fn init_profile(args: &InitArgs) -> Result<String> {
     let name = dir
         .file_name()
         .map_or("model".to_string(), |n| n.to_string_lossy().into_owned());
-    let geometry = toml::to_string(&ModelSection::from_geometry(&config.geometry(), None))
-        .context("writing the geometry")?;
+    let geometry = toml::to_string(&config.geometry).context("writing the geometry")?;
     let (serving, os_reserve, safety_margin, what) = match args.target {
         BoxKind::Generic => (ServingSection::default(), "2GiB", "1GiB", "any machine"),
         BoxKind::Gb10 => (

@@ -236,9 +236,10 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         dir.file_name()
             .map_or("model".to_string(), |n| n.to_string_lossy().into_owned())
     });
-    let output_parsers = args
-        .parsers
-        .output_parsers(loaded.config.architecture, loaded.tokenizer.as_deref())?;
+    let output_parsers = args.parsers.output_parsers(
+        loaded.config.geometry.architecture,
+        loaded.tokenizer.as_deref(),
+    )?;
     let source = loaded.source();
     let engine = loaded.engine(&source)?;
     let limits = engine.limits().clone();

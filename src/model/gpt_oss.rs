@@ -21,7 +21,7 @@ pub fn load<'w, B: Backend + 'w>(
     let rope = match &config.rope_scaling {
         Some(y) => Rope::yarn(
             config.rope_theta,
-            config.head_dim,
+            config.geometry.head_dim,
             &Yarn {
                 factor: y.factor,
                 beta_fast: y.beta_fast,
@@ -31,20 +31,20 @@ pub fn load<'w, B: Backend + 'w>(
                 attention_factor: y.attention_factor,
             },
         ),
-        None => Rope::plain(config.rope_theta, config.head_dim),
+        None => Rope::plain(config.rope_theta, config.geometry.head_dim),
     };
     // No dense layers: `intermediate_size` is never read.
     let settings = ModelSettings::of(config, RouterKind::TopKSoftmax, rope);
     let limit = config.swiglu_limit.unwrap_or(DEFAULT_SWIGLU_LIMIT) as f32;
     let mxfp4 = config.quantization_method() == Quantization::Mxfp4;
-    let mut layers = Vec::with_capacity(config.num_hidden_layers);
-    for i in 0..config.num_hidden_layers {
+    let mut layers = Vec::with_capacity(config.geometry.num_layers);
+    for i in 0..config.geometry.num_layers {
         let p = format!("model.layers.{i}");
-        let window = match config.layer_types.get(i) {
-            Some(LayerAttention::SlidingAttention) => config.sliding_window,
+        let window = match config.geometry.layer_types.get(i) {
+            Some(LayerAttention::SlidingAttention) => config.geometry.sliding_window,
             _ => None,
         };
-        let experts = 0..config.num_experts;
+        let experts = 0..config.geometry.num_experts;
         let stacked = |name: &str, e: usize| {
             if mxfp4 {
                 src.stacked_expert(&format!("{p}.mlp.experts.{name}"), e)
@@ -76,8 +76,8 @@ pub fn load<'w, B: Backend + 'w>(
                 limit,
                 alpha: SWIGLU_ALPHA,
             },
-            hidden_size: config.hidden_size,
-            intermediate_size: config.moe_intermediate_size,
+            hidden_size: config.geometry.hidden_size,
+            intermediate_size: config.geometry.moe_intermediate_size,
         };
         let attn = |name: &str| src.linear(&format!("{p}.self_attn.{name}"));
         let bias = |name: &str| src.vector(&format!("{p}.self_attn.{name}.bias"));
@@ -96,11 +96,11 @@ pub fn load<'w, B: Backend + 'w>(
             sinks: Some(b.vector(src.vector(&format!("{p}.self_attn.sinks"))?)?),
             output_gate: false,
             shape: AttentionShape {
-                heads: config.num_attention_heads,
-                kv_heads: config.num_key_value_heads,
-                head_dim: config.head_dim,
-                rotary_dim: config.head_dim,
-                scale: 1.0 / (config.head_dim as f32).sqrt(),
+                heads: config.geometry.num_attention_heads,
+                kv_heads: config.geometry.num_kv_heads,
+                head_dim: config.geometry.head_dim,
+                rotary_dim: config.geometry.head_dim,
+                scale: 1.0 / (config.geometry.head_dim as f32).sqrt(),
                 window,
             },
         };

@@ -158,12 +158,12 @@ impl ModelSettings {
     /// router and RoPE.
     pub fn of(config: &ModelConfig, router: RouterKind, rope: Rope) -> ModelSettings {
         ModelSettings {
-            architecture: config.architecture,
-            hidden_size: config.hidden_size,
-            vocab_size: config.vocab_size,
-            num_experts: config.num_experts,
-            top_k: config.num_experts_per_tok,
-            intermediate_size: config.intermediate_size,
+            architecture: config.geometry.architecture,
+            hidden_size: config.geometry.hidden_size,
+            vocab_size: config.geometry.vocab_size,
+            num_experts: config.geometry.num_experts,
+            top_k: config.geometry.top_k,
+            intermediate_size: config.geometry.intermediate_size,
             rms_norm_eps: config.rms_norm_eps as f32,
             router,
             rope,
@@ -186,7 +186,7 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
         config: &ModelConfig,
         source: &'w dyn WeightSource,
     ) -> Result<Self, ModelError> {
-        match config.architecture {
+        match config.geometry.architecture {
             Architecture::Qwen3Moe => qwen3_moe::load(backend, config, source),
             Architecture::GptOss => gpt_oss::load(backend, config, source),
             Architecture::Qwen35Moe | Architecture::Qwen35 | Architecture::Qwen3Next => {
@@ -663,23 +663,21 @@ impl<B: Backend> Buffers<B> {
     pub fn allocate(b: &B, plan: &Plan, kv: &KvLayout) -> Result<Self, ModelError> {
         let t = plan.serving.max_num_batched_tokens;
         let s = plan.serving.max_num_seqs;
-        let find = |name: &str| {
-            plan.activations
-                .buffers
-                .iter()
-                .find(|buf| buf.name == name)
-                .map(|buf| activation_elements(buf.bytes))
-        };
+        let find = |name: &str| plan.activations.buffers.iter().find(|buf| buf.name == name);
         let alloc = |name: &'static str| -> Result<B::Buffer, ModelError> {
-            let elements = find(name).ok_or_else(|| {
+            let planned = find(name).ok_or_else(|| {
                 ModelError::Unsupported(format!("the plan lists no activation buffer {name}"))
             })?;
-            Ok(b.alloc(Category::Activations, name, elements)?)
+            let elements = activation_elements(planned.bytes);
+            Ok(b.alloc(Category::Activations, name, elements, planned.placement)?)
         };
         let dense = find("dense_gate").is_some();
         let optional = |name: &'static str| -> Result<Option<B::Buffer>, ModelError> {
             find(name)
-                .map(|elements| b.alloc(Category::Activations, name, elements))
+                .map(|planned| {
+                    let elements = activation_elements(planned.bytes);
+                    b.alloc(Category::Activations, name, elements, planned.placement)
+                })
                 .transpose()
                 .map_err(ModelError::from)
         };
@@ -698,18 +696,18 @@ impl<B: Backend> Buffers<B> {
         } else {
             None
         };
-        let workspace_buffer = |name: &'static str| -> Option<usize> {
+        let workspace_buffer = |name: &'static str| {
             plan.moe_workspace
                 .buffers
                 .iter()
                 .find(|buf| buf.name == name)
-                .map(|buf| activation_elements(buf.bytes))
         };
         let shared_alloc = |name: &'static str| -> Result<B::Buffer, ModelError> {
-            let elements = workspace_buffer(name).ok_or_else(|| {
+            let planned = workspace_buffer(name).ok_or_else(|| {
                 ModelError::Unsupported(format!("the plan's MoE workspace lists no {name}"))
             })?;
-            Ok(b.alloc(Category::MoeWorkspace, name, elements)?)
+            let elements = activation_elements(planned.bytes);
+            Ok(b.alloc(Category::MoeWorkspace, name, elements, planned.placement)?)
         };
         let shared = if workspace_buffer(plan_memory::SHARED_GATE).is_some() {
             Some(SharedExpertBuffers {
@@ -727,7 +725,8 @@ impl<B: Backend> Buffers<B> {
             None
         };
         let vocab = plan.model.vocab_size.max(1);
-        let prompt_logit_rows = find(PROMPT_LOGITS).map_or(0, |elements| elements / vocab);
+        let prompt_logit_rows =
+            find(PROMPT_LOGITS).map_or(0, |buf| activation_elements(buf.bytes) / vocab);
         Ok(Buffers {
             max_rows: t,
             max_seqs: s,

@@ -41,18 +41,18 @@ pub fn load<'w, B: Backend + 'w>(
         Rope::plain(config.rope_theta, rotary_dim),
     );
     let shape = AttentionShape {
-        heads: config.num_attention_heads,
-        kv_heads: config.num_key_value_heads,
-        head_dim: config.head_dim,
+        heads: config.geometry.num_attention_heads,
+        kv_heads: config.geometry.num_kv_heads,
+        head_dim: config.geometry.head_dim,
         rotary_dim,
-        scale: 1.0 / (config.head_dim as f32).sqrt(),
+        scale: 1.0 / (config.geometry.head_dim as f32).sqrt(),
         window: None,
     };
-    let text = config.architecture.text_prefix();
+    let text = config.geometry.architecture.text_prefix();
     // Experts stacked, or one tensor each: as the first MoE layer has them
     // (the checker holds every layer to the same layout).
-    let stacked = (0..config.num_hidden_layers)
-        .find(|&i| config.is_moe_layer(i))
+    let stacked = (0..config.geometry.num_layers)
+        .find(|&i| config.geometry.is_moe_layer(i))
         .is_some_and(|i| {
             src.flat_vector(&format!("{text}.layers.{i}.mlp.experts.gate_up_proj"))
                 .is_ok()
@@ -62,8 +62,8 @@ pub fn load<'w, B: Backend + 'w>(
         Ok(b.vector(src.vector(name)?.zero_centred())?)
     };
     let (mut kv_layers, mut state_layers) = (0, 0);
-    let mut layers = Vec::with_capacity(config.num_hidden_layers);
-    for i in 0..config.num_hidden_layers {
+    let mut layers = Vec::with_capacity(config.geometry.num_layers);
+    for i in 0..config.geometry.num_layers {
         let p = format!("{text}.layers.{i}");
         let mixer = match config.layer_attention(i) {
             LayerAttention::LinearAttention => {
@@ -97,11 +97,11 @@ pub fn load<'w, B: Backend + 'w>(
             LayerAttention::SlidingAttention => {
                 return Err(ModelError::Unsupported(format!(
                     "{} has no sliding-attention layers",
-                    config.architecture.name()
+                    config.geometry.architecture.name()
                 )));
             }
         };
-        let mlp = if config.is_moe_layer(i) {
+        let mlp = if config.geometry.is_moe_layer(i) {
             moe(b, config, src, &p, stacked)?
         } else {
             let dense = |name: &str| src.linear(&format!("{p}.mlp.{name}"));
@@ -118,7 +118,7 @@ pub fn load<'w, B: Backend + 'w>(
             mlp,
         });
     }
-    let lm_head = if config.tie_word_embeddings {
+    let lm_head = if config.geometry.tie_word_embeddings {
         format!("{text}.embed_tokens")
     } else {
         "lm_head".to_string()
@@ -140,7 +140,7 @@ fn delta_net<'w, B: Backend + 'w>(
     p: &str,
     state_layer: usize,
 ) -> Result<DeltaNet<'w, B>, ModelError> {
-    let shape = config.geometry().delta_net().ok_or_else(|| {
+    let shape = config.geometry.delta_net().ok_or_else(|| {
         ModelError::Unsupported("a linear_attention layer without its geometry".to_string())
     })?;
     let linear = |name: &str| -> Result<B::Linear<'w>, ModelError> {
@@ -149,7 +149,7 @@ fn delta_net<'w, B: Backend + 'w>(
     let vector = |name: &str| -> Result<B::Vector<'w>, ModelError> {
         Ok(b.vector(src.vector(&format!("{p}.linear_attn.{name}"))?)?)
     };
-    let input = if config.architecture == Architecture::Qwen3Next {
+    let input = if config.geometry.architecture == Architecture::Qwen3Next {
         DeltaNetInput::Fused {
             qkvz: linear("in_proj_qkvz")?,
             ba: linear("in_proj_ba")?,
@@ -182,7 +182,10 @@ fn moe<'w, B: Backend + 'w>(
     p: &str,
     stacked: bool,
 ) -> Result<Mlp<'w, B>, ModelError> {
-    let (e, i) = (config.num_experts, config.moe_intermediate_size);
+    let (e, i) = (
+        config.geometry.num_experts,
+        config.geometry.moe_intermediate_size,
+    );
     let experts = 0..e;
     let collect = |f: &dyn Fn(usize) -> Result<LinearWeight<'w>, ModelError>| {
         experts.clone().map(f).collect::<Result<Vec<_>, _>>()
@@ -193,7 +196,7 @@ fn moe<'w, B: Backend + 'w>(
         (
             collect(&|x| src.stacked_rows(&gate_up, x, 0, i))?,
             collect(&|x| src.stacked_rows(&gate_up, x, i, i))?,
-            collect(&|x| src.stacked_rows(&down, x, 0, config.hidden_size))?,
+            collect(&|x| src.stacked_rows(&down, x, 0, config.geometry.hidden_size))?,
         )
     } else {
         let expert = |x: usize, proj: &str| src.linear(&format!("{p}.mlp.experts.{x}.{proj}"));
@@ -208,7 +211,7 @@ fn moe<'w, B: Backend + 'w>(
         down,
         down_bias: Vec::new(),
         activation: ExpertActivation::SiluMul,
-        hidden_size: config.hidden_size,
+        hidden_size: config.geometry.hidden_size,
         intermediate_size: i,
     };
     let shared = |name: &str| -> Result<B::Linear<'w>, ModelError> {
@@ -223,7 +226,7 @@ fn moe<'w, B: Backend + 'w>(
             up_proj: shared("shared_expert.up_proj")?,
             down_proj: shared("shared_expert.down_proj")?,
             gate: shared("shared_expert_gate")?,
-            intermediate_size: config.shared_expert_intermediate_size,
+            intermediate_size: config.geometry.shared_expert_intermediate_size,
         }),
     })
 }

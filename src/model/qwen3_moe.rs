@@ -16,22 +16,22 @@ pub fn load<'w, B: Backend + 'w>(
         RouterKind::SoftmaxTopK {
             renormalize: config.norm_topk_prob,
         },
-        Rope::plain(config.rope_theta, config.head_dim),
+        Rope::plain(config.rope_theta, config.geometry.head_dim),
     );
     let shape = AttentionShape {
-        heads: config.num_attention_heads,
-        kv_heads: config.num_key_value_heads,
-        head_dim: config.head_dim,
-        rotary_dim: config.head_dim,
-        scale: 1.0 / (config.head_dim as f32).sqrt(),
+        heads: config.geometry.num_attention_heads,
+        kv_heads: config.geometry.num_kv_heads,
+        head_dim: config.geometry.head_dim,
+        rotary_dim: config.geometry.head_dim,
+        scale: 1.0 / (config.geometry.head_dim as f32).sqrt(),
         window: None,
     };
-    let mut layers = Vec::with_capacity(config.num_hidden_layers);
-    for i in 0..config.num_hidden_layers {
+    let mut layers = Vec::with_capacity(config.geometry.num_layers);
+    for i in 0..config.geometry.num_layers {
         let p = format!("model.layers.{i}");
-        let mlp = if config.is_moe_layer(i) {
+        let mlp = if config.geometry.is_moe_layer(i) {
             let expert = |e: usize, proj: &str| src.linear(&format!("{p}.mlp.experts.{e}.{proj}"));
-            let experts = 0..config.num_experts;
+            let experts = 0..config.geometry.num_experts;
             let spec = ExpertsSpec {
                 gate_up: GateUp::Split {
                     gate: experts
@@ -48,8 +48,8 @@ pub fn load<'w, B: Backend + 'w>(
                     .collect::<Result<_, _>>()?,
                 down_bias: Vec::new(),
                 activation: ExpertActivation::SiluMul,
-                hidden_size: config.hidden_size,
-                intermediate_size: config.moe_intermediate_size,
+                hidden_size: config.geometry.hidden_size,
+                intermediate_size: config.geometry.moe_intermediate_size,
             };
             Mlp::Moe {
                 router: b.linear(src.linear(&format!("{p}.mlp.gate"))?)?,
@@ -89,7 +89,7 @@ pub fn load<'w, B: Backend + 'w>(
             mlp,
         });
     }
-    let lm_head = if config.tie_word_embeddings {
+    let lm_head = if config.geometry.tie_word_embeddings {
         "model.embed_tokens"
     } else {
         "lm_head"

@@ -265,12 +265,45 @@ pub fn decode_kv_bytes_per_step(
 pub struct Buffer {
     pub name: String,
     pub bytes: u64,
+    /// Where the backend puts it; listed only when not device memory.
+    #[serde(default, skip_serializing_if = "Placement::is_device")]
+    pub placement: Placement,
 }
 
+/// Where a buffer lives. Either way its bytes count the same on a unified
+/// memory box; the backend allocates what the plan says (the CPU backend
+/// has one memory for both).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// Read and written by the kernels only.
+    #[default]
+    Device,
+    /// Read by the host after every step (the logits): CUDA maps pinned host
+    /// memory into the device, so the host reads it without a copy.
+    HostMapped,
+}
+
+impl Placement {
+    pub fn is_device(&self) -> bool {
+        *self == Placement::Device
+    }
+}
+
+/// A buffer in device memory.
 fn buffer(name: &str, bytes: u64) -> Buffer {
     Buffer {
         name: name.to_string(),
         bytes,
+        placement: Placement::Device,
+    }
+}
+
+/// A buffer the host reads after every step.
+fn host_mapped_buffer(name: &str, bytes: u64) -> Buffer {
+    Buffer {
+        placement: Placement::HostMapped,
+        ..buffer(name, bytes)
     }
 }
 
@@ -435,10 +468,14 @@ pub fn activations(
         buffers.push(buffer("dense_gate", t * i * ACTIVATION_BYTES));
         buffers.push(buffer("dense_up", t * i * ACTIVATION_BYTES));
     }
-    buffers.push(buffer(LOGITS, s * g.vocab_size as u64 * ACTIVATION_BYTES));
+    // The logits are what the host reads every step.
+    buffers.push(host_mapped_buffer(
+        LOGITS,
+        s * g.vocab_size as u64 * ACTIVATION_BYTES,
+    ));
     let prompt = prompt_logprobs(g, tokens, seqs);
     if prompt.buffer == PROMPT_LOGITS {
-        buffers.push(buffer(PROMPT_LOGITS, prompt.chunk_bytes));
+        buffers.push(host_mapped_buffer(PROMPT_LOGITS, prompt.chunk_bytes));
     }
     let step = StepMetadataPlan::new(tokens, seqs, blocks_per_seq as usize);
     buffers.push(buffer(STEP_METADATA, step.bytes));
@@ -1070,7 +1107,7 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("profiles/qwen3-30b-a3b-bf16.toml");
         let profile = super::super::profile::Profile::load(&path).unwrap();
-        let g = profile.model.geometry();
+        let g = profile.model.geometry.clone();
         assert_eq!(g.vocab_size, 151_936);
         assert_eq!(profile.serving.max_num_seqs, 16);
         let p = prompt_logprobs(&g, 8192, 16);
@@ -1089,6 +1126,30 @@ mod tests {
         assert!(a.buffers.iter().all(|b| b.name != PROMPT_LOGITS));
         // Never more rows than a step has.
         assert_eq!(prompt_logprobs(&g, 5, 4).chunk_rows, 5);
+    }
+
+    #[test]
+    fn the_host_reads_the_logits_from_host_mapped_buffers_and_nothing_else() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("profiles/qwen3-30b-a3b-bf16.toml");
+        let profile = super::super::profile::Profile::load(&path).unwrap();
+        let a = activations(&profile.model.geometry, 8192, 16, 4096, 16);
+        let host_mapped: Vec<&str> = a
+            .buffers
+            .iter()
+            .filter(|b| b.placement == Placement::HostMapped)
+            .map(|b| b.name.as_str())
+            .collect();
+        assert_eq!(host_mapped, [LOGITS, PROMPT_LOGITS]);
+        // The plan lists the placement only where it is not device memory.
+        let listed = serde_json::to_value(&a.buffers).unwrap();
+        let placements: Vec<_> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|b| b.get("placement"))
+            .collect();
+        assert_eq!(placements, ["host_mapped", "host_mapped"]);
     }
 
     /// `types` as layers (`S` sliding, `F` full), 2 KV heads of 8, window 40.

@@ -176,7 +176,7 @@ pub fn compute(
     exact_weights: Option<WeightBytes>,
     device: PlanDevice,
 ) -> Plan {
-    let g = profile.model.geometry();
+    let g = &profile.model.geometry;
     let s = &profile.serving;
     let headroom = memory::headroom(
         host,
@@ -184,10 +184,10 @@ pub fn compute(
         profile.host.safety_margin.0,
     );
     let estimated = exact_weights.is_none();
-    let weights = exact_weights.unwrap_or_else(|| memory::estimate_weights(&g));
-    let workspace = memory::moe_workspace(&g, s.max_num_batched_tokens, s.dp_size, device);
+    let weights = exact_weights.unwrap_or_else(|| memory::estimate_weights(g));
+    let workspace = memory::moe_workspace(g, s.max_num_batched_tokens, s.dp_size, device);
     let activations = memory::activations(
-        &g,
+        g,
         s.max_num_batched_tokens,
         s.max_num_seqs,
         s.max_model_len,
@@ -202,9 +202,9 @@ pub fn compute(
             PlanDevice::Cuda => DEFAULT_CUDA_OVERHEAD,
         });
     let dtype_bytes = s.kv_cache_dtype.bytes();
-    let bytes_per_token = memory::kv_bytes_per_token(&g, dtype_bytes);
-    let sliding = memory::sliding_kv(&g, dtype_bytes, s);
-    let state = memory::recurrent_state(&g, s.max_num_seqs);
+    let bytes_per_token = memory::kv_bytes_per_token(g, dtype_bytes);
+    let sliding = memory::sliding_kv(g, dtype_bytes, s);
+    let state = memory::recurrent_state(g, s.max_num_seqs);
 
     // The sliding layers' reserve is fixed by the serving limits, so it is
     // paid before the full-attention tokens: `"auto"` gives those what is
@@ -245,7 +245,7 @@ pub fn compute(
         }
         _ => None,
     };
-    let layout = KvLayout::new(&g, s, blocks, sliding.window_tokens);
+    let layout = KvLayout::new(g, s, blocks, sliding.window_tokens);
     // The cache's bytes are the layout's, array by array: `tokens ×
     // bytes_per_token + sliding.bytes`.
     let kv_bytes = layout.bytes(g.num_kv_layers());
@@ -314,9 +314,9 @@ pub fn compute(
             unused: weights.unused,
         },
         moe_workspace: workspace,
-        prompt_logprobs: memory::prompt_logprobs(&g, s.max_num_batched_tokens, s.max_num_seqs),
+        prompt_logprobs: memory::prompt_logprobs(g, s.max_num_batched_tokens, s.max_num_seqs),
         activations,
-        runtime_overhead: memory::runtime_overhead(&g, s.max_num_seqs, device, overhead),
+        runtime_overhead: memory::runtime_overhead(g, s.max_num_seqs, device, overhead),
         kv_cache: KvPlan {
             dtype: s.kv_cache_dtype,
             block_size: s.kv_block_size,

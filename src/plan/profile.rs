@@ -10,7 +10,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
+use crate::geometry::{Architecture, LayerAttention, ModelGeometry, with_geometry_fields};
 use crate::limits::{self, GeometryFields, LimitExceeded};
 use crate::units::{GIB, MIB, parse_bytes};
 use crate::util::files::read_regular_to_string;
@@ -86,119 +86,14 @@ impl ValueSource {
 
 /// `[model]`: the architecture and the geometry the plan needs, so a plan
 /// works before the checkpoint is downloaded.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ModelSection {
     /// Display name, e.g. the hub id.
-    #[serde(default)]
     pub name: Option<String>,
     /// Checkpoint folder; `--model` overrides it.
-    #[serde(default)]
     pub path: Option<PathBuf>,
-    pub architecture: Architecture,
-    pub quantization: Quantization,
-    pub num_layers: usize,
-    pub hidden_size: usize,
-    pub num_attention_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub vocab_size: usize,
-    pub num_experts: usize,
-    pub top_k: usize,
-    pub moe_intermediate_size: usize,
-    #[serde(default)]
-    pub intermediate_size: usize,
-    #[serde(default)]
-    pub mlp_only_layers: Vec<usize>,
-    #[serde(default = "one")]
-    pub decoder_sparse_step: usize,
-    #[serde(default)]
-    pub tie_word_embeddings: bool,
-    #[serde(default)]
-    pub attention_bias: bool,
-    #[serde(default)]
-    pub layer_types: Vec<LayerAttention>,
-    #[serde(default)]
-    pub sliding_window: Option<usize>,
-    #[serde(default)]
-    pub linear_num_key_heads: usize,
-    #[serde(default)]
-    pub linear_num_value_heads: usize,
-    #[serde(default)]
-    pub linear_key_head_dim: usize,
-    #[serde(default)]
-    pub linear_value_head_dim: usize,
-    #[serde(default)]
-    pub linear_conv_kernel_dim: usize,
-    #[serde(default)]
-    pub shared_expert_intermediate_size: usize,
-}
-
-fn one() -> usize {
-    1
-}
-
-impl ModelSection {
-    pub fn geometry(&self) -> ModelGeometry {
-        ModelGeometry {
-            architecture: self.architecture,
-            quantization: self.quantization,
-            num_layers: self.num_layers,
-            hidden_size: self.hidden_size,
-            num_attention_heads: self.num_attention_heads,
-            num_kv_heads: self.num_kv_heads,
-            head_dim: self.head_dim,
-            vocab_size: self.vocab_size,
-            num_experts: self.num_experts,
-            top_k: self.top_k,
-            moe_intermediate_size: self.moe_intermediate_size,
-            intermediate_size: self.intermediate_size,
-            mlp_only_layers: self.mlp_only_layers.clone(),
-            decoder_sparse_step: self.decoder_sparse_step,
-            tie_word_embeddings: self.tie_word_embeddings,
-            attention_bias: self.attention_bias,
-            layer_types: self.layer_types.clone(),
-            sliding_window: self.sliding_window,
-            linear_num_key_heads: self.linear_num_key_heads,
-            linear_num_value_heads: self.linear_num_value_heads,
-            linear_key_head_dim: self.linear_key_head_dim,
-            linear_value_head_dim: self.linear_value_head_dim,
-            linear_conv_kernel_dim: self.linear_conv_kernel_dim,
-            shared_expert_intermediate_size: self.shared_expert_intermediate_size,
-        }
-    }
-
-    /// A `[model]` section describing `geometry` (for runs without a profile file).
-    pub fn from_geometry(geometry: &ModelGeometry, path: Option<PathBuf>) -> ModelSection {
-        ModelSection {
-            name: None,
-            path,
-            architecture: geometry.architecture,
-            quantization: geometry.quantization,
-            num_layers: geometry.num_layers,
-            hidden_size: geometry.hidden_size,
-            num_attention_heads: geometry.num_attention_heads,
-            num_kv_heads: geometry.num_kv_heads,
-            head_dim: geometry.head_dim,
-            vocab_size: geometry.vocab_size,
-            num_experts: geometry.num_experts,
-            top_k: geometry.top_k,
-            moe_intermediate_size: geometry.moe_intermediate_size,
-            intermediate_size: geometry.intermediate_size,
-            mlp_only_layers: geometry.mlp_only_layers.clone(),
-            decoder_sparse_step: geometry.decoder_sparse_step,
-            tie_word_embeddings: geometry.tie_word_embeddings,
-            attention_bias: geometry.attention_bias,
-            layer_types: geometry.layer_types.clone(),
-            sliding_window: geometry.sliding_window,
-            linear_num_key_heads: geometry.linear_num_key_heads,
-            linear_num_value_heads: geometry.linear_num_value_heads,
-            linear_key_head_dim: geometry.linear_key_head_dim,
-            linear_value_head_dim: geometry.linear_value_head_dim,
-            linear_conv_kernel_dim: geometry.linear_conv_kernel_dim,
-            shared_expert_intermediate_size: geometry.shared_expert_intermediate_size,
-        }
-    }
+    #[serde(flatten)]
+    pub geometry: ModelGeometry,
 }
 
 /// Element type of the KV cache.
@@ -255,6 +150,9 @@ pub struct ServingSection {
     pub enable_prefix_caching: bool,
 }
 
+fn one() -> usize {
+    1
+}
 fn default_kv_dtype() -> KvCacheDtype {
     KvCacheDtype::Bf16
 }
@@ -419,39 +317,52 @@ impl<'de> Visitor<'de> for SizeVisitor {
     }
 }
 
-/// `[model]` as written: every key optional. With a checkpoint at hand the
-/// geometry comes from its config.json (a value given here must agree, see
-/// `plan::check_geometry`); without one the geometry keys are required.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ModelDraft {
-    name: Option<String>,
-    path: Option<PathBuf>,
-    architecture: Option<Architecture>,
-    quantization: Option<Quantization>,
-    num_layers: Option<usize>,
-    hidden_size: Option<usize>,
-    num_attention_heads: Option<usize>,
-    num_kv_heads: Option<usize>,
-    head_dim: Option<usize>,
-    vocab_size: Option<usize>,
-    num_experts: Option<usize>,
-    top_k: Option<usize>,
-    moe_intermediate_size: Option<usize>,
-    intermediate_size: Option<usize>,
-    mlp_only_layers: Option<Vec<usize>>,
-    decoder_sparse_step: Option<usize>,
-    tie_word_embeddings: Option<bool>,
-    attention_bias: Option<bool>,
-    layer_types: Option<Vec<LayerAttention>>,
-    sliding_window: Option<usize>,
-    linear_num_key_heads: Option<usize>,
-    linear_num_value_heads: Option<usize>,
-    linear_key_head_dim: Option<usize>,
-    linear_value_head_dim: Option<usize>,
-    linear_conv_kernel_dim: Option<usize>,
-    shared_expert_intermediate_size: Option<usize>,
+/// Defines `ModelDraft`, `[model]` as written, from the geometry's field
+/// list (`geometry::with_geometry_fields`): `name`, `path` and every
+/// geometry key, each optional. With a checkpoint at hand the geometry
+/// comes from its config.json (a value given here must agree, see
+/// `plan::check_geometry`); without one the `required` keys must be given.
+///
+/// A struct of its own rather than a `#[serde(flatten)]`ed geometry: serde
+/// buffers a table for flatten before the geometry reads it, and toml then
+/// reports an unknown or mistyped key at the `[model]` line, not the key's,
+/// and an unknown key without the list of expected ones.
+macro_rules! define_model_draft {
+    (@default $field:ident required) => {
+        return Err(stringify!($field))
+    };
+    (@default $field:ident ($value:expr)) => {
+        $value
+    };
+    ($($(#[$doc:meta])* $field:ident: $ty:ty = $default:tt,)*) => {
+        #[derive(Clone, Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct ModelDraft {
+            name: Option<String>,
+            path: Option<PathBuf>,
+            $($field: Option<$ty>,)*
+        }
+
+        impl ModelDraft {
+            /// Each geometry key as written, else the checkpoint's, else
+            /// its default; `Err(key)` names the first required key that
+            /// neither gives.
+            fn geometry_over(
+                &self,
+                checkpoint: Option<&ModelGeometry>,
+            ) -> Result<ModelGeometry, &'static str> {
+                Ok(ModelGeometry {
+                    $($field: match (&self.$field, checkpoint) {
+                        (Some(value), _) => value.clone(),
+                        (None, Some(g)) => g.$field.clone(),
+                        (None, None) => define_model_draft!(@default $field $default),
+                    },)*
+                })
+            }
+        }
+    };
 }
+with_geometry_fields!(define_model_draft);
 
 /// `[serving]` as written: every key optional (defaults in
 /// [`ServingSection::default`]).
@@ -693,54 +604,11 @@ impl ProfileDraft {
         &self,
         checkpoint: Option<&ModelGeometry>,
     ) -> Result<ModelSection, &'static str> {
-        let d = self.file.model.clone();
-        macro_rules! required {
-            ($field:ident) => {
-                match (d.$field, checkpoint) {
-                    (Some(v), _) => v,
-                    (None, Some(g)) => g.$field.clone(),
-                    (None, None) => return Err(stringify!($field)),
-                }
-            };
-        }
-        macro_rules! optional {
-            ($field:ident, $default:expr) => {
-                match (d.$field, checkpoint) {
-                    (Some(v), _) => v,
-                    (None, Some(g)) => g.$field.clone(),
-                    (None, None) => $default,
-                }
-            };
-        }
+        let d = &self.file.model;
         Ok(ModelSection {
-            name: d.name,
-            path: d.path,
-            architecture: required!(architecture),
-            quantization: required!(quantization),
-            num_layers: required!(num_layers),
-            hidden_size: required!(hidden_size),
-            num_attention_heads: required!(num_attention_heads),
-            num_kv_heads: required!(num_kv_heads),
-            head_dim: required!(head_dim),
-            vocab_size: required!(vocab_size),
-            num_experts: required!(num_experts),
-            top_k: required!(top_k),
-            moe_intermediate_size: required!(moe_intermediate_size),
-            intermediate_size: optional!(intermediate_size, 0),
-            mlp_only_layers: optional!(mlp_only_layers, Vec::new()),
-            decoder_sparse_step: optional!(decoder_sparse_step, 1),
-            tie_word_embeddings: optional!(tie_word_embeddings, false),
-            attention_bias: optional!(attention_bias, false),
-            layer_types: optional!(layer_types, Vec::new()),
-            sliding_window: d
-                .sliding_window
-                .or(checkpoint.and_then(|g| g.sliding_window)),
-            linear_num_key_heads: optional!(linear_num_key_heads, 0),
-            linear_num_value_heads: optional!(linear_num_value_heads, 0),
-            linear_key_head_dim: optional!(linear_key_head_dim, 0),
-            linear_value_head_dim: optional!(linear_value_head_dim, 0),
-            linear_conv_kernel_dim: optional!(linear_conv_kernel_dim, 0),
-            shared_expert_intermediate_size: optional!(shared_expert_intermediate_size, 0),
+            name: d.name.clone(),
+            path: d.path.clone(),
+            geometry: d.geometry_over(checkpoint)?,
         })
     }
 }
@@ -816,7 +684,7 @@ impl Profile {
     /// Every size of `[model]`, `[serving]` and `[backend]` against
     /// `crate::limits`, as (section, the first one above its limit).
     fn check_limits(&self) -> Result<(), (&'static str, LimitExceeded)> {
-        let m = &self.model;
+        let m = &self.model.geometry;
         GeometryFields {
             layers: ("num_layers", m.num_layers),
             experts: ("num_experts", m.num_experts),
@@ -873,7 +741,7 @@ impl Profile {
     /// to with these limits (`plan::memory` has the exact formulas): each
     /// must stay below [`limits::MAX_PLAN_BYTES`].
     fn check_plan_magnitude(&self) -> Result<(), (&'static str, LimitExceeded)> {
-        let (m, s) = (&self.model, &self.serving);
+        let (m, s) = (&self.model.geometry, &self.serving);
         let w = |v: usize| v as u128;
         let (layers, h, e) = (w(m.num_layers), w(m.hidden_size), w(m.num_experts));
         let (q, kv) = (
@@ -942,7 +810,7 @@ impl Profile {
 
     /// The first value that parses but makes no sense, as (section, key, why).
     fn first_problem(&self) -> Option<(&'static str, &'static str, String)> {
-        let m = &self.model;
+        let m = &self.model.geometry;
         let s = &self.serving;
         let positive: [(&'static str, &'static str, usize); 13] = [
             ("model", "num_layers", m.num_layers),
@@ -1025,8 +893,7 @@ impl Profile {
                 ),
             ));
         }
-        let geometry = m.geometry();
-        if geometry.num_moe_layers() < m.num_layers && m.intermediate_size == 0 {
+        if m.num_moe_layers() < m.num_layers && m.intermediate_size == 0 {
             return Some((
                 "model",
                 "intermediate_size",
@@ -1132,7 +999,7 @@ kv_cache = "1MiB"
     #[test]
     fn parses_with_defaults() {
         let p = Profile::parse(TINY, "tiny.toml").unwrap();
-        assert_eq!(p.model.num_layers, 4);
+        assert_eq!(p.model.geometry.num_layers, 4);
         assert_eq!(p.serving.dp_size, 1);
         assert_eq!(p.serving.kv_cache, KvCacheSize::Bytes(1 << 20));
         assert_eq!(p.serving.kv_cache_dtype, KvCacheDtype::Bf16);
@@ -1144,9 +1011,15 @@ kv_cache = "1MiB"
     fn unknown_key_names_file_line_and_column() {
         let text = TINY.replace("top_k = 4", "top_k = 4\nnum_expertz = 3");
         let err = Profile::parse(&text, "tiny.toml").unwrap_err().to_string();
-        // line 13 of the edited text, column 1
-        assert!(err.starts_with("tiny.toml:13:1:"), "{err}");
-        assert!(err.contains("num_expertz"), "{err}");
+        // line 13 of the edited text, column 1, with the keys [model] takes
+        assert!(
+            err.starts_with(
+                "tiny.toml:13:1: num_expertz: unknown field `num_expertz`, expected one of \
+                 `name`, `path`, `architecture`, `quantization`, `num_layers`,"
+            ),
+            "{err}"
+        );
+        assert!(err.contains("`sliding_window`"), "{err}");
     }
 
     #[test]
@@ -1198,7 +1071,7 @@ kv_cache = "1MiB"
     #[test]
     fn a_partial_profile_layers_over_the_checkpoint_and_flags_over_it() {
         let full = Profile::parse(TINY, "tiny.toml").unwrap();
-        let geometry = full.model.geometry();
+        let geometry = full.model.geometry.clone();
         let facts = |max_position_embeddings| {
             Some(CheckpointFacts {
                 geometry: &geometry,
@@ -1211,7 +1084,7 @@ kv_cache = "1MiB"
             ..ServingOverrides::default()
         };
         let p = draft.clone().resolve(facts(1 << 20), &flags).unwrap();
-        assert_eq!(p.model.geometry(), geometry);
+        assert_eq!(p.model.geometry, geometry);
         assert_eq!(p.serving.max_model_len, 256);
         assert_eq!(p.serving.max_num_seqs, 2);
         assert_eq!(p.serving.max_num_batched_tokens, 512);

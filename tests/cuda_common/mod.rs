@@ -9,7 +9,7 @@ use sparkrt::backend::Backend;
 use sparkrt::backend::cpu::{CpuBackend, CpuBuffer};
 use sparkrt::backend::cuda::{CudaBackend, CudaBuffer, CudaOptions, WeightsPolicy};
 use sparkrt::plan::ledger::{Category, Ledger};
-use sparkrt::plan::memory::{Buffer, MoeWorkspace};
+use sparkrt::plan::memory::{Buffer, MoeWorkspace, Placement};
 
 /// Why CUDA tests cannot run here, if they cannot.
 pub fn no_gpu() -> Option<String> {
@@ -72,12 +72,12 @@ impl Both {
     pub fn buffers(&self, values: &[f32], capacity: usize) -> (CpuBuffer, CudaBuffer) {
         let mut cpu = self
             .cpu
-            .alloc(Category::Activations, "test", capacity)
+            .alloc(Category::Activations, "test", capacity, Placement::Device)
             .unwrap();
         cpu.as_mut_slice()[..values.len()].copy_from_slice(values);
         let cuda = self
             .cuda
-            .alloc(Category::Activations, "test", capacity)
+            .alloc(Category::Activations, "test", capacity, Placement::Device)
             .unwrap();
         cuda.upload(values).unwrap();
         (cpu, cuda)
@@ -152,6 +152,7 @@ pub fn workspace_plan(
     .map(|(name, bytes)| Buffer {
         name: name.to_string(),
         bytes,
+        placement: Placement::Device,
     })
     .collect::<Vec<_>>();
     let bytes = buffers.iter().map(|b| b.bytes).sum();

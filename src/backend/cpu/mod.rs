@@ -19,7 +19,7 @@ use super::{
 };
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::plan::ledger::{Category, Charge, Ledger};
-use crate::plan::memory::{MoeWorkspace as MoeWorkspacePlan, STEP_METADATA};
+use crate::plan::memory::{MoeWorkspace as MoeWorkspacePlan, Placement, STEP_METADATA};
 use crate::step::StepBatch;
 
 pub use delta_net::CpuRecurrentState;
@@ -96,6 +96,8 @@ impl Backend for CpuBackend {
         category: Category,
         what: &'static str,
         elements: usize,
+        // One memory: host and kernels read the same buffer.
+        _placement: Placement,
     ) -> Result<CpuBuffer, BackendError> {
         let charge = self.charge(category, super::f32_bytes(elements), what)?;
         Ok(CpuBuffer {

@@ -3,6 +3,10 @@
 
 use std::sync::atomic::Ordering;
 
+use super::constants::{
+    APPEND_THREADS, ATTN_WARPS, BLOCK_THREADS, KEY_TILE, MAX_COPY_PAIRS, MAX_HEAD_DIM, Q_TILE,
+    SEQ_SLIDING, SEQ_TABLE, WARP,
+};
 use super::memory::{CudaKvCache, KvLayer, check};
 use super::params as p;
 use super::{CudaBackend, CudaBuffer, CudaStep, CudaVector, CudaWorkspace, Kernel, u32_of};
@@ -24,7 +28,7 @@ impl CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
         let (heads, kv_heads, hd) = (shape.heads, shape.kv_heads, shape.head_dim);
-        if hd == 0 || hd > p::MAX_HEAD_DIM || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        if hd == 0 || hd > MAX_HEAD_DIM || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(BackendError::Shape(format!(
                 "unsupported attention shape: {heads} heads, {kv_heads} KV heads, head_dim {hd}"
             )));
@@ -86,7 +90,7 @@ impl CudaBackend {
             pad: 0,
         };
         let grid = (step.tiles, params.heads, splits);
-        self.launch(Kernel::Attention, grid, p::ATTN_THREADS, shared, &params)?;
+        self.launch(Kernel::Attention, grid, ATTN_WARPS * WARP, shared, &params)?;
         // The kernel also wrote the step's keys and values.
         kv.appended
             .store(CudaKvCache::marker(layer, step.serial), Ordering::Release);
@@ -94,7 +98,7 @@ impl CudaBackend {
             self.launch(
                 Kernel::AttentionCombine,
                 (params.rows, params.heads, 1),
-                32,
+                WARP,
                 0,
                 &params,
             )?;
@@ -115,11 +119,11 @@ impl CudaBackend {
     ) -> (u32, u32) {
         // Keys a tile can see: its context, at most a window and a tile.
         let span = match shape.window {
-            Some(w) => step.max_context.min(w + p::Q_TILE as usize),
+            Some(w) => step.max_context.min(w + Q_TILE as usize),
             None => step.max_context,
         }
         .max(1);
-        let key_tile = p::KEY_TILE as usize;
+        let key_tile = KEY_TILE as usize;
         let round = |n: usize| n.div_ceil(key_tile) * key_tile;
         let forced = self.split_len.load(Ordering::Relaxed) as usize;
         let (mut splits, mut len) = if forced > 0 {
@@ -178,7 +182,13 @@ impl CudaBackend {
             block_size: u32_of("block size", kv.block_size)?,
             table: table_field(&store),
         };
-        self.launch(Kernel::KvAppend, (params.rows, 1, 1), 128, 0, &params)
+        self.launch(
+            Kernel::KvAppend,
+            (params.rows, 1, 1),
+            APPEND_THREADS,
+            0,
+            &params,
+        )
     }
 
     /// Copies block `from` onto block `to` of every array, for each pair,
@@ -216,8 +226,8 @@ impl CudaBackend {
                 half_bytes: kv.array_bytes / 2,
                 block_units: u32_of("KV block", block_bytes / 2)?,
                 pairs: chunk.len() as u32,
-                from: [0; p::MAX_COPY_PAIRS],
-                to: [0; p::MAX_COPY_PAIRS],
+                from: [0; MAX_COPY_PAIRS],
+                to: [0; MAX_COPY_PAIRS],
             };
             for (i, &(from, to)) in chunk.iter().enumerate() {
                 params.from[i] = from;
@@ -226,12 +236,12 @@ impl CudaBackend {
             Ok(params)
         };
         let halves = u32_of("KV arrays", 2 * kv.arrays)?;
-        for chunk in pairs.chunks(p::MAX_COPY_PAIRS) {
+        for chunk in pairs.chunks(MAX_COPY_PAIRS) {
             let params = params(chunk)?;
             self.launch(
                 Kernel::KvCopyBlocks,
                 (params.pairs, halves, 1),
-                256,
+                BLOCK_THREADS,
                 0,
                 &params,
             )?;
@@ -243,8 +253,8 @@ impl CudaBackend {
 /// The step metadata field of the table `layer` reads.
 fn table_field(layer: &KvLayer) -> u32 {
     if layer.sliding {
-        p::SEQ_SLIDING
+        SEQ_SLIDING as u32
     } else {
-        p::SEQ_TABLE
+        SEQ_TABLE as u32
     }
 }

@@ -2,24 +2,32 @@
 //! points, and loading them for the device: from the CUBIN cache when it
 //! has them, else compiled by NVRTC for the device's own architecture.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 
 use cudarc::driver::result;
 use cudarc::driver::sys;
 use rayon::prelude::*;
 
-use super::CudaError;
 use super::cache::{CubinCache, key_hash};
 use super::driver::{Device, Handle, driver};
 use super::nvrtc::{self, Compiled, Source};
+use super::{CudaError, constants};
 
-/// Headers every kernel file may include.
-pub const HEADERS: [(&str, &str); 3] = [
+/// The headers under `kernels/` every kernel file may include.
+pub const SOURCE_HEADERS: [(&str, &str); 3] = [
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
     ("linear.cuh", include_str!("../../../kernels/linear.cuh")),
     ("mma.cuh", include_str!("../../../kernels/mma.cuh")),
 ];
+
+/// Every header a kernel file may include, as NVRTC takes them: the
+/// [`SOURCE_HEADERS`] and `constants.cuh` (`constants::header`).
+pub fn headers() -> [(&'static str, &'static str); 4] {
+    static CONSTANTS: LazyLock<String> = LazyLock::new(constants::header);
+    let [common, linear, mma] = SOURCE_HEADERS;
+    [("constants.cuh", CONSTANTS.as_str()), common, linear, mma]
+}
 
 /// One `.cu` file: one NVRTC compilation, one module.
 #[derive(Debug)]
@@ -69,7 +77,7 @@ impl KernelFile {
             self.source.as_bytes(),
             options.as_bytes(),
         ];
-        for (name, text) in &HEADERS {
+        for (name, text) in headers() {
             parts.push(name.as_bytes());
             parts.push(text.as_bytes());
         }
@@ -83,7 +91,7 @@ impl KernelFile {
             &Source {
                 name: &path,
                 text: self.source,
-                headers: &HEADERS,
+                headers: &headers(),
             },
             arch,
         )

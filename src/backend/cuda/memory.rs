@@ -6,11 +6,12 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
+use super::constants::{SEQ_FIELDS, SEQ_LEN, SEQ_PAST, SEQ_SLIDING, SEQ_START, SEQ_TABLE};
 use super::driver::{Device, DeviceMemory, HostMapped};
 use crate::backend::{BackendError, KvLayout, StepMetadataPlan, charge_workspace_buffer};
 use crate::plan::ledger::{Category, Charge, KV_CACHE, Ledger};
 use crate::plan::memory::{
-    ACTIVATION_BYTES, MoeWorkspace as MoeWorkspacePlan, STEP_METADATA, STEP_SEQ_FIELDS,
+    ACTIVATION_BYTES, MoeWorkspace as MoeWorkspacePlan, Placement, STEP_METADATA,
 };
 use crate::plan::profile::KvCacheDtype;
 use crate::step::{NO_BLOCK, StepBatch};
@@ -21,7 +22,8 @@ enum Memory {
     Host(HostMapped),
 }
 
-/// An f32 buffer in device memory (or host-mapped for the logits).
+/// An f32 buffer in device memory, or host-mapped where the plan says
+/// (`Placement`).
 #[derive(Debug)]
 pub struct CudaBuffer {
     memory: Memory,
@@ -30,18 +32,16 @@ pub struct CudaBuffer {
 }
 
 impl CudaBuffer {
-    /// The activation buffer the host reads every step is host-mapped.
     pub(crate) fn allocate(
         device: &Arc<Device>,
         charge: Charge,
         elements: usize,
-        host_mapped: bool,
+        placement: Placement,
     ) -> Result<CudaBuffer, BackendError> {
         let bytes = elements * ACTIVATION_BYTES as usize;
-        let memory = if host_mapped {
-            Memory::Host(HostMapped::zeroed(device, bytes)?)
-        } else {
-            Memory::Device(DeviceMemory::zeroed(device, bytes)?)
+        let memory = match placement {
+            Placement::HostMapped => Memory::Host(HostMapped::zeroed(device, bytes)?),
+            Placement::Device => Memory::Device(DeviceMemory::zeroed(device, bytes)?),
         };
         Ok(CudaBuffer {
             memory,
@@ -273,16 +273,15 @@ impl CudaStep {
             self.tiles += c.len.div_ceil(q_tile as u32);
             self.max_context = self.max_context.max(context);
             self.decode_only &= c.len == 1;
-            let at = seq_base + STEP_SEQ_FIELDS * i;
-            self.staging[at..at + STEP_SEQ_FIELDS].copy_from_slice(&[
-                c.start,
-                c.len,
-                c.past,
-                sliding_base.checked_add(c.sliding_start).ok_or_else(|| {
-                    BackendError::Shape("a sliding-window table start overflows".to_string())
-                })?,
-                c.table_start,
-            ]);
+            let at = seq_base + SEQ_FIELDS * i;
+            let fields = &mut self.staging[at..at + SEQ_FIELDS];
+            fields[SEQ_START] = c.start;
+            fields[SEQ_LEN] = c.len;
+            fields[SEQ_PAST] = c.past;
+            fields[SEQ_SLIDING] = sliding_base.checked_add(c.sliding_start).ok_or_else(|| {
+                BackendError::Shape("a sliding-window table start overflows".to_string())
+            })?;
+            fields[SEQ_TABLE] = c.table_start;
         }
         if expected_start as usize != rows {
             return Err(BackendError::Shape(format!(
@@ -298,14 +297,14 @@ impl CudaStep {
         }
         self.staging[..rows].copy_from_slice(&batch.tokens);
         self.staging[t..t + batch.logit_rows.len()].copy_from_slice(&batch.logit_rows);
-        let tables = seq_base + STEP_SEQ_FIELDS * s;
+        let tables = seq_base + SEQ_FIELDS * s;
         self.staging[tables..tables + batch.block_tables.len()]
             .copy_from_slice(&batch.block_tables);
         let sliding = tables + self.max_table_entries;
         let n_sliding = batch.sliding_block_tables.len();
         self.staging[sliding..sliding + n_sliding].copy_from_slice(&batch.sliding_block_tables);
 
-        let n_seq = STEP_SEQ_FIELDS * batch.seqs.len();
+        let n_seq = SEQ_FIELDS * batch.seqs.len();
         self.memory.upload_at(0, &self.staging[..rows])?;
         self.memory
             .upload_at(4 * t, &self.staging[t..t + batch.logit_rows.len()])?;

@@ -17,6 +17,7 @@
 
 mod attention;
 pub mod cache;
+pub mod constants;
 mod driver;
 pub mod kernels;
 mod memory;
@@ -40,8 +41,13 @@ use super::{
 use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight, WeightData};
 use crate::host::gpu::GpuInfo;
 use crate::plan::ledger::{Category, Charge, Ledger, WeightsResidency};
-use crate::plan::memory::{LOGITS, MoeWorkspace as MoeWorkspacePlan, PROMPT_LOGITS, SAMPLED_IDS};
+use crate::plan::memory::{MoeWorkspace as MoeWorkspacePlan, Placement, SAMPLED_IDS};
 use crate::step::StepBatch;
+use constants::{
+    BLOCK_THREADS, FMT_BF16, FMT_F32, FMT_MXFP4, FMT_NVFP4, KEY_TILE, MATMUL_WARPS, MAX_HEAD_DIM,
+    MAX_JOBS, MAX_ROPE_HALF, MMA_M, MMA_TOKENS, MMA_WARPS, MXFP4_GROUP, NORM_THREADS, NVFP4_GROUP,
+    Q_TILE, ROPE_THREADS, TOKEN_TILE, WARP,
+};
 use driver::{Device, DeviceMemory, guarded};
 use kernels::{Kernel, Kernels};
 use memory::check;
@@ -79,7 +85,7 @@ pub enum MatmulPath {
 /// rows on the tensor cores. An expert gets at most one row per token, so
 /// the same rule on the step's tokens keeps every expert at ≤ 8 rows on the
 /// GEMV side. docs/ARCHITECTURE.md ("CUDA matmuls") has the whole argument.
-pub const TENSOR_CORE_MIN_ROWS: usize = p::TOKEN_TILE + 1;
+pub const TENSOR_CORE_MIN_ROWS: usize = TOKEN_TILE + 1;
 
 #[derive(Clone, Debug, Error)]
 pub enum CudaError {
@@ -163,7 +169,7 @@ impl CudaBackend {
             b: b.ptr(),
             n: n as u64,
         };
-        self.launch(kernel, (stride_blocks(n), 1, 1), 256, 0, &params)
+        self.launch(kernel, (stride_blocks(n), 1, 1), BLOCK_THREADS, 0, &params)
     }
 
     /// Opens the device, loads (or compiles) every kernel and checks that
@@ -176,7 +182,7 @@ impl CudaBackend {
             for (file, origin) in &kernels.origins {
                 tracing::debug!("kernels/{file}: {origin}");
             }
-            let wanted = p::attention_shared_bytes(p::MAX_HEAD_DIM as u32);
+            let wanted = p::attention_shared_bytes(MAX_HEAD_DIM as u32);
             let attention_shared = wanted.min(device.shared_optin_bytes.max(48 << 10));
             kernels.allow_shared(Kernel::Attention, attention_shared)?;
             let rows = options.max_sample_rows.max(1);
@@ -214,7 +220,7 @@ impl CudaBackend {
             n: 1,
         };
         self.kernels
-            .launch(Kernel::Add, (1, 1, 1), 32, 0, &params)?;
+            .launch(Kernel::Add, (1, 1, 1), WARP, 0, &params)?;
         let mut back = [0u32; 1];
         self.sampled_ids.download(&mut back)?;
         let sum = mapped.read_f32(1)?;
@@ -269,7 +275,7 @@ impl CudaBackend {
     /// Forces `len` keys per attention split (rounded up to the key tile),
     /// or lets each step choose (`None`). For tests of the split path.
     pub fn set_attention_split(&self, len: Option<usize>) {
-        let len = len.map_or(0, |l| (l as u32).max(1).div_ceil(p::KEY_TILE) * p::KEY_TILE);
+        let len = len.map_or(0, |l| (l as u32).max(1).div_ceil(KEY_TILE) * KEY_TILE);
         self.split_len.store(len, Ordering::Relaxed);
     }
 
@@ -331,27 +337,27 @@ impl CudaBackend {
         let (format, data, scales, global) = match w.data {
             WeightData::F32(b) => {
                 check("F32 weight", w.rows * w.cols * 4, b.len())?;
-                (p::FMT_F32, b, &[][..], 1.0)
+                (FMT_F32, b, &[][..], 1.0)
             }
             WeightData::Bf16(b) => {
                 check("BF16 weight", w.rows * w.cols * 2, b.len())?;
-                (p::FMT_BF16, b, &[][..], 1.0)
+                (FMT_BF16, b, &[][..], 1.0)
             }
             WeightData::Nvfp4 {
                 packed,
                 scales,
                 global,
             } => {
-                group(16)?;
+                group(NVFP4_GROUP)?;
                 check("NVFP4 codes", w.rows * w.cols / 2, packed.len())?;
-                check("NVFP4 scales", w.rows * w.cols / 16, scales.len())?;
-                (p::FMT_NVFP4, packed, scales, global)
+                check("NVFP4 scales", w.rows * w.cols / NVFP4_GROUP, scales.len())?;
+                (FMT_NVFP4, packed, scales, global)
             }
             WeightData::Mxfp4 { blocks, scales } => {
-                group(32)?;
+                group(MXFP4_GROUP)?;
                 check("MXFP4 blocks", w.rows * w.cols / 2, blocks.len())?;
-                check("MXFP4 scales", w.rows * w.cols / 32, scales.len())?;
-                (p::FMT_MXFP4, blocks, scales, 1.0)
+                check("MXFP4 scales", w.rows * w.cols / MXFP4_GROUP, scales.len())?;
+                (FMT_MXFP4, blocks, scales, 1.0)
             }
         };
         Ok(p::Weight {
@@ -387,9 +393,9 @@ fn u32_of(what: &'static str, n: usize) -> Result<u32, BackendError> {
     u32::try_from(n).map_err(|_| BackendError::Shape(format!("{what} {n} exceeds 32 bits")))
 }
 
-/// Blocks for a grid-stride loop over `n` elements, 256 threads each.
+/// Blocks for a grid-stride loop over `n` elements, `BLOCK_THREADS` each.
 fn stride_blocks(n: usize) -> u32 {
-    n.div_ceil(256).clamp(1, 4096) as u32
+    n.div_ceil(BLOCK_THREADS as usize).clamp(1, 4096) as u32
 }
 
 /// The CUDA backend has no Gated DeltaNet kernels yet: no state to hold.
@@ -421,14 +427,13 @@ impl Backend for CudaBackend {
         category: Category,
         what: &'static str,
         elements: usize,
+        placement: Placement,
     ) -> Result<CudaBuffer, BackendError> {
         self.device.bind()?;
         let charge = self
             .ledger
             .charge(category, super::f32_bytes(elements), what)?;
-        // The logits are what the host reads every step.
-        let host_read = what == LOGITS || what == PROMPT_LOGITS;
-        CudaBuffer::allocate(&self.device, charge, elements, host_read)
+        CudaBuffer::allocate(&self.device, charge, elements, placement)
     }
 
     fn linear<'w>(&self, w: LinearWeight<'w>) -> Result<CudaLinear<'w>, BackendError> {
@@ -579,7 +584,7 @@ impl Backend for CudaBackend {
 
     fn load_step(&self, batch: &StepBatch, step: &mut CudaStep) -> Result<(), BackendError> {
         self.device.bind()?;
-        step.load(batch, p::Q_TILE as usize)
+        step.load(batch, Q_TILE as usize)
     }
 
     fn embed(
@@ -603,7 +608,13 @@ impl Backend for CudaBackend {
             rows: u32_of("rows", step.rows)?,
             pad: 0,
         };
-        self.launch(Kernel::Embed, (params.rows, 1, 1), 256, 0, &params)
+        self.launch(
+            Kernel::Embed,
+            (params.rows, 1, 1),
+            BLOCK_THREADS,
+            0,
+            &params,
+        )
     }
 
     fn rmsnorm(
@@ -628,7 +639,13 @@ impl Backend for CudaBackend {
             eps,
             rows: u32_of("rows", rows)?,
         };
-        self.launch(Kernel::RmsNorm, (params.rows, 1, 1), 256, 0, &params)
+        self.launch(
+            Kernel::RmsNorm,
+            (params.rows, 1, 1),
+            NORM_THREADS,
+            0,
+            &params,
+        )
     }
 
     fn add_rmsnorm(
@@ -658,22 +675,24 @@ impl Backend for CudaBackend {
             eps,
             rows: u32_of("rows", rows)?,
         };
-        self.launch(Kernel::RmsNorm, (params.rows, 1, 1), 256, 0, &params)
+        self.launch(
+            Kernel::RmsNorm,
+            (params.rows, 1, 1),
+            NORM_THREADS,
+            0,
+            &params,
+        )
     }
 
     fn matmul(&self, jobs: &mut [Matmul<'_, '_, Self>]) -> Result<(), BackendError> {
         self.device.bind()?;
-        for chunk in jobs.chunks(p::MAX_JOBS) {
+        for chunk in jobs.chunks(MAX_JOBS) {
             // One launch per chunk, on one kernel: the tensor cores when
             // the chunk's largest job crosses over and no weight is F32.
             let most_rows = chunk.iter().map(|j| j.rows).max().unwrap_or(0);
-            let mma_formats = chunk.iter().all(|j| j.w.weight.format != p::FMT_F32);
+            let mma_formats = chunk.iter().all(|j| j.w.weight.format != FMT_F32);
             let mma = self.tensor_cores_for(most_rows, mma_formats);
-            let features_per_block = if mma {
-                p::MMA_WARPS * p::MMA_FEATURES
-            } else {
-                p::MATMUL_WARPS
-            };
+            let features_per_block = if mma { MMA_WARPS * MMA_M } else { MATMUL_WARPS };
             let mut params = p::MatmulParams::default();
             let mut blocks = 0u32;
             for job in chunk {
@@ -709,11 +728,11 @@ impl Backend for CudaBackend {
                 continue;
             }
             if mma {
-                let row_blocks = u32_of("rows", most_rows)?.div_ceil(p::MMA_TOKENS);
+                let row_blocks = u32_of("rows", most_rows)?.div_ceil(MMA_TOKENS);
                 self.launch(
                     Kernel::MatmulMma,
                     (blocks, row_blocks, 1),
-                    p::MMA_WARPS * 32,
+                    MMA_WARPS * WARP,
                     0,
                     &params,
                 )?;
@@ -721,7 +740,7 @@ impl Backend for CudaBackend {
                 self.launch(
                     Kernel::Matmul,
                     (blocks, 1, 1),
-                    p::MATMUL_WARPS * 32,
+                    MATMUL_WARPS * WARP,
                     0,
                     &params,
                 )?;
@@ -740,11 +759,11 @@ impl Backend for CudaBackend {
     ) -> Result<(), BackendError> {
         self.device.bind()?;
         let half = inv_freq.len();
-        if half > p::MAX_ROPE_HALF {
+        if half > MAX_ROPE_HALF {
             return Err(BackendError::Shape(format!(
                 "head_dim {} exceeds the CUDA backend's {}",
                 2 * half,
-                2 * p::MAX_ROPE_HALF
+                2 * MAX_ROPE_HALF
             )));
         }
         check("rope rows", rows, step.rows)?;
@@ -758,10 +777,16 @@ impl Backend for CudaBackend {
             rows: u32_of("rows", rows)?,
             half: half as u32,
             attention_factor,
-            inv_freq: [0.0; p::MAX_ROPE_HALF],
+            inv_freq: [0.0; MAX_ROPE_HALF],
         };
         params.inv_freq[..half].copy_from_slice(inv_freq);
-        self.launch(Kernel::RopeTable, (params.rows, 1, 1), 128, 0, &params)
+        self.launch(
+            Kernel::RopeTable,
+            (params.rows, 1, 1),
+            ROPE_THREADS,
+            0,
+            &params,
+        )
     }
 
     fn qk_norm_rope(
@@ -775,7 +800,7 @@ impl Backend for CudaBackend {
     ) -> Result<(), BackendError> {
         self.device.bind()?;
         let hd = shape.head_dim;
-        if hd > p::MAX_HEAD_DIM || !hd.is_multiple_of(2) {
+        if hd > MAX_HEAD_DIM || !hd.is_multiple_of(2) {
             return Err(BackendError::Shape(format!("unsupported head_dim {hd}")));
         }
         if shape.rotary_dim != hd {
@@ -808,7 +833,7 @@ impl Backend for CudaBackend {
             pad: 0,
         };
         let grid = (params.rows, params.heads + params.kv_heads, 1);
-        self.launch(Kernel::QkNormRope, grid, 32, 0, &params)
+        self.launch(Kernel::QkNormRope, grid, WARP, 0, &params)
     }
 
     fn attention(
@@ -918,7 +943,7 @@ impl Backend for CudaBackend {
             width: u32_of("width", width)?,
             pad: 0,
         };
-        self.launch(Kernel::CompactRows, (1, 1, 1), 256, 0, &params)
+        self.launch(Kernel::CompactRows, (1, 1, 1), BLOCK_THREADS, 0, &params)
     }
 
     fn read(
@@ -950,7 +975,13 @@ impl Backend for CudaBackend {
             rows: u32_of("rows", rows)?,
             vocab: u32_of("vocab", vocab)?,
         };
-        self.launch(Kernel::Argmax, (params.rows, 1, 1), 256, 0, &params)?;
+        self.launch(
+            Kernel::Argmax,
+            (params.rows, 1, 1),
+            BLOCK_THREADS,
+            0,
+            &params,
+        )?;
         Ok(self.sampled_ids.download(&mut ids[..rows])?)
     }
 

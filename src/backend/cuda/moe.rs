@@ -4,6 +4,10 @@
 
 use std::marker::PhantomData;
 
+use super::constants::{
+    BLOCK_THREADS, EXPERT_MMA_WARPS, EXPERT_WARPS, FMT_F32, MAX_EXPERTS, MAX_TOP_K, MMA_M,
+    ROUTE_WARPS, ROUTER_SOFTMAX_TOPK, ROUTER_SOFTMAX_TOPK_RENORM, ROUTER_TOPK_SOFTMAX, WARP,
+};
 use super::driver::DeviceMemory;
 use super::memory::check;
 use super::params as p;
@@ -37,10 +41,10 @@ impl<'w> CudaExperts<'w> {
         spec: ExpertsSpec<'w>,
     ) -> Result<CudaExperts<'w>, BackendError> {
         let (h, i, e) = (spec.hidden_size, spec.intermediate_size, spec.num_experts());
-        if e == 0 || e > p::MAX_EXPERTS {
+        if e == 0 || e > MAX_EXPERTS {
             return Err(BackendError::Shape(format!(
                 "{e} experts (the CUDA backend routes up to {})",
-                p::MAX_EXPERTS
+                MAX_EXPERTS
             )));
         }
         let shape = |w: &LinearWeight<'_>, rows: usize, cols: usize, what: &str| {
@@ -129,9 +133,9 @@ impl<'w> CudaExperts<'w> {
             ExpertActivation::SiluMul => (f32::INFINITY, 1.0),
         };
         let mma_formats = table.iter().all(|entry| {
-            let down = entry.down.format != p::FMT_F32;
-            let gate = entry.gate.format != p::FMT_F32;
-            down && gate && (interleaved || entry.up.format != p::FMT_F32)
+            let down = entry.down.format != FMT_F32;
+            let gate = entry.gate.format != FMT_F32;
+            down && gate && (interleaved || entry.up.format != FMT_F32)
         });
         let bytes = std::mem::size_of_val(table.as_slice());
         let charge = b
@@ -175,8 +179,8 @@ impl CudaBackend {
         if ws.expert_offsets.elements < num_experts + 1
             || top_k == 0
             || top_k > num_experts
-            || top_k > p::MAX_TOP_K
-            || num_experts > p::MAX_EXPERTS
+            || top_k > MAX_TOP_K
+            || num_experts > MAX_EXPERTS
         {
             return Err(BackendError::Shape(format!(
                 "top-{top_k} of {num_experts} experts does not fit the workspace"
@@ -197,16 +201,16 @@ impl CudaBackend {
             num_experts: num_experts as u32,
             top_k: top_k as u32,
             kind: match kind {
-                RouterKind::SoftmaxTopK { renormalize: false } => p::ROUTER_SOFTMAX_TOPK,
-                RouterKind::SoftmaxTopK { renormalize: true } => p::ROUTER_SOFTMAX_TOPK_RENORM,
-                RouterKind::TopKSoftmax => p::ROUTER_TOPK_SOFTMAX,
+                RouterKind::SoftmaxTopK { renormalize: false } => ROUTER_SOFTMAX_TOPK,
+                RouterKind::SoftmaxTopK { renormalize: true } => ROUTER_SOFTMAX_TOPK_RENORM,
+                RouterKind::TopKSoftmax => ROUTER_TOPK_SOFTMAX,
             },
         };
-        let blocks = params.rows.div_ceil(p::ROUTE_WARPS);
+        let blocks = params.rows.div_ceil(ROUTE_WARPS);
         self.launch(
             Kernel::RouteGroup,
             (blocks, 1, 1),
-            p::ROUTE_WARPS * 32,
+            ROUTE_WARPS * WARP,
             0,
             &params,
         )?;
@@ -270,22 +274,20 @@ impl CudaBackend {
         let mma = self.tensor_cores_for(rows, experts.mma_formats);
         let experts_count = gate_up.num_experts;
         if mma {
-            let blocks = gate_up
-                .inter
-                .div_ceil(p::EXPERT_MMA_WARPS * p::MMA_FEATURES);
+            let blocks = gate_up.inter.div_ceil(EXPERT_MMA_WARPS * MMA_M);
             self.launch(
                 Kernel::ExpertGateUpMma,
                 (blocks, experts_count, 1),
-                p::EXPERT_MMA_WARPS * 32,
+                EXPERT_MMA_WARPS * WARP,
                 0,
                 &gate_up,
             )?;
         } else {
-            let blocks = gate_up.inter.div_ceil(p::EXPERT_WARPS);
+            let blocks = gate_up.inter.div_ceil(EXPERT_WARPS);
             self.launch(
                 Kernel::ExpertGateUp,
                 (blocks, 1, 1),
-                p::EXPERT_WARPS * 32,
+                EXPERT_WARPS * WARP,
                 0,
                 &gate_up,
             )?;
@@ -301,20 +303,20 @@ impl CudaBackend {
             bias_bf16: experts.bias_bf16.into(),
         };
         if mma {
-            let blocks = down.hidden.div_ceil(p::EXPERT_MMA_WARPS * p::MMA_FEATURES);
+            let blocks = down.hidden.div_ceil(EXPERT_MMA_WARPS * MMA_M);
             self.launch(
                 Kernel::ExpertDownMma,
                 (blocks, experts_count, 1),
-                p::EXPERT_MMA_WARPS * 32,
+                EXPERT_MMA_WARPS * WARP,
                 0,
                 &down,
             )?;
         } else {
-            let blocks = down.hidden.div_ceil(p::EXPERT_WARPS);
+            let blocks = down.hidden.div_ceil(EXPERT_WARPS);
             self.launch(
                 Kernel::ExpertDown,
                 (blocks, 1, 1),
-                p::EXPERT_WARPS * 32,
+                EXPERT_WARPS * WARP,
                 0,
                 &down,
             )?;
@@ -329,6 +331,12 @@ impl CudaBackend {
             hidden: gate_up.hidden,
             pad: 0,
         };
-        self.launch(Kernel::MoeCombine, (combine.rows, 1, 1), 256, 0, &combine)
+        self.launch(
+            Kernel::MoeCombine,
+            (combine.rows, 1, 1),
+            BLOCK_THREADS,
+            0,
+            &combine,
+        )
     }
 }

@@ -2,43 +2,9 @@
 //! declare them (each kernel takes one struct by value). Only u64, u32 and
 //! f32 fields, u64s first, so `repr(C)` lays them out as the CUDA compiler
 //! does; the sizes are asserted here and by `static_assert` in the sources.
+//! The numbers they share with the kernels are in `constants`.
 
-/// Weight formats as `kernels/common.cuh` numbers them.
-pub const FMT_F32: u32 = 0;
-pub const FMT_BF16: u32 = 1;
-pub const FMT_NVFP4: u32 = 2;
-pub const FMT_MXFP4: u32 = 3;
-
-/// Router kinds of `route_group`.
-pub const ROUTER_SOFTMAX_TOPK: u32 = 0;
-pub const ROUTER_SOFTMAX_TOPK_RENORM: u32 = 1;
-pub const ROUTER_TOPK_SOFTMAX: u32 = 2;
-
-/// Limits compiled into the kernels.
-pub const MAX_ROPE_HALF: usize = 256;
-pub const MAX_HEAD_DIM: usize = 256;
-pub const MAX_JOBS: usize = 4;
-pub const MAX_EXPERTS: usize = 1024;
-pub const MAX_TOP_K: usize = 32;
-pub const MATMUL_WARPS: u32 = 4;
-pub const EXPERT_WARPS: u32 = 4;
-pub const ROUTE_WARPS: u32 = 4;
-/// `matmul_mma`: warps per block (16 output features each) and rows per
-/// block (`MMA_TILES` tiles of 8).
-pub const MMA_WARPS: u32 = 4;
-pub const MMA_FEATURES: u32 = 16;
-pub const MMA_TOKENS: u32 = 64;
-/// `expert_gate_up_mma`, `expert_down_mma`: warps per block.
-pub const EXPERT_MMA_WARPS: u32 = 4;
-/// Rows per pass of the warp-per-row kernels (`TOKEN_TILE` of linear.cuh).
-pub const TOKEN_TILE: usize = 8;
-pub const ATTN_THREADS: u32 = 128;
-pub const Q_TILE: u32 = 16;
-pub const KEY_TILE: u32 = 32;
-/// Step metadata fields of a sequence naming its full-attention and its
-/// sliding-window table (`kernels/common.cuh`).
-pub const SEQ_SLIDING: u32 = 3;
-pub const SEQ_TABLE: u32 = 4;
+use super::constants::{KEY_TILE, MAX_COPY_PAIRS, MAX_JOBS, MAX_ROPE_HALF, Q_TILE};
 
 /// Dynamic shared memory of `attention` for `head_dim`: a query tile, a
 /// padded key tile and a value tile, f32.
@@ -252,7 +218,8 @@ pub struct AttnParams {
     pub kv_bf16: u32,
     pub sinks_bf16: u32,
     pub block_size: u32,
-    /// The sequence field of the layer's table: [`SEQ_TABLE`] or [`SEQ_SLIDING`].
+    /// The sequence field of the layer's table: `SEQ_TABLE` or `SEQ_SLIDING`
+    /// (`constants`).
     pub table: u32,
     pub window: u32,
     pub splits: u32,
@@ -278,9 +245,6 @@ pub struct AppendParams {
     pub block_size: u32,
     pub table: u32,
 }
-
-/// Block pairs one `kv_copy_blocks` launch copies.
-pub const MAX_COPY_PAIRS: usize = 64;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
