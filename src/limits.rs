@@ -62,6 +62,8 @@ pub const MAX_NUM_SEQS: usize = 65_536;
 pub const MAX_NUM_BATCHED_TOKENS: usize = 1_048_576;
 /// `[serving] kv_block_size`: tokens per KV block.
 pub const MAX_KV_BLOCK_SIZE: usize = 65_536;
+/// `[serving] state_snapshots`: recurrent-state snapshots kept.
+pub const MAX_STATE_SNAPSHOTS: usize = MAX_NUM_SEQS;
 /// `[serving] dp_size`: data-parallel ranks.
 pub const MAX_DP_SIZE: usize = 1024;
 /// Longest `cache_salt` a request may carry (bytes); it is hashed once per request.

@@ -578,8 +578,11 @@ impl<B: Backend> Loaded<B> {
             kv_blocks: self.plan.kv_cache.blocks as usize,
             kv_block_size: s.kv_block_size,
             sliding_window: sliding_window(&self.kv_layout()),
-            state_slots: self.plan.recurrent_state.slots
+            state_slots: self.plan.recurrent_state.live_slots
                 * usize::from(self.plan.recurrent_state.bytes > 0),
+            snapshot_slots: self.plan.recurrent_state.snapshot_slots
+                * usize::from(self.plan.recurrent_state.bytes > 0),
+            snapshot_interval: self.plan.recurrent_state.snapshot_interval,
             prefix_caching: s.enable_prefix_caching,
         };
         Ok(Engine::new(

@@ -60,6 +60,21 @@ pub struct StepBatch {
     pub sliding_block_tables: Vec<u32>,
     /// Rows whose logits are wanted, ascending.
     pub logit_rows: Vec<u32>,
+    /// Recurrent states to keep at rows inside the step (models with Gated
+    /// DeltaNet layers): the prefix cache's snapshots.
+    pub state_saves: Vec<StateSave>,
+}
+
+/// "After row `row` of sequence `seq` (its index in [`StepBatch::seqs`]),
+/// copy its recurrent state into slot `slot`": the state covering every
+/// position up to that row's, kept so that a later sequence with the same
+/// tokens can start there. The slot is no sequence's of the step, and no
+/// slot is saved twice in one step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateSave {
+    pub seq: u32,
+    pub row: u32,
+    pub slot: u32,
 }
 
 impl StepBatch {
@@ -71,6 +86,7 @@ impl StepBatch {
             block_tables: Vec::with_capacity(max_seqs * max_blocks_per_seq),
             sliding_block_tables: Vec::with_capacity(max_seqs * max_blocks_per_seq),
             logit_rows: Vec::with_capacity(max_tokens.max(max_seqs)),
+            state_saves: Vec::with_capacity(2 * max_seqs),
         }
     }
 
@@ -81,6 +97,7 @@ impl StepBatch {
         self.block_tables.clear();
         self.sliding_block_tables.clear();
         self.logit_rows.clear();
+        self.state_saves.clear();
     }
 
     pub fn rows(&self) -> usize {

@@ -68,6 +68,8 @@ pub fn limits(max_num_seqs: usize, batched: usize, kv_blocks: usize) -> EngineLi
         sliding_window: 0,
         prefix_caching: false,
         state_slots: 0,
+        snapshot_slots: 0,
+        snapshot_interval: 0,
     }
 }
 

@@ -5,11 +5,11 @@
 //!
 //! - every prompt position's logits within 1e-3 of transformers' (f32 KV
 //!   cache, f32 recurrent state) and the greedy continuation identical, for
-//!   the short prompt and the 150-token one (three chunks of the delta rule);
+//!   the short prompt and the 150-token one;
 //! - the same prompt in one step, in chunks over several forward calls and
 //!   token by token gives the same logits (within 2e-5 of the largest
-//!   logit: the chunked and the recurrent delta rule, and chunks cut at
-//!   other places, sum in different orders);
+//!   logit: attention over chunks cut at other places sums in different
+//!   orders);
 //! - two sequences in one step, in different state slots, give each one's
 //!   solo logits.
 
@@ -28,7 +28,7 @@ use sparkrt::step::{Logits, StepBatch};
 use crate::common;
 
 /// Every Qwen3.5 / Qwen3-Next fixture.
-const FIXTURES: [&str; 4] = [
+pub(crate) const FIXTURES: [&str; 4] = [
     "qwen35-moe-tiny",
     "qwen35-tiny",
     "qwen3-next-tiny",
@@ -41,13 +41,13 @@ const MAX_LEN: usize = 256;
 const BLOCK: usize = 16;
 
 /// What transformers computed for one prompt of a fixture.
-struct Reference {
-    input_ids: Vec<u32>,
-    logits: Vec<f32>,
-    greedy_ids: Vec<u32>,
+pub(crate) struct Reference {
+    pub input_ids: Vec<u32>,
+    pub logits: Vec<f32>,
+    pub greedy_ids: Vec<u32>,
 }
 
-fn reference(name: &str, prefix: &str) -> Reference {
+pub(crate) fn reference(name: &str, prefix: &str) -> Reference {
     let bytes = std::fs::read(common::fixture(name).join("reference.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let ints = |key: &str| -> Vec<u32> {
@@ -354,13 +354,14 @@ fn the_engine_batches_them_each_in_its_state_slot() {
     for name in FIXTURES {
         let f = fixture(name);
         let loaded = engine_loaded(name, &f, 32);
-        // 3 GDN layers × 8 slots × (conv (2·Hk·dk + Hv·dv) × 3 + Hv × dk × dv) × 4 B.
+        // 3 GDN layers × (8 live + 2 × 8 snapshot) slots × (conv
+        // (2·Hk·dk + Hv·dv) × 3 + Hv × dk × dv) × 4 B.
         let (channels, ssm) = match name {
             "qwen35-moe-tiny-r4" => (2 * 32 + 4 * 16, 4 * 32 * 16),
             _ => (2 * 2 * 32 + 4 * 32, 4 * 32 * 32),
         };
         let state = &loaded.plan.recurrent_state;
-        assert_eq!(state.bytes, 3 * 8 * (channels * 3 + ssm) * 4, "{name}");
+        assert_eq!(state.bytes, 3 * 24 * (channels * 3 + ssm) * 4, "{name}");
         let source = loaded.source();
         let mut engine = loaded.engine(&source).unwrap();
         assert_eq!(loaded.ledger.verify_complete(), Ok(()), "{name}");

@@ -26,7 +26,7 @@ fn qwen36_35b_state_pool_and_kv_cache_by_hand() {
     // Per GDN layer and sequence: the convolution keeps 3 inputs of
     // 2·16·128 + 32·128 = 8192 channels, the delta rule 32 heads of
     // 128 × 128, all f32: (24,576 + 524,288) × 4 B; over 30 layers
-    // 65,863,680 B (62.8 MiB) a sequence, × 16 sequences.
+    // 65,863,680 B (62.8 MiB) a slot, × (16 live + 32 snapshot) slots.
     let s = &plan.recurrent_state;
     assert_eq!(
         (s.conv_elements, s.ssm_elements),
@@ -34,7 +34,8 @@ fn qwen36_35b_state_pool_and_kv_cache_by_hand() {
     );
     assert_eq!(s.bytes_per_seq, 30 * (24_576 + 524_288) * 4);
     assert_eq!(s.bytes_per_seq, 65_863_680);
-    assert_eq!(s.bytes, 16 * 65_863_680);
+    assert_eq!((s.live_slots, s.snapshot_slots, s.slots), (16, 32, 48));
+    assert_eq!(s.bytes, 48 * 65_863_680);
     // KV only for the 10 attention layers: 10 × 2 KV heads × 256 × (K, V)
     // × 2 B (bf16) = 20,480 B a token.
     assert_eq!(plan.kv_cache.bytes_per_token, 10 * 2 * 256 * 2 * 2);
@@ -99,11 +100,12 @@ fn qwen35_122b_state_pool_by_hand() {
     let profile = Profile::load(&common::profile("qwen3.5-122b-a10b-nvfp4")).unwrap();
     let plan = plan::compute(&profile, &host(), None, PlanDevice::Cpu);
     // 36 GDN layers of 2·16·128 + 64·128 = 12,288 channels × 3 and
-    // 64 × 128 × 128, f32; 8 sequences.
+    // 64 × 128 × 128, f32; 8 live slots and the profile's 16 snapshots.
     let s = &plan.recurrent_state;
     assert_eq!(s.layers, 36);
     assert_eq!(s.bytes_per_seq, 36 * (12_288 * 3 + 64 * 128 * 128) * 4);
-    assert_eq!(s.bytes, 8 * s.bytes_per_seq);
+    assert_eq!(s.bytes_per_seq, 156_303_360);
+    assert_eq!(s.bytes, (8 + 16) * s.bytes_per_seq);
     // 12 attention layers × 2 KV heads × 256 × (K, V) × 2 B.
     assert_eq!(plan.kv_cache.bytes_per_token, 12 * 2 * 256 * 2 * 2);
 }

@@ -394,9 +394,10 @@ pub trait Backend: Sync + Sized {
     /// `1/√key_dim`; per value head a state `S` (`key_dim × value_dim`,
     /// from the sequence's slot, zeroed at position 0) and per token
     /// `S ← e^g S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀq` into `out`
-    /// (`[rows, value_heads × value_dim]`). A one-token chunk takes that
-    /// recurrence; a longer one the chunked (UT-transform) form, equal up
-    /// to rounding.
+    /// (`[rows, value_heads × value_dim]`). The step's `state_saves` copy a
+    /// sequence's states (this layer's convolution inputs in
+    /// [`gdn_conv`](Self::gdn_conv), its delta-rule states here) after the
+    /// saved row into the save's slot.
     #[allow(clippy::too_many_arguments)]
     fn gdn_delta_rule(
         &self,

@@ -268,6 +268,17 @@ pub struct ServingArgs {
     /// later requests [profile: `enable_prefix_caching`; default on].
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Hybrid (Gated DeltaNet) models: recurrent-state snapshots the prefix
+    /// cache keeps, each one sequence's state (`plan` prints its bytes); 0
+    /// turns prefix caching off for them [profile: `state_snapshots`;
+    /// default 2 × max_num_seqs].
+    #[arg(long, value_name = "N")]
+    pub state_snapshots: Option<usize>,
+    /// Hybrid models: prompt positions between a prefill's state snapshots,
+    /// a multiple of the KV block size; 0: only at the prompt's last full
+    /// block [profile: `state_snapshot_interval`; default 1024].
+    #[arg(long, value_name = "TOKENS")]
+    pub state_snapshot_interval: Option<usize>,
     /// vLLM's flag, refused (exit 2): on unified memory the GPU's memory is
     /// the host's, so a fraction of it is no budget; use --kv-cache SIZE.
     #[arg(long, value_name = "FRACTION")]
@@ -316,6 +327,8 @@ impl ServingArgs {
             kv_cache_dtype: self.kv_cache_dtype,
             kv_cache: self.kv_cache,
             enable_prefix_caching: self.no_prefix_caching.then_some(false),
+            state_snapshots: self.state_snapshots,
+            state_snapshot_interval: self.state_snapshot_interval,
             name: self.served_model_name.clone(),
         })
     }

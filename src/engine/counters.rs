@@ -18,6 +18,12 @@ pub struct EngineLimits {
     /// Slots of the recurrent-state pool (models with Gated DeltaNet
     /// layers; 0 for attention-only models): one per running sequence.
     pub state_slots: usize,
+    /// Slots after those holding the prefix cache's state snapshots (0:
+    /// such models reuse no cached prefix).
+    pub snapshot_slots: usize,
+    /// Prompt positions between a prefill's snapshots (0: only the one at
+    /// the prompt's last full block); a multiple of `kv_block_size`.
+    pub snapshot_interval: usize,
 }
 
 /// Counters the server exports.
@@ -31,4 +37,6 @@ pub struct EngineCounters {
     pub prefix_cache_queries: AtomicU64,
     /// Of those, tokens served from the cache (not recomputed).
     pub prefix_cache_hits: AtomicU64,
+    /// Recurrent-state snapshots written (hybrid models).
+    pub state_snapshots_taken: AtomicU64,
 }

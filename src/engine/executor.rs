@@ -15,7 +15,8 @@ pub trait Executor: Send {
 
     /// Runs `plan.batch` through the model, handing the logits of
     /// `plan.batch.logit_rows` to `logits` in order (in groups of whole
-    /// rows), then makes `plan.kv_copies`.
+    /// rows), then makes `plan.kv_copies` and `plan.state_copies`;
+    /// `plan.state_restores` come before the forward pass.
     fn execute(
         &mut self,
         plan: &StepPlan,
@@ -50,6 +51,10 @@ impl<'w, B: Backend + 'w> Executor for ModelExecutor<'w, B> {
         plan: &StepPlan,
         logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), ModelError> {
+        if !plan.state_restores.is_empty() {
+            // Sequences starting from a cached prefix take its state first.
+            self.copy_state_slots(&plan.state_restores)?;
+        }
         self.model.forward(
             self.backend,
             &plan.batch,
@@ -63,13 +68,19 @@ impl<'w, B: Backend + 'w> Executor for ModelExecutor<'w, B> {
                 .kv_copy_blocks(&mut self.buffers.kv, &plan.kv_copies)?;
         }
         if !plan.state_copies.is_empty() {
-            let Some(state) = self.buffers.state.as_mut() else {
-                return Err(ModelError::Unsupported(
-                    "state slot copies for a model without recurrent state".to_string(),
-                ));
-            };
-            self.backend.copy_state_slots(state, &plan.state_copies)?;
+            self.copy_state_slots(&plan.state_copies)?;
         }
         Ok(())
+    }
+}
+
+impl<'w, B: Backend + 'w> ModelExecutor<'w, B> {
+    fn copy_state_slots(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError> {
+        let Some(state) = self.buffers.state.as_mut() else {
+            return Err(ModelError::Unsupported(
+                "state slot copies for a model without recurrent state".to_string(),
+            ));
+        };
+        Ok(self.backend.copy_state_slots(state, pairs)?)
     }
 }

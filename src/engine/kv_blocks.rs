@@ -538,6 +538,27 @@ impl BlockAllocator {
         Ok(())
     }
 
+    /// The chain hash of the first `blocks` full blocks of `tokens`, the
+    /// tokens of `seq`: its registered hashes, extended over the rest. A
+    /// recurrent-state snapshot at position `blocks × block_size` is known
+    /// by it. `None` without a table or for `blocks` 0 or past `tokens`.
+    pub fn chain_hash(&self, seq: SeqId, tokens: &[u32], blocks: usize) -> Option<BlockHash> {
+        let entry = self.tables.get(&seq)?;
+        if blocks == 0 || blocks * self.block_size > tokens.len() {
+            return None;
+        }
+        if let Some(&hash) = entry.hashes.get(blocks - 1) {
+            return Some(hash);
+        }
+        let known = entry.hashes.len();
+        let start = entry.hashes.last().copied().unwrap_or(entry.root);
+        Some(
+            tokens[known * self.block_size..blocks * self.block_size]
+                .chunks_exact(self.block_size)
+                .fold(start, block_hash),
+        )
+    }
+
     /// Registers the blocks of `seq` that are full of computed tokens
     /// (`tokens[..computed]`, its keys and values in the cache), so later
     /// sequences can hit them. A block whose content another block already

@@ -28,6 +28,7 @@ pub mod request;
 pub mod sampling;
 mod scheduler;
 mod sequence;
+mod state_cache;
 pub mod step_plan;
 
 use std::sync::Arc;
@@ -165,9 +166,15 @@ impl<'w> Engine<'w> {
         self.scheduler.blocks().free_blocks()
     }
 
-    /// Checks the block books (tests): see [`kv_blocks::BlockAllocator::audit`].
+    /// Checks the block and snapshot books (tests): see
+    /// [`kv_blocks::BlockAllocator::audit`].
     pub fn audit_blocks(&self) -> Result<(), String> {
-        self.scheduler.blocks().audit()
+        self.scheduler.audit()
+    }
+
+    /// Recurrent-state snapshots the prefix cache holds (hybrid models).
+    pub fn state_snapshots(&self) -> usize {
+        self.scheduler.state_snapshots()
     }
 
     pub fn has_work(&self) -> bool {
@@ -255,6 +262,7 @@ impl<'w> Engine<'w> {
                 for fork in &plan.forks {
                     scheduler.running_mut()[fork.choice].fail(&e.to_string());
                 }
+                scheduler.abandon(plan);
                 return Err(e.into());
             }
         };

@@ -28,9 +28,16 @@
 //! Recurrent state (models with Gated DeltaNet layers): a sequence holds a
 //! slot of the state pool while it holds blocks; the pool has one per
 //! sequence `max_num_seqs` allows, so a starting sequence always finds one.
-//! A forked choice gets a slot and a copy of its leader's. Such models
-//! reuse no cached prefix yet: the blocks hold keys, not the state at
-//! their end.
+//! A forked choice gets a slot and a copy of its leader's. A cached prefix
+//! is reused only up to a block boundary whose state was kept
+//! ([`super::state_cache`]): a sequence starting there has the snapshot
+//! copied into its slot before the step. Snapshots are taken, as state saves
+//! of the step's rows, at the prompt's last full block (a resent prompt,
+//! or the next `n > 1` choice, starts there), every
+//! `snapshot_interval` prompt positions (requests that share only the first
+//! part of a long prompt), and at the last block boundary a sequence
+//! decoded past (its rolling snapshot, registered when it finishes: the
+//! next turn of a conversation resends this one's prompt and answer).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -39,15 +46,18 @@ use std::sync::atomic::Ordering;
 use super::counters::{EngineCounters, EngineLimits};
 use super::kv_blocks::{BlockAllocator, KvBlocksError, PrefixHit};
 use super::request::{FinishReason, SeqId};
-use super::sequence::Sequence;
+use super::sequence::{Rolling, Sequence};
+use super::state_cache::StateCache;
 use super::step_plan::{ChunkKind, Fork, LogitRow, RowRole, ScheduledChunk, StepPlan};
-use crate::step::Logits;
+use crate::step::{Logits, StateSave};
 
 pub(crate) struct Scheduler {
     limits: EngineLimits,
     blocks: BlockAllocator,
     /// Recurrent-state slots no sequence holds (popped from the end).
     free_slots: Vec<u32>,
+    /// The snapshot slots after them.
+    states: StateCache,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     counters: Arc<EngineCounters>,
@@ -59,10 +69,17 @@ impl Scheduler {
             .with_prefix_caching(limits.prefix_caching)
             .with_sliding_window(limits.sliding_window);
         let free_slots = (0..limits.state_slots as u32).rev().collect();
+        let snapshots = if limits.prefix_caching {
+            limits.snapshot_slots
+        } else {
+            0
+        };
+        let states = StateCache::new(limits.state_slots as u32, snapshots);
         Ok(Scheduler {
             limits,
             blocks,
             free_slots,
+            states,
             waiting: VecDeque::new(),
             running: Vec::new(),
             counters,
@@ -85,6 +102,17 @@ impl Scheduler {
 
     pub fn blocks(&self) -> &BlockAllocator {
         &self.blocks
+    }
+
+    /// Recurrent-state snapshots the prefix cache holds.
+    pub fn state_snapshots(&self) -> usize {
+        self.states.cached()
+    }
+
+    /// Checks the block and snapshot books (tests).
+    pub fn audit(&self) -> Result<(), String> {
+        self.blocks.audit()?;
+        self.states.audit()
     }
 
     pub fn num_running(&self) -> usize {
@@ -160,6 +188,7 @@ impl Scheduler {
         while index < self.running.len() {
             if self.running[index].finished.is_some() {
                 let mut seq = self.running.remove(index);
+                self.keep_rolling(&mut seq);
                 self.release(&mut seq);
                 done.push(seq);
             } else {
@@ -217,7 +246,7 @@ impl Scheduler {
                 continue;
             }
             if self.blocks.table(id).is_none() {
-                let hit = self.prefix_hit(index);
+                let (hit, snapshot) = self.prefix_hit(index);
                 let empty = PrefixHit::default();
                 let hit_ref = hit.as_ref().unwrap_or(&empty);
                 let first_chunk =
@@ -238,6 +267,9 @@ impl Scheduler {
                     continue;
                 }
                 self.start_sequence(index, hit);
+                if let (Some(from), Some(to)) = (snapshot, self.running[index].state_slot) {
+                    plan.state_restores.push((from, to));
+                }
             }
             let (computed, pending) = {
                 let s = &self.running[index];
@@ -262,6 +294,7 @@ impl Scheduler {
                 continue;
             }
             self.push_chunk(plan, index, chunk);
+            self.plan_snapshots(plan, index, chunk);
             self.running[index].report_scheduled();
             budget -= chunk;
             index += 1;
@@ -337,6 +370,112 @@ impl Scheduler {
                 ChunkKind::Prefill
             },
         });
+    }
+
+    /// The state saves of the chunk just pushed for running sequence
+    /// `index` (models with snapshot slots): at the block boundaries it
+    /// crosses that the policy keeps (see the module's notes), each into a
+    /// slot taken from the cache, and its rolling snapshot when it decodes
+    /// past a boundary. Boundaries already cached are only marked used; when
+    /// every slot is held, none is taken.
+    fn plan_snapshots(&mut self, plan: &mut StepPlan, index: usize, chunk: usize) {
+        if !self.states.enabled() || self.running[index].state_slot.is_none() {
+            return;
+        }
+        let Some(scheduled) = plan.chunks.last().copied() else {
+            return;
+        };
+        let batch_seq = plan.batch.seqs.len() as u32 - 1;
+        let first_row = plan.batch.seqs[batch_seq as usize].start as usize;
+        let (c, bs) = (scheduled.computed, self.blocks.block_size());
+        let seq = &self.running[index];
+        let save_at = |position: usize| StateSave {
+            seq: batch_seq,
+            // The row of position `position − 1`: the state after it.
+            row: (first_row + position - 1 - c) as u32,
+            slot: 0,
+        };
+        if scheduled.kind == ChunkKind::Decode {
+            let end = c + chunk;
+            if !end.is_multiple_of(bs) {
+                return;
+            }
+            let slot = match seq.rolling {
+                Some(rolling) => Some(rolling.slot),
+                None => self.states.take(),
+            };
+            if let Some(slot) = slot {
+                plan.batch.state_saves.push(StateSave {
+                    slot,
+                    ..save_at(end)
+                });
+                self.running[index].rolling = Some(Rolling {
+                    position: end,
+                    slot,
+                });
+            }
+            return;
+        }
+        // The prompt's last full block before its last token (a later
+        // request computes at least that token), and every interval.
+        let last_block = (seq.prompt_len - 1) / bs * bs;
+        let interval = self.limits.snapshot_interval;
+        let mut positions: Vec<usize> = Vec::new();
+        if interval > 0 {
+            positions.extend(
+                (c / interval + 1..)
+                    .map(|k| k * interval)
+                    .take_while(|&p| p <= c + chunk),
+            );
+        }
+        if last_block > c && last_block <= c + chunk && !positions.contains(&last_block) {
+            positions.push(last_block);
+        }
+        for position in positions {
+            let Some(hash) = self.blocks.chain_hash(seq.id, &seq.tokens, position / bs) else {
+                continue;
+            };
+            if self.states.get(hash).is_some() || plan.snapshots.iter().any(|&(_, h)| h == hash) {
+                self.states.touch(hash);
+                continue;
+            }
+            let Some(slot) = self.states.take() else {
+                break;
+            };
+            plan.batch.state_saves.push(StateSave {
+                slot,
+                ..save_at(position)
+            });
+            plan.snapshots.push((slot, hash));
+            self.counters
+                .state_snapshots_taken
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Registers a finishing sequence's rolling snapshot (if it ended as
+    /// asked, not aborted) under the hash of the block it ends; its slot is
+    /// given back otherwise.
+    fn keep_rolling(&mut self, seq: &mut Sequence) {
+        let Some(rolling) = seq.rolling.take() else {
+            return;
+        };
+        let blocks = rolling.position / self.blocks.block_size();
+        let hash = (seq.finished != Some(FinishReason::Aborted))
+            .then(|| self.blocks.chain_hash(seq.id, &seq.tokens, blocks))
+            .flatten();
+        match hash {
+            Some(hash) => self.states.register(rolling.slot, hash),
+            None => self.states.release(rolling.slot),
+        }
+    }
+
+    /// Gives back the snapshot slots of a plan whose step failed (its
+    /// saves never happened).
+    pub fn abandon(&mut self, plan: &StepPlan) {
+        for &(slot, _) in &plan.snapshots {
+            self.states.release(slot);
+        }
     }
 
     /// Forks the waiting choices whose leader samples its first token in
@@ -426,6 +565,9 @@ impl Scheduler {
             let seq = &self.running[fork.choice];
             self.blocks.release_out_of_window(seq.id, seq.computed);
         }
+        for &(slot, hash) in &plan.snapshots {
+            self.states.register(slot, hash);
+        }
         self.counters
             .prompt_tokens
             .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
@@ -455,23 +597,39 @@ impl Scheduler {
     }
 
     /// The cached blocks running sequence `index` (not started) can start
-    /// from. At least its last known token is computed, for the logits its
-    /// next token is sampled from. A request reporting prompt logits or
+    /// from, and on a model with recurrent state the snapshot slot holding
+    /// the state at their end (the hit is cut back to the deepest boundary
+    /// with one). At least its last known token is computed, for the logits
+    /// its next token is sampled from. A request reporting prompt logits or
     /// prompt log-probabilities needs every prompt row, so it skips the
     /// cache until they are reported (after a preemption it hits). `None`
     /// when the cache is not consulted.
-    fn prefix_hit(&self, index: usize) -> Option<PrefixHit> {
+    fn prefix_hit(&self, index: usize) -> (Option<PrefixHit>, Option<u32>) {
         let seq = &self.running[index];
-        let state_cached = self.limits.state_slots == 0;
+        let has_state = self.limits.state_slots > 0;
         if !self.blocks.prefix_caching()
-            || !state_cached
+            || (has_state && !self.states.enabled())
             || seq.prompt_logits
             || seq.wants_prompt_logprobs()
         {
-            return None;
+            return (None, None);
         }
         let known = seq.tokens.len().saturating_sub(1);
-        Some(self.blocks.lookup(seq.salt_root, &seq.tokens[..known]))
+        let mut hit = self.blocks.lookup(seq.salt_root, &seq.tokens[..known]);
+        if !has_state {
+            return (Some(hit), None);
+        }
+        // Hybrid models with sliding-window layers too do not exist; their
+        // hit would need its window trimmed again.
+        let deepest = (1..=hit.hashes.len())
+            .rev()
+            .find_map(|n| self.states.get(hit.hashes[n - 1]).map(|slot| (n, slot)));
+        let Some((n, slot)) = deepest.filter(|_| hit.sliding.is_empty()) else {
+            return (Some(PrefixHit::default()), None);
+        };
+        hit.blocks.truncate(n);
+        hit.hashes.truncate(n);
+        (Some(hit), Some(slot))
     }
 
     /// Gives running sequence `index` its table, starting with the blocks
@@ -485,6 +643,9 @@ impl Scheduler {
                 .fetch_add(seq.tokens.len() as u64 - 1, Ordering::Relaxed);
         }
         let hit = hit.unwrap_or_default();
+        if let Some(&last) = hit.hashes.last() {
+            self.states.touch(last);
+        }
         let reused = hit.blocks.len() * self.blocks.block_size();
         self.blocks.start(seq.id, seq.salt_root, hit);
         if self.limits.state_slots > 0 {
@@ -521,11 +682,14 @@ impl Scheduler {
         seq
     }
 
-    /// Frees a sequence's blocks and its state slot.
+    /// Frees a sequence's blocks, its state slot and its rolling snapshot.
     fn release(&mut self, seq: &mut Sequence) {
         self.blocks.free(seq.id);
         if let Some(slot) = seq.state_slot.take() {
             self.free_slots.push(slot);
+        }
+        if let Some(rolling) = seq.rolling.take() {
+            self.states.release(rolling.slot);
         }
     }
 

@@ -92,6 +92,17 @@ pub(crate) struct Sequence {
     /// Its slot in the recurrent-state pool while it holds blocks (models
     /// with recurrent state).
     pub state_slot: Option<u32>,
+    /// Its rolling recurrent-state snapshot: the state at the last block
+    /// boundary it decoded past, in a held snapshot slot, registered when
+    /// it finishes (the next turn of a conversation starts there).
+    pub rolling: Option<Rolling>,
+}
+
+/// A sequence's own snapshot slot and the position its state is at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Rolling {
+    pub position: usize,
+    pub slot: u32,
 }
 
 impl Sequence {
@@ -131,6 +142,7 @@ impl Sequence {
             follows: None,
             has_followers: false,
             state_slot: None,
+            rolling: None,
         })
     }
 

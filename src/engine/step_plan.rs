@@ -11,6 +11,7 @@
 //! prompt chunk reporting prompt log-probabilities has one per row); each
 //! logits row carries its [`RowRole`].
 
+use super::kv_blocks::BlockHash;
 use super::request::SeqId;
 use crate::step::StepBatch;
 
@@ -86,6 +87,13 @@ pub struct StepPlan {
     /// `(from, to)` recurrent-state slots to copy after the forward pass
     /// (a forked choice takes its leader's state after the prompt).
     pub state_copies: Vec<(u32, u32)>,
+    /// `(snapshot, live)` recurrent-state slots to copy before the forward
+    /// pass: a sequence starting from a cached prefix takes the state kept
+    /// at its end.
+    pub state_restores: Vec<(u32, u32)>,
+    /// Snapshot slots the step's `batch.state_saves` fill, and the chain
+    /// hash of the block each one ends: findable once the step is applied.
+    pub snapshots: Vec<(u32, BlockHash)>,
 }
 
 impl StepPlan {
@@ -99,6 +107,8 @@ impl StepPlan {
             forks: Vec::with_capacity(max_seqs),
             kv_copies: Vec::with_capacity(2 * max_seqs),
             state_copies: Vec::with_capacity(max_seqs),
+            state_restores: Vec::with_capacity(max_seqs),
+            snapshots: Vec::with_capacity(2 * max_seqs),
         }
     }
 
@@ -109,6 +119,8 @@ impl StepPlan {
         self.forks.clear();
         self.kv_copies.clear();
         self.state_copies.clear();
+        self.state_restores.clear();
+        self.snapshots.clear();
     }
 
     /// Rows the model runs.

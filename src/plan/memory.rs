@@ -768,40 +768,66 @@ pub fn sliding_kv(g: &ModelGeometry, dtype_bytes: u64, s: &ServingSection) -> Sl
 pub const RECURRENT_STATE: &str = "recurrent_state";
 
 /// The recurrent-state pool of the Gated DeltaNet layers: per layer and per
-/// sequence slot (`max_num_seqs` slots; a running sequence holds one) the
-/// convolution's last inputs, `conv_channels × (kernel − 1)` values, and the
-/// delta rule's state, `value_heads × key_dim × value_dim` values, in f32:
+/// slot the convolution's last inputs, `conv_channels × (kernel − 1)`
+/// values, and the delta rule's state, `value_heads × key_dim × value_dim`
+/// values, in f32. A running sequence holds one live slot (`max_num_seqs`
+/// of them); the prefix cache's snapshots fill the others
+/// (`state_snapshots`, 0 with prefix caching off):
 ///
-/// `bytes = layers × slots × (conv + ssm) × 4`.
+/// `bytes = layers × (live + snapshots) × (conv + ssm) × 4`.
 ///
 /// It is charged with the KV cache (both are per-sequence caches) and, unlike
 /// it, does not grow with the context.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RecurrentStatePlan {
     pub layers: usize,
+    /// Every slot of the pool: `live_slots + snapshot_slots`.
     pub slots: usize,
+    /// Slots 0..live_slots: one per running sequence.
+    pub live_slots: usize,
+    /// The slots after them: cached states at block boundaries, which let
+    /// a request with a cached prefix skip it (see `engine::state_cache`).
+    pub snapshot_slots: usize,
+    /// Prompt positions between the snapshots a prefill takes besides the
+    /// one at its last full block (0: none).
+    pub snapshot_interval: usize,
     /// Values of one layer's convolution state for one sequence.
     pub conv_elements: usize,
     /// Values of one layer's delta-rule state for one sequence.
     pub ssm_elements: usize,
-    /// Bytes one sequence's states take over all layers.
+    /// Bytes one slot takes over all layers.
     pub bytes_per_seq: u64,
     pub bytes: u64,
 }
 
-pub fn recurrent_state(g: &ModelGeometry, max_num_seqs: usize) -> RecurrentStatePlan {
+/// Snapshots per live slot when `state_snapshots` is not given: one for
+/// each running sequence's rolling snapshot, one more for the prompts it
+/// shares.
+pub const DEFAULT_SNAPSHOTS_PER_SEQ: usize = 2;
+
+pub fn recurrent_state(g: &ModelGeometry, s: &ServingSection) -> RecurrentStatePlan {
     let layers = g.num_linear_layers();
     let (conv_elements, ssm_elements) = g.delta_net().map_or((0, 0), |d| {
         (d.conv_state_elements(), d.ssm_state_elements())
     });
     let bytes_per_seq = layers as u64 * (conv_elements + ssm_elements) as u64 * ACTIVATION_BYTES;
+    let snapshot_slots = match (layers, s.enable_prefix_caching) {
+        (0, _) | (_, false) => 0,
+        _ => s
+            .state_snapshots
+            .unwrap_or(DEFAULT_SNAPSHOTS_PER_SEQ * s.max_num_seqs),
+    };
+    let slots = s.max_num_seqs + snapshot_slots;
     RecurrentStatePlan {
         layers,
-        slots: max_num_seqs,
+        slots,
+        live_slots: s.max_num_seqs,
+        snapshot_slots,
+        snapshot_interval: s.state_snapshot_interval,
         conv_elements,
         ssm_elements,
         bytes_per_seq,
-        bytes: bytes_per_seq * max_num_seqs as u64,
+        bytes: bytes_per_seq * slots as u64,
     }
 }
 

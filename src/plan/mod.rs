@@ -204,7 +204,7 @@ pub fn compute(
     let dtype_bytes = s.kv_cache_dtype.bytes();
     let bytes_per_token = memory::kv_bytes_per_token(g, dtype_bytes);
     let sliding = memory::sliding_kv(g, dtype_bytes, s);
-    let state = memory::recurrent_state(g, s.max_num_seqs);
+    let state = memory::recurrent_state(g, s);
 
     // The sliding layers' reserve is fixed by the serving limits, so it is
     // paid before the full-attention tokens: `"auto"` gives those what is

@@ -148,6 +148,25 @@ pub struct ServingSection {
     /// prefix (inside the KV pool; changes no memory figure).
     #[serde(default = "default_prefix_caching")]
     pub enable_prefix_caching: bool,
+    /// Recurrent-state snapshots the prefix cache keeps (models with Gated
+    /// DeltaNet layers; each one sequence's state): `None` is
+    /// `plan::memory::DEFAULT_SNAPSHOTS_PER_SEQ × max_num_seqs`, 0 turns
+    /// prefix caching off for such models.
+    #[serde(default)]
+    pub state_snapshots: Option<usize>,
+    /// Prompt positions between a prefill's snapshots (a multiple of
+    /// `kv_block_size`; 0: only the one at the prompt's last full block).
+    #[serde(default = "default_snapshot_interval")]
+    pub state_snapshot_interval: usize,
+}
+
+/// Prompt positions between a prefill's state snapshots: a request sharing
+/// the first `p` tokens of an earlier prompt reuses at least
+/// `p − 1024` of them.
+pub const DEFAULT_SNAPSHOT_INTERVAL: usize = 1024;
+
+fn default_snapshot_interval() -> usize {
+    DEFAULT_SNAPSHOT_INTERVAL
 }
 
 fn one() -> usize {
@@ -178,6 +197,8 @@ impl Default for ServingSection {
             kv_cache: default_kv_cache(),
             kv_block_size: default_block_size(),
             enable_prefix_caching: default_prefix_caching(),
+            state_snapshots: None,
+            state_snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
         }
     }
 }
@@ -377,6 +398,8 @@ struct ServingDraft {
     kv_cache: Option<KvCacheSize>,
     kv_block_size: Option<usize>,
     enable_prefix_caching: Option<bool>,
+    state_snapshots: Option<usize>,
+    state_snapshot_interval: Option<usize>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -403,6 +426,8 @@ pub struct ServingOverrides {
     pub kv_cache: Option<KvCacheSize>,
     /// `--no-prefix-caching` gives `Some(false)`.
     pub enable_prefix_caching: Option<bool>,
+    pub state_snapshots: Option<usize>,
+    pub state_snapshot_interval: Option<usize>,
     /// `--served-model-name`: overrides `[model] name`.
     pub name: Option<String>,
 }
@@ -586,6 +611,20 @@ impl ProfileDraft {
         });
         serving.enable_prefix_caching = v;
         take("enable_prefix_caching", src);
+        let (v, src) = layer(
+            flags.state_snapshots.map(Some),
+            d.state_snapshots.map(Some),
+            || defaults.state_snapshots,
+        );
+        serving.state_snapshots = v;
+        take("state_snapshots", src);
+        let (v, src) = layer(
+            flags.state_snapshot_interval,
+            d.state_snapshot_interval,
+            || defaults.state_snapshot_interval,
+        );
+        serving.state_snapshot_interval = v;
+        take("state_snapshot_interval", src);
         let profile = Profile {
             source: self.source.clone(),
             model,
@@ -727,6 +766,16 @@ impl Profile {
             ),
             ("kv_block_size", s.kv_block_size, limits::MAX_KV_BLOCK_SIZE),
             ("dp_size", s.dp_size, limits::MAX_DP_SIZE),
+            (
+                "state_snapshots",
+                s.state_snapshots.unwrap_or(0),
+                limits::MAX_STATE_SNAPSHOTS,
+            ),
+            (
+                "state_snapshot_interval",
+                s.state_snapshot_interval,
+                limits::MAX_MODEL_LEN,
+            ),
         ];
         for (key, value, limit) in serving {
             limits::check(key, value, limit).map_err(|limit| ("serving", limit))?;
@@ -842,6 +891,17 @@ impl Profile {
         }
         if s.dp_size == 0 {
             return Some(("serving", "dp_size", "must be at least 1".to_string()));
+        }
+        if !s.state_snapshot_interval.is_multiple_of(s.kv_block_size) {
+            // A snapshot is found by the hash of the block it ends.
+            return Some((
+                "serving",
+                "state_snapshot_interval",
+                format!(
+                    "{} is not a multiple of kv_block_size = {}",
+                    s.state_snapshot_interval, s.kv_block_size
+                ),
+            ));
         }
         if m.decoder_sparse_step == 0 {
             return Some((

@@ -191,14 +191,32 @@ pub fn render(plan: &Plan) -> String {
         row(
             &mut out,
             &format!(
-                "recurrent state ({} layers × {} seqs, f32)",
+                "recurrent state ({} layers × {} slots, f32)",
                 state.layers, state.slots
             ),
             format_size(state.bytes),
         );
         row(
             &mut out,
-            "  bytes per sequence",
+            &format!("  {} live slots (max_num_seqs)", state.live_slots),
+            format_size(state.live_slots as u64 * state.bytes_per_seq),
+        );
+        if state.snapshot_slots > 0 {
+            row(
+                &mut out,
+                &match state.snapshot_interval {
+                    0 => format!("  {} prefix-cache snapshots", state.snapshot_slots),
+                    every => format!(
+                        "  {} prefix-cache snapshots (every {every} prompt tokens)",
+                        state.snapshot_slots
+                    ),
+                },
+                format_size(state.snapshot_slots as u64 * state.bytes_per_seq),
+            );
+        }
+        row(
+            &mut out,
+            "  bytes per slot",
             format_size(state.bytes_per_seq),
         );
     }
