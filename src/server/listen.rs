@@ -6,6 +6,7 @@
 //! drain time whatever clients do.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,7 +20,6 @@ use hyper::server::conn::http1;
 use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use std::future::Future;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
@@ -454,5 +454,37 @@ impl hyper::body::Body for Tracked {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_body_deadline_moves_with_the_bytes_until_the_timeout() {
+        let pace = BodyPace {
+            timeout: Duration::from_secs(30),
+            min_bytes_per_s: 1000,
+            rate_grace: Duration::from_secs(5),
+        };
+        let rate = BodyTooSlow::Rate {
+            min_bytes_per_s: 1000,
+            grace: Duration::from_secs(5),
+        };
+        assert_eq!(pace.deadline(0), (Duration::from_secs(5), rate));
+        assert_eq!(pace.deadline(2500), (Duration::from_millis(7500), rate));
+        // Enough bytes earn no more than the timeout.
+        let timeout = (
+            Duration::from_secs(30),
+            BodyTooSlow::Timeout(Duration::from_secs(30)),
+        );
+        assert_eq!(pace.deadline(25_000), timeout);
+        assert_eq!(pace.deadline(u64::MAX), timeout);
+        let no_rate = BodyPace {
+            min_bytes_per_s: 0,
+            ..pace
+        };
+        assert_eq!(no_rate.deadline(0), timeout);
     }
 }
