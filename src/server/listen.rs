@@ -283,7 +283,10 @@ async fn connection(
 /// connection past the cap gets its own short-lived responder (up to
 /// [`OVERFLOW_RESPONDERS`], whose descriptors `fds` budgets), bounded to
 /// one request and one second, so a flood of slow clients costs each of
-/// them a second, and a probe arriving meanwhile is answered. The probes'
+/// them a second, and a probe arriving meanwhile is answered. (Only a
+/// sustained flood of more than [`OVERFLOW_RESPONDERS`] new connections a
+/// second, each holding its responder the whole second, can still crowd a
+/// probe out: past the responders a connection is closed unanswered.) The probes'
 /// handlers read no body and take no engine or preparation slot, so
 /// answering them here costs no more than the 503.
 async fn overflow(
