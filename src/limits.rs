@@ -76,6 +76,11 @@ pub const MAX_PROFILE_THREADS: usize = 4096;
 /// `hf_quant_config.json`, `tokenizer_config.json`, `generation_config.json`,
 /// `chat_template.jinja`, a profile, an API key file (real ones are KiBs).
 pub const MAX_SMALL_FILE_BYTES: u64 = 16 * 1024 * 1024;
+/// Bytes of a file read about the host: the kubelet configuration and
+/// everything below `--host-root` (`proc/meminfo`, `proc/self/cgroup`,
+/// `proc/self/status`, cgroup `memory.*` files). Real ones are a few KiB; a
+/// kubelet configuration with every field set is under 10 KiB.
+pub const MAX_HOST_FILE_BYTES: u64 = 1024 * 1024;
 /// Bytes of `model.safetensors.index.json` (DeepSeek-V3's is ~9 MiB).
 pub const MAX_INDEX_FILE_BYTES: u64 = 128 * 1024 * 1024;
 /// Bytes of `tokenizer.json` (a 200k-token vocabulary is ~30 MiB).

@@ -372,3 +372,119 @@ fn an_error_chain_says_each_cause_once() {
         run.stderr
     );
 }
+
+/// A copy of the spark host tree (meminfo, kubepods cgroup, kubelet config).
+fn spark_copy() -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    for file in [
+        "proc/meminfo",
+        "sys/fs/cgroup/kubepods.slice/memory.current",
+        "sys/fs/cgroup/kubepods.slice/memory.max",
+        "var/lib/kubelet/config.yaml",
+    ] {
+        let to = root.path().join(file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(fixture("hosts/spark").join(file), to).unwrap();
+    }
+    root
+}
+
+/// `probe`, `plan` and `serve` with `host` (the host flags) each exit 2 at
+/// once, naming every one of `names`. `serve` listens first, so its refusal
+/// comes from the plan's host reading, after the port is bound.
+fn host_refused_everywhere(host: &[&str], names: &[&str]) {
+    let tiny = profile("qwen3-moe-tiny").display().to_string();
+    refused(&[&["probe"], host].concat(), names);
+    refused(&[&["probe", "--json"], host].concat(), names);
+    refused(&[&["plan", "--profile", &tiny], host].concat(), names);
+    let serve = [
+        "serve",
+        "--profile",
+        &tiny,
+        "--backend",
+        "cpu",
+        "--port",
+        "0",
+    ];
+    refused(&[&serve[..], host].concat(), names);
+}
+
+#[test]
+fn dev_zero_as_the_kubelet_config_is_refused_not_read_forever() {
+    let host = spark_root();
+    host_refused_everywhere(
+        &["--host-root", &host, "--kubelet-config", "/dev/zero"],
+        &["/dev/zero", "is a character device, not a regular file"],
+    );
+}
+
+#[test]
+fn a_fifo_or_a_directory_as_the_kubelet_config_is_refused_not_waited_on() {
+    let root = spark_copy();
+    let fifo = root.path().join("kubelet.yaml");
+    mkfifo(&fifo);
+    let (r, f) = (dir_arg(&root), fifo.display().to_string());
+    host_refused_everywhere(
+        &["--host-root", &r, "--kubelet-config", &f],
+        &[&f, "is a FIFO, not a regular file"],
+    );
+    // Found where the kubelet keeps it (no flag) rather than named.
+    let default = root.path().join("var/lib/kubelet/config.yaml");
+    std::fs::remove_file(&default).unwrap();
+    mkfifo(&default);
+    host_refused_everywhere(
+        &["--host-root", &r],
+        &[
+            "var/lib/kubelet/config.yaml",
+            "is a FIFO, not a regular file",
+        ],
+    );
+    std::fs::remove_file(&default).unwrap();
+    std::fs::create_dir(&default).unwrap();
+    host_refused_everywhere(
+        &["--host-root", &r],
+        &[
+            "var/lib/kubelet/config.yaml",
+            "is a directory, not a regular file",
+        ],
+    );
+}
+
+#[test]
+fn a_fifo_as_proc_meminfo_or_a_cgroup_file_is_refused_not_waited_on() {
+    let root = spark_copy();
+    let r = dir_arg(&root);
+    let meminfo = root.path().join("proc/meminfo");
+    std::fs::remove_file(&meminfo).unwrap();
+    mkfifo(&meminfo);
+    host_refused_everywhere(
+        &["--host-root", &r],
+        &["proc/meminfo", "is a FIFO, not a regular file"],
+    );
+    std::fs::remove_file(&meminfo).unwrap();
+    std::fs::copy(fixture("hosts/spark/proc/meminfo"), &meminfo).unwrap();
+    let current = root
+        .path()
+        .join("sys/fs/cgroup/kubepods.slice/memory.current");
+    std::fs::remove_file(&current).unwrap();
+    mkfifo(&current);
+    host_refused_everywhere(
+        &["--host-root", &r],
+        &["memory.current", "is a FIFO, not a regular file"],
+    );
+}
+
+#[test]
+fn a_huge_kubelet_config_is_refused_at_the_host_file_cap() {
+    let root = spark_copy();
+    let big = root.path().join("kubelet.yaml");
+    // A valid YAML comment, one byte over the cap.
+    let mut text = b"#".to_vec();
+    text.resize(1024 * 1024 + 1, b'x');
+    std::fs::write(&big, text).unwrap();
+    let (r, b) = (dir_arg(&root), big.display().to_string());
+    host_refused_everywhere(
+        &["--host-root", &r, "--kubelet-config", &b],
+        &[&b, "1048577 bytes", "1048576 bytes"],
+    );
+}

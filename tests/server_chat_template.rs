@@ -126,3 +126,98 @@ fn serve_until_exit(template: &Path) -> std::process::Output {
     }
     child.wait_with_output().unwrap()
 }
+
+/// A template whose request data (`chat_template_kwargs.mode`) makes it
+/// loop 10¹⁰ times or double a string into its output; plain ChatML
+/// otherwise.
+const HOSTILE_TEMPLATE: &str = r#"{%- if mode == "loops" -%}
+{%- for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor -%}
+{%- elif mode == "double" -%}
+{%- set ns = namespace(s=messages[0].content) -%}
+{%- for i in range(64) %}{{ ns.s }}{% set ns.s = ns.s ~ ns.s %}{% endfor -%}
+{%- endif -%}
+{%- for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif -%}"#;
+
+/// The server's peak RSS (`VmHWM`), bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+#[test]
+fn a_runaway_template_gets_400_naming_its_limit_while_other_requests_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hostile.jinja");
+    std::fs::write(&file, HOSTILE_TEMPLATE).unwrap();
+    let server = std::sync::Arc::new(Server::start(&["--chat-template", file.to_str().unwrap()]));
+    let chat = |mode: Option<&str>| {
+        let mut body = serde_json::json!({
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 1,
+        });
+        if let Some(mode) = mode {
+            body["chat_template_kwargs"] = serde_json::json!({"mode": mode});
+        }
+        body
+    };
+    assert_eq!(server.post("/v1/chat/completions", &chat(None)).status, 200);
+    let rss_before = peak_rss(server.pid());
+
+    // The loops run on the preparation pool; a plain completion sent
+    // meanwhile is answered without waiting for them.
+    let started = Instant::now();
+    let looping = {
+        let server = std::sync::Arc::clone(&server);
+        let body = chat(Some("loops"));
+        std::thread::spawn(move || {
+            (
+                server.post("/v1/chat/completions", &body),
+                started.elapsed(),
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let plain_started = Instant::now();
+    let plain = server.post(
+        "/v1/completions",
+        &serde_json::json!({"prompt": "Hello", "max_tokens": 2}),
+    );
+    let plain_took = plain_started.elapsed();
+    assert_eq!(plain.status, 200, "{}", plain.body);
+    let (reply, took) = looping.join().unwrap();
+    let error = reply.assert_error(400);
+    assert_eq!(error["code"], "max_template_fuel", "{error}");
+    assert!(took < Duration::from_secs(10), "the loops took {took:?}");
+    eprintln!("loops refused in {took:?}; a plain completion meanwhile took {plain_took:?}");
+    assert!(
+        plain_took < took,
+        "the plain completion waited for the loops"
+    );
+
+    // Doubling into the output: stopped at max_prompt_bytes, memory flat.
+    let error = server
+        .post("/v1/chat/completions", &chat(Some("double")))
+        .assert_error(400);
+    assert_eq!(error["code"], "max_template_output_bytes", "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_template_output_bytes = "),
+        "{error}"
+    );
+    let grown = peak_rss(server.pid()).saturating_sub(rss_before);
+    assert!(grown < 64 << 20, "peak RSS grew by {grown} bytes");
+    // And the server still serves chats.
+    assert_eq!(server.post("/v1/chat/completions", &chat(None)).status, 200);
+}

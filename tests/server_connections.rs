@@ -35,6 +35,9 @@ fn read_to_close(stream: &mut TcpStream) -> String {
             Ok(n) => text.extend_from_slice(&buffer[..n]),
             // A reset is a close too.
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            // A signal to this process (another test's child exiting) is not
+            // the server's doing.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => panic!("the server did not close the connection: {e}"),
         }
     }
@@ -68,12 +71,12 @@ fn a_client_that_never_finishes_its_headers_is_closed_by_the_timeout() {
 }
 
 #[test]
-fn connections_past_the_cap_get_503_and_the_server_keeps_serving() {
+fn connections_past_the_cap_get_503_but_the_probes_are_answered() {
     let server = Server::start(&["--max-connections", "2", "--header-timeout-ms", "60000"]);
     // Two idle connections fill the cap (with the helper's own pooled
     // connection, if it kept one, the second is already refused).
     let holders: Vec<TcpStream> = (0..2).map(|_| half_sent(&server, b"")).collect();
-    let answer = raw_get(&server, "/health");
+    let answer = raw_get(&server, "/v1/models");
     assert!(
         answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
         "{answer}"
@@ -88,21 +91,129 @@ fn connections_past_the_cap_get_503_and_the_server_keeps_serving() {
         error["error"]["message"].as_str().unwrap().contains('2'),
         "names the cap: {body}"
     );
+    // The probes still get their real answers, as on any connection.
+    for path in ["/health", "/ready"] {
+        let answer = raw_get(&server, path);
+        assert!(
+            answer.starts_with("HTTP/1.1 200 OK\r\n"),
+            "{path}: {answer}"
+        );
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
+        let probe: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert!(
+            probe.get("status").is_some() || probe.get("ready").is_some(),
+            "{path}: {body}"
+        );
+    }
+    // A flood of slow clients past the cap does not shut the probes out:
+    // each overflow connection is held for at most a second.
+    let slow: Vec<TcpStream> = (0..8).map(|_| half_sent(&server, b"GET /heal")).collect();
+    assert!(raw_get(&server, "/health").starts_with("HTTP/1.1 200 OK"));
+    drop(slow);
     // Once the holders go, others are served again.
     drop(holders);
     server.wait_until("a connection is served again", || {
-        raw_get(&server, "/health").starts_with("HTTP/1.1 200")
+        raw_get(&server, "/v1/models").starts_with("HTTP/1.1 200")
     });
     assert!(server.log().contains("at the connection cap"));
 }
 
+/// `POST /v1/completions` with a `Content-Length` of `length` and the first
+/// `sent` bytes of its body.
+fn half_body(server: &Server, length: usize, sent: &[u8]) -> TcpStream {
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         Content-Length: {length}\r\n\r\n"
+    );
+    let stream = half_sent(server, head.as_bytes());
+    (&stream).write_all(sent).unwrap();
+    stream
+}
+
+/// The error code of a raw answer of status `status`.
+fn error_code(answer: &str, status: &str) -> String {
+    assert!(
+        answer.starts_with(&format!("HTTP/1.1 {status}")),
+        "{answer}"
+    );
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
+    let error: serde_json::Value = serde_json::from_str(body).unwrap();
+    error["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn a_slow_body_gets_408_naming_the_limit_and_the_connection_closes() {
+    let server = Server::start(&[
+        "--body-timeout-ms",
+        "2000",
+        "--body-rate-grace-ms",
+        "500",
+        "--min-body-rate",
+        "200",
+    ]);
+    // Slow loris: a byte every 100 ms, below 200 bytes/s once the grace is over.
+    let start = Instant::now();
+    let mut loris = half_body(&server, 1000, b"{");
+    let trickle = {
+        let mut stream = loris.try_clone().unwrap();
+        std::thread::spawn(move || {
+            while stream.write_all(b" ").is_ok() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let answer = read_to_close(&mut loris);
+    let waited = start.elapsed();
+    assert_eq!(error_code(&answer, "408"), "min_body_rate", "{answer}");
+    assert!(answer.contains("200 bytes/s"), "{answer}");
+    assert!(
+        waited >= Duration::from_millis(450) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    drop(loris);
+    trickle.join().unwrap();
+
+    // Fast enough for the rate (1 KiB/s), too slow for the whole body
+    // within the timeout.
+    let start = Instant::now();
+    let mut steady = half_body(&server, 1 << 20, b"{");
+    let feeder = {
+        let mut stream = steady.try_clone().unwrap();
+        std::thread::spawn(move || {
+            while stream.write_all(&[b' '; 100]).is_ok() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let answer = read_to_close(&mut steady);
+    let waited = start.elapsed();
+    assert_eq!(error_code(&answer, "408"), "body_timeout", "{answer}");
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_secs(6),
+        "{waited:?}"
+    );
+    drop(steady);
+    feeder.join().unwrap();
+    // A body sent at once is served as always.
+    let reply = server.post(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
+}
+
 #[test]
 fn sigterm_ends_the_server_with_half_open_clients_after_draining_a_stream() {
-    let mut server = Server::start(&[]);
+    // No body deadline to speak of: the half-sent body is closed by SIGTERM.
+    let mut server = Server::start(&["--min-body-rate", "0", "--body-timeout-ms", "600000"]);
     let half = half_sent(
         &server,
         b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Le",
     );
+    let mut half_body = half_body(&server, 100, b"{\"pro");
     let idle = half_sent(&server, b"");
     let mut stream = server.open_stream(
         "/v1/completions",
@@ -112,6 +223,14 @@ fn sigterm_ends_the_server_with_half_open_clients_after_draining_a_stream() {
     assert_ne!(first, "[DONE]");
     let start = Instant::now();
     server.terminate();
+    // The half-sent body is not waited for: closed at once, unanswered.
+    let answer = read_to_close(&mut half_body);
+    assert!(answer.is_empty(), "{answer}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "the half-sent body was held {:?}",
+        start.elapsed()
+    );
     // The answer in flight finishes.
     let mut last = first;
     while let Some(data) = stream.next_data() {

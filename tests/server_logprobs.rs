@@ -429,3 +429,57 @@ fn tokenize_detokenize_and_model_by_id() {
     let error = server.get("/v1/models/no-such-model").assert_error(404);
     assert_eq!(error["code"], "model_not_found");
 }
+
+/// A batch of `max_prompts` prompts is one submission: on an idle server it
+/// is admitted whatever the queue's length (the default, 4 × max_num_seqs
+/// = 32, and a queue of 4), not cut off with 429 at the queue's end.
+#[test]
+fn a_batch_at_the_prompt_cap_is_admitted_on_an_idle_server() {
+    for args in [&[][..], &["--max-queue", "4"][..]] {
+        let server = Server::start(args);
+        let prompts: Vec<String> = (0..64).map(|i| format!("Prompt number {i}")).collect();
+        let body = ok(server.post(
+            "/v1/completions",
+            &json!({"prompt": prompts, "max_tokens": 2, "temperature": 0}),
+        ));
+        let choices = body["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 64, "{args:?}");
+        for (i, choice) in choices.iter().enumerate() {
+            assert_eq!(choice["index"], i, "{args:?}");
+        }
+        // n = 2 on 32 prompts: the same 64 choices.
+        let body = ok(server.post(
+            "/v1/completions",
+            &json!({"prompt": &prompts[..32], "n": 2, "max_tokens": 1}),
+        ));
+        assert_eq!(body["choices"].as_array().unwrap().len(), 64, "{args:?}");
+    }
+}
+
+#[test]
+fn detokenize_refuses_ids_outside_the_vocabulary_like_completions() {
+    let server = Server::start(&[]);
+    let vocab = 512; // the tiny fixture's tokenizer
+    let error = server
+        .post("/detokenize", &json!({"tokens": [1, 2, vocab + 7]}))
+        .assert_error(400);
+    assert_eq!(error["param"], "tokens", "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("token id {}", vocab + 7)) && message.contains("512"),
+        "{message}"
+    );
+    let completion = server
+        .post(
+            "/v1/completions",
+            &json!({"prompt": [1, 2, vocab + 7], "max_tokens": 1}),
+        )
+        .assert_error(400);
+    assert_eq!(
+        completion["message"].as_str().unwrap(),
+        message,
+        "the same refusal on both routes"
+    );
+    let ok_ids = ok(server.post("/detokenize", &json!({"tokens": [vocab - 1]})));
+    assert!(ok_ids["prompt"].is_string());
+}

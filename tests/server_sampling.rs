@@ -60,6 +60,18 @@ fn out_of_range_values_are_a_400_naming_the_field_on_both_routes() {
             json!({"type": "json_schema",
             "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}),
         ),
+        // Grammars that compile but admit no output at all: refused up
+        // front, not failed in the engine as a 500.
+        (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}),
+        ),
+        (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "x",
+                "schema": {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}}),
+        ),
+        ("guided_regex", json!("[^\\s\\S]")),
         ("guided_regex", json!("(unclosed")),
         ("guided_grammar", json!("start: undefined_rule")),
         ("guided_json", json!("{not json")),

@@ -313,3 +313,130 @@ fn templates_can_be_shared_across_threads() {
     assert_send_sync::<ChatTemplate>();
     assert_send_sync::<TextError>();
 }
+
+/// The three bounds of a rendering, each named in the error, each reached
+/// in a bounded time (the nested loops would run 10¹⁰ turns unbounded).
+#[test]
+fn renderings_stop_at_their_fuel_output_and_time_bounds() {
+    use sparkrt::text::{ChatPrompt, RenderLimits, TemplateLimit};
+    use std::time::{Duration, Instant};
+
+    let hi = [ChatMessage::new("user", "hi")];
+    let loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    let start = Instant::now();
+    let err = render(loops, &hi, true).unwrap_err();
+    let elapsed = start.elapsed();
+    assert!(
+        matches!(
+            err,
+            TextError::TemplateOverLimit {
+                limit: TemplateLimit::Fuel(_)
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("max_template_fuel"), "{err}");
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    eprintln!("the default fuel spent in {elapsed:?}");
+
+    // A string doubled and written each turn: stopped at the output cap,
+    // long before the 2⁶⁰ bytes it asks for.
+    let doubling = "{% set ns = namespace(s=messages[0].content) %}{% for i in range(60) %}{{ ns.s }}{% set ns.s = ns.s ~ ns.s %}{% endfor %}";
+    let template = ChatTemplate::from_source(doubling.into(), SpecialTokens::default())
+        .unwrap()
+        .with_limits(RenderLimits {
+            max_output_bytes: 1 << 20,
+            ..RenderLimits::default()
+        });
+    let err = template.render(&hi, true).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("max_template_output_bytes = 1048576"),
+        "{err}"
+    );
+
+    // Request data driving a benign-looking loop: the same fuel bound.
+    let by_kwargs = "{% for i in range(n) %}{% for j in range(n) %}{% endfor %}{% endfor %}{{ messages[0].content }}";
+    let template = ChatTemplate::from_source(by_kwargs.into(), SpecialTokens::default())
+        .unwrap()
+        .with_limits(RenderLimits {
+            fuel: 100_000,
+            ..RenderLimits::default()
+        });
+    let prompt = |n: u32| ChatPrompt {
+        messages: hi.to_vec(),
+        kwargs: vec![("n".into(), n.into())],
+        ..ChatPrompt::default()
+    };
+    assert_eq!(template.render_prompt(&prompt(10)).unwrap(), "hi");
+    let err = template.render_prompt(&prompt(1000)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the chat template ran more than max_template_fuel = 100000 instructions"
+    );
+
+    // Time: checked at each write.
+    let slow = "{% for i in range(100000) %}{{ i }}{% endfor %}";
+    let template = ChatTemplate::from_source(slow.into(), SpecialTokens::default())
+        .unwrap()
+        .with_limits(RenderLimits {
+            max_time: Duration::ZERO,
+            ..RenderLimits::default()
+        });
+    let err = template.render(&hi, true).unwrap_err();
+    assert!(err.to_string().contains("max_template_seconds"), "{err}");
+}
+
+/// The default bounds leave room for the largest request the server takes
+/// through an official template: 2048 messages and 128 tools (gpt-oss's
+/// template writes each tool's schema with macros, the costliest case).
+#[test]
+fn a_maximal_request_renders_within_the_default_bounds() {
+    use sparkrt::text::{ChatPrompt, RenderLimits};
+    let source = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/templates/gptoss.jinja"),
+    )
+    .unwrap();
+    // An eighth of the default fuel is enough: the default has room to spare.
+    let defaults = RenderLimits::default();
+    let template = ChatTemplate::from_source(source, SpecialTokens::default())
+        .unwrap()
+        .with_limits(RenderLimits {
+            fuel: defaults.fuel / 8,
+            ..defaults
+        });
+    let mut messages = Vec::new();
+    for i in 0..1024 {
+        messages.push(ChatMessage::new("user", format!("question {i}")));
+        messages.push(ChatMessage::new("assistant", format!("answer {i}")));
+    }
+    messages.pop();
+    let tool = |i: usize| {
+        minijinja::Value::from_serialize(json!({
+            "type": "function",
+            "function": {
+                "name": format!("tool_{i}"),
+                "description": "does a thing",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "a": {"type": "string", "description": "first", "enum": ["x", "y"]},
+                        "b": {"type": "array", "items": {"type": "object", "properties": {"c": {"type": "number"}}}},
+                        "d": {"type": ["integer", "null"], "default": 3},
+                    },
+                    "required": ["a"],
+                },
+            },
+        }))
+    };
+    let prompt = ChatPrompt {
+        messages,
+        tools: Some((0..128).map(tool).collect()),
+        add_generation_prompt: true,
+        ..ChatPrompt::default()
+    };
+    let start = std::time::Instant::now();
+    let text = template.render_prompt(&prompt).unwrap();
+    eprintln!("{} bytes in {:?}", text.len(), start.elapsed());
+    assert!(text.contains("tool_127") && text.contains("question 1023"));
+}

@@ -19,7 +19,7 @@ use crate::checkpoint::{CheckpointError, PageCachePolicy};
 use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, Startup};
 use crate::server::engine_loop::{self, EngineHandle, Gauges};
 use crate::server::guard::MemoryGuard;
-use crate::server::listen::{self, ConnectionLimits};
+use crate::server::listen::{self, BodyPace, ConnectionLimits};
 use crate::server::loading::{LoadingState, RouterSwitch};
 use crate::server::{ServerConfig, ServerState, expose, fds, router};
 use crate::text::ChatTemplate;
@@ -47,6 +47,23 @@ pub struct ServeArgs {
     /// Header read (and keep-alive idle) timeout in milliseconds (tests).
     #[arg(long, hide = true, default_value_t = listen::HEADER_READ_TIMEOUT.as_millis() as u64)]
     pub header_timeout_ms: u64,
+    /// A request body must arrive within this many milliseconds (tests).
+    #[arg(long, hide = true, default_value_t = listen::BODY_TIMEOUT.as_millis() as u64)]
+    pub body_timeout_ms: u64,
+    /// The least average rate of a body after the grace, bytes/s; 0: none (tests).
+    #[arg(long, hide = true, default_value_t = listen::MIN_BODY_BYTES_PER_S)]
+    pub min_body_rate: u64,
+    /// How long a body may take before its rate counts, in milliseconds (tests).
+    #[arg(long, hide = true, default_value_t = listen::BODY_RATE_GRACE.as_millis() as u64)]
+    pub body_rate_grace_ms: u64,
+    /// How long a server whose engine is gone answers 503 before it exits 1,
+    /// in milliseconds (tests).
+    #[arg(long, hide = true, default_value_t = engine_loop::ENGINE_FAILURE_GRACE.as_millis() as u64)]
+    pub engine_failure_grace_ms: u64,
+    /// Fault injection (tests): the engine thread panics after this many
+    /// steps that ran the model.
+    #[arg(long, hide = true, value_name = "N")]
+    pub fault_engine_panic_after_steps: Option<u64>,
     /// How long answers in flight may finish after SIGTERM, in milliseconds (tests).
     #[arg(long, hide = true, default_value_t = listen::DRAIN_TIMEOUT.as_millis() as u64)]
     pub drain_timeout_ms: u64,
@@ -91,6 +108,11 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     let open_files = fds::raise_open_file_limit()?;
     let connections = ConnectionLimits {
         header_read_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
+        body: BodyPace {
+            timeout: Duration::from_millis(args.body_timeout_ms.max(1)),
+            min_bytes_per_s: args.min_body_rate,
+            rate_grace: Duration::from_millis(args.body_rate_grace_ms),
+        },
         max_connections: fds::connection_cap(open_files, args.max_connections)?,
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
     };
@@ -128,9 +150,11 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     // A shutdown signal stops the load too, so SIGTERM while loading ends
     // the process within a read.
     let (stop, stopped) = watch::channel(false);
+    let stop = Arc::new(stop);
     runtime.spawn({
         let progress = Arc::clone(&progress);
         let drain = connections.drain_timeout;
+        let stop = Arc::clone(&stop);
         async move {
             shutdown_signal(drain).await;
             progress.cancel();
@@ -190,6 +214,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         accept_loop,
         switch,
         progress,
+        stop,
     };
     match &loaded {
         LoadedModel::Cpu(loaded) => serve(job, loaded.as_ref()),
@@ -215,6 +240,9 @@ struct Serve<'a> {
     accept_loop: tokio::task::JoinHandle<()>,
     switch: Arc<RouterSwitch>,
     progress: Arc<LoadProgress>,
+    /// Stops the accept loop (the shutdown signal's, and a broken engine's
+    /// after its grace).
+    stop: Arc<watch::Sender<bool>>,
 }
 
 fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
@@ -229,6 +257,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         accept_loop,
         switch,
         progress,
+        stop,
     } = job;
     progress.begin(LoadPhase::Allocating, 0);
     // `--served-model-name` is laid over `[model] name` in the profile.
@@ -302,13 +331,35 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     // engine's command sender): once it ends, the engine thread ends too.
     drop(switch);
     progress.begin(LoadPhase::Ready, 0);
+    let loop_options = engine_loop::LoopOptions {
+        max_queue,
+        panic_after_steps: args.fault_engine_panic_after_steps,
+    };
+    let grace = Duration::from_millis(args.engine_failure_grace_ms);
+    let handle = runtime.handle().clone();
     let served = std::thread::scope(|scope| {
-        scope.spawn(move || engine_loop::run(engine, receiver, &gauges, max_queue, &latency));
+        scope.spawn(|| {
+            engine_loop::run(engine, receiver, &gauges, &loop_options, &latency);
+            // A broken engine (failed steps, a panic): the server answers
+            // 503 with the reason for the grace, then stops and exits 1.
+            if let Some(why) = gauges.failure() {
+                tracing::error!(
+                    grace_ms = grace.as_millis() as u64,
+                    "the engine is gone ({why}); exiting after the grace period"
+                );
+                handle.spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    let _ = stop.send(true);
+                });
+            }
+        });
         summary.emit();
         super::summary::listening(&summary.address);
         tracing::info!(
             max_connections = connections.max_connections,
             header_timeout_ms = connections.header_read_timeout.as_millis() as u64,
+            body_timeout_ms = connections.body.timeout.as_millis() as u64,
+            min_body_rate = connections.body.min_bytes_per_s,
             "serving"
         );
         let result = runtime.block_on(accept_loop);
@@ -320,6 +371,9 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     stop_guard.store(true, Ordering::Release);
     let _ = guard_thread.join();
     served.map_err(|e| super::RuntimeFailure(anyhow::Error::new(e)))?;
+    if let Some(why) = gauges.failure() {
+        return Err(super::RuntimeFailure(anyhow::anyhow!("the engine failed: {why}")).into());
+    }
     super::summary::say("stopped");
     Ok(ExitCode::SUCCESS)
 }

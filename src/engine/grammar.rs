@@ -148,13 +148,27 @@ impl GrammarCompiler {
             .factory
             .create_parser(spec.to_grammar())
             .map_err(|e| GrammarError::Compile(e.to_string()))?;
-        let matcher = Matcher::new(Ok(parser));
+        let mut matcher = Matcher::new(Ok(parser));
         if let Some(error) = matcher.get_error() {
             return Err(GrammarError::Compile(error));
+        }
+        // A grammar that compiles may still admit nothing at all (a regex
+        // matching no string, a `$ref` that only refers to itself): its
+        // first mask fails or is empty. Found here, on the preparation
+        // pool, it is the request's error (a 400), not a sequence failing
+        // in the engine; the mask is kept for the first step.
+        let first = matcher
+            .compute_mask()
+            .map_err(|e| GrammarError::Compile(format!("the grammar admits no output: {e}")))?;
+        if first.is_zero() {
+            return Err(GrammarError::Compile(
+                "the grammar admits no output: no token is allowed".into(),
+            ));
         }
         Ok(Constraint {
             matcher,
             summary: spec.summary().into(),
+            first_mask: Some(first.as_slice().to_vec()),
         })
     }
 }
@@ -195,6 +209,8 @@ impl LazyGrammarCompiler {
 pub struct Constraint {
     matcher: Matcher,
     summary: Arc<str>,
+    /// The mask computed at compile time, before any token was consumed.
+    first_mask: Option<TokenMask>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -216,6 +232,9 @@ pub type TokenMask = Vec<u32>;
 impl Constraint {
     /// The tokens allowed next.
     pub fn mask(&mut self) -> Result<TokenMask, GrammarError> {
+        if let Some(mask) = self.first_mask.take() {
+            return Ok(mask);
+        }
         let mask = self
             .matcher
             .compute_mask()
@@ -225,6 +244,7 @@ impl Constraint {
 
     /// Advances past a sampled token.
     pub fn consume(&mut self, token: u32) -> Result<(), GrammarError> {
+        self.first_mask = None;
         self.matcher
             .consume_token(token)
             .map_err(|e| GrammarError::Rejected {

@@ -88,12 +88,16 @@ pub enum AdmissionError {
 }
 
 /// What one step did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StepReport {
     /// Tokens run through the model.
     pub tokens: usize,
     /// Sequences that sampled a token.
     pub sampled: usize,
+    /// Why the step's sampling failed for every running sequence (the
+    /// model's logits were NaN or infinite): the step ran, its sequences
+    /// ended with this message. `None` for a step that worked.
+    pub failure: Option<String>,
 }
 
 pub struct Engine<'w> {
@@ -277,6 +281,7 @@ impl<'w> Engine<'w> {
         Ok(StepReport {
             tokens: self.plan.rows(),
             sampled: outcome.sampled,
+            failure: outcome.failure,
         })
     }
 

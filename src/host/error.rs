@@ -1,12 +1,21 @@
-//! What can go wrong reading the host, and the one way a host file that may
-//! be absent is read.
+//! What can go wrong reading the host, and the one way a host file is read.
+//!
+//! Every host file goes through the checked reader of the model files
+//! ([`crate::util::files::read_regular`]): a FIFO as `proc/meminfo` or
+//! `/dev/zero` as the kubelet configuration is refused at once, naming the
+//! file, instead of blocking the start (or the memory guard's thread) on the
+//! open or reading without end. `/proc` files are regular files whose
+//! `fstat` size is 0; the reader's cap holds on what is read, not on the
+//! size reported.
 
 use std::io::ErrorKind;
 use std::path::Path;
 
 use thiserror::Error;
 
+use crate::limits::MAX_HOST_FILE_BYTES;
 use crate::units::QuantityError;
+use crate::util::files::read_regular_to_string;
 
 #[derive(Debug, Error)]
 pub enum HostError {
@@ -40,14 +49,19 @@ pub enum HostError {
     },
 }
 
-/// Reads a file that may legitimately be absent.
+/// Reads a host file that must exist.
+pub(crate) fn read_host_file(path: &Path) -> Result<String, HostError> {
+    read_regular_to_string(path, MAX_HOST_FILE_BYTES).map_err(|source| HostError::Read {
+        file: path.display().to_string(),
+        source,
+    })
+}
+
+/// Reads a host file that may legitimately be absent.
 pub(crate) fn read_optional(path: &Path) -> Result<Option<String>, HostError> {
-    match std::fs::read_to_string(path) {
+    match read_host_file(path) {
         Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(HostError::Read {
-            file: path.display().to_string(),
-            source,
-        }),
+        Err(HostError::Read { source, .. }) if source.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
 }

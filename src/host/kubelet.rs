@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
-use super::error::HostError;
+use super::error::{HostError, read_host_file};
 use crate::units::parse_bytes;
 
 /// The kubelet's own default for `evictionHard["memory.available"]`.
@@ -58,10 +58,7 @@ pub struct KubeletReservations {
 
 /// Reads and parses a kubelet configuration file.
 pub fn read(path: &Path) -> Result<KubeletReservations, HostError> {
-    let text = std::fs::read_to_string(path).map_err(|source| HostError::Read {
-        file: path.display().to_string(),
-        source,
-    })?;
+    let text = read_host_file(path)?;
     parse(&text, path)
 }
 

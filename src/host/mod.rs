@@ -89,9 +89,6 @@ pub fn read_host(root: &Path, kubelet: &KubeletSource) -> Result<HostReading, Ho
 /// Reads `<root>/proc/meminfo` alone (the memory guard's fast path).
 pub fn read_meminfo(root: &Path) -> Result<MemInfo, HostError> {
     let path = root.join("proc/meminfo");
-    let text = std::fs::read_to_string(&path).map_err(|source| HostError::Read {
-        file: path.display().to_string(),
-        source,
-    })?;
+    let text = error::read_host_file(&path)?;
     MemInfo::parse(&text, &path.display().to_string())
 }

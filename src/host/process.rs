@@ -11,12 +11,15 @@ pub fn peak_rss_bytes() -> u64 {
 }
 
 fn status_kb(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
+    crate::util::files::read_regular_to_string(
+        std::path::Path::new("/proc/self/status"),
+        crate::limits::MAX_HOST_FILE_BYTES,
+    )
+    .ok()
+    .and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with(field))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+    })
+    .map_or(0, |kb| kb * 1024)
 }

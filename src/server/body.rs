@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use futures_core::Stream;
 
 use super::errors::ApiError;
+use super::listen::BodyTooSlow;
 
 /// Bytes past the limit read and discarded before the connection is given
 /// up on (a body longer still gets its 413 and a closed connection).
@@ -31,7 +32,7 @@ pub async fn read(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes
     let mut kept: Vec<u8> = Vec::with_capacity(declared.unwrap_or(0).min(limit));
     let mut seen = 0usize;
     while let Some(chunk) = next(&mut stream).await {
-        let chunk = chunk.map_err(|e| ApiError::invalid(format!("reading the body: {e}"), None))?;
+        let chunk = chunk.map_err(read_error)?;
         seen = seen.saturating_add(chunk.len());
         if seen <= limit {
             kept.extend_from_slice(&chunk);
@@ -43,6 +44,23 @@ pub async fn read(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes
         return Err(too_large(declared.unwrap_or(seen).max(seen), limit));
     }
     Ok(Bytes::from(kept))
+}
+
+/// A body that stopped arriving in time is a 408 naming the limit (the
+/// connection then closes: its body was not read to the end); any other
+/// failure is the client's broken body.
+fn read_error(error: axum::Error) -> ApiError {
+    let inner = error.into_inner();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*inner);
+    while let Some(e) = cause {
+        if let Some(slow) = e.downcast_ref::<BodyTooSlow>() {
+            return ApiError::invalid(slow.to_string(), None)
+                .with_status(StatusCode::REQUEST_TIMEOUT)
+                .with_code(slow.name());
+        }
+        cause = e.source();
+    }
+    ApiError::invalid(format!("reading the body: {inner}"), None)
 }
 
 fn too_large(len: usize, limit: usize) -> ApiError {

@@ -11,6 +11,22 @@ use tokio::sync::oneshot;
 use super::latency::LatencyMetrics;
 use crate::engine::{AdmissionError, Engine, EventSink, Request, SeqId};
 
+/// Steps in a row that may fail (an executor error, or sampling refusing
+/// the model's NaN/infinite logits) before the engine is declared broken:
+/// one failing step can be a request's bad luck, three in a row with
+/// nothing working in between is the model or the device. The engine
+/// thread then ends, `/ready` answers 503 with the reason, and the process
+/// exits non-zero after [`ENGINE_FAILURE_GRACE`] (see `cli::serve`), so an
+/// orchestrator restarts it instead of routing requests to a server that
+/// fails them all.
+pub const MAX_CONSECUTIVE_STEP_FAILURES: u32 = 3;
+
+/// How long a server whose engine is gone keeps answering (503 with the
+/// reason on `/ready`, `/health` and the generation routes) before it exits:
+/// long enough for a readiness probe (kubelet's default period is 10 s) to
+/// see why before the process goes.
+pub const ENGINE_FAILURE_GRACE: Duration = Duration::from_secs(15);
+
 /// Why a submission was refused.
 #[derive(Debug)]
 pub enum SubmitError {
@@ -19,13 +35,21 @@ pub enum SubmitError {
     ShuttingDown,
 }
 
+/// One prompt and its choices (`n`, `best_of`).
+pub struct Group {
+    pub request: Request,
+    /// Where each choice's events go (the handler's channel), choice j at
+    /// `sinks[j]`.
+    pub sinks: Vec<Box<dyn EventSink>>,
+}
+
 pub enum Command {
-    /// One prompt's choices (`n`, `best_of`), queued together or not at all.
+    /// One request's prompts (a batched completions request has several),
+    /// queued together or not at all: the queue's room is checked for all
+    /// their choices at once, so a batch no larger than `max_choices` is
+    /// always admitted into an empty queue, whatever `--max-queue` is.
     Submit {
-        request: Request,
-        /// Where each choice's events go (the handler's channel), choice j
-        /// at `sinks[j]`.
-        sinks: Vec<Box<dyn EventSink>>,
+        groups: Vec<Group>,
         reply: oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
     },
 }
@@ -41,7 +65,8 @@ pub struct Gauges {
     pub kv_blocks_total: AtomicUsize,
     pub step_errors: AtomicU64,
     pub loaded: AtomicBool,
-    /// Why the engine thread ended before the server did (a panic).
+    /// Why the engine thread ended before the server did (a panic, or
+    /// [`MAX_CONSECUTIVE_STEP_FAILURES`] failed steps).
     failure: Mutex<Option<String>>,
 }
 
@@ -61,19 +86,31 @@ impl Gauges {
     }
 }
 
-/// Runs until every command sender is gone and no work is left. If the loop
-/// panics, the panic ends here: the loaded flag is cleared and the message
-/// kept, so `/ready` and `/health` answer 503 with it and new requests get
-/// 503 instead of hanging on a thread that is gone.
+/// What the engine thread is run with besides the engine.
+pub struct LoopOptions {
+    pub max_queue: usize,
+    /// Test fault injection (the hidden `serve --fault-engine-panic-after-steps`):
+    /// the loop panics after this many steps that did work.
+    pub panic_after_steps: Option<u64>,
+}
+
+/// Runs until every command sender is gone and no work is left, or until
+/// [`MAX_CONSECUTIVE_STEP_FAILURES`] steps in a row have failed. If the
+/// loop panics, the panic ends here. Either failure clears the loaded flag
+/// and keeps the reason, so `/ready` and `/health` answer 503 with it and
+/// new requests get 503 instead of hanging on a thread that is gone.
 pub fn run(
     engine: Engine<'_>,
     commands: Receiver<Command>,
     gauges: &Gauges,
-    max_queue: usize,
+    options: &LoopOptions,
     latency: &LatencyMetrics,
 ) {
     watch(gauges, || {
-        serve_commands(engine, commands, gauges, max_queue, latency)
+        if let Err(broken) = serve_commands(engine, commands, gauges, options, latency) {
+            tracing::error!("{broken}");
+            gauges.record_failure(broken);
+        }
     });
 }
 
@@ -94,13 +131,17 @@ fn watch(gauges: &Gauges, body: impl FnOnce()) {
     }
 }
 
+/// The loop; `Err(reason)` when the engine is broken (failed steps).
 fn serve_commands(
     mut engine: Engine<'_>,
     commands: Receiver<Command>,
     gauges: &Gauges,
-    max_queue: usize,
+    options: &LoopOptions,
     latency: &LatencyMetrics,
-) {
+) -> Result<(), String> {
+    let max_queue = options.max_queue;
+    let mut failures = FailedSteps::default();
+    let mut steps_with_work = 0u64;
     gauges
         .kv_blocks_total
         .store(engine.kv_blocks_total(), Ordering::Relaxed);
@@ -129,17 +170,45 @@ fn serve_commands(
             }
         }
         let started = Instant::now();
-        match engine.step() {
-            Ok(report) => latency.observe_step(
-                started.elapsed().as_secs_f64(),
-                report.tokens,
-                report.sampled,
-            ),
-            Err(e) => {
-                gauges.step_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!("engine step failed: {e}");
-                engine.fail_all(&e.to_string());
+        let failed = match engine.step() {
+            Ok(report) => {
+                latency.observe_step(
+                    started.elapsed().as_secs_f64(),
+                    report.tokens,
+                    report.sampled,
+                );
+                if report.tokens > 0 {
+                    steps_with_work += 1;
+                }
+                match report.failure {
+                    Some(why) => Some(why),
+                    None if report.tokens > 0 => {
+                        failures.succeeded();
+                        None
+                    }
+                    // An empty step says nothing either way.
+                    None => None,
+                }
             }
+            Err(e) => {
+                engine.fail_all(&e.to_string());
+                Some(format!("engine step failed: {e}"))
+            }
+        };
+        if let Some(why) = failed {
+            gauges.step_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("{why}");
+            if let Some(broken) = failures.failed(why) {
+                // Whatever is queued would fail the same way.
+                engine.fail_all(&broken);
+                return Err(broken);
+            }
+        }
+        if options
+            .panic_after_steps
+            .is_some_and(|n| steps_with_work >= n)
+        {
+            panic!("injected fault: the engine thread panics after {steps_with_work} steps");
         }
         gauges
             .running
@@ -154,28 +223,66 @@ fn serve_commands(
             .kv_blocks_cached
             .store(engine.kv_blocks_cached(), Ordering::Relaxed);
     }
+    Ok(())
+}
+
+/// Failed steps since the last one that worked.
+#[derive(Debug, Default)]
+struct FailedSteps {
+    in_a_row: u32,
+}
+
+impl FailedSteps {
+    fn succeeded(&mut self) {
+        self.in_a_row = 0;
+    }
+
+    /// Counts a failed step; the reason the engine is broken once
+    /// [`MAX_CONSECUTIVE_STEP_FAILURES`] have failed in a row.
+    fn failed(&mut self, why: String) -> Option<String> {
+        self.in_a_row += 1;
+        (self.in_a_row >= MAX_CONSECUTIVE_STEP_FAILURES).then(|| {
+            format!(
+                "engine failed {} consecutive steps, the last: {why}",
+                self.in_a_row
+            )
+        })
+    }
 }
 
 fn handle(engine: &mut Engine<'_>, command: Command, max_queue: usize, open: bool) {
     match command {
-        Command::Submit {
-            request,
-            sinks,
-            reply,
-        } => {
+        Command::Submit { groups, reply } => {
+            let choices = groups.iter().map(|g| g.sinks.len()).sum();
             let result = if !open {
                 Err(SubmitError::ShuttingDown)
-            } else if !queue_has_room(engine.num_waiting(), sinks.len(), max_queue) {
+            } else if !queue_has_room(engine.num_waiting(), choices, max_queue) {
                 Err(SubmitError::QueueFull)
             } else {
-                engine
-                    .add_request_group(request, sinks)
-                    .map_err(SubmitError::Admission)
+                add_groups(engine, groups)
             };
-            // The client may have left already; its sequence then ends at the next step.
+            // The client may have left already; its sequences then end at the next step.
             let _ = reply.send(result);
         }
     }
+}
+
+/// Adds every group, or none: a group the engine refuses aborts the ones
+/// added before it.
+fn add_groups(engine: &mut Engine<'_>, groups: Vec<Group>) -> Result<Vec<SeqId>, SubmitError> {
+    let mut ids = Vec::new();
+    for group in groups {
+        match engine.add_request_group(group.request, group.sinks) {
+            Ok(added) => ids.extend(added),
+            Err(e) => {
+                for id in ids {
+                    engine.abort(id);
+                }
+                return Err(SubmitError::Admission(e));
+            }
+        }
+    }
+    Ok(ids)
 }
 
 /// Whether `choices` more sequences may join `waiting` ones: every choice
@@ -206,6 +313,20 @@ mod tests {
         // Larger than the queue: only into an empty one.
         assert!(queue_has_room(0, 6, 4));
         assert!(!queue_has_room(1, 6, 4));
+    }
+
+    #[test]
+    fn only_failures_in_a_row_break_the_engine() {
+        let mut steps = FailedSteps::default();
+        assert_eq!(steps.failed("a".into()), None);
+        assert_eq!(steps.failed("b".into()), None);
+        steps.succeeded();
+        assert_eq!(steps.failed("c".into()), None);
+        assert_eq!(steps.failed("d".into()), None);
+        assert_eq!(
+            steps.failed("sampling failed: NaN".into()).as_deref(),
+            Some("engine failed 3 consecutive steps, the last: sampling failed: NaN")
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::engine::{EngineCounters, EngineLimits};
 use crate::plan::Plan;
 use crate::plan::ledger::Ledger;
 use crate::text::parsers::OutputParsers;
-use crate::text::{ChatTemplate, Tokenizer};
+use crate::text::{ChatTemplate, RenderLimits, Tokenizer};
 
 /// Largest request bodies prepared (parsed, rendered, tokenized) at once:
 /// the tokenizer's memory is proportional to its input, so this bounds it.
@@ -110,7 +110,7 @@ pub struct ServerConfig {
 }
 
 impl ServerState {
-    pub fn new(config: ServerConfig) -> ServerState {
+    pub fn new(mut config: ServerConfig) -> ServerState {
         let request_limits = RequestLimits::new(
             config.limits.max_model_len,
             config
@@ -118,6 +118,22 @@ impl ServerState {
                 .as_deref()
                 .map(Tokenizer::longest_token_bytes),
         );
+        // A rendered prompt over max_prompt_bytes is refused anyway: the
+        // template stops writing there instead of after the whole text.
+        // (Without a tokenizer the bound is 0 and no text prompt is taken;
+        // the routes say so before rendering.)
+        let max_prompt_bytes = request_limits.max_prompt_bytes;
+        config.chat_template = config.chat_template.take().map(|template| {
+            let limits = template.limits();
+            template.with_limits(RenderLimits {
+                max_output_bytes: if max_prompt_bytes > 0 {
+                    limits.max_output_bytes.min(max_prompt_bytes)
+                } else {
+                    limits.max_output_bytes
+                },
+                ..limits
+            })
+        });
         let prep = PrepPool::new(
             std::thread::available_parallelism().map_or(1, usize::from),
             PREP_BUDGET_BODIES.saturating_mul(request_limits.max_body_bytes),

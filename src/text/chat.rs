@@ -22,6 +22,7 @@ use super::config_files::{
 };
 use super::error::TextError;
 use super::python_json;
+use super::render_limits::{CappedWriter, RenderLimits, TemplateLimit};
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -158,6 +159,8 @@ pub struct ChatTemplate {
     /// Whether the source names `content` at all (transformers refuses
     /// `continue_final_message` otherwise).
     mentions_content: bool,
+    /// The bounds of every rendering (see `render_limits`).
+    limits: RenderLimits,
 }
 
 impl ChatTemplate {
@@ -233,11 +236,26 @@ impl ChatTemplate {
         env.add_filter("tojson", python_json::tojson);
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|source| TextError::TemplateSyntax { source })?;
+        let limits = RenderLimits::default();
+        env.set_fuel(Some(limits.fuel));
         Ok(ChatTemplate {
             env,
             special_tokens,
             mentions_content,
+            limits,
         })
+    }
+
+    /// The same template under other bounds (the server: the output cap is
+    /// its `max_prompt_bytes`).
+    pub fn with_limits(mut self, limits: RenderLimits) -> ChatTemplate {
+        self.env.set_fuel(Some(limits.fuel));
+        self.limits = limits;
+        self
+    }
+
+    pub fn limits(&self) -> RenderLimits {
+        self.limits
     }
 
     /// The same template with `strftime_now` fixed at `unix_seconds` (UTC):
@@ -367,9 +385,23 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|source| TextError::TemplateRender { source })?;
-        template
-            .render(context)
-            .map_err(|source| TextError::TemplateRender { source })
+        let mut out = CappedWriter::new(&self.limits);
+        let rendered = template.render_captured_to(context, &mut out);
+        if let Some(limit) = out.over {
+            return Err(TextError::TemplateOverLimit { limit });
+        }
+        match rendered {
+            // minijinja writes whole `str`s, so the bytes are UTF-8.
+            Ok(_) => String::from_utf8(out.text).map_err(|e| TextError::TemplateRender {
+                source: Error::new(ErrorKind::BadSerialization, e.to_string()),
+            }),
+            Err(source) if source.kind() == ErrorKind::OutOfFuel => {
+                Err(TextError::TemplateOverLimit {
+                    limit: TemplateLimit::Fuel(self.limits.fuel),
+                })
+            }
+            Err(source) => Err(TextError::TemplateRender { source }),
+        }
     }
 }
 

@@ -62,6 +62,10 @@ pub enum TextError {
     ReservedTemplateVariable { name: String },
     #[error("continue_final_message: {why}")]
     ContinueFinalMessage { why: String },
+    #[error("{limit}")]
+    TemplateOverLimit {
+        limit: super::render_limits::TemplateLimit,
+    },
     #[error("chat template failed: {source}")]
     TemplateRender {
         #[source]

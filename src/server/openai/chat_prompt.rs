@@ -163,6 +163,9 @@ pub fn render_error(error: TextError) -> ApiError {
         TextError::ContinueFinalMessage { .. } => {
             ApiError::invalid(error.to_string(), Some("continue_final_message"))
         }
+        TextError::TemplateOverLimit { limit } => {
+            ApiError::invalid(error.to_string(), Some("messages")).with_code(limit.name())
+        }
         other => ApiError::invalid(format!("chat template: {other}"), Some("messages")),
     }
 }

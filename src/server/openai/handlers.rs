@@ -28,7 +28,7 @@ use crate::engine::grammar::Constraint;
 use crate::engine::sampling::{MAX_TEMPERATURE, SamplingParams};
 use crate::engine::{AdmissionError, Event, EventSink, Request, TokenLogprob};
 use crate::server::body;
-use crate::server::engine_loop::{Command, SubmitError};
+use crate::server::engine_loop::{Command, Group, SubmitError};
 use crate::server::errors::ApiError;
 use crate::server::latency::TimedSink;
 use crate::server::limits::RequestLimits;
@@ -674,9 +674,9 @@ pub(super) async fn submit(
     let tokenizer = state.config.tokenizer.clone();
     let (events_tx, events) = mpsc::unbounded_channel();
     let mut choices = Vec::with_capacity(prompts.len() * fanout.best_of);
-    // Each prompt is one engine submission of its `best_of` choices; if one
-    // is refused, the receiver is dropped with this function and the
-    // others end at the engine's next step.
+    // Each prompt is one group of its `best_of` choices, and the request's
+    // groups are one submission: all admitted or none.
+    let mut groups = Vec::with_capacity(prompts.len());
     for (prompt_index, (prompt, params)) in prompts.into_iter().zip(params).enumerate() {
         let echo_text = echo.then(|| match (prompt.text, &tokenizer) {
             (Some(text), _) => text,
@@ -702,31 +702,34 @@ pub(super) async fn submit(
                 )) as Box<dyn EventSink>
             })
             .collect();
-        let (reply_tx, reply) = oneshot::channel();
-        state
-            .config
-            .engine
-            .commands
-            .send(Command::Submit {
-                request: Request::new(prompt.ids, params)
-                    .with_ignore_eos(common.ignore_eos)
-                    .with_logprobs(engine_logprobs)
-                    .with_skip_special_tokens(common.skip_special_tokens.unwrap_or(true))
-                    .with_cache_salt(common.cache_salt.clone()),
-                sinks,
-                reply: reply_tx,
-            })
-            .map_err(|_| ApiError::internal("the engine has stopped"))?;
-        match reply.await {
-            Ok(Ok(_)) => {}
-            Ok(Err(SubmitError::QueueFull)) => {
-                return Err(ApiError::queue_full(RETRY_AFTER_SECONDS));
-            }
-            Ok(Err(SubmitError::Admission(e))) => return Err(admission_error(e)),
-            Ok(Err(SubmitError::ShuttingDown)) | Err(_) => {
-                return Err(ApiError::internal("the server is shutting down")
-                    .with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE));
-            }
+        groups.push(Group {
+            request: Request::new(prompt.ids, params)
+                .with_ignore_eos(common.ignore_eos)
+                .with_logprobs(engine_logprobs)
+                .with_skip_special_tokens(common.skip_special_tokens.unwrap_or(true))
+                .with_cache_salt(common.cache_salt.clone()),
+            sinks,
+        });
+    }
+    let (reply_tx, reply) = oneshot::channel();
+    state
+        .config
+        .engine
+        .commands
+        .send(Command::Submit {
+            groups,
+            reply: reply_tx,
+        })
+        .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    match reply.await {
+        Ok(Ok(_)) => {}
+        Ok(Err(SubmitError::QueueFull)) => {
+            return Err(ApiError::queue_full(RETRY_AFTER_SECONDS));
+        }
+        Ok(Err(SubmitError::Admission(e))) => return Err(admission_error(e)),
+        Ok(Err(SubmitError::ShuttingDown)) | Err(_) => {
+            return Err(ApiError::internal("the server is shutting down")
+                .with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE));
         }
     }
     let meta = ResponseMeta {

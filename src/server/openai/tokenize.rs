@@ -97,6 +97,13 @@ fn detokenize_body(state: &ServerState, bytes: &[u8]) -> Result<DetokenizeRespon
         .tokenizer
         .as_ref()
         .ok_or_else(|| ApiError::invalid("this model has no tokenizer", None))?;
+    // The tokenizer would skip an id it does not know and answer the rest:
+    // refused as completions refuse it, naming the id.
+    let vocab = tokenizer.vocab_size();
+    if let Some(&id) = body.tokens.iter().find(|&&id| id as usize >= vocab) {
+        let refused = crate::engine::AdmissionError::TokenOutOfRange { id, vocab };
+        return Err(ApiError::invalid(refused.to_string(), Some("tokens")));
+    }
     let prompt = tokenizer
         .decode(&body.tokens, false)
         .map_err(|e| ApiError::invalid(format!("cannot decode the tokens: {e}"), Some("tokens")))?;
