@@ -6,7 +6,8 @@ use std::path::Path;
 use super::config::ModelConfig;
 use super::dtype::Dtype;
 use super::error::{CheckpointError, TensorProblem};
-use super::{Checkpoint, HeaderSet, TensorInfo};
+use super::header_set::{HeaderSet, TensorInfo};
+use super::mapped::Checkpoint;
 use crate::formats::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
 use crate::geometry::{Architecture, LayerAttention, Quantization};
 

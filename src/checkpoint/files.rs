@@ -13,8 +13,10 @@ use memmap2::Mmap;
 
 use super::error::CheckpointError;
 use super::header::{self, LENGTH_PREFIX_BYTES, ParsedHeader};
+use super::header_set::{HeaderSet, ShardInfo, TensorInfo};
 use super::layout::{self, Layout};
-use super::{Checkpoint, HeaderSet, MappedShard, PageCachePolicy, ShardInfo, TensorInfo};
+use super::mapped::{Checkpoint, MappedShard};
+use super::page_cache::PageCachePolicy;
 use crate::limits;
 use crate::util::files::open_regular;
 

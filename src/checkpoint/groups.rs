@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::TensorInfo;
+use super::header_set::TensorInfo;
 use crate::geometry::{Architecture, WeightGroup};
 
 /// Parameters of a linear module: the weight and bias, and NVFP4's scales.

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use sparkrt_wire::{LoadPhase, LoadingReport};
 
-use super::Checkpoint;
 use super::error::CheckpointError;
+use super::mapped::Checkpoint;
 use super::residency::ResidencyProbe;
 
 /// Bytes advised at once (one piece of work for a reader).

@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use memmap2::{Advice, UncheckedAdvice};
 
-use super::Checkpoint;
 use super::error::CheckpointError;
+use super::mapped::Checkpoint;
 
 /// The page-cache policy applied to the checkpoint, as the ledger records
 /// it: a wire type (`/v1/memory` reports it), defined with the monitor's.

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use memmap2::Mmap;
 
-use super::Checkpoint;
 use super::error::CheckpointError;
+use super::mapped::Checkpoint;
 
 /// A reading is reused for this long.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);

@@ -64,8 +64,9 @@ use serde_json::{Value, json};
 
 use crate::checkpoint::check::expected_tensors;
 use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::dtype::Dtype;
+use crate::checkpoint::error::CheckpointError;
 use crate::checkpoint::synthetic::{shape_of, write_tensor_file};
-use crate::checkpoint::{CheckpointError, Dtype};
 use crate::limits::MAX_SMALL_FILE_BYTES;
 use crate::text::{ChatMessage, ChatTemplate, SpecialTokens};
 use crate::util::files::read_regular_to_string;

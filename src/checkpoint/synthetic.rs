@@ -10,10 +10,10 @@ use std::path::Path;
 
 use serde_json::json;
 
-use crate::checkpoint::CheckpointError;
-use crate::checkpoint::Dtype;
 use crate::checkpoint::check::{Expected, ExpectedShape, expected_tensors};
 use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::dtype::Dtype;
+use crate::checkpoint::error::CheckpointError;
 use crate::util::rng::SplitMix64;
 
 /// Files copied next to the weights when present (config, tokenizer).

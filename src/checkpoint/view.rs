@@ -11,9 +11,9 @@ use std::path::Path;
 
 use half::{bf16, f16};
 
-use super::TensorInfo;
 use super::dtype::Dtype;
 use super::error::CheckpointError;
+use super::header_set::TensorInfo;
 
 /// One tensor's bytes, borrowed from the checkpoint's mapping.
 #[derive(Clone, Copy, Debug)]

@@ -1,11 +1,11 @@
 //! Linear weights for the engines, borrowed from the mapping in the format
 //! they are stored in (BF16, NVFP4 triplets, MXFP4 stacked experts).
 
-use super::Checkpoint;
 use super::config::ModelConfig;
 use super::dtype::Dtype;
 use super::error::CheckpointError;
 use super::linear::{LinearWeight, WeightData};
+use super::mapped::Checkpoint;
 use super::view::TensorView;
 use crate::formats::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
 use crate::geometry::Quantization;

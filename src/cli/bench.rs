@@ -479,7 +479,7 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
             (measured, "measured, CPU reads of the mapped weights")
         }
     };
-    let bytes_per_token = crate::plan::memory::decode_weight_bytes_per_token(&loaded.plan);
+    let bytes_per_token = crate::plan::decode_weight_bytes_per_token(&loaded.plan);
     let roofline = bandwidth / bytes_per_token.max(1) as f64;
     let per_step = |n: u64| n as f64 / decode_steps.max(1) as f64;
     let launches_per_decode_step = (gpu.is_some() && decode_steps > 0)

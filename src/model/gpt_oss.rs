@@ -2,8 +2,11 @@
 //! sliding-window layers, YaRN RoPE, top-k-then-softmax routing with a bias,
 //! MXFP4 experts with interleaved gate/up rows and a clamped SwiGLU.
 
+use super::error::ModelError;
+use super::layers::{Attention, Layer, Mixer, Mlp, ModelSettings};
 use super::rope::{Rope, Yarn};
-use super::{Attention, Layer, Mixer, Mlp, ModelError, ModelSettings, Transformer, WeightSource};
+use super::source::WeightSource;
+use super::transformer::Transformer;
 use crate::backend::{AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::config::ModelConfig;
 use crate::geometry::{LayerAttention, Quantization};

@@ -15,11 +15,13 @@
 //! stacked (`mlp.experts.gate_up_proj` `[E, 2I, H]`, gate rows first, and
 //! `mlp.experts.down_proj` `[E, H, I]`, as Qwen publishes them).
 
-use super::rope::Rope;
-use super::{
-    Attention, DeltaNet, DeltaNetInput, Layer, Mixer, Mlp, ModelError, ModelSettings, SharedExpert,
-    Transformer, WeightSource,
+use super::error::ModelError;
+use super::layers::{
+    Attention, DeltaNet, DeltaNetInput, Layer, Mixer, Mlp, ModelSettings, SharedExpert,
 };
+use super::rope::Rope;
+use super::source::WeightSource;
+use super::transformer::Transformer;
 use crate::backend::{AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::config::ModelConfig;
 use crate::checkpoint::linear::LinearWeight;

@@ -1,8 +1,11 @@
 //! qwen3_moe (Qwen3-30B-A3B, Qwen3-235B-A22B): q/k RMSNorm before plain
 //! RoPE, softmax-then-top-k routing, SwiGLU experts, optional dense layers.
 
+use super::error::ModelError;
+use super::layers::{Attention, Layer, Mixer, Mlp, ModelSettings};
 use super::rope::Rope;
-use super::{Attention, Layer, Mixer, Mlp, ModelError, ModelSettings, Transformer, WeightSource};
+use super::source::WeightSource;
+use super::transformer::Transformer;
 use crate::backend::{AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::config::ModelConfig;
 

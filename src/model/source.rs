@@ -1,7 +1,7 @@
 //! Where a model's weights come from: an open checkpoint (the only source
 //! in production; `--load-format dummy` writes a random one first).
 
-use super::ModelError;
+use super::error::ModelError;
 use crate::checkpoint::config::ModelConfig;
 use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight, WeightData};
 use crate::checkpoint::{Checkpoint, CheckpointError, Dtype, TensorView};

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::PlanDevice;
+use super::device::PlanDevice;
 use super::profile::{KvCacheDtype, ServingSection};
 use crate::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization, WeightGroup};
 
@@ -182,18 +182,6 @@ fn estimate_hybrid_weights(g: &ModelGeometry) -> WeightBytes {
         }
     }
     w
-}
-
-/// Weight bytes read to decode one token at batch 1 (bench's roofline):
-/// every dense weight, `top_k` of each MoE layer's experts, one embedding row.
-pub fn decode_weight_bytes_per_token(plan: &super::Plan) -> u64 {
-    decode_weight_bytes_per_step(
-        &plan.weights.groups,
-        plan.model.top_k,
-        plan.model.num_experts,
-        plan.model.vocab_size,
-        1,
-    )
 }
 
 /// Weight bytes one decode step of `batch` sequences reads (`groups`: the

@@ -4,6 +4,7 @@
 //! checkpoint's headers (when at hand) and a reading of the host. It says
 //! whether the model fits and, if not, by how much and which knob to turn.
 
+mod device;
 pub mod ledger;
 pub mod memory;
 pub mod perf;
@@ -18,11 +19,10 @@ use memory::{
     Activations, Headroom, HostFigures, KvLayout, MoeWorkspace, RecurrentStatePlan,
     RuntimeOverhead, SlidingKv, StepMetadataPlan, WeightBytes,
 };
-use profile::{
-    DEFAULT_CPU_OVERHEAD, DEFAULT_CUDA_OVERHEAD, DeviceKind, KvCacheDtype, KvCacheSize, Profile,
-};
+use profile::{DEFAULT_CPU_OVERHEAD, DEFAULT_CUDA_OVERHEAD, KvCacheDtype, KvCacheSize, Profile};
 
 use crate::host::HostReading;
+pub use device::PlanDevice;
 
 #[derive(Debug, Error)]
 pub enum PlanError {
@@ -34,25 +34,6 @@ pub enum PlanError {
         profile: String,
         checkpoint: String,
     },
-}
-
-/// The backend a plan is made for (after `auto` is resolved).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PlanDevice {
-    Cpu,
-    Cuda,
-}
-
-impl PlanDevice {
-    pub fn resolve(kind: DeviceKind, gpu_present: bool) -> PlanDevice {
-        match kind {
-            DeviceKind::Cpu => PlanDevice::Cpu,
-            DeviceKind::Cuda => PlanDevice::Cuda,
-            DeviceKind::Auto if gpu_present => PlanDevice::Cuda,
-            DeviceKind::Auto => PlanDevice::Cpu,
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -153,6 +134,18 @@ impl Plan {
             + self.runtime_overhead.bytes
             + self.recurrent_state.bytes
     }
+}
+
+/// Weight bytes read to decode one token at batch 1 (bench's roofline):
+/// every dense weight, `top_k` of each MoE layer's experts, one embedding row.
+pub fn decode_weight_bytes_per_token(plan: &Plan) -> u64 {
+    memory::decode_weight_bytes_per_step(
+        &plan.weights.groups,
+        plan.model.top_k,
+        plan.model.num_experts,
+        plan.model.vocab_size,
+        1,
+    )
 }
 
 /// The host figures of a reading, as the plan's formulas take them.

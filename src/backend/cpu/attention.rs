@@ -19,10 +19,10 @@
 
 use rayon::prelude::*;
 
-use super::BackendError;
 use super::kernels::ops;
 use super::kv::{CpuKvCache, KvData};
-use crate::backend::AttentionShape;
+use crate::backend::error::BackendError;
+use crate::backend::shapes::AttentionShape;
 use crate::checkpoint::linear::VectorWeight;
 use crate::step::StepBatch;
 

@@ -21,11 +21,12 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::BackendError;
-use crate::backend::{DeltaNetShape, RecurrentStatePlan};
+use crate::backend::error::BackendError;
+use crate::backend::shapes::DeltaNetShape;
 use crate::checkpoint::linear::VectorWeight;
 use crate::plan::ledger::{Category, Charge, Ledger};
 use crate::plan::memory::RECURRENT_STATE;
+use crate::plan::memory::RecurrentStatePlan;
 use crate::step::{StateSave, StepBatch};
 
 /// Widest key or value head the stack scratch of a task holds.

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use super::BackendError;
-use crate::backend::KvLayout;
+use crate::backend::error::BackendError;
 use crate::plan::ledger::{Category, Charge, KV_CACHE, Ledger};
+use crate::plan::memory::KvLayout;
 use crate::plan::profile::KvCacheDtype;
 use crate::step::{NO_BLOCK, StepBatch};
 

@@ -13,13 +13,17 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::{
-    AttentionShape, Backend, BackendError, DeltaNetShape, DeltaRuleGates, ExpertsSpec, KvLayout,
-    Matmul, RecurrentStatePlan, RouterKind, StepMetadataPlan,
-};
+use super::charges::f32_bytes;
+use super::error::BackendError;
+use super::experts::{ExpertsSpec, RouterKind};
+use super::interface::{Backend, DeltaRuleGates, Matmul};
+use super::shapes::{AttentionShape, DeltaNetShape};
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::plan::ledger::{Category, Charge, Ledger};
-use crate::plan::memory::{MoeWorkspace as MoeWorkspacePlan, Placement, STEP_METADATA};
+use crate::plan::memory::{
+    KvLayout, MoeWorkspace as MoeWorkspacePlan, Placement, RecurrentStatePlan, STEP_METADATA,
+    StepMetadataPlan,
+};
 use crate::step::StepBatch;
 
 pub use delta_net::CpuRecurrentState;
@@ -99,7 +103,7 @@ impl Backend for CpuBackend {
         // One memory: host and kernels read the same buffer.
         _placement: Placement,
     ) -> Result<CpuBuffer, BackendError> {
-        let charge = self.charge(category, super::f32_bytes(elements), what)?;
+        let charge = self.charge(category, f32_bytes(elements), what)?;
         Ok(CpuBuffer {
             data: vec![0.0; elements],
             _charge: charge,

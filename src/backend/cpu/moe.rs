@@ -9,8 +9,10 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::kernels::{self, ActivationScratch, GroupedProblem};
-use super::{BackendError, check_len, ops};
-use crate::backend::{ExpertActivation, ExpertsSpec, GateUp, RouterKind, charge_workspace_buffer};
+use super::ops;
+use crate::backend::charges::charge_workspace_buffer;
+use crate::backend::error::BackendError;
+use crate::backend::experts::{ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::plan::ledger::{Charge, Ledger};
 use crate::plan::memory::{
@@ -159,8 +161,8 @@ impl CpuWorkspace {
         top_k: usize,
         kind: RouterKind,
     ) -> Result<(), BackendError> {
-        check_len("router logits", rows * num_experts, logits.len())?;
-        check_len("routed rows", rows * top_k, self.topk_ids.len())?;
+        BackendError::check_capacity("router logits", rows * num_experts, logits.len())?;
+        BackendError::check_capacity("routed rows", rows * top_k, self.topk_ids.len())?;
         if self.expert_offsets.len() < num_experts + 1
             || top_k == 0
             || top_k > num_experts
@@ -196,12 +198,12 @@ impl CpuWorkspace {
                 self.routed
             )));
         }
-        check_len("moe input", rows * h, x.len())?;
-        check_len("moe output", rows * h, out.len())?;
-        check_len("gathered input", n * h, self.gathered_input.len())?;
-        check_len("gate/up output", n * 2 * i, self.gate_up_output.len())?;
-        check_len("expert activation", n * i, self.activation.len())?;
-        check_len("down output", n * h, self.down_output.len())?;
+        BackendError::check_capacity("moe input", rows * h, x.len())?;
+        BackendError::check_capacity("moe output", rows * h, out.len())?;
+        BackendError::check_capacity("gathered input", n * h, self.gathered_input.len())?;
+        BackendError::check_capacity("gate/up output", n * 2 * i, self.gate_up_output.len())?;
+        BackendError::check_capacity("expert activation", n * i, self.activation.len())?;
+        BackendError::check_capacity("down output", n * h, self.down_output.len())?;
         let num_experts = experts.down.len();
         self.group_by_expert(n, num_experts)?;
 

@@ -3,14 +3,18 @@
 
 use std::sync::atomic::Ordering;
 
+use super::backend::{CudaBackend, u32_of};
 use super::constants::{
     APPEND_THREADS, ATTN_WARPS, BLOCK_THREADS, KEY_TILE, MAX_COPY_PAIRS, MAX_HEAD_DIM, Q_TILE,
     SEQ_SLIDING, SEQ_TABLE, WARP,
 };
+use super::handles::CudaVector;
+use super::kernels::Kernel;
+use super::memory::{CudaBuffer, CudaStep, CudaWorkspace};
 use super::memory::{CudaKvCache, KvLayer, check};
 use super::params as p;
-use super::{CudaBackend, CudaBuffer, CudaStep, CudaVector, CudaWorkspace, Kernel, u32_of};
-use crate::backend::{AttentionShape, BackendError};
+use crate::backend::error::BackendError;
+use crate::backend::shapes::AttentionShape;
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 
-use super::CudaError;
+use super::error::CudaError;
 use crate::host::gpu::GpuInfo;
 
 /// Runs `f`, turning a panic of cudarc's loader (missing library or symbol)

@@ -10,9 +10,10 @@ use cudarc::driver::sys;
 use rayon::prelude::*;
 
 use super::cache::{CubinCache, key_hash};
+use super::constants;
 use super::driver::{Device, Handle, driver};
+use super::error::CudaError;
 use super::nvrtc::{self, Compiled, Source};
-use super::{CudaError, constants};
 
 /// The headers under `kernels/` every kernel file may include.
 pub const SOURCE_HEADERS: [(&str, &str); 3] = [

@@ -8,10 +8,12 @@ use std::sync::atomic::AtomicU64;
 
 use super::constants::{SEQ_FIELDS, SEQ_LEN, SEQ_PAST, SEQ_SLIDING, SEQ_START, SEQ_TABLE};
 use super::driver::{Device, DeviceMemory, HostMapped};
-use crate::backend::{BackendError, KvLayout, StepMetadataPlan, charge_workspace_buffer};
+use crate::backend::charges::charge_workspace_buffer;
+use crate::backend::error::BackendError;
 use crate::plan::ledger::{Category, Charge, KV_CACHE, Ledger};
 use crate::plan::memory::{
-    ACTIVATION_BYTES, MoeWorkspace as MoeWorkspacePlan, Placement, STEP_METADATA,
+    ACTIVATION_BYTES, KvLayout, MoeWorkspace as MoeWorkspacePlan, Placement, STEP_METADATA,
+    StepMetadataPlan,
 };
 use crate::plan::profile::KvCacheDtype;
 use crate::step::{NO_BLOCK, StepBatch};

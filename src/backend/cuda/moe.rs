@@ -4,15 +4,18 @@
 
 use std::marker::PhantomData;
 
+use super::backend::{CudaBackend, u32_of};
 use super::constants::{
     BLOCK_THREADS, EXPERT_MMA_WARPS, EXPERT_WARPS, FMT_F32, MAX_EXPERTS, MAX_TOP_K, MMA_M,
     ROUTE_WARPS, ROUTER_SOFTMAX_TOPK, ROUTER_SOFTMAX_TOPK_RENORM, ROUTER_TOPK_SOFTMAX, WARP,
 };
 use super::driver::DeviceMemory;
+use super::kernels::Kernel;
 use super::memory::check;
+use super::memory::{CudaBuffer, CudaWorkspace};
 use super::params as p;
-use super::{CudaBackend, CudaBuffer, CudaWorkspace, Kernel, u32_of};
-use crate::backend::{BackendError, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
+use crate::backend::error::BackendError;
+use crate::backend::experts::{ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight};
 use crate::plan::ledger::{Category, Charge};
 use crate::plan::memory::EXPERT_TABLES;

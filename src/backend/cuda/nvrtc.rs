@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use cudarc::nvrtc::sys;
 
-use super::CudaError;
+use super::error::CudaError;
 
 /// Sonames tried in each directory, newest first.
 const LIBRARY_NAMES: [&str; 2] = ["libnvrtc.so.13", "libnvrtc.so"];

@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use super::CudaError;
 use super::driver::{Device, DeviceMemory, Registration};
-use crate::backend::BackendError;
+use super::error::CudaError;
+use crate::backend::error::BackendError;
 use crate::plan::ledger::{Category, Charge, Ledger, WeightsResidency};
 
 /// How the weights may reach the device.
