@@ -21,6 +21,7 @@ use super::config_files::{
     CHAT_TEMPLATE_FILE, SpecialTokens, TOKENIZER_CONFIG, read_text_if_exists, read_tokenizer_config,
 };
 use super::error::TextError;
+use super::parsers::TextTools;
 use super::python_json;
 
 const TEMPLATE_NAME: &str = "chat_template";
@@ -158,6 +159,9 @@ pub struct ChatTemplate {
     /// Whether the source names `content` at all (transformers refuses
     /// `continue_final_message` otherwise).
     mentions_content: bool,
+    /// The tool-call format the template teaches the model, if it is one
+    /// of the `<tool_call>` formats.
+    tool_call_format: Option<TextTools>,
 }
 
 impl ChatTemplate {
@@ -224,6 +228,7 @@ impl ChatTemplate {
         special_tokens: SpecialTokens,
     ) -> Result<ChatTemplate, TextError> {
         let mentions_content = source.contains("content");
+        let tool_call_format = tool_call_format(&source);
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -237,7 +242,15 @@ impl ChatTemplate {
             env,
             special_tokens,
             mentions_content,
+            tool_call_format,
         })
+    }
+
+    /// The `<tool_call>` format the template writes tool calls in (and
+    /// tells the model to answer in): XML (`<function=NAME>`, Qwen3-Coder,
+    /// Qwen3.5, Qwen3.6) or hermes JSON (Qwen3); `None` for any other.
+    pub fn tool_call_format(&self) -> Option<TextTools> {
+        self.tool_call_format
     }
 
     /// The same template with `strftime_now` fixed at `unix_seconds` (UTC):
@@ -496,6 +509,18 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let day_of_year = (153 * month_from_march + 2) / 5 + day - 1;
     let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
     era * 146_097 + day_of_era - 719_468
+}
+
+/// Which `<tool_call>` format a template's source writes (see
+/// [`ChatTemplate::tool_call_format`]).
+fn tool_call_format(source: &str) -> Option<TextTools> {
+    if source.contains("<function=") {
+        Some(TextTools::Qwen3Coder)
+    } else if source.contains("<tool_call>") {
+        Some(TextTools::Hermes)
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
