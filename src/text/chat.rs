@@ -527,6 +527,22 @@ fn tool_call_format(source: &str) -> Option<TextTools> {
 mod tests {
     use super::*;
 
+    /// The official templates say which `<tool_call>` format they teach.
+    #[test]
+    fn official_templates_name_their_tool_call_format() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/templates");
+        for (file, want) in [
+            ("qwen3.jinja", Some(TextTools::Hermes)),
+            ("qwen3_instruct_2507.jinja", Some(TextTools::Hermes)),
+            ("qwen3_6.jinja", Some(TextTools::Qwen3Coder)),
+            ("gptoss.jinja", None),
+        ] {
+            let source = std::fs::read_to_string(dir.join(file)).unwrap();
+            let template = ChatTemplate::from_source(source, SpecialTokens::default()).unwrap();
+            assert_eq!(template.tool_call_format(), want, "{file}");
+        }
+    }
+
     /// Expected strings from Python:
     /// `datetime.fromtimestamp(t, timezone.utc).strftime(fmt)`.
     #[test]
