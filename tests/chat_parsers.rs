@@ -1,7 +1,9 @@
 //! Reasoning and tool calls end to end: scripted checkpoints
 //! (`checkpoint::scripted`, whose greedy output is a chosen token sequence)
-//! served by `sparkrt serve`, for both families: Qwen3 (`<think>`, hermes
-//! `<tool_call>`) and gpt-oss (harmony over special tokens). Each answer is
+//! served by `sparkrt serve`, for the three formats: Qwen3 (`<think>`,
+//! hermes `<tool_call>`), Qwen3.5 / Qwen3.6 (`<think>` opened by the
+//! template, XML `<tool_call><function=…>`) and gpt-oss (harmony over
+//! special tokens). Each answer is
 //! checked against the script it was built from (the independent reference:
 //! the tokens are chosen here, so the expected split is known), blocking and
 //! streamed, and through the official openai client and LangChain
@@ -17,6 +19,7 @@ use crate::common;
 use crate::server::{Server, repo};
 
 const QWEN3_TEMPLATE: &str = "qwen3.jinja";
+const QWEN36_TEMPLATE: &str = "qwen3_6.jinja";
 const GPTOSS_TEMPLATE: &str = "gptoss.jinja";
 
 fn template(name: &str) -> (PathBuf, String) {
@@ -299,6 +302,132 @@ fn qwen3_reasoning_then_tool_call_and_tool_call_only() {
         streamed.content,
         "<tool_call>{\"name\": get_weather}</tool_call>"
     );
+    assert!(streamed.calls.is_empty());
+}
+
+// ------------------------------------------------------ Qwen3.5 / Qwen3.6
+
+/// A request offering a weather tool with a typed parameter (`days` is an
+/// integer: the XML format writes it as text, the parser converts it).
+fn xml_chat(extra: Value) -> Value {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                       "days": {"type": "integer"}},
+                       "required": ["city"]}}}]);
+    let mut body = json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0,
+                          "tools": tools});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// Qwen3.6's official template opens `<think>` in the generation prompt;
+/// the model closes it and calls two tools in XML, the tags split across
+/// tokens. Its checkpoint is `qwen3_moe` (the scripted family), so the XML
+/// parser is chosen by the template, not the family: no flag.
+#[test]
+fn qwen3_6_xml_tool_calls_blocking_streamed_and_as_content_without_tools() {
+    let output = [
+        "I need the weather.\n",
+        "</think>",
+        "\n\n",
+        "<tool_call>",
+        "\n<function=get_",
+        "weather>\n<param",
+        "eter=city>\nNew York\n</para",
+        "meter>\n<parameter=days>\n3\n</parameter>\n</func",
+        "tion>\n",
+        "</tool_call>",
+        "\n<tool",
+        "_call>\n",
+        "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool",
+        "_call>",
+        "<|im_end|>",
+    ];
+    let dir = scripted(Family::Qwen3, QWEN36_TEMPLATE, &output);
+    let server = serve(dir.path());
+    let want_args = [r#"{"city": "New York", "days": 3}"#, r#"{"city": "Paris"}"#];
+
+    let answer = server
+        .post("/v1/chat/completions", &xml_chat(json!({})))
+        .json();
+    let choice = &answer["choices"][0];
+    let message = &choice["message"];
+    assert_eq!(
+        message["reasoning_content"], "I need the weather.\n",
+        "{answer}"
+    );
+    assert_eq!(message["content"], Value::Null);
+    let calls = message["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{answer}");
+    for (call, want) in calls.iter().zip(want_args) {
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], "get_weather");
+        assert_eq!(call["function"]["arguments"], want);
+    }
+    assert_ne!(calls[0]["id"], calls[1]["id"]);
+    // The arguments are JSON with the declared type.
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args["days"], 3);
+    assert_eq!(choice["finish_reason"], "tool_calls");
+
+    let streamed = stream(&server, &xml_chat(json!({})));
+    assert_eq!(streamed.reasoning, "I need the weather.\n");
+    assert_eq!(streamed.content, "");
+    assert_eq!(streamed.calls.len(), 2);
+    for ((_, name, args), want) in streamed.calls.iter().zip(want_args) {
+        assert_eq!(name, "get_weather");
+        assert_eq!(args, want);
+    }
+    assert_eq!(streamed.finish.as_deref(), Some("tool_calls"));
+    assert_no_markup(&streamed);
+
+    // Without tools the answer is not parsed for calls: the XML is content.
+    let mut plain = xml_chat(json!({}));
+    plain.as_object_mut().unwrap().remove("tools");
+    let answer = server.post("/v1/chat/completions", &plain).json();
+    let message = &answer["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], "I need the weather.\n");
+    assert_eq!(message["content"], output[2..output.len() - 1].concat());
+    assert!(message.get("tool_calls").is_none(), "{answer}");
+
+    // The openai client reads the first call under its own schema, which
+    // does not declare `days`: an undeclared parameter stays a string.
+    parsers_check(
+        &server,
+        &json!({"reasoning": "I need the weather.\n", "content": null,
+                "tool": {"name": "get_weather", "arguments": {"city": "New York", "days": "3"}}}),
+    );
+}
+
+#[test]
+fn qwen3_6_xml_call_that_is_not_one_is_content() {
+    // Hermes JSON where the template taught XML: content, never an error.
+    let output = [
+        "Let me see.\n</think>",
+        "\n\nSure. ",
+        "<tool_call>",
+        "\n{\"name\": \"get_weather\"}\n",
+        "</tool_call>",
+        "<|im_end|>",
+    ];
+    let dir = scripted(Family::Qwen3, QWEN36_TEMPLATE, &output);
+    let server = serve(dir.path());
+    let want = "\n\nSure. <tool_call>\n{\"name\": \"get_weather\"}\n</tool_call>";
+    let answer = server
+        .post("/v1/chat/completions", &xml_chat(json!({})))
+        .json();
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["message"]["content"], want, "{answer}");
+    assert!(choice["message"].get("tool_calls").is_none());
+    assert_eq!(choice["finish_reason"], "stop");
+    let streamed = stream(&server, &xml_chat(json!({})));
+    assert_eq!(streamed.reasoning, "Let me see.\n");
+    assert_eq!(streamed.content, want);
     assert!(streamed.calls.is_empty());
 }
 

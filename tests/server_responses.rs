@@ -236,6 +236,31 @@ fn a_qwen3_answer_with_reasoning_and_a_tool_call_is_two_items() {
     );
 }
 
+/// Qwen3.6's template opens `<think>`; the XML call (qwen3_coder, chosen
+/// by the template) is a `function_call` item with JSON arguments.
+#[test]
+fn a_qwen3_6_xml_tool_call_is_a_function_call_item() {
+    let script = [
+        "Need the weather.\n",
+        "</think>",
+        "\n\n",
+        "<tool_call>",
+        "\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n",
+        "</tool_call>",
+        "<|im_end|>",
+    ];
+    let (_dir, server) = scripted_server(Family::Qwen3, "qwen3_6.jinja", &script);
+    assert_eq!(
+        items(&server),
+        [
+            json!({"type": "reasoning", "summary": [], "status": "completed",
+                   "content": [{"type": "reasoning_text", "text": "Need the weather.\n"}]}),
+            json!({"type": "function_call", "name": "get_weather",
+                   "arguments": "{\"city\": \"Paris\"}", "status": "completed"}),
+        ]
+    );
+}
+
 #[test]
 fn a_gpt_oss_harmony_answer_is_reasoning_then_a_message() {
     let script = [

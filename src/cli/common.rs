@@ -16,7 +16,9 @@ use crate::plan::profile::{
 use crate::runtime::{DeviceOptions, HostSource};
 use crate::text::ChatTemplate;
 use crate::text::Tokenizer;
-use crate::text::parsers::{OutputParsers, ParserNames, ReasoningParserName, ToolParserName};
+use crate::text::parsers::{
+    OutputParsers, ParserNames, ReasoningParserName, TextTools, ToolParserName,
+};
 
 /// The profile used when neither `--model` nor `--profile` is given: the
 /// tiny reference model in tests/fixtures.
@@ -57,26 +59,31 @@ pub struct ModelArgs {
 #[derive(Debug, Default, clap::Args)]
 pub struct ParserArgs {
     /// Reasoning parser: qwen3, openai_gptoss or none [default: by the
-    /// model's family: qwen3_moe → qwen3, gpt_oss → openai_gptoss].
+    /// model's family: qwen3_moe, qwen3_next, qwen3_5_moe, qwen3_5 → qwen3,
+    /// gpt_oss → openai_gptoss].
     #[arg(long, value_name = "NAME")]
     pub reasoning_parser: Option<ReasoningParserName>,
-    /// Tool-call parser: hermes, openai_gptoss (or openai) or none
-    /// [default: by the model's family: qwen3_moe → hermes, gpt_oss →
-    /// openai_gptoss].
+    /// Tool-call parser: hermes, qwen3_coder, openai_gptoss (or openai) or
+    /// none [default: by the model's family and chat template: Qwen
+    /// families → qwen3_coder when the template writes XML calls
+    /// (`<function=…>`, Qwen3.5/3.6, Qwen3-Coder), hermes when it writes
+    /// JSON; gpt_oss → openai_gptoss].
     #[arg(long, value_name = "NAME")]
     pub tool_call_parser: Option<ToolParserName>,
 }
 
 impl ParserArgs {
-    /// The parsers for a model of `architecture`, checked against its
-    /// tokenizer.
+    /// The parsers for a model of `architecture` whose template writes
+    /// `template_tools` calls, checked against its tokenizer.
     pub fn output_parsers(
         &self,
         architecture: Architecture,
+        template_tools: Option<TextTools>,
         tokenizer: Option<&Tokenizer>,
     ) -> Result<OutputParsers> {
         let names = ParserNames::for_model(
             Some(architecture),
+            template_tools,
             self.reasoning_parser,
             self.tool_call_parser,
         );

@@ -267,6 +267,9 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     });
     let output_parsers = args.parsers.output_parsers(
         loaded.config.geometry.architecture,
+        chat_template
+            .as_ref()
+            .and_then(ChatTemplate::tool_call_format),
         loaded.tokenizer.as_deref(),
     )?;
     let source = loaded.source();

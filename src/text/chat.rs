@@ -21,6 +21,7 @@ use super::config_files::{
     CHAT_TEMPLATE_FILE, SpecialTokens, TOKENIZER_CONFIG, read_text_if_exists, read_tokenizer_config,
 };
 use super::error::TextError;
+use super::parsers::TextTools;
 use super::python_json;
 use super::render_limits::{CappedWriter, RenderLimits, TemplateLimit};
 
@@ -161,6 +162,9 @@ pub struct ChatTemplate {
     mentions_content: bool,
     /// The bounds of every rendering (see `render_limits`).
     limits: RenderLimits,
+    /// The tool-call format the template teaches the model, if it is one
+    /// of the `<tool_call>` formats.
+    tool_call_format: Option<TextTools>,
 }
 
 impl ChatTemplate {
@@ -227,6 +231,7 @@ impl ChatTemplate {
         special_tokens: SpecialTokens,
     ) -> Result<ChatTemplate, TextError> {
         let mentions_content = source.contains("content");
+        let tool_call_format = tool_call_format(&source);
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -243,6 +248,7 @@ impl ChatTemplate {
             special_tokens,
             mentions_content,
             limits,
+            tool_call_format,
         })
     }
 
@@ -256,6 +262,13 @@ impl ChatTemplate {
 
     pub fn limits(&self) -> RenderLimits {
         self.limits
+    }
+
+    /// The `<tool_call>` format the template writes tool calls in (and
+    /// tells the model to answer in): XML (`<function=NAME>`, Qwen3-Coder,
+    /// Qwen3.5, Qwen3.6) or hermes JSON (Qwen3); `None` for any other.
+    pub fn tool_call_format(&self) -> Option<TextTools> {
+        self.tool_call_format
     }
 
     /// The same template with `strftime_now` fixed at `unix_seconds` (UTC):
@@ -530,9 +543,37 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + day_of_era - 719_468
 }
 
+/// Which `<tool_call>` format a template's source writes (see
+/// [`ChatTemplate::tool_call_format`]).
+fn tool_call_format(source: &str) -> Option<TextTools> {
+    if source.contains("<function=") {
+        Some(TextTools::Qwen3Coder)
+    } else if source.contains("<tool_call>") {
+        Some(TextTools::Hermes)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The official templates say which `<tool_call>` format they teach.
+    #[test]
+    fn official_templates_name_their_tool_call_format() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/templates");
+        for (file, want) in [
+            ("qwen3.jinja", Some(TextTools::Hermes)),
+            ("qwen3_instruct_2507.jinja", Some(TextTools::Hermes)),
+            ("qwen3_6.jinja", Some(TextTools::Qwen3Coder)),
+            ("gptoss.jinja", None),
+        ] {
+            let source = std::fs::read_to_string(dir.join(file)).unwrap();
+            let template = ChatTemplate::from_source(source, SpecialTokens::default()).unwrap();
+            assert_eq!(template.tool_call_format(), want, "{file}");
+        }
+    }
 
     /// Expected strings from Python:
     /// `datetime.fromtimestamp(t, timezone.utc).strftime(fmt)`.

@@ -23,7 +23,6 @@ use minijinja::value::ValueKind;
 use super::chat_types::{ChatContent, ChatInput, TemplateParams, ToolCallInput};
 use super::types::Unsupported;
 use crate::server::errors::ApiError;
-use crate::text::parsers::OutputParsers;
 use crate::text::{ChatMessage, ChatPrompt, TextError, ToolCall};
 
 /// The `reasoning_effort` values templates know (gpt-oss: `Reasoning: …`).
@@ -123,36 +122,6 @@ pub fn with_template_params(
     })
 }
 
-/// The server's output parsers for one request: without tools offered the
-/// answer is not parsed for tool calls (as vLLM parses them only when the
-/// request has tools and `tool_choice` is not `"none"`).
-pub fn output_parsers(configured: &OutputParsers, tools_offered: bool) -> Cow<'_, OutputParsers> {
-    match configured {
-        _ if tools_offered => Cow::Borrowed(configured),
-        OutputParsers::Text {
-            reasoning,
-            tools: true,
-        } => Cow::Owned(if *reasoning {
-            OutputParsers::Text {
-                reasoning: true,
-                tools: false,
-            }
-        } else {
-            OutputParsers::Off
-        }),
-        OutputParsers::Harmony {
-            tokens,
-            reasoning,
-            tools: true,
-        } => Cow::Owned(OutputParsers::Harmony {
-            tokens: tokens.clone(),
-            reasoning: *reasoning,
-            tools: false,
-        }),
-        _ => Cow::Borrowed(configured),
-    }
-}
-
 /// The 400 a rendering failure answers: the template refused the
 /// conversation, or a template argument is not allowed.
 pub fn render_error(error: TextError) -> ApiError {
@@ -240,7 +209,11 @@ fn message(i: usize, m: ChatInput) -> Result<ChatMessage, ApiError> {
                 if part.kind != "text" {
                     return Err(ApiError::unsupported_parameter(
                         &format!("messages[{i}].content[{j}].type"),
-                        &format!("= {:?}: only text content parts are supported", part.kind),
+                        &format!(
+                            "= {:?}: this server serves text only (image, audio, video and file \
+                             parts are refused); content parts must be of type \"text\"",
+                            part.kind
+                        ),
                     ));
                 }
                 refuse_unknown(&part.unsupported, || format!("messages[{i}].content[{j}]"))?;
@@ -429,6 +402,42 @@ mod tests {
         .unwrap();
         assert_eq!(error.code, Some("unsupported_parameter"));
         assert!(error.message.contains("image_url"), "{}", error.message);
+    }
+
+    /// Every non-text part OpenAI's and vLLM's chat APIs take is a 400
+    /// naming the part and its type, never dropped, in any message.
+    #[test]
+    fn media_content_parts_are_refused_by_name() {
+        for kind in [
+            "image_url",
+            "input_image",
+            "image",
+            "video_url",
+            "input_video",
+            "video",
+            "input_audio",
+            "audio_url",
+            "file",
+            "input_file",
+            "refusal",
+        ] {
+            let body = format!(
+                r#"{{"messages": [{{"role": "system", "content": "s"}},
+                    {{"role": "user", "content": [{{"type": "text", "text": "look"}},
+                                                 {{"type": "{kind}", "{kind}": {{"url": "u"}}}}]}}]}}"#
+            );
+            let error = prepare_json(&body)
+                .err()
+                .unwrap_or_else(|| panic!("{kind} accepted"));
+            assert_eq!(error.status, axum::http::StatusCode::BAD_REQUEST);
+            assert_eq!(param(&error), Some("messages[1].content[1].type"), "{kind}");
+            assert_eq!(error.code, Some("unsupported_parameter"));
+            assert!(
+                error.message.contains(&format!("{kind:?}")) && error.message.contains("text only"),
+                "{}",
+                error.message
+            );
+        }
     }
 
     /// Chat fields of OpenAI's and vLLM's APIs this server does not

@@ -494,8 +494,15 @@ fn render_chat_choices(
 ) -> Result<(Vec<u32>, Vec<OutputParser>), ApiError> {
     let rendered = render_text(state, prepared)?;
     let prompt = encode(state, &rendered)?;
-    let parsers = chat_prompt::output_parsers(&state.config.output_parsers, prepared.tools_offered);
-    let started = (0..choices).map(|_| parsers.start(&rendered)).collect();
+    let tools = prepared
+        .prompt
+        .tools
+        .as_deref()
+        .filter(|_| prepared.tools_offered);
+    let parsers = &state.config.output_parsers;
+    let started = (0..choices)
+        .map(|_| parsers.start(&rendered, tools))
+        .collect();
     Ok((prompt, started))
 }
 

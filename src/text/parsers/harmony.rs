@@ -323,7 +323,7 @@ mod tests {
             reasoning: true,
             tools: true,
         };
-        let mut p: OutputParser = parsers.start("<|start|>assistant");
+        let mut p: OutputParser = parsers.start("<|start|>assistant", Some(&[]));
         let mut deltas = Vec::new();
         for t in seq {
             let d = match *t {

@@ -2,165 +2,59 @@
 //! `<tool_call>{"name": "f", "arguments": {…}}</tool_call>` in the content
 //! → a tool call, matched on the text like the think tags.
 //!
-//! A call is held back until its closing tag (or the end of the output, as
-//! vLLM accepts an unclosed last call), then checked: JSON with a string
-//! `name` becomes a tool-call start and its arguments (the object as the
-//! model wrote it; `{}` when absent; a string argument as is); anything else
-//! goes out as content, tags included, never as an error. So a stream and a
-//! blocking answer agree, and a stream never sends a call it takes back.
-//! Whitespace-only content next to tool calls is dropped (Qwen3 writes
-//! `\n\n` before a call and `\n` between calls).
+//! The tags, the whitespace around calls and what is not a call are the
+//! shared frame's ([`super::calls`]). A call is held back until its closing
+//! tag (or the end of the output, as vLLM accepts an unclosed last call),
+//! then checked: JSON with a string `name` becomes a tool-call start and
+//! its arguments (the object as the model wrote it; `{}` when absent; a
+//! string argument as is); anything else goes out as content, tags
+//! included, never as an error.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::pieces::{Delta, Segment, new_call_id, push_merged};
-use super::tags::{find_tag, safe_prefix_len};
+use super::calls::{CallBody, TaggedCalls, Verdict};
+use super::pieces::{Delta, new_call_id};
 
-const OPEN: &str = "<tool_call>";
-const CLOSE: &str = "</tool_call>";
+/// The hermes tool-call parser: JSON bodies in the `<tool_call>` frame.
+pub(crate) type HermesParser = TaggedCalls<HermesBody>;
 
+/// One call's JSON, held until it ends.
 #[derive(Debug)]
-pub struct HermesParser {
-    in_call: bool,
-    /// Outside a call: text that may still become `<tool_call>`; inside:
-    /// the call's body so far.
-    held: String,
-    /// Whitespace-only content not yet sent: dropped if a call follows (or
-    /// if calls were made), sent with the next other content.
-    pending_space: String,
-    calls: usize,
+pub(crate) struct HermesBody {
+    index: usize,
+    text: String,
 }
 
-impl Default for HermesParser {
-    fn default() -> Self {
-        HermesParser::new()
-    }
-}
+impl CallBody for HermesBody {
+    type Context = ();
 
-impl HermesParser {
-    pub fn new() -> HermesParser {
-        HermesParser {
-            in_call: false,
-            held: String::new(),
-            pending_space: String::new(),
-            calls: 0,
+    fn open(_: &(), index: usize) -> HermesBody {
+        HermesBody {
+            index,
+            text: String::new(),
         }
     }
 
-    pub(crate) fn push(&mut self, segment: Segment<'_>, out: &mut Vec<Delta>) {
-        match segment {
-            Segment::Text(text) => {
-                self.held.push_str(text);
-                self.scan(out);
-            }
-            Segment::Hidden(tag) => match (self.in_call, tag) {
-                (false, OPEN) => {
-                    let before = std::mem::take(&mut self.held);
-                    self.content(out, before);
-                    self.open_call();
-                }
-                (true, CLOSE) => self.close_call(out),
-                (false, _) => {
-                    let before = std::mem::take(&mut self.held);
-                    self.content(out, before);
-                }
-                (true, _) => {}
-            },
-        }
+    fn push(&mut self, text: &str, _: &mut Vec<Delta>) -> Verdict {
+        self.text.push_str(text);
+        Verdict::Undecided
     }
 
-    fn scan(&mut self, out: &mut Vec<Delta>) {
-        loop {
-            if self.in_call {
-                let Some((at, _)) = find_tag(&self.held, &[CLOSE]) else {
-                    return;
-                };
-                let rest = self.held.split_off(at + CLOSE.len());
-                self.held.truncate(at);
-                self.close_call(out);
-                self.held = rest;
-            } else if let Some((at, _)) = find_tag(&self.held, &[OPEN]) {
-                let rest = self.held.split_off(at + OPEN.len());
-                self.held.truncate(at);
-                let before = std::mem::replace(&mut self.held, rest);
-                self.content(out, before);
-                self.open_call();
-            } else {
-                let keep = safe_prefix_len(&self.held, &[OPEN]);
-                let rest = self.held.split_off(keep);
-                let before = std::mem::replace(&mut self.held, rest);
-                self.content(out, before);
-                return;
-            }
-        }
-    }
-
-    fn open_call(&mut self) {
-        // Whitespace before a call is not content.
-        self.pending_space.clear();
-        self.in_call = true;
-    }
-
-    /// `held` is the body of a call that just closed (or the output ended in).
-    fn close_call(&mut self, out: &mut Vec<Delta>) {
-        let body = std::mem::take(&mut self.held);
-        self.in_call = false;
-        match parse_call(&body) {
-            Some((name, arguments)) => {
-                let index = self.calls;
-                self.calls += 1;
-                out.push(Delta::ToolCallStart {
-                    index,
-                    id: new_call_id(),
-                    name,
-                });
-                out.push(Delta::ToolCallArguments {
-                    index,
-                    fragment: arguments,
-                });
-            }
-            None => {
-                let text = format!("{OPEN}{body}{CLOSE}");
-                self.content(out, text);
-            }
-        }
-    }
-
-    fn content(&mut self, out: &mut Vec<Delta>, text: String) {
-        if text.is_empty() {
-            return;
-        }
-        if text.chars().all(char::is_whitespace) {
-            self.pending_space.push_str(&text);
-            return;
-        }
-        let mut all = std::mem::take(&mut self.pending_space);
-        all.push_str(&text);
-        push_merged(out, Delta::Content(all));
-    }
-
-    pub(crate) fn finish(&mut self, out: &mut Vec<Delta>) {
-        if self.in_call {
-            let body = std::mem::take(&mut self.held);
-            self.in_call = false;
-            match parse_call(&body) {
-                Some(_) => {
-                    self.held = body;
-                    self.in_call = true;
-                    self.close_call(out);
-                }
-                // An unclosed call that does not parse is content as written.
-                None => self.content(out, format!("{OPEN}{body}")),
-            }
-        } else {
-            let held = std::mem::take(&mut self.held);
-            self.content(out, held);
-        }
-        let space = std::mem::take(&mut self.pending_space);
-        if self.calls == 0 {
-            push_merged(out, Delta::Content(space));
-        }
+    fn end(&mut self, _closed: bool, out: &mut Vec<Delta>) -> Verdict {
+        let Some((name, arguments)) = parse_call(&self.text) else {
+            return Verdict::NotACall;
+        };
+        out.push(Delta::ToolCallStart {
+            index: self.index,
+            id: new_call_id(),
+            name,
+        });
+        out.push(Delta::ToolCallArguments {
+            index: self.index,
+            fragment: arguments,
+        });
+        Verdict::Call
     }
 }
 
@@ -192,8 +86,10 @@ mod tests {
     use super::super::pieces::ParsedMessage;
     use super::*;
 
+    use super::super::pieces::Segment;
+
     fn run(pieces: &[&str]) -> (ParsedMessage, Vec<Delta>) {
-        let mut p = HermesParser::new();
+        let mut p = HermesParser::new(());
         let mut out = Vec::new();
         for piece in pieces {
             p.push(Segment::Text(piece), &mut out);

@@ -8,9 +8,12 @@
 //!    [`ParserNames::for_model`], the model family's default, or the
 //!    `--reasoning-parser` / `--tool-call-parser` flags) and the tokenizer.
 //! 2. Per request, [`OutputParsers::start`] takes the **rendered prompt**
-//!    (it says whether the output starts inside reasoning: Qwen3 2507
-//!    thinking templates open `<think>` themselves) and gives an
-//!    [`OutputParser`].
+//!    (it says whether the output starts inside reasoning: Qwen3 2507,
+//!    Qwen3.5 and Qwen3.6 thinking templates open `<think>` themselves) and
+//!    the **tools offered** (`None` when the request offers none or says
+//!    `tool_choice: "none"`: the answer is then not parsed for calls, as
+//!    vLLM does; `qwen3_coder` reads the parameter types from them), and
+//!    gives an [`OutputParser`].
 //! 3. Every generated token goes to [`OutputParser::push`] as a
 //!    [`TokenPiece`]: its id, the text the detokenizer produced for it as the
 //!    client would see it, and `hidden`, the token's own text when it is a
@@ -25,7 +28,7 @@
 //!
 //! Guarantees: a tag or special token split across tokens is never emitted
 //! as text (a possible tag prefix is held back until it is decided); a tool
-//! call whose JSON does not parse is returned as content, never an error;
+//! call that does not parse is returned as content, never an error;
 //! text made only of whitespace next to tool calls is dropped (as vLLM's
 //! hermes parser drops it).
 //!
@@ -35,6 +38,12 @@
 //!   works, the tag may be split over several tokens).
 //! - `hermes` ([`hermes`]): `<tool_call>{"name":…,"arguments":{…}}</tool_call>`
 //!   in the content → tool calls, also matched on the text.
+//! - `qwen3_coder` ([`qwen3_coder`]): `<tool_call><function=NAME>
+//!   <parameter=P>value</parameter>…</function></tool_call>` (Qwen3-Coder,
+//!   Qwen3.5, Qwen3.6) → tool calls whose arguments are a JSON object, each
+//!   value converted by the type the request's tool declares
+//!   ([`tool_schema`]). It shares the `<tool_call>` frame with hermes
+//!   ([`calls`]).
 //! - `openai_gptoss` ([`harmony`]): gpt-oss harmony over the special-token
 //!   ids (`<|start|>`, `<|channel|>`, `<|message|>`, `<|end|>`, ...), looked
 //!   up in the checkpoint's tokenizer by their strings. It does both jobs
@@ -43,13 +52,17 @@
 //!   then off (with a warning); asked for by flag it is a start-up error.
 //! - `none`: the text goes out as content, as without parsers.
 
+mod calls;
 pub mod harmony;
 pub mod hermes;
 mod pieces;
+pub mod qwen3_coder;
 mod tags;
 pub mod think;
+pub mod tool_schema;
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use crate::geometry::Architecture;
 
@@ -71,6 +84,7 @@ pub enum ReasoningParserName {
 pub enum ToolParserName {
     None,
     Hermes,
+    Qwen3Coder,
     OpenaiGptoss,
 }
 
@@ -103,10 +117,11 @@ impl FromStr for ToolParserName {
         match s {
             "none" => Ok(ToolParserName::None),
             "hermes" => Ok(ToolParserName::Hermes),
+            "qwen3_coder" => Ok(ToolParserName::Qwen3Coder),
             "openai_gptoss" | "openai" => Ok(ToolParserName::OpenaiGptoss),
             _ => Err(UnknownParser {
                 name: s.to_owned(),
-                known: "hermes, openai_gptoss (or openai), none",
+                known: "hermes, qwen3_coder, openai_gptoss (or openai), none",
             }),
         }
     }
@@ -123,22 +138,34 @@ pub struct ParserNames {
 }
 
 impl ParserNames {
-    /// The family's parsers (`qwen3_moe` → qwen3 + hermes, `gpt_oss` →
-    /// openai_gptoss), each overridden by its flag when given.
+    /// The family's parsers, each overridden by its flag when given:
+    /// `gpt_oss` → openai_gptoss; the Qwen families (`qwen3_moe`,
+    /// `qwen3_next`, `qwen3_5_moe`, `qwen3_5`) → qwen3, and the tool-call
+    /// format their chat template writes (`template_tools`: XML →
+    /// qwen3_coder, JSON → hermes), which differs within a family
+    /// (Qwen3-Coder is `qwen3_moe` and writes XML; Qwen3-Next's own
+    /// checkpoints write JSON, Qwen3-Coder-Next XML). Without a template
+    /// that says: hermes for `qwen3_moe`, qwen3_coder for the others.
     pub fn for_model(
         architecture: Option<Architecture>,
+        template_tools: Option<TextTools>,
         reasoning: Option<ReasoningParserName>,
         tool: Option<ToolParserName>,
     ) -> ParserNames {
+        let by_template = |otherwise| match template_tools {
+            Some(TextTools::Hermes) => ToolParserName::Hermes,
+            Some(TextTools::Qwen3Coder) => ToolParserName::Qwen3Coder,
+            None => otherwise,
+        };
         let (default_reasoning, default_tool) = match architecture {
-            Some(Architecture::Qwen3Moe | Architecture::Qwen3Next) => {
-                (ReasoningParserName::Qwen3, ToolParserName::Hermes)
-            }
-            // Qwen3.5 thinks as Qwen3 does; its XML tool calls have no
-            // parser yet.
-            Some(Architecture::Qwen35Moe | Architecture::Qwen35) => {
-                (ReasoningParserName::Qwen3, ToolParserName::None)
-            }
+            Some(Architecture::Qwen3Moe) => (
+                ReasoningParserName::Qwen3,
+                by_template(ToolParserName::Hermes),
+            ),
+            Some(Architecture::Qwen35Moe | Architecture::Qwen35 | Architecture::Qwen3Next) => (
+                ReasoningParserName::Qwen3,
+                by_template(ToolParserName::Qwen3Coder),
+            ),
             Some(Architecture::GptOss) => (
                 ReasoningParserName::OpenaiGptoss,
                 ToolParserName::OpenaiGptoss,
@@ -166,13 +193,24 @@ pub enum ParserError {
     MixedHarmony { other: &'static str },
 }
 
+/// The text-level tool-call formats (both in the `<tool_call>` frame).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TextTools {
+    Hermes,
+    Qwen3Coder,
+}
+
 /// The parsers a server was started with, ready to start one per request.
 #[derive(Clone, Debug)]
 pub enum OutputParsers {
     /// Everything is content.
     Off,
-    /// Text-level: `<think>` (qwen3) and/or `<tool_call>` (hermes).
-    Text { reasoning: bool, tools: bool },
+    /// Text-level: `<think>` (qwen3) and/or `<tool_call>` (hermes or
+    /// qwen3_coder).
+    Text {
+        reasoning: bool,
+        tools: Option<TextTools>,
+    },
     Harmony {
         tokens: harmony::HarmonyTokens,
         reasoning: bool,
@@ -219,31 +257,49 @@ impl OutputParsers {
             };
         }
         let reasoning = names.reasoning == ReasoningParserName::Qwen3;
-        let tools = names.tool == ToolParserName::Hermes;
-        Ok(if reasoning || tools {
+        let tools = match names.tool {
+            ToolParserName::Hermes => Some(TextTools::Hermes),
+            ToolParserName::Qwen3Coder => Some(TextTools::Qwen3Coder),
+            ToolParserName::None | ToolParserName::OpenaiGptoss => None,
+        };
+        Ok(if reasoning || tools.is_some() {
             OutputParsers::Text { reasoning, tools }
         } else {
             OutputParsers::Off
         })
     }
 
-    /// A parser for one answer to `rendered_prompt`.
-    pub fn start(&self, rendered_prompt: &str) -> OutputParser {
+    /// A parser for one answer to `rendered_prompt`, looking for tool calls
+    /// only when `tools` were offered (the chat-form tool definitions the
+    /// template got).
+    pub fn start(&self, rendered_prompt: &str, tools: Option<&[minijinja::Value]>) -> OutputParser {
         let inner = match self {
             OutputParsers::Off => Inner::Off,
-            OutputParsers::Text { reasoning, tools } => Inner::Text {
+            OutputParsers::Text {
+                reasoning,
+                tools: format,
+            } => Inner::Text {
                 think: reasoning
                     .then(|| think::ThinkParser::new(think::starts_in_reasoning(rendered_prompt))),
-                hermes: tools.then(hermes::HermesParser::new),
+                tools: tools.and_then(|tools| {
+                    Some(match format.as_ref()? {
+                        TextTools::Hermes => ToolCalls::Hermes(hermes::HermesParser::new(())),
+                        TextTools::Qwen3Coder => {
+                            ToolCalls::Qwen3Coder(qwen3_coder::Qwen3CoderParser::new(Arc::new(
+                                tool_schema::ToolSchemas::from_tools(tools),
+                            )))
+                        }
+                    })
+                }),
             },
             OutputParsers::Harmony {
                 tokens,
                 reasoning,
-                tools,
+                tools: harmony_tools,
             } => Inner::Harmony(harmony::HarmonyParser::new(
                 tokens.clone(),
                 *reasoning,
-                *tools,
+                *harmony_tools && tools.is_some(),
             )),
         };
         OutputParser { inner }
@@ -266,9 +322,32 @@ enum Inner {
     Off,
     Text {
         think: Option<think::ThinkParser>,
-        hermes: Option<hermes::HermesParser>,
+        tools: Option<ToolCalls>,
     },
     Harmony(harmony::HarmonyParser),
+}
+
+/// A text-level tool-call parser of one answer.
+#[derive(Debug)]
+enum ToolCalls {
+    Hermes(hermes::HermesParser),
+    Qwen3Coder(qwen3_coder::Qwen3CoderParser),
+}
+
+impl ToolCalls {
+    fn push(&mut self, segment: Segment<'_>, out: &mut Vec<Delta>) {
+        match self {
+            ToolCalls::Hermes(p) => p.push(segment, out),
+            ToolCalls::Qwen3Coder(p) => p.push(segment, out),
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<Delta>) {
+        match self {
+            ToolCalls::Hermes(p) => p.finish(out),
+            ToolCalls::Qwen3Coder(p) => p.finish(out),
+        }
+    }
 }
 
 impl OutputParser {
@@ -282,10 +361,10 @@ impl OutputParser {
         let mut out = Vec::new();
         match &mut self.inner {
             Inner::Off => content_into(&mut out, piece.text),
-            Inner::Text { think, hermes } => {
-                text_pipeline(think, hermes, &mut out, Segment::Text(piece.text));
+            Inner::Text { think, tools } => {
+                text_pipeline(think, tools, &mut out, Segment::Text(piece.text));
                 if let Some(hidden) = piece.hidden {
-                    text_pipeline(think, hermes, &mut out, Segment::Hidden(hidden));
+                    text_pipeline(think, tools, &mut out, Segment::Hidden(hidden));
                 }
             }
             Inner::Harmony(parser) => parser.push(piece, &mut out),
@@ -298,8 +377,8 @@ impl OutputParser {
         let mut out = Vec::new();
         match &mut self.inner {
             Inner::Off => content_into(&mut out, text),
-            Inner::Text { think, hermes } => {
-                text_pipeline(think, hermes, &mut out, Segment::Text(text));
+            Inner::Text { think, tools } => {
+                text_pipeline(think, tools, &mut out, Segment::Text(text));
             }
             Inner::Harmony(parser) => parser.push_text(text, &mut out),
         }
@@ -311,14 +390,14 @@ impl OutputParser {
         let mut out = Vec::new();
         match &mut self.inner {
             Inner::Off => {}
-            Inner::Text { think, hermes } => {
+            Inner::Text { think, tools } => {
                 let mut staged = Vec::new();
                 if let Some(t) = think {
                     t.finish(&mut staged);
                 }
-                route_content(hermes, staged, &mut out);
-                if let Some(h) = hermes {
-                    h.finish(&mut out);
+                route_content(tools, staged, &mut out);
+                if let Some(t) = tools {
+                    t.finish(&mut out);
                 }
             }
             Inner::Harmony(parser) => parser.finish(&mut out),
@@ -327,11 +406,11 @@ impl OutputParser {
     }
 }
 
-/// qwen3 then hermes: the think parser splits reasoning from content, and
-/// the content goes through the tool-call parser.
+/// qwen3 then hermes or qwen3_coder: the think parser splits reasoning
+/// from content, and the content goes through the tool-call parser.
 fn text_pipeline(
     think: &mut Option<think::ThinkParser>,
-    hermes: &mut Option<hermes::HermesParser>,
+    tools: &mut Option<ToolCalls>,
     out: &mut Vec<Delta>,
     segment: Segment<'_>,
 ) {
@@ -343,17 +422,13 @@ fn text_pipeline(
             Segment::Hidden(text) => Staged::HiddenContent(text.to_owned()),
         }),
     }
-    route_content(hermes, staged, out);
+    route_content(tools, staged, out);
 }
 
 /// Sends the content of `staged` through the tool-call parser (or out).
-fn route_content(
-    hermes: &mut Option<hermes::HermesParser>,
-    staged: Vec<Staged>,
-    out: &mut Vec<Delta>,
-) {
+fn route_content(tools: &mut Option<ToolCalls>, staged: Vec<Staged>, out: &mut Vec<Delta>) {
     for piece in staged {
-        match (piece, hermes.as_mut()) {
+        match (piece, tools.as_mut()) {
             (Staged::Reasoning(text), _) => push_merged(out, Delta::Reasoning(text)),
             (Staged::Content(text), Some(h)) => h.push(Segment::Text(&text), out),
             (Staged::HiddenContent(text), Some(h)) => h.push(Segment::Hidden(&text), out),
@@ -388,12 +463,12 @@ mod tests {
     fn qwen3_and_hermes_together_agree_however_the_text_is_cut() {
         let parsers = OutputParsers::Text {
             reasoning: true,
-            tools: true,
+            tools: Some(TextTools::Hermes),
         };
         let text = "<think>\nWeather.\n</think>\n\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": 1}}\n</tool_call>";
         for cut in 1..text.len() {
             let m = message(
-                &mut parsers.start("<|im_start|>assistant\n"),
+                &mut parsers.start("<|im_start|>assistant\n", Some(&[])),
                 &[&text[..cut], &text[cut..]],
             );
             assert_eq!(m.reasoning.as_deref(), Some("\nWeather.\n"), "cut {cut}");
@@ -401,6 +476,39 @@ mod tests {
             assert_eq!(m.tool_calls.len(), 1);
             assert_eq!(m.tool_calls[0].arguments, "{\"c\": 1}");
         }
+    }
+
+    /// Qwen3.5 / Qwen3.6: the template opens `<think>`, the model closes it
+    /// and calls a tool in XML; without tools offered the XML is content.
+    #[test]
+    fn qwen3_and_qwen3_coder_together_agree_however_the_text_is_cut() {
+        let parsers = OutputParsers::Text {
+            reasoning: true,
+            tools: Some(TextTools::Qwen3Coder),
+        };
+        let prompt = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n";
+        let tools = [minijinja::Value::from_serialize(serde_json::json!(
+            {"type": "function", "function": {"name": "w", "parameters": {
+                "properties": {"c": {"type": "integer"}}}}}
+        ))];
+        let text = "Weather.\n</think>\n\n<tool_call>\n<function=w>\n<parameter=c>\n1\n</parameter>\n</function>\n</tool_call>";
+        for cut in 1..text.len() {
+            let m = message(
+                &mut parsers.start(prompt, Some(&tools)),
+                &[&text[..cut], &text[cut..]],
+            );
+            assert_eq!(m.reasoning.as_deref(), Some("Weather.\n"), "cut {cut}");
+            assert_eq!(m.content, None, "cut {cut}");
+            assert_eq!(m.tool_calls.len(), 1);
+            assert_eq!(m.tool_calls[0].name, "w");
+            assert_eq!(m.tool_calls[0].arguments, "{\"c\": 1}");
+        }
+        let m = message(&mut parsers.start(prompt, None), &[text]);
+        assert!(m.tool_calls.is_empty());
+        assert_eq!(
+            m.content.as_deref(),
+            Some(&text["Weather.\n</think>".len()..])
+        );
     }
 
     #[test]
@@ -414,11 +522,43 @@ mod tests {
             Some(ToolParserName::OpenaiGptoss)
         );
         assert!("deepseek_r1".parse::<ReasoningParserName>().is_err());
-        let names = ParserNames::for_model(Some(Architecture::GptOss), None, None);
+        assert_eq!(
+            "qwen3_coder".parse::<ToolParserName>().ok(),
+            Some(ToolParserName::Qwen3Coder)
+        );
+        for qwen35 in [
+            Architecture::Qwen35Moe,
+            Architecture::Qwen35,
+            Architecture::Qwen3Next,
+        ] {
+            let names = ParserNames::for_model(Some(qwen35), None, None, None);
+            assert_eq!(
+                (names.reasoning, names.tool),
+                (ReasoningParserName::Qwen3, ToolParserName::Qwen3Coder)
+            );
+        }
+        // The template's format wins over the family's: Qwen3-Coder is
+        // `qwen3_moe`, Qwen3-Next's own templates write hermes JSON.
+        let tool = |arch, format| ParserNames::for_model(Some(arch), format, None, None).tool;
+        assert_eq!(
+            tool(Architecture::Qwen3Moe, Some(TextTools::Qwen3Coder)),
+            ToolParserName::Qwen3Coder
+        );
+        assert_eq!(
+            tool(Architecture::Qwen3Next, Some(TextTools::Hermes)),
+            ToolParserName::Hermes
+        );
+        assert_eq!(tool(Architecture::Qwen3Moe, None), ToolParserName::Hermes);
+        assert_eq!(
+            tool(Architecture::GptOss, Some(TextTools::Hermes)),
+            ToolParserName::OpenaiGptoss
+        );
+        let names = ParserNames::for_model(Some(Architecture::GptOss), None, None, None);
         assert_eq!(names.reasoning, ReasoningParserName::OpenaiGptoss);
         assert!(!names.explicit);
         let names = ParserNames::for_model(
             Some(Architecture::Qwen3Moe),
+            None,
             Some(ReasoningParserName::None),
             None,
         );

@@ -215,7 +215,8 @@ fn messages(
                 } else {
                     &["input_text"]
                 };
-                let mut message = ChatMessage::new(role, text(content, allowed, &at())?);
+                let mut message =
+                    ChatMessage::new(role, text(content, allowed, &format!("{}.content", at()))?);
                 if message.role == "assistant" {
                     message.reasoning = reasoning.take();
                 }
@@ -258,7 +259,11 @@ fn messages(
                 let output = item.output.ok_or_else(|| missing(&at(), "output"))?;
                 out.push(ChatMessage {
                     role: "tool".to_owned(),
-                    content: text(output, &["input_text", "output_text"], &at())?,
+                    content: text(
+                        output,
+                        &["input_text", "output_text"],
+                        &format!("{}.output", at()),
+                    )?,
                     name: call_names.get(&call_id).cloned(),
                     tool_call_id: Some(call_id),
                     ..ChatMessage::default()
@@ -268,12 +273,16 @@ fn messages(
                 only(&item, &["content", "summary"], at)?;
                 let mut parts = Vec::new();
                 if let Some(content) = item.content {
-                    parts.push(text(content, &["reasoning_text"], &at())?);
+                    parts.push(text(
+                        content,
+                        &["reasoning_text"],
+                        &format!("{}.content", at()),
+                    )?);
                 } else if let Some(summary) = item.summary {
                     parts.push(text(
                         InputContent::Parts(summary),
                         &["summary_text"],
-                        &at(),
+                        &format!("{}.summary", at()),
                     )?);
                 }
                 let joined = reasoning
@@ -305,21 +314,22 @@ fn messages(
     Ok(out)
 }
 
-/// The text of a content field: a string, or parts of the `allowed` types
-/// joined with `"\n"`.
-fn text(content: InputContent, allowed: &[&str], at: &str) -> Result<String, ApiError> {
+/// The text of a content field (at path `field`): a string, or parts of the
+/// `allowed` types joined with `"\n"`.
+fn text(content: InputContent, allowed: &[&str], field: &str) -> Result<String, ApiError> {
     let parts: Vec<InputPart> = match content {
         InputContent::Text(text) => return Ok(text),
         InputContent::Parts(parts) => parts,
     };
     let mut texts = Vec::with_capacity(parts.len());
     for (j, part) in parts.into_iter().enumerate() {
-        let here = format!("{at}.content[{j}]");
+        let here = format!("{field}[{j}]");
         if !allowed.contains(&part.kind.as_str()) {
             return Err(ApiError::unsupported_parameter(
                 &format!("{here}.type"),
                 &format!(
-                    "= {:?}: only {allowed:?} parts are supported here",
+                    "= {:?}: this server serves text only (image, audio, video and file parts \
+                     are refused); parts here must be of type {allowed:?}",
                     part.kind
                 ),
             ));
@@ -494,6 +504,50 @@ mod tests {
                 "{body}: {}",
                 error.message
             );
+        }
+    }
+
+    /// Image, audio, video and file parts are a 400 naming the part, in a
+    /// message's content and in a function call's output alike.
+    #[test]
+    fn media_parts_are_refused_by_name() {
+        for kind in [
+            "input_image",
+            "input_audio",
+            "input_video",
+            "input_file",
+            "image_url",
+            "video_url",
+        ] {
+            let part = format!(r#"{{"type": "{kind}", "image_url": "u"}}"#);
+            for (body, want) in [
+                (
+                    format!(
+                        r#"{{"input": [{{"role": "user", "content": [{{"type": "input_text", "text": "look"}}, {part}]}}]}}"#
+                    ),
+                    "input[0].content[1].type",
+                ),
+                (
+                    format!(
+                        r#"{{"input": [{{"role": "user", "content": "x"}},
+                            {{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{{}}"}},
+                            {{"type": "function_call_output", "call_id": "c", "output": [{part}]}}]}}"#
+                    ),
+                    "input[2].output[0].type",
+                ),
+            ] {
+                let error = convert(&body)
+                    .err()
+                    .unwrap_or_else(|| panic!("accepted: {body}"));
+                assert_eq!(error.param.as_deref(), Some(want), "{body}");
+                assert_eq!(error.code, Some("unsupported_parameter"));
+                assert!(
+                    error.message.contains(&format!("{kind:?}"))
+                        && error.message.contains("text only"),
+                    "{}",
+                    error.message
+                );
+            }
         }
     }
 }
