@@ -421,9 +421,9 @@ impl Scheduler {
         let last_block = (seq.prompt_len - 1) / bs * bs;
         let interval = self.limits.snapshot_interval;
         let mut positions: Vec<usize> = Vec::new();
-        if interval > 0 {
+        if let Some(first) = c.checked_div(interval) {
             positions.extend(
-                (c / interval + 1..)
+                (first + 1..)
                     .map(|k| k * interval)
                     .take_while(|&p| p <= c + chunk),
             );
