@@ -7,6 +7,7 @@ Usage: openai_parsers_check.py BASE_URL EXPECTED_JSON [--require-langchain]
 
 EXPECTED_JSON: {"reasoning": str|null, "content": str|null,
                 "tool": {"name": str, "arguments": {...}}|null}
+               or, for several calls, "tools": [{"name": ..., "arguments": ...}, ...]
 The server's model writes exactly that answer (a scripted checkpoint), so
 the blocking answer, the stream and LangChain must all give it back.
 """
@@ -48,7 +49,7 @@ def main():
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
     model = client.models.list().data[0].id
     messages = [{"role": "user", "content": "Hi"}]
-    tool = expected.get("tool")
+    tools = expected.get("tools") or ([expected["tool"]] if expected.get("tool") else [])
 
     # Blocking.
     # Tools are offered: the server parses tool calls only then (as vLLM).
@@ -58,14 +59,14 @@ def main():
     check(extra.get("reasoning_content") == expected["reasoning"],
           f"reasoning_content {extra.get('reasoning_content')!r}")
     check(message.content == expected["content"], f"content {message.content!r}")
-    if tool:
-        check(message.tool_calls is not None and len(message.tool_calls) == 1,
-              f"one tool call: {message.tool_calls}")
-        call = message.tool_calls[0]
-        check(call.id.startswith("call_") and call.type == "function", f"call id/type {call}")
-        check(call.function.name == tool["name"], f"function name {call.function.name}")
-        check(json.loads(call.function.arguments) == tool["arguments"],
-              f"arguments {call.function.arguments}")
+    if tools:
+        check(message.tool_calls is not None and len(message.tool_calls) == len(tools),
+              f"{len(tools)} tool call(s): {message.tool_calls}")
+        for call, tool in zip(message.tool_calls, tools):
+            check(call.id.startswith("call_") and call.type == "function", f"call id/type {call}")
+            check(call.function.name == tool["name"], f"function name {call.function.name}")
+            check(json.loads(call.function.arguments) == tool["arguments"],
+                  f"arguments {call.function.arguments}")
         check(answer.choices[0].finish_reason == "tool_calls", "finish_reason tool_calls")
     else:
         check(not message.tool_calls, "no tool calls")
@@ -93,9 +94,11 @@ def main():
         finish = choice.finish_reason or finish
     check(reasoning == (expected["reasoning"] or ""), f"streamed reasoning {reasoning!r}")
     check(content == (expected["content"] or ""), f"streamed content {content!r}")
-    if tool:
-        check(len(calls) == 1 and calls[0]["name"] == tool["name"], f"streamed call {calls}")
-        check(json.loads(calls[0]["arguments"]) == tool["arguments"], "streamed arguments")
+    if tools:
+        check(len(calls) == len(tools), f"streamed calls {calls}")
+        for i, tool in enumerate(tools):
+            check(calls[i]["name"] == tool["name"], f"streamed call {calls[i]}")
+            check(json.loads(calls[i]["arguments"]) == tool["arguments"], "streamed arguments")
         check(finish == "tool_calls", f"streamed finish {finish}")
     else:
         check(not calls and finish == "stop", f"streamed: no calls, finish {finish}")
@@ -122,9 +125,9 @@ def main():
             print("openai parsers check passed")
             return
         reply = llm.bind_tools(TOOLS).invoke("Hi")
-        if tool:
-            check(len(reply.tool_calls) == 1 and reply.tool_calls[0]["name"] == tool["name"]
-                  and reply.tool_calls[0]["args"] == tool["arguments"],
+        if tools:
+            got = [(c["name"], c["args"]) for c in reply.tool_calls]
+            check(got == [(t["name"], t["arguments"]) for t in tools],
                   f"langchain tool_calls {reply.tool_calls}")
         else:
             check(reply.tool_calls == [] and reply.content == (expected["content"] or ""),

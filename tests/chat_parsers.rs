@@ -395,12 +395,14 @@ fn qwen3_6_xml_tool_calls_blocking_streamed_and_as_content_without_tools() {
     assert_eq!(message["content"], output[2..output.len() - 1].concat());
     assert!(message.get("tool_calls").is_none(), "{answer}");
 
-    // The openai client reads the first call under its own schema, which
-    // does not declare `days`: an undeclared parameter stays a string.
+    // The openai client offers its own schema, which does not declare
+    // `days`: an undeclared parameter stays a string.
     parsers_check(
         &server,
         &json!({"reasoning": "I need the weather.\n", "content": null,
-                "tool": {"name": "get_weather", "arguments": {"city": "New York", "days": "3"}}}),
+                "tools": [
+                    {"name": "get_weather", "arguments": {"city": "New York", "days": "3"}},
+                    {"name": "get_weather", "arguments": {"city": "Paris"}}]}),
     );
 }
 
