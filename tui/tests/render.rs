@@ -239,6 +239,19 @@ fn units_key_switches_to_decimal_gigabytes() {
     // 128 GiB = 137.44 GB; 24 GiB = 25.77 GB.
     assert!(row(&buffer, 1).contains("MemTotal 137 GB"));
     assert!(row(&buffer, HEADLINE_ROW).contains("eviction margin 25.8 GB"));
+    // The ledger too: 60 GiB of weights = 64.4 GB; the status line says so.
+    let text = screen(&buffer);
+    let weights = text
+        .lines()
+        // The ledger's row, not the pool bar's label.
+        .find(|l| l.contains("│weights ") && l.contains(" GB"))
+        .expect("weights row");
+    assert_eq!(
+        words(weights)[..6],
+        ["weights", "64.4", "GB", "64.4", "GB", "100"],
+        "{weights}"
+    );
+    assert!(row(&buffer, STATUS_ROW).contains("│ decimal │"));
 }
 
 #[test]
