@@ -138,25 +138,9 @@ pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
 pub const GIB: u64 = 1024 * MIB;
 
-/// `bytes` in GiB with two decimals, e.g. `"12.34 GiB"`.
-pub fn format_gib(bytes: u64) -> String {
-    format!("{:.2} GiB", bytes as f64 / GIB as f64)
-}
-
-/// A signed byte figure (headroom can be negative) in GiB with two decimals.
-pub fn format_gib_signed(bytes: i64) -> String {
-    format!("{:.2} GiB", bytes as f64 / GIB as f64)
-}
-
-/// A human-friendly size: bytes, KiB, MiB or GiB, whichever reads best.
-pub fn format_size(bytes: u64) -> String {
-    match bytes {
-        b if b >= GIB => format!("{:.2} GiB", b as f64 / GIB as f64),
-        b if b >= MIB => format!("{:.2} MiB", b as f64 / MIB as f64),
-        b if b >= KIB => format!("{:.2} KiB", b as f64 / KIB as f64),
-        b => format!("{b} B"),
-    }
-}
+/// How every byte figure prints (`512 B`, `1.50 KiB`, `23.1 MiB`, `123 GiB`):
+/// the one rule the monitor shares, defined in the wire crate.
+pub use sparkrt_wire::units::format_bytes;
 
 #[cfg(test)]
 mod tests {
@@ -224,13 +208,5 @@ mod tests {
             parse_bytes("1e400"),
             Err(QuantityError::Overflow(_))
         ));
-    }
-
-    #[test]
-    fn formats() {
-        assert_eq!(format_gib(3 * GIB / 2), "1.50 GiB");
-        assert_eq!(format_gib_signed(-(GIB as i64)), "-1.00 GiB");
-        assert_eq!(format_size(512), "512 B");
-        assert_eq!(format_size(1536), "1.50 KiB");
     }
 }

@@ -198,6 +198,45 @@ fn box24_without_kubelet_binds_on_the_host() {
 }
 
 #[test]
+fn the_text_plan_scales_each_figure_to_its_magnitude() {
+    let out = sparkrt(&[
+        "plan",
+        "--profile",
+        &profile("qwen3-moe-tiny").display().to_string(),
+        "--host-root",
+        &box24_root(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    // Each row's label and figure with the padding squeezed to one space.
+    let rows: Vec<String> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    for row in [
+        // box24: MemTotal 24 GiB, MemAvailable 22 GiB, no eviction threshold,
+        // 22 − 1 − 0.5 = 20.5 GiB usable.
+        "MemTotal 24.0 GiB",
+        "MemAvailable 22.0 GiB",
+        "eviction hard 0 B",
+        "OS reserve 1.00 GiB",
+        "safety margin 512 MiB",
+        "usable (bound by host) 20.5 GiB",
+        // Experts: 4 layers × 16 × 3 matrices × 128 × 64 × 2 bytes = 3 MiB.
+        "experts 3.00 MiB",
+        // Embeddings: 512 vocab × 128 hidden × 2 bytes (bf16) = 128 KiB.
+        "embeddings 128 KiB",
+        // expert_offsets: 17 × 4 bytes.
+        "expert_offsets 68 B",
+        // 8192 tokens × 2048 bytes = 16 MiB.
+        "KV cache (8192 tokens, f32) 16.0 MiB",
+        "runtime overhead 256 MiB",
+    ] {
+        assert!(rows.iter().any(|r| r == row), "{row:?} in\n{text}");
+    }
+}
+
+#[test]
 fn dp_size_two_doubles_the_workspace_capacity() {
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(profile("qwen3-30b-a3b-bf16"))

@@ -35,7 +35,9 @@ fn the_summary_names_the_model_and_kv_capacity_without_ansi_codes() {
         "  api key        off\n",
         "  backend        cpu (cpu)\n",
         "  weights        mapped\n",
-        "(bound by host)",
+        // box24's 22 GiB available − 1 GiB OS reserve − 512 MiB margin,
+        // in the one byte rule's three significant digits.
+        "of usable 20.5 GiB (bound by host)",
         &format!("  address        http://{}\n", server.address()),
     ] {
         assert!(block.contains(row), "{row:?} in\n{block}");

@@ -110,6 +110,26 @@ fn top_shows_the_pool_and_the_ledger_of_a_running_server() {
     ] {
         assert!(screen.contains(label), "{label:?} missing from:\n{screen}");
     }
+    // Figures scale to their magnitude: box24's 24 GiB, and the tiny
+    // model's plan in MiB (8192 tokens × 2048 bytes = 16 MiB of KV cache;
+    // 256 MiB of runtime overhead), never `0.0`.
+    assert!(screen.contains("MemTotal 24.0 GiB"), "{screen}");
+    let ledger_row = |category: &str| {
+        screen
+            .lines()
+            .find(|l| l.contains(&format!("│{category} ")))
+            .unwrap_or_else(|| panic!("no {category} ledger row in:\n{screen}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    for (category, planned) in [("kv_cache", "16.0 MiB"), ("runtime_overhead", "256 MiB")] {
+        let row = ledger_row(category);
+        assert!(
+            row.contains(&format!("{category} {planned} ")),
+            "{category} planned {planned}: {row:?} in:\n{screen}"
+        );
+    }
     tmux(&["-L", &socket, "send-keys", "-t", &session, "q"]);
     let exited = wait_until(Duration::from_secs(15), || done.exists());
     tmux(&["-L", &socket, "kill-server"]);

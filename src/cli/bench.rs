@@ -40,7 +40,7 @@ use crate::plan::perf::{
 };
 use crate::plan::profile::ValueSource;
 use crate::runtime::{Loaded, LoadedModel};
-use crate::units::format_size;
+use crate::units::format_bytes;
 use crate::util::rng::SplitMix64;
 
 #[derive(Debug, clap::Args)]
@@ -205,19 +205,19 @@ impl PerfModel {
         println!("  performance model (README: Performance model)");
         println!(
             "    weights / decode step, batch 1   {:>14}",
-            format_size(self.weight_bytes_per_step_batch_1)
+            format_bytes(self.weight_bytes_per_step_batch_1)
         );
         if batch > 1 {
             println!(
                 "    weights / decode step, batch {batch:<4}{:>14}  ({:.1} distinct experts / MoE layer)",
-                format_size(self.weight_bytes_per_step),
+                format_bytes(self.weight_bytes_per_step),
                 self.distinct_experts_per_moe_layer
             );
         }
         println!(
             "    KV / decode step at {} tokens  {:>14}",
             self.kv_context_tokens,
-            format_size(self.kv_bytes_per_step)
+            format_bytes(self.kv_bytes_per_step)
         );
         println!(
             "    activated parameters / token     {:>14}",
@@ -548,7 +548,7 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
         );
         println!(
             "  weights read per token  {:>14}",
-            format_size(bytes_per_token)
+            format_bytes(bytes_per_token)
         );
         println!(
             "  read bandwidth          {:>10.1} GB/s ({bandwidth_source})",
@@ -562,7 +562,7 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
         let r = &report.rss;
         println!(
             "  peak RSS                {:>14}  ({:.1} % of the budget below)",
-            format_size(report.peak_rss_bytes),
+            format_bytes(report.peak_rss_bytes),
             100.0 * report.peak_rss_bytes as f64 / report.rss_budget_bytes.max(1) as f64
         );
         for (name, bytes) in [
@@ -571,16 +571,16 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
             ("activations", r.activations_bytes),
             ("KV cache", r.kv_cache_bytes),
         ] {
-            println!("    {name:<21} {:>14}", format_size(bytes));
+            println!("    {name:<21} {:>14}", format_bytes(bytes));
         }
         println!(
             "    sum + {:.0} %            {:>14}",
             100.0 * RSS_SLACK,
-            format_size(report.rss_budget_bytes)
+            format_bytes(report.rss_budget_bytes)
         );
         println!(
             "  plan total              {:>14}",
-            format_size(loaded.plan.total)
+            format_bytes(loaded.plan.total)
         );
         if let (Some(step), Some(layer)) =
             (report.launches_per_decode_step, report.launches_per_layer)

@@ -12,7 +12,7 @@ use super::find_profile;
 use crate::host::{GpuProbe, HostReading, gpu};
 use crate::plan::memory;
 use crate::plan::profile::{HostSection, KubeletMode, ProfileDraft};
-use crate::units::format_gib;
+use crate::units::format_bytes;
 
 #[derive(Debug, clap::Args)]
 pub struct ProbeArgs {
@@ -113,7 +113,7 @@ fn render(r: &HostReading, gpu: &GpuProbe) -> String {
         ("SwapFree", m.swap_free),
         ("in use (MemTotal - MemAvailable)", m.in_use()),
     ] {
-        out += &format!("  {label:<34}{:>14}\n", format_gib(bytes));
+        out += &format!("  {label:<34}{:>14}\n", format_bytes(bytes));
     }
     out += "\nkubelet\n";
     match &r.kubelet {
@@ -125,15 +125,15 @@ fn render(r: &HostReading, gpu: &GpuProbe) -> String {
             );
             out += &format!(
                 "  systemReserved.memory             {:>14}\n",
-                format_gib(k.system_reserved)
+                format_bytes(k.system_reserved)
             );
             out += &format!(
                 "  kubeReserved.memory               {:>14}\n",
-                format_gib(k.kube_reserved)
+                format_bytes(k.kube_reserved)
             );
             out += &format!(
                 "  evictionHard memory.available     {:>14}  ({})\n",
-                format_gib(r.eviction_hard()),
+                format_bytes(r.eviction_hard()),
                 k.eviction_hard
             );
         }
@@ -143,11 +143,11 @@ fn render(r: &HostReading, gpu: &GpuProbe) -> String {
         Some(c) => {
             out += &format!(
                 "  kubepods memory.current           {:>14}\n",
-                format_gib(c.current)
+                format_bytes(c.current)
             );
             out += &format!(
                 "  kubepods memory.max               {:>14}\n",
-                c.max.map_or("max".to_string(), format_gib)
+                c.max.map_or("max".to_string(), format_bytes)
             );
         }
     }
@@ -168,7 +168,7 @@ fn render(r: &HostReading, gpu: &GpuProbe) -> String {
                     } else {
                         "discrete"
                     },
-                    format_gib(d.total_memory)
+                    format_bytes(d.total_memory)
                 );
             }
         }

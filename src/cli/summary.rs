@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use crate::plan::Plan;
 use crate::plan::memory::Binding;
-use crate::units::format_gib;
+use crate::units::format_bytes;
 
 /// `--log-format`: human text (the default) or one JSON object a line, for
 /// log collectors.
@@ -125,7 +125,7 @@ impl StartupSummary {
         let usable = if self.usable < 0 {
             "none".to_string()
         } else {
-            format_gib(self.usable as u64)
+            format_bytes(self.usable as u64)
         };
         let rows = [
             ("model", self.model.clone()),
@@ -139,7 +139,7 @@ impl StartupSummary {
                 "plan",
                 format!(
                     "{} of usable {} (bound by {})",
-                    format_gib(self.plan_total),
+                    format_bytes(self.plan_total),
                     usable,
                     self.binding
                 ),

@@ -33,7 +33,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
 use crate::plan::Plan;
-use crate::units::format_gib;
+use crate::units::format_bytes;
 
 /// Node label set by NVIDIA GPU feature discovery (part of the GPU operator):
 /// the product name with spaces replaced by dashes.
@@ -276,9 +276,9 @@ pub fn to_yaml(manifests: &Manifests, plan: &Plan) -> Result<String, K8sError> {
         out,
         "# sparkrt k8s: {} plans {} ({} bytes) of {} usable; memory request = limit = the plan total.",
         plan.profile,
-        format_gib(plan.total),
+        format_bytes(plan.total),
         plan.total,
-        format_gib(u64::try_from(plan.host.usable).unwrap_or(0)),
+        format_bytes(u64::try_from(plan.host.usable).unwrap_or(0)),
     );
     let _ = writeln!(
         out,

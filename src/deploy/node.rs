@@ -9,7 +9,7 @@ use thiserror::Error;
 
 use crate::plan::memory::HostFigures;
 use crate::plan::profile::ByteSize;
-use crate::units::{GIB, KIB, MIB};
+use crate::units::{KIB, MIB};
 
 #[derive(Debug, Error)]
 pub enum NodeError {
@@ -127,16 +127,15 @@ impl NodeSpec {
 
     /// One line for the operator: which node and its figures.
     pub fn describe(&self) -> String {
-        let gib = |b: u64| format!("{:.1} GiB", b as f64 / GIB as f64);
         format!(
             "{}: MemTotal {}, MemAvailable {}, kubelet systemReserved {}, kubeReserved {}, \
              evictionHard {}",
             self.name,
-            gib(self.mem_total.0),
-            gib(self.mem_available().0),
-            crate::units::format_size(self.system_reserved.0),
-            crate::units::format_size(self.kube_reserved.0),
-            crate::units::format_size(self.eviction_hard.0),
+            crate::units::format_bytes(self.mem_total.0),
+            crate::units::format_bytes(self.mem_available().0),
+            crate::units::format_bytes(self.system_reserved.0),
+            crate::units::format_bytes(self.kube_reserved.0),
+            crate::units::format_bytes(self.eviction_hard.0),
         )
     }
 }
@@ -144,6 +143,7 @@ impl NodeSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::units::GIB;
 
     #[test]
     fn a_spec_file_takes_sizes_and_defaults_the_rest() {

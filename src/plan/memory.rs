@@ -964,7 +964,7 @@ impl Headroom {
     /// (never a negative byte count).
     pub fn usable_phrase(&self) -> String {
         match u64::try_from(self.usable) {
-            Ok(bytes) => format!("{} usable", crate::units::format_gib(bytes)),
+            Ok(bytes) => format!("{} usable", crate::units::format_bytes(bytes)),
             Err(_) => {
                 let (reserves, figure) = match self.binding {
                     Binding::Host => (
@@ -978,7 +978,7 @@ impl Headroom {
                 };
                 format!(
                     "nothing is usable: {reserves} exceed {figure} by {}",
-                    crate::units::format_gib(self.usable.unsigned_abs())
+                    crate::units::format_bytes(self.usable.unsigned_abs())
                 )
             }
         }
@@ -989,7 +989,7 @@ impl Headroom {
 /// `none` otherwise (the verdict says by how much the reserves exceed it).
 pub fn format_limit(bytes: i64) -> String {
     match u64::try_from(bytes) {
-        Ok(bytes) => crate::units::format_gib(bytes),
+        Ok(bytes) => crate::units::format_bytes(bytes),
         Err(_) => "none".to_string(),
     }
 }

@@ -344,16 +344,16 @@ fn advice(
     activations: &Activations,
     sliding: &SlidingKv,
 ) -> Vec<String> {
-    use crate::units::format_gib;
+    use crate::units::format_bytes;
     let s = &profile.serving;
     if weights.total() as i64 > headroom.usable {
         let usable = match u64::try_from(headroom.usable) {
-            Ok(bytes) => format!("only {} is usable on this host", format_gib(bytes)),
+            Ok(bytes) => format!("only {} is usable on this host", format_bytes(bytes)),
             Err(_) => format!("{} on this host", headroom.usable_phrase()),
         };
         return vec![format!(
             "the weights alone take {} but {usable}: this model does not fit here; choose a smaller model or quantization, or a host with more memory",
-            format_gib(weights.total()),
+            format_bytes(weights.total()),
         )];
     }
     let mut advice = Vec::new();
@@ -361,14 +361,14 @@ fn advice(
         if kv_tokens < one_sequence {
             advice.push(format!(
                 "kv_cache = {} holds {kv_tokens} tokens, fewer than one max_model_len = {} sequence ({} needed): raise kv_cache or lower max_model_len",
-                format_gib(b),
+                format_bytes(b),
                 s.max_model_len,
-                format_gib(one_sequence * bytes_per_token)
+                format_bytes(one_sequence * bytes_per_token)
             ));
         } else {
             advice.push(format!(
                 "lower kv_cache (now {}) or set it to \"auto\"",
-                format_gib(b)
+                format_bytes(b)
             ));
         }
     }
@@ -380,7 +380,7 @@ fn advice(
     let sliding_share = if sliding.step_blocks > 0 {
         format!(
             ", the sliding-window layers' KV blocks up to {} more",
-            crate::units::format_size(bytes_per_token)
+            crate::units::format_bytes(bytes_per_token)
         )
     } else {
         String::new()
@@ -388,12 +388,12 @@ fn advice(
     advice.push(format!(
         "lower max_num_batched_tokens (now {}): the MoE workspace and activations cost {} per batched token{sliding_share}",
         s.max_num_batched_tokens,
-        crate::units::format_size(per_batched_token)
+        crate::units::format_bytes(per_batched_token)
     ));
     advice.push(format!(
         "lower max_model_len (now {}): one full-length sequence needs {} of KV cache",
         s.max_model_len,
-        format_gib(one_sequence * bytes_per_token)
+        format_bytes(one_sequence * bytes_per_token)
     ));
     advice
 }

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use super::Plan;
 use super::memory::format_limit;
 use crate::geometry::WeightGroup;
-use crate::units::{format_gib, format_size};
+use crate::units::format_bytes;
 
 /// Renders `plan` as aligned text, ending with the verdict.
 pub fn render(plan: &Plan) -> String {
@@ -45,7 +45,7 @@ pub fn render(plan: &Plan) -> String {
     let sv = &plan.serving;
     let kv_cache = match sv.kv_cache {
         super::profile::KvCacheSize::Auto => "auto".to_string(),
-        super::profile::KvCacheSize::Bytes(b) => format_size(b),
+        super::profile::KvCacheSize::Bytes(b) => format_bytes(b),
     };
     let serving_rows: [(&str, String); 8] = [
         ("geometry", format!("{} layers", m.num_layers)),
@@ -69,23 +69,23 @@ pub fn render(plan: &Plan) -> String {
     let row = |out: &mut String, label: &str, value: String| {
         let _ = writeln!(out, "  {label:<42}{value:>14}");
     };
-    row(&mut out, "MemTotal", format_gib(h.mem_total));
-    row(&mut out, "MemAvailable", format_gib(h.mem_available));
-    row(&mut out, "eviction hard", format_gib(h.eviction_hard));
-    row(&mut out, "OS reserve", format_gib(h.os_reserve));
-    row(&mut out, "safety margin", format_gib(h.safety_margin));
+    row(&mut out, "MemTotal", format_bytes(h.mem_total));
+    row(&mut out, "MemAvailable", format_bytes(h.mem_available));
+    row(&mut out, "eviction hard", format_bytes(h.eviction_hard));
+    row(&mut out, "OS reserve", format_bytes(h.os_reserve));
+    row(&mut out, "safety margin", format_bytes(h.safety_margin));
     if let Some(kube_limit) = h.kube_limit {
         row(
             &mut out,
             "kubelet systemReserved",
-            format_gib(h.system_reserved),
+            format_bytes(h.system_reserved),
         );
         row(
             &mut out,
             "kubelet kubeReserved",
-            format_gib(h.kube_reserved),
+            format_bytes(h.kube_reserved),
         );
-        row(&mut out, "kubepods in use", format_gib(h.kubepods_in_use));
+        row(&mut out, "kubepods in use", format_bytes(h.kubepods_in_use));
         row(&mut out, "host limit", format_limit(h.host_limit));
         row(&mut out, "kubelet limit", format_limit(kube_limit));
     } else {
@@ -106,11 +106,15 @@ pub fn render(plan: &Plan) -> String {
     );
 
     let _ = writeln!(out, "\nPlan");
-    row(&mut out, "weights", format_gib(plan.weights.total));
+    row(&mut out, "weights", format_bytes(plan.weights.total));
     for group in WeightGroup::ALL {
         let bytes = plan.weights.groups.get(&group).copied().unwrap_or(0);
         if bytes > 0 {
-            row(&mut out, &format!("  {}", group.name()), format_size(bytes));
+            row(
+                &mut out,
+                &format!("  {}", group.name()),
+                format_bytes(bytes),
+            );
         }
     }
     for (prefix, bytes) in &plan.weights.unused {
@@ -118,29 +122,33 @@ pub fn render(plan: &Plan) -> String {
         row(
             &mut out,
             &format!("  ({prefix}* not used by text serving)"),
-            format_size(*bytes),
+            format_bytes(*bytes),
         );
     }
     let ws = &plan.moe_workspace;
     row(
         &mut out,
         &format!("MoE workspace (1 shared, {} tokens)", ws.capacity_tokens),
-        format_size(ws.bytes),
+        format_bytes(ws.bytes),
     );
     for b in &ws.buffers {
-        row(&mut out, &format!("  {}", b.name), format_size(b.bytes));
+        row(&mut out, &format!("  {}", b.name), format_bytes(b.bytes));
     }
     row(
         &mut out,
         &format!("  (one per layer would be ×{})", m.num_moe_layers),
-        format_size(ws.per_layer_total_bytes),
+        format_bytes(ws.per_layer_total_bytes),
     );
-    row(&mut out, "activations", format_size(plan.activations.bytes));
+    row(
+        &mut out,
+        "activations",
+        format_bytes(plan.activations.bytes),
+    );
     let pl = &plan.prompt_logprobs;
     row(
         &mut out,
         &format!("  {}: {} prompt rows at once", pl.buffer, pl.chunk_rows),
-        format_size(pl.chunk_bytes),
+        format_bytes(pl.chunk_bytes),
     );
     row(
         &mut out,
@@ -148,18 +156,18 @@ pub fn render(plan: &Plan) -> String {
             "    (all {} at once would be)",
             plan.serving.max_num_batched_tokens
         ),
-        format_size(pl.unchunked_bytes),
+        format_bytes(pl.unchunked_bytes),
     );
     row(
         &mut out,
         "runtime overhead",
-        format_size(plan.runtime_overhead.bytes),
+        format_bytes(plan.runtime_overhead.bytes),
     );
     let kv = &plan.kv_cache;
     row(
         &mut out,
         &format!("KV cache ({} tokens, {})", kv.tokens, kv.dtype.name()),
-        format_gib(kv.bytes),
+        format_bytes(kv.bytes),
     );
     row(
         &mut out,
@@ -170,7 +178,7 @@ pub fn render(plan: &Plan) -> String {
         let _ = writeln!(
             out,
             "  (kv_cache = {} capped: max_num_seqs {} × max_model_len {} use at most {} tokens)",
-            format_gib(asked),
+            format_bytes(asked),
             plan.serving.max_num_seqs,
             plan.serving.max_model_len,
             kv.tokens
@@ -183,7 +191,7 @@ pub fn render(plan: &Plan) -> String {
                 "  sliding layers ({}, window {}: {} blocks)",
                 kv.sliding.layers, kv.sliding.window_tokens, kv.sliding.blocks
             ),
-            format_size(kv.sliding.bytes),
+            format_bytes(kv.sliding.bytes),
         );
     }
     let state = &plan.recurrent_state;
@@ -194,12 +202,12 @@ pub fn render(plan: &Plan) -> String {
                 "recurrent state ({} layers × {} slots, f32)",
                 state.layers, state.slots
             ),
-            format_size(state.bytes),
+            format_bytes(state.bytes),
         );
         row(
             &mut out,
             &format!("  {} live slots (max_num_seqs)", state.live_slots),
-            format_size(state.live_slots as u64 * state.bytes_per_seq),
+            format_bytes(state.live_slots as u64 * state.bytes_per_seq),
         );
         if state.snapshot_slots > 0 {
             row(
@@ -211,16 +219,16 @@ pub fn render(plan: &Plan) -> String {
                         state.snapshot_slots
                     ),
                 },
-                format_size(state.snapshot_slots as u64 * state.bytes_per_seq),
+                format_bytes(state.snapshot_slots as u64 * state.bytes_per_seq),
             );
         }
         row(
             &mut out,
             "  bytes per slot",
-            format_size(state.bytes_per_seq),
+            format_bytes(state.bytes_per_seq),
         );
     }
-    row(&mut out, "total", format_gib(plan.total));
+    row(&mut out, "total", format_bytes(plan.total));
 
     match &plan.shortfall {
         None => {
@@ -229,16 +237,16 @@ pub fn render(plan: &Plan) -> String {
             let _ = writeln!(
                 out,
                 "\nFITS: {} of {} usable, {} to spare.",
-                format_gib(plan.total),
-                format_gib(usable),
-                format_gib(usable.saturating_sub(plan.total))
+                format_bytes(plan.total),
+                format_bytes(usable),
+                format_bytes(usable.saturating_sub(plan.total))
             );
         }
         Some(short) => {
             let _ = writeln!(
                 out,
                 "\nDOES NOT FIT: {} short ({}).",
-                format_gib(short.bytes),
+                format_bytes(short.bytes),
                 h.usable_phrase()
             );
             for a in &short.advice {

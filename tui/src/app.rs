@@ -106,7 +106,7 @@ impl App {
             focus: Focus::Ledger,
             ledger_sort: LedgerSort::Server,
             process_sort: ProcessSort::RssDesc,
-            units: Units::Gib,
+            units: Units::Binary,
             show_help: false,
         }
     }

@@ -110,9 +110,9 @@ fn tab_moves_focus_and_s_sorts_the_focused_table() {
 fn u_toggles_units_and_question_mark_toggles_help() {
     let mut app = app();
     app.on_key(key(KeyCode::Char('u')));
-    assert_eq!(app.units, Units::Gb);
+    assert_eq!(app.units, Units::Decimal);
     app.on_key(key(KeyCode::Char('u')));
-    assert_eq!(app.units, Units::Gib);
+    assert_eq!(app.units, Units::Binary);
     app.on_key(key(KeyCode::Char('?')));
     assert!(app.show_help);
     app.on_key(key(KeyCode::Char('?')));

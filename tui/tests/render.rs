@@ -140,13 +140,13 @@ fn headline_legend_and_panels_show_the_figures() {
         headline.contains("runtime 84.0 GiB / usable 96.0 GiB"),
         "{headline}"
     );
-    assert!(row(&buffer, 1).contains("MemTotal 128.0 GiB"));
+    assert!(row(&buffer, 1).contains("MemTotal 128 GiB"));
     for needle in [
         // legend
         "weights 60.0 GiB",
-        "kv used 5.0 GiB",
+        "kv used 5.00 GiB",
         "kv free 15.0 GiB",
-        "other processes 4.0 GiB",
+        "other processes 4.00 GiB",
         "page cache 25.0 GiB",
         "free 15.0 GiB",
         // serving
@@ -159,9 +159,9 @@ fn headline_legend_and_panels_show_the_figures() {
         "trips < 18.0 GiB",
         // host
         "evictionHard   16.0 GiB",
-        "kubelet resv.  system 2.0 GiB · kube 1.0 GiB",
-        "swap used      2.0 GiB / 8.0 GiB",
-        "kubepods       6.0 GiB / max –",
+        "kubelet resv.  system 2.00 GiB · kube 1.00 GiB",
+        "swap used      2.00 GiB / 8.00 GiB",
+        "kubepods       6.00 GiB / max –",
         "plan usable    96.0 GiB",
         // ledger notes and processes
         "page cache: dontneed · weights: host registered",
@@ -196,7 +196,10 @@ fn ledger_rows_show_planned_allocated_and_share() {
         .iter()
         .position(|w| *w == "runtime_overhead")
         .unwrap();
-    assert_eq!(&figures[at + 1..at + 4], ["2.0", "1.0", "50"]);
+    assert_eq!(
+        &figures[at + 1..at + 6],
+        ["2.00", "GiB", "1.00", "GiB", "50"]
+    );
     let total = text
         .lines()
         .find(|l| l.contains("│total"))
@@ -204,8 +207,11 @@ fn ledger_rows_show_planned_allocated_and_share() {
     let figures = words(total);
     let at = figures.iter().position(|w| *w == "total").unwrap();
     // 60 + 2 + 1 + 20 + 2 = 85 GiB planned, 84 allocated: 98.8 % → 99.
-    assert_eq!(&figures[at + 1..at + 4], ["85.0", "84.0", "99"]);
-    assert!(text.contains("ledger (GiB)"));
+    assert_eq!(
+        &figures[at + 1..at + 6],
+        ["85.0", "GiB", "84.0", "GiB", "99"]
+    );
+    assert!(text.contains("ledger · sort:"));
 }
 
 #[test]
@@ -231,8 +237,21 @@ fn units_key_switches_to_decimal_gigabytes() {
     app.on_key(KeyEvent::new(KeyCode::Char('u'), KeyModifiers::NONE));
     let buffer = render(&app, 160, 44);
     // 128 GiB = 137.44 GB; 24 GiB = 25.77 GB.
-    assert!(row(&buffer, 1).contains("MemTotal 137.4 GB"));
+    assert!(row(&buffer, 1).contains("MemTotal 137 GB"));
     assert!(row(&buffer, HEADLINE_ROW).contains("eviction margin 25.8 GB"));
+    // The ledger too: 60 GiB of weights = 64.4 GB; the status line says so.
+    let text = screen(&buffer);
+    let weights = text
+        .lines()
+        // The ledger's row, not the pool bar's label.
+        .find(|l| l.contains("│weights ") && l.contains(" GB"))
+        .expect("weights row");
+    assert_eq!(
+        words(weights)[..6],
+        ["weights", "64.4", "GB", "64.4", "GB", "100"],
+        "{weights}"
+    );
+    assert!(row(&buffer, STATUS_ROW).contains("│ decimal │"));
 }
 
 #[test]
@@ -245,7 +264,7 @@ fn without_a_server_host_panels_remain() {
     // Host-only pool: others 88, page cache 25, free 15 GiB; the eviction
     // line is still at x = 106.
     assert!(text.contains("other processes 88.0 GiB"));
-    assert!(row(&buffer, HEADLINE_ROW).contains("runtime 0.0 GiB"));
+    assert!(row(&buffer, HEADLINE_ROW).contains("runtime 0 B"));
     assert_eq!(symbol(&buffer, 106, BAR_ROWS[0]), "┃");
 }
 
@@ -354,4 +373,90 @@ fn broken_stats_and_host_readings_are_shown_not_hidden() {
     assert!(row(&buffer, HEADLINE_ROW).contains("eviction margin 24.0 GiB"));
     assert!(!row(&buffer, HEADLINE_ROW).contains("usable"));
     assert!(text.contains("plan usable    –"));
+}
+
+/// The canned sample with a tiny model's ledger: kilobytes and megabytes.
+fn tiny_model_sample() -> sparkrt_tui::collector::Sample {
+    let mut json: serde_json::Value =
+        serde_json::from_str(common::MEMORY_OK).expect("canned JSON parses");
+    // (planned, allocated) per category, in the file's order.
+    let figures: [(u64, u64); 5] = [
+        (24_222_106, 24_222_106), // 23.1 MiB
+        (1536, 1536),             // 1.50 KiB
+        (512, 512),               // 512 B
+        (10 * 1024 * 1024 + 300 * 1024, 0),
+        (1 << 30, 1 << 29),
+    ];
+    for (i, (planned, allocated)) in figures.iter().enumerate() {
+        let category = &mut json["ledger"]["categories"][i];
+        category["planned"] = (*planned).into();
+        category["allocated"] = (*allocated).into();
+    }
+    let mut sample = connected_sample();
+    sample.server =
+        Some(sparkrt_tui::memory::parse(&json.to_string()).expect("tiny ledger parses"));
+    sample
+}
+
+#[test]
+fn a_tiny_models_ledger_reads_in_kib_and_mib() {
+    let buffer = render(&app_with(tiny_model_sample()), 160, 44);
+    let text = screen(&buffer);
+    let figures_of = |category: &str| {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("│{category} ")))
+            .unwrap_or_else(|| panic!("{category} row in\n{text}"));
+        let w = words(line);
+        let at = w.iter().position(|x| *x == category).unwrap();
+        w[at + 1..]
+            .iter()
+            .take(5)
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(figures_of("weights"), ["23.1", "MiB", "23.1", "MiB", "100"]);
+    assert_eq!(
+        figures_of("moe_workspace"),
+        ["1.50", "KiB", "1.50", "KiB", "100"]
+    );
+    assert_eq!(figures_of("activations"), ["512", "B", "512", "B", "100"]);
+    assert_eq!(figures_of("kv_cache"), ["10.3", "MiB", "0", "B", "0"]);
+    assert_eq!(
+        figures_of("runtime_overhead"),
+        ["1.00", "GiB", "512", "MiB", "50"]
+    );
+    // Total: 24_222_106 + 1536 + 512 + 10_792_960 + 2^30 = 1_108_759_338 B
+    // = 1.033 GiB planned; 24_222_106 + 2048 + 2^29 = 561_094_066 B = 535 MiB.
+    assert_eq!(figures_of("total"), ["1.03", "GiB", "535", "MiB", "51"]);
+}
+
+#[test]
+fn at_80_columns_the_pool_labels_stay_whole() {
+    let buffer = render(&app_with(connected_sample()), 80, 44);
+    let text = screen(&buffer);
+    // The legend wraps between items, never inside one (its two lines hold
+    // the first six at this width).
+    for item in [
+        "█ weights 60.0 GiB  █ moe workspace 2.00 GiB  █ kv used 5.00 GiB",
+        "█ kv free 15.0 GiB  █ activations 1.00 GiB  █ overhead 1.00 GiB",
+        // The ledger's figure columns hold a whole figure and its unit.
+        "weights            60.0 GiB  60.0 GiB  100",
+        "runtime_overhead   2.00 GiB  1.00 GiB   50",
+    ] {
+        assert!(text.contains(item), "missing {item:?} in\n{text}");
+    }
+    // Inner width 78: eviction at ⌊112 × 78 / 128⌋ = 68, usable at
+    // ⌊96 × 78 / 128⌋ = 58; both labels end at their arrows, whole.
+    assert!(
+        row(&buffer, EVICTION_ROW).contains("eviction (evictionHard 16.0 GiB) ▲"),
+        "{}",
+        row(&buffer, EVICTION_ROW)
+    );
+    assert!(
+        row(&buffer, USABLE_ROW).contains("usable 96.0 GiB"),
+        "{}",
+        row(&buffer, USABLE_ROW)
+    );
+    assert!(row(&buffer, HEADLINE_ROW).contains("eviction margin 24.0 GiB"));
 }

@@ -15,7 +15,11 @@
 //! at. Fields the reader does not know are ignored, so adding one is safe.
 //!
 //! This crate depends on serde alone, so that the server links no terminal
-//! code and the monitor no server code.
+//! code and the monitor no server code. [`units`] is here for the same
+//! reason: how byte figures print is shared by the server's CLI and the
+//! monitor.
+
+pub mod units;
 
 use serde::{Deserialize, Serialize};
 

@@ -38,7 +38,8 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         return;
     };
     let units = app.units;
-    let in_units = |bytes: u64| units.value(bytes as f64);
+    // Plotted in bytes; only the axis label is scaled, by the shared rule.
+    let in_units = |bytes: u64| bytes as f64;
     let available = app.history.series(|p| in_units(p.mem_available));
     let runtime = app.history.series(|p| in_units(p.runtime_total));
     let eviction = [
@@ -78,7 +79,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         .y_axis(
             Axis::default()
                 .bounds([0.0, top.max(f64::MIN_POSITIVE)])
-                .labels(["0".to_string(), format!("{top:.0} {}", units.suffix())])
+                .labels(["0".to_string(), units.format(host.mem_total)])
                 .style(dim()),
         );
     frame.render_widget(chart, area);

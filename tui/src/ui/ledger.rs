@@ -14,12 +14,9 @@ use crate::units::Units;
 const NARROW: u16 = 44;
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, focused: bool) {
-    // Figures in the title's unit, so the columns stay narrow.
-    let title = format!(
-        " ledger ({}) · sort: {} ",
-        app.units.suffix(),
-        app.ledger_sort.label()
-    );
+    // Each figure carries its own unit (`23.1 MiB`, `1.40 GiB`): at most
+    // eight characters, so the columns stay narrow.
+    let title = format!(" ledger · sort: {} ", app.ledger_sort.label());
     let block = panel(title, focused);
     let Some(memory) = app.latest.as_ref().and_then(|s| s.server.as_ref()) else {
         frame.render_widget(
@@ -95,8 +92,8 @@ fn figures_row(name: String, planned: u64, allocated: u64, units: Units) -> Row<
     };
     Row::new([
         Cell::from(name),
-        numeric(format!("{:.1}", units.value(planned as f64))),
-        numeric(format!("{:.1}", units.value(allocated as f64))),
+        numeric(units.format(planned)),
+        numeric(units.format(allocated)),
         numeric(share),
     ])
 }

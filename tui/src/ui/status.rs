@@ -45,7 +45,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
     spans.push(Span::raw(format!(
         "every {}ms │ {}",
         app.interval.as_millis(),
-        app.units.suffix()
+        app.units.name()
     )));
     if app.paused {
         spans.push(Span::styled(" │ ", dim()));
