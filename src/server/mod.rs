@@ -21,6 +21,7 @@ pub mod loading;
 pub mod observe;
 pub mod openai;
 pub mod prep;
+pub mod seeds;
 pub mod state;
 
 use std::sync::Arc;
