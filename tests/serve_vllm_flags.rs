@@ -123,6 +123,21 @@ fn vllm_flags_are_accepted_with_their_meaning() {
     );
     assert_eq!(unknown.status, 404, "{}", unknown.body);
     assert!(a.log().contains("never runs code"), "{}", a.log());
+    // vLLM's routes, and OpenAI's `user` field (accepted, not used).
+    assert_eq!(a.get("/ping").status, 200);
+    assert_eq!(a.post("/ping", &json!({})).status, 200);
+    let version = a.get("/version");
+    assert_eq!(version.status, 200, "{}", version.body);
+    assert_eq!(
+        version.json(),
+        json!({"version": env!("CARGO_PKG_VERSION")})
+    );
+    let chat = a.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                "user": "ann", "seed": 1}),
+    );
+    assert_eq!(chat.status, 200, "{}", chat.body);
     // --seed: requests without a seed are reproducible across servers, in
     // order, and two identical ones still differ.
     let first = [complete(&a, json!({})), complete(&a, json!({}))];
@@ -166,4 +181,12 @@ fn vllm_flags_sparkrt_cannot_honour_exit_2_naming_them() {
         &["--model", &model, "--generation-config", "/no/such/folder"],
         "--generation-config /no/such/folder: not a folder",
     );
+}
+
+#[test]
+fn ping_is_a_probe_and_version_needs_the_key() {
+    let server = Server::start_with_key(&["--api-key", "k"], None);
+    assert_eq!(server.get("/ping").status, 200);
+    assert_eq!(server.get("/version").status, 401);
+    assert_eq!(server.get("/health").status, 200);
 }

@@ -465,6 +465,9 @@ pub(super) fn check_model(state: &ServerState, model: Option<&str>) -> Result<()
 
 pub(super) fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiError> {
     state.request_limits.check_common(&sizes::common(common))?;
+    if let Some(user) = &common.user {
+        tracing::debug!(user = %user, "the request's `user` (accepted, not used)");
+    }
     check_model(state, common.model.as_deref())
 }
 
