@@ -115,6 +115,8 @@ fn vllm_flags_are_accepted_with_their_meaning() {
     let models = a.get("/v1/models").json();
     assert_eq!(models["data"][0]["id"], "first", "{models}");
     assert_eq!(models["data"].as_array().unwrap().len(), 1);
+    assert_eq!(a.get("/v1/models/second").json()["id"], "first");
+    assert_eq!(a.get("/v1/models/third").status, 404);
     // Any of the names is accepted (complete asserts the 200).
     complete(&a, json!({"model": "second", "seed": 9}));
     let unknown = a.post(
@@ -181,6 +183,21 @@ fn vllm_flags_sparkrt_cannot_honour_exit_2_naming_them() {
         &["--model", &model, "--generation-config", "/no/such/folder"],
         "--generation-config /no/such/folder: not a folder",
     );
+    // A default out of range stops the start, naming the file and field.
+    let dir = tempfile::tempdir().unwrap();
+    for (bad, needle) in [
+        (json!({"temperature": 3.0}), "temperature must be in [0, 2]"),
+        (json!({"top_p": 0}), "top_p"),
+        (json!({"top_k": "many"}), "field `top_k`"),
+    ] {
+        std::fs::write(dir.path().join("generation_config.json"), bad.to_string()).unwrap();
+        let folder = dir.path().display().to_string();
+        refused(&["--model", &model, "--generation-config", &folder], needle);
+        refused(
+            &["--model", &model, "--generation-config", &folder],
+            "generation_config.json",
+        );
+    }
 }
 
 #[test]

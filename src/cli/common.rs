@@ -295,7 +295,8 @@ pub struct ServingArgs {
     pub gpu_memory_utilization: Option<f64>,
     /// Name served in /v1/models [profile: `[model] name`; default the
     /// folder name]; several (vLLM's form): the first is reported, requests
-    /// may name any.
+    /// may name any. The list takes every word up to the next flag, so a
+    /// positional MODEL goes before it (as with vLLM).
     #[arg(long, value_name = "NAME", num_args = 1..)]
     pub served_model_name: Vec<String>,
     /// serve: address to listen on: an IPv4 or IPv6 address (`::1`, `[::1]`),

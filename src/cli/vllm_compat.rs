@@ -126,6 +126,13 @@ impl GenerationConfig {
         };
         let defaults = GenerationDefaults::read(folder)?;
         let file = folder.join("generation_config.json");
+        if let Err(e) = crate::server::openai::check_generation_defaults(&defaults) {
+            bail!(
+                "{}: {} (the default of every request)",
+                file.display(),
+                e.message
+            );
+        }
         let line = if from.is_empty() {
             format!("{defaults} (from {})", file.display())
         } else {

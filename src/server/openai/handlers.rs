@@ -46,17 +46,17 @@ pub async fn models(State(state): State<Arc<ServerState>>) -> Json<ModelList> {
     })
 }
 
-/// `GET /v1/models/{id}`: the served model's card, or a 404 in OpenAI's
-/// shape for any other id.
+/// `GET /v1/models/{id}`: the served model's card for its name or one of
+/// its aliases, or a 404 in OpenAI's shape for any other id.
 pub async fn model(
     State(state): State<Arc<ServerState>>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
-    if id == state.config.model_name {
-        Ok(Json(model_card(&state)))
-    } else {
-        Err(ApiError::model_not_found(&id))
+    if id.is_empty() {
+        return Err(ApiError::model_not_found(&id));
     }
+    check_model(&state, Some(&id))?;
+    Ok(Json(model_card(&state)))
 }
 
 fn model_card(state: &ServerState) -> ModelCard {
@@ -579,6 +579,15 @@ pub(super) fn encode(state: &ServerState, text: &str) -> Result<Vec<u32>, ApiErr
     tokenizer
         .encode(text, false)
         .map_err(|e| ApiError::invalid(format!("cannot tokenize the prompt: {e}"), Some("prompt")))
+}
+
+/// Checks `defaults` as a request that sets no field would meet them, so a
+/// generation_config.json out of range stops the start instead of failing
+/// every request.
+pub fn check_generation_defaults(defaults: &GenerationDefaults) -> Result<(), ApiError> {
+    let request: CompletionRequest = serde_json::from_value(serde_json::json!({"prompt": ""}))
+        .map_err(|e| ApiError::invalid(e.to_string(), None))?;
+    sampling(&request.common, 0, usize::MAX, Route::Completion, defaults).map(drop)
 }
 
 /// Validates the sampling fields against the prompt and the model's limits.
