@@ -51,6 +51,7 @@ mod plan_layers;
 mod plan_qwen35;
 mod sampling_processors;
 mod serve_summary;
+mod serve_vllm_flags;
 mod server_api;
 mod server_batching;
 mod server_chat_template;

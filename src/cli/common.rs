@@ -24,7 +24,7 @@ use crate::text::parsers::{
 /// tiny reference model in tests/fixtures.
 pub const DEFAULT_PROFILE: &str = "qwen3-moe-tiny";
 
-#[derive(Debug, clap::Args)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct ModelArgs {
     /// Checkpoint folder (config.json, safetensors, tokenizer)
     /// [default: the profile's model.path; with neither, the tiny test model].
@@ -273,8 +273,11 @@ pub struct ServingArgs {
     pub dp_size: Option<usize>,
     /// Turn automatic prefix caching off: full KV blocks are not kept for
     /// later requests [profile: `enable_prefix_caching`; default on].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "enable_prefix_caching")]
     pub no_prefix_caching: bool,
+    /// vLLM's flag: automatic prefix caching on (the default here too).
+    #[arg(long)]
+    pub enable_prefix_caching: bool,
     /// Hybrid (Gated DeltaNet) models: recurrent-state snapshots the prefix
     /// cache keeps, each one sequence's state (`plan` prints its bytes); 0
     /// turns prefix caching off for them [profile: `state_snapshots`;
@@ -290,9 +293,12 @@ pub struct ServingArgs {
     /// the host's, so a fraction of it is no budget; use --kv-cache SIZE.
     #[arg(long, value_name = "FRACTION")]
     pub gpu_memory_utilization: Option<f64>,
-    /// Name served in /v1/models [profile: `[model] name`; default the folder name].
-    #[arg(long, value_name = "NAME")]
-    pub served_model_name: Option<String>,
+    /// Name served in /v1/models [profile: `[model] name`; default the
+    /// folder name]; several (vLLM's form): the first is reported, requests
+    /// may name any. The list takes every word up to the next flag, so a
+    /// positional MODEL goes before it (as with vLLM).
+    #[arg(long, value_name = "NAME", num_args = 1..)]
+    pub served_model_name: Vec<String>,
     /// serve: address to listen on: an IPv4 or IPv6 address (`::1`, `[::1]`),
     /// `localhost` or a host name (resolved). Anything but loopback needs an
     /// API key (or `--insecure-no-api-key`).
@@ -333,10 +339,14 @@ impl ServingArgs {
             dp_size: self.dp_size,
             kv_cache_dtype: self.kv_cache_dtype,
             kv_cache: self.kv_cache,
-            enable_prefix_caching: self.no_prefix_caching.then_some(false),
+            enable_prefix_caching: if self.no_prefix_caching {
+                Some(false)
+            } else {
+                self.enable_prefix_caching.then_some(true)
+            },
             state_snapshots: self.state_snapshots,
             state_snapshot_interval: self.state_snapshot_interval,
-            name: self.served_model_name.clone(),
+            name: self.served_model_name.first().cloned(),
         })
     }
 

@@ -15,6 +15,7 @@ pub mod profile;
 pub mod serve;
 pub mod summary;
 pub mod top;
+pub mod vllm_compat;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -13,6 +13,7 @@ use super::EXIT_DOES_NOT_FIT;
 use super::common::{
     ChatTemplateArgs, ModelArgs, ParserArgs, ServingArgs, dummy_if_asked, resolve, set_threads,
 };
+use super::vllm_compat::VllmArgs;
 use crate::backend::Backend;
 use crate::checkpoint::load::LoadProgress;
 use crate::checkpoint::{CheckpointError, PageCachePolicy};
@@ -21,8 +22,9 @@ use crate::server::engine_loop::{self, EngineHandle, Gauges};
 use crate::server::guard::MemoryGuard;
 use crate::server::listen::{self, BodyPace, ConnectionLimits};
 use crate::server::loading::{LoadingState, RouterSwitch};
+use crate::server::seeds::SeedSequence;
 use crate::server::{ServerConfig, ServerState, expose, fds, router};
-use crate::text::ChatTemplate;
+use crate::text::{ChatTemplate, GenerationDefaults};
 use sparkrt_wire::LoadPhase;
 use tokio::sync::watch;
 
@@ -36,6 +38,8 @@ pub struct ServeArgs {
     pub parsers: ParserArgs,
     #[command(flatten)]
     pub serving: ServingArgs,
+    #[command(flatten)]
+    pub vllm: VllmArgs,
     /// Listen on a non-loopback `--host` without an API key (logged as a
     /// warning): anyone who reaches the port can use the model.
     #[arg(long)]
@@ -116,8 +120,15 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         max_connections: fds::connection_cap(open_files, args.max_connections)?,
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
     };
-    let (dir, profile) = resolve(&args.model, &args.serving)?;
-    let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
+    args.vllm.check()?;
+    let model_args = ModelArgs {
+        model: args.vllm.model(args.model.model.as_deref())?,
+        ..args.model.clone()
+    };
+    let (dir, profile) = resolve(&model_args, &args.serving)?;
+    // Read from the checkpoint itself, not a `--load-format dummy` copy.
+    let generation = args.vllm.generation_config().load(&dir)?;
+    let (dir, _dummy) = dummy_if_asked(&model_args, &dir)?;
     // Before the weights load: a broken template is a start-up error; none
     // at all leaves the chat routes answering 400.
     let chat_template = args.template.load(&dir)?;
@@ -206,6 +217,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     let job = Serve {
         args,
         api_key,
+        generation,
         dir: &dir,
         url,
         connections,
@@ -231,6 +243,8 @@ async fn wait_for_stop(mut stopped: watch::Receiver<bool>) {
 struct Serve<'a> {
     args: &'a ServeArgs,
     api_key: Option<String>,
+    /// The sampling defaults and the summary's line about them.
+    generation: (GenerationDefaults, String),
     dir: &'a Path,
     url: String,
     connections: ConnectionLimits,
@@ -249,6 +263,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     let Serve {
         args,
         api_key,
+        generation: (generation_defaults, sampling_line),
         dir,
         url,
         connections,
@@ -294,6 +309,15 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     let gauges = Arc::new(Gauges::default());
     let state = Arc::new(ServerState::new(ServerConfig {
         model_name,
+        model_aliases: args
+            .serving
+            .served_model_name
+            .iter()
+            .skip(1)
+            .cloned()
+            .collect(),
+        generation_defaults,
+        default_seed: args.vllm.seed.map(SeedSequence::new),
         limits,
         plan: loaded.plan.clone(),
         ledger: Arc::clone(&loaded.ledger),
@@ -326,6 +350,10 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         .to_lowercase(),
     );
     summary.api_key = state.config.api_key.is_some();
+    summary.sampling = match args.vllm.seed {
+        Some(seed) => format!("{sampling_line}; seed {seed}"),
+        None => sampling_line,
+    };
     summary.address = url;
 
     let latency = Arc::clone(&state.latency);

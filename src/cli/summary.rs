@@ -92,6 +92,9 @@ pub struct StartupSummary {
     pub max_model_len: usize,
     pub max_num_seqs: usize,
     pub api_key: bool,
+    /// The sampling defaults of requests that leave fields unset, and
+    /// where they come from (`--generation-config`).
+    pub sampling: String,
     pub address: String,
 }
 
@@ -116,6 +119,7 @@ impl StartupSummary {
             max_model_len,
             max_num_seqs: serving.max_num_seqs,
             api_key: false,
+            sampling: String::new(),
             address: String::new(),
         }
     }
@@ -157,6 +161,7 @@ impl StartupSummary {
                 "api key",
                 if self.api_key { "on" } else { "off" }.to_string(),
             ),
+            ("sampling", self.sampling.clone()),
             ("address", self.address.clone()),
         ];
         let mut out = String::from("sparkrt serve\n");
@@ -189,6 +194,7 @@ impl StartupSummary {
                 max_model_len = self.max_model_len as u64,
                 max_num_seqs = self.max_num_seqs as u64,
                 api_key = self.api_key,
+                sampling = %self.sampling,
                 address = %self.address,
                 "start-up summary"
             ),
@@ -225,6 +231,7 @@ mod tests {
             max_model_len: 1024,
             max_num_seqs: 8,
             api_key: true,
+            sampling: "none".into(),
             address: "http://127.0.0.1:1".into(),
         };
         let plain = s.text(false);

@@ -12,8 +12,9 @@ use super::errors::ApiError;
 use super::state::ServerState;
 
 /// The routes that answer without a key: liveness and readiness probes,
-/// which reveal nothing but whether the server is up and admitting work.
-pub const PROBES: [&str; 2] = ["/health", "/ready"];
+/// which reveal nothing but whether the server is up and admitting work
+/// (`/ping` is vLLM's name of `/health`, for SageMaker-style checks).
+pub const PROBES: [&str; 3] = ["/health", "/ready", "/ping"];
 
 pub async fn require_key(
     State(state): State<Arc<ServerState>>,

@@ -298,7 +298,7 @@ async fn overflow(
     let inner = TowerToHyperService::new(router);
     let service = service_fn(move |request: hyper::Request<Incoming>| {
         let probe = request.method() == hyper::Method::GET
-            && matches!(request.uri().path(), "/health" | "/ready");
+            && super::auth::PROBES.contains(&request.uri().path());
         let answer = probe.then(|| inner.call(request));
         async move {
             match answer {

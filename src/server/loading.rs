@@ -68,6 +68,7 @@ async fn dispatch(State(switch): State<Arc<RouterSwitch>>, request: Request) -> 
 fn loading_router(state: Arc<LoadingState>) -> Router {
     Router::new()
         .route("/health", axum::routing::get(health))
+        .route("/ping", axum::routing::get(health).post(health))
         .route("/ready", axum::routing::get(ready))
         .route(sparkrt_wire::MEMORY_PATH, axum::routing::get(memory))
         .fallback(not_yet)

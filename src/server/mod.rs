@@ -21,6 +21,7 @@ pub mod loading;
 pub mod observe;
 pub mod openai;
 pub mod prep;
+pub mod seeds;
 pub mod state;
 
 use std::sync::Arc;
@@ -32,10 +33,14 @@ use axum::routing::{get, post};
 pub use state::{RequestCounters, ServerConfig, ServerState};
 
 /// The routes, with the API key check in front of all but the probes
-/// (`/health`, `/ready`).
+/// (`/health`, `/ready`, `/ping`).
 pub fn router(state: Arc<ServerState>) -> Router {
     Router::new()
         .route("/health", get(observe::health))
+        // vLLM's routes: `/ping` answers as `/health` (GET or POST, as
+        // vLLM's), `/version` the server's version.
+        .route("/ping", get(observe::health).post(observe::health))
+        .route("/version", get(observe::version))
         .route("/ready", get(observe::ready))
         .route("/metrics", get(observe::metrics))
         .route("/v1/memory", get(observe::memory))

@@ -31,6 +31,11 @@ pub async fn health(State(state): State<Arc<ServerState>>) -> Response {
     )
 }
 
+/// `/version`, as vLLM answers it: `{"version": "…"}`, sparkrt's.
+pub async fn version() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
 /// The answer of `/ready`.
 #[derive(Serialize)]
 struct Readiness {

@@ -90,6 +90,13 @@ pub struct ServerState {
 pub struct ServerConfig {
     /// Served in `/v1/models`.
     pub model_name: String,
+    /// Further names requests may give as `model` (`--served-model-name`'s
+    /// later values).
+    pub model_aliases: Vec<String>,
+    /// What a request's unset sampling fields default to (`--generation-config`).
+    pub generation_defaults: crate::text::GenerationDefaults,
+    /// `--seed`: where requests without a seed take theirs.
+    pub default_seed: Option<super::seeds::SeedSequence>,
     pub limits: EngineLimits,
     pub plan: Plan,
     pub ledger: Arc<Ledger>,

@@ -16,6 +16,7 @@
 mod chat;
 mod config_files;
 mod error;
+pub mod generation_config;
 pub mod parsers;
 mod python_json;
 pub mod render_limits;
@@ -26,6 +27,7 @@ pub mod tokenizer;
 pub use chat::{ChatMessage, ChatPrompt, ChatTemplate, ToolCall};
 pub use config_files::SpecialTokens;
 pub use error::TextError;
+pub use generation_config::GenerationDefaults;
 pub use render_limits::{RenderLimits, TemplateLimit};
 pub use stop::{StopMatcher, StopStep};
 pub use stream::StreamDecoder;

@@ -33,6 +33,7 @@ use crate::server::errors::ApiError;
 use crate::server::latency::TimedSink;
 use crate::server::limits::RequestLimits;
 use crate::server::state::ServerState;
+use crate::text::GenerationDefaults;
 use crate::text::parsers::{OutputParser, ParsedMessage, TokenPiece};
 
 /// Seconds a client is told to wait after a 429 or 503.
@@ -45,17 +46,17 @@ pub async fn models(State(state): State<Arc<ServerState>>) -> Json<ModelList> {
     })
 }
 
-/// `GET /v1/models/{id}`: the served model's card, or a 404 in OpenAI's
-/// shape for any other id.
+/// `GET /v1/models/{id}`: the served model's card for its name or one of
+/// its aliases, or a 404 in OpenAI's shape for any other id.
 pub async fn model(
     State(state): State<Arc<ServerState>>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
-    if id == state.config.model_name {
-        Ok(Json(model_card(&state)))
-    } else {
-        Err(ApiError::model_not_found(&id))
+    if id.is_empty() {
+        return Err(ApiError::model_not_found(&id));
     }
+    check_model(&state, Some(&id))?;
+    Ok(Json(model_card(&state)))
 }
 
 fn model_card(state: &ServerState) -> ModelCard {
@@ -451,6 +452,11 @@ pub(super) fn check_model(state: &ServerState, model: Option<&str>) -> Result<()
     if let Some(model) = model
         && !model.is_empty()
         && model != state.config.model_name
+        && !state
+            .config
+            .model_aliases
+            .iter()
+            .any(|alias| alias == model)
     {
         return Err(ApiError::model_not_found(model));
     }
@@ -459,6 +465,9 @@ pub(super) fn check_model(state: &ServerState, model: Option<&str>) -> Result<()
 
 pub(super) fn check_common(state: &ServerState, common: &CommonParams) -> Result<(), ApiError> {
     state.request_limits.check_common(&sizes::common(common))?;
+    if let Some(user) = &common.user {
+        tracing::debug!(user = %user, "the request's `user` (accepted, not used)");
+    }
     check_model(state, common.model.as_deref())
 }
 
@@ -572,12 +581,24 @@ pub(super) fn encode(state: &ServerState, text: &str) -> Result<Vec<u32>, ApiErr
         .map_err(|e| ApiError::invalid(format!("cannot tokenize the prompt: {e}"), Some("prompt")))
 }
 
+/// Checks `defaults` as a request that sets no field would meet them, so a
+/// generation_config.json out of range stops the start instead of failing
+/// every request.
+pub fn check_generation_defaults(defaults: &GenerationDefaults) -> Result<(), ApiError> {
+    let request: CompletionRequest = serde_json::from_value(serde_json::json!({"prompt": ""}))
+        .map_err(|e| ApiError::invalid(e.to_string(), None))?;
+    sampling(&request.common, 0, usize::MAX, Route::Completion, defaults).map(drop)
+}
+
 /// Validates the sampling fields against the prompt and the model's limits.
+/// A field the request leaves unset takes `defaults`' value (the
+/// checkpoint's generation_config.json), else OpenAI's neutral one.
 fn sampling(
     common: &CommonParams,
     prompt_len: usize,
     max_model_len: usize,
     route: Route,
+    defaults: &GenerationDefaults,
 ) -> Result<SamplingParams, ApiError> {
     if let Some(model) = &common.model
         && model.is_empty()
@@ -597,8 +618,11 @@ fn sampling(
     }
     let room = max_model_len - prompt_len;
     let max_tokens = match common.max_completion_tokens.or(common.max_tokens) {
-        None if route == Route::Completion => 16.min(room),
-        None => room,
+        None => match defaults.max_new_tokens {
+            Some(n) => n.min(room),
+            None if route == Route::Completion => 16.min(room),
+            None => room,
+        },
         Some(n) if n < 1 => {
             return Err(ApiError::invalid(
                 "`max_tokens` must be at least 1",
@@ -616,7 +640,8 @@ fn sampling(
         Some(n) => n as usize,
     };
     let top_k = match common.top_k {
-        None | Some(-1) | Some(0) => None,
+        None => defaults.top_k,
+        Some(-1) | Some(0) => None,
         Some(k) if k > 0 => Some(k as usize),
         Some(_) => return Err(ApiError::invalid("`top_k` must be positive", Some("top_k"))),
     };
@@ -625,7 +650,7 @@ fn sampling(
         Some(OneOrMany::One(s)) => vec![s.clone()],
         Some(OneOrMany::Many(v)) => v.clone(),
     };
-    let temperature = common.temperature.unwrap_or(1.0);
+    let temperature = common.temperature.or(defaults.temperature).unwrap_or(1.0);
     if temperature > MAX_TEMPERATURE {
         return Err(ApiError::invalid(
             format!("temperature must be in [0, {MAX_TEMPERATURE}], got {temperature}"),
@@ -635,14 +660,14 @@ fn sampling(
     let mut params = SamplingParams {
         temperature,
         top_k,
-        top_p: common.top_p.unwrap_or(1.0),
+        top_p: common.top_p.or(defaults.top_p).unwrap_or(1.0),
         seed: common.seed,
         max_tokens,
         stop,
         constraint: common.constraint.clone(),
         ..SamplingParams::default()
     };
-    common.sampling.apply_to(&mut params)?;
+    common.sampling.apply_to(&mut params, defaults)?;
     params
         .validate()
         .map_err(|e| ApiError::invalid(e.to_string(), e.field()))?;
@@ -666,8 +691,22 @@ pub(super) async fn submit(
     let max_model_len = state.config.limits.max_model_len;
     let params = prompts
         .iter()
-        .map(|p| sampling(&common, p.ids.len(), max_model_len, route))
+        .map(|p| {
+            sampling(
+                &common,
+                p.ids.len(),
+                max_model_len,
+                route,
+                &state.config.generation_defaults,
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
+    let mut params = params;
+    if let Some(seeds) = &state.config.default_seed {
+        for p in params.iter_mut().filter(|p| p.seed.is_none()) {
+            p.seed = Some(seeds.next());
+        }
+    }
     // The guard may have tripped while the prompt was prepared.
     if state.config.guard.tripped() {
         return Err(ApiError::memory_guard(RETRY_AFTER_SECONDS));
@@ -1001,5 +1040,72 @@ mod tests {
         // Without a pick every candidate is answered, in order.
         let all = Fanout { n: 3, best_of: 3 };
         assert_eq!(answered_candidates(&cumulative, all), [0, 1, 2, 3, 4, 5]);
+    }
+}
+
+#[cfg(test)]
+mod generation_defaults_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The engine's parameters for a completion body under `defaults`, a
+    /// 10-token prompt and a 100-token context.
+    fn params(body: serde_json::Value, defaults: &GenerationDefaults) -> SamplingParams {
+        let mut request: CompletionRequest = serde_json::from_value(body).unwrap();
+        request.common.sampling = std::mem::take(&mut request.sampling);
+        sampling(&request.common, 10, 100, Route::Completion, defaults).unwrap()
+    }
+
+    fn checkpoint() -> GenerationDefaults {
+        GenerationDefaults {
+            temperature: Some(0.6),
+            top_p: Some(0.95),
+            top_k: Some(20),
+            min_p: Some(0.05),
+            repetition_penalty: Some(1.1),
+            presence_penalty: Some(0.5),
+            frequency_penalty: Some(0.25),
+            max_new_tokens: Some(40),
+        }
+    }
+
+    #[test]
+    fn unset_fields_take_the_checkpoints_defaults() {
+        let p = params(json!({"prompt": "p"}), &checkpoint());
+        assert_eq!(p.temperature, 0.6);
+        assert_eq!(p.top_p, 0.95);
+        assert_eq!(p.top_k, Some(20));
+        assert_eq!(p.min_p, 0.05);
+        assert_eq!(p.repetition_penalty, 1.1);
+        assert_eq!(p.presence_penalty, 0.5);
+        assert_eq!(p.frequency_penalty, 0.25);
+        assert_eq!(p.max_tokens, 40);
+    }
+
+    #[test]
+    fn fields_the_request_gives_win_even_the_neutral_values() {
+        let p = params(
+            json!({"prompt": "p", "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+                   "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                   "frequency_penalty": 0.0, "max_tokens": 7}),
+            &checkpoint(),
+        );
+        let neutral = SamplingParams {
+            max_tokens: 7,
+            ..SamplingParams::default()
+        };
+        assert_eq!(p, neutral);
+    }
+
+    #[test]
+    fn no_defaults_are_openais_and_max_new_tokens_is_capped_by_the_room() {
+        let p = params(json!({"prompt": "p"}), &GenerationDefaults::default());
+        assert_eq!(p, SamplingParams::default());
+        let long = GenerationDefaults {
+            max_new_tokens: Some(5000),
+            ..GenerationDefaults::default()
+        };
+        // 100 positions less the 10-token prompt.
+        assert_eq!(params(json!({"prompt": "p"}), &long).max_tokens, 90);
     }
 }

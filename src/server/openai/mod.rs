@@ -40,6 +40,9 @@ pub mod tool_types;
 pub mod types;
 pub mod unsupported;
 
-pub use handlers::{chat_completions, completions, method_not_allowed, model, models, not_found};
+pub use handlers::{
+    chat_completions, check_generation_defaults, completions, method_not_allowed, model, models,
+    not_found,
+};
 pub use responses::responses;
 pub use tokenize::{detokenize, tokenize};

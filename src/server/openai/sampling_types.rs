@@ -15,6 +15,7 @@ use serde_json::Value;
 use crate::engine::grammar::GrammarSpec;
 use crate::engine::sampling::SamplingParams;
 use crate::server::errors::ApiError;
+use crate::text::GenerationDefaults;
 
 /// The fields, as sent. `null` is "not set" for every one.
 #[derive(Deserialize, Default)]
@@ -49,12 +50,20 @@ pub struct SamplingFields {
 }
 
 impl SamplingFields {
-    /// Sets the processors' fields of `params`.
-    pub fn apply_to(&self, params: &mut SamplingParams) -> Result<(), ApiError> {
-        params.presence_penalty = self.presence_penalty.unwrap_or(0.0);
-        params.frequency_penalty = self.frequency_penalty.unwrap_or(0.0);
-        params.repetition_penalty = self.repetition_penalty.unwrap_or(1.0);
-        params.min_p = self.min_p.unwrap_or(0.0);
+    /// Sets the processors' fields of `params`; a field left unset takes
+    /// `defaults`' value, else the neutral one.
+    pub fn apply_to(
+        &self,
+        params: &mut SamplingParams,
+        defaults: &GenerationDefaults,
+    ) -> Result<(), ApiError> {
+        let or = |field: Option<f32>, default: Option<f32>, neutral: f32| {
+            field.or(default).unwrap_or(neutral)
+        };
+        params.presence_penalty = or(self.presence_penalty, defaults.presence_penalty, 0.0);
+        params.frequency_penalty = or(self.frequency_penalty, defaults.frequency_penalty, 0.0);
+        params.repetition_penalty = or(self.repetition_penalty, defaults.repetition_penalty, 1.0);
+        params.min_p = or(self.min_p, defaults.min_p, 0.0);
         params.stop_token_ids = self.stop_token_ids.clone().unwrap_or_default();
         params.include_stop_str_in_output = self.include_stop_str_in_output.unwrap_or(false);
         params.min_tokens = match self.min_tokens {

@@ -70,6 +70,8 @@ pub struct CommonParams {
     /// vLLM's extension: requests with different salts never share
     /// prefix-cached KV blocks (at most `limits::MAX_CACHE_SALT_BYTES`).
     pub cache_salt: Option<String>,
+    /// OpenAI's end-user id: accepted and not used (logged at debug).
+    pub user: Option<String>,
     /// Penalties, biases, stop tokens, structured outputs: parsed by the
     /// request structs (a flattened struct inside this flattened one would
     /// hide its fields from [`Unsupported`]) and moved here.
@@ -343,8 +345,17 @@ mod tests {
         assert_eq!(body.unsupported().first_set(), Some("alpha_unknown"));
 
         let body: CompletionRequest =
-            serde_json::from_value(json!({"prompt": "p", "max_tokens": 3, "user": null})).unwrap();
+            serde_json::from_value(json!({"prompt": "p", "max_tokens": 3, "beta_null": null}))
+                .unwrap();
         assert_eq!(body.common.max_tokens, Some(3));
+        assert_eq!(body.unsupported().first_set(), None);
+
+        // `user` is taken (and ignored), not refused.
+        let body: ChatRequest = serde_json::from_value(json!({
+            "messages": [{"role": "user", "content": "hi"}], "user": "ann"
+        }))
+        .unwrap();
+        assert_eq!(body.common.user.as_deref(), Some("ann"));
         assert_eq!(body.unsupported().first_set(), None);
 
         // The sampling fields are taken by their struct, not left over.
