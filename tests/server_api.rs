@@ -544,6 +544,8 @@ fn memory_and_metrics_follow_the_contract() {
             kv_blocks_cached: 0,
             prefix_cache_queries_total: 4,
             prefix_cache_hits_total: 0,
+            state_snapshots_cached: 0,
+            state_snapshots_taken_total: 0,
             guard_tripped: false,
             ttft_seconds: Some(ttft),
             itl_seconds: Some(itl),

@@ -212,3 +212,32 @@ fn load_py_compares_the_shared_prefix_workload_with_and_without_caching() {
     assert!(compared.contains("TTFT"), "{compared}");
     assert!(compared.to_lowercase().contains("hit rate"), "{compared}");
 }
+
+/// A hybrid (Gated DeltaNet) model through the server: a resent prompt of
+/// 100 token ids starts from the snapshot at its last full block, 96
+/// tokens, with the same answer; `/metrics` and `/v1/stats` count the
+/// snapshot.
+#[test]
+fn a_hybrid_model_serves_a_resent_prompt_from_its_snapshot() {
+    let model = crate::common::fixture("qwen35-moe-tiny");
+    let server = Server::start(&["--model", model.to_str().unwrap()]);
+    let prompt: Vec<u32> = (0..100).map(|i| 3 + (i * 37) % 500).collect();
+    let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0});
+    let complete = || {
+        let reply = server.post("/v1/completions", &body);
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.json()
+    };
+    let first = complete();
+    assert_eq!(cached(&first), 0);
+    let again = complete();
+    assert_eq!(cached(&again), 96, "(100 − 1) / 16 full blocks");
+    assert_eq!(again["choices"][0]["text"], first["choices"][0]["text"]);
+    server.wait_until_idle();
+    let m = server.metrics();
+    assert_eq!(m.get("sparkrt_prefix_cache_hits_total"), 96.0);
+    assert_eq!(m.get("sparkrt_state_snapshots_taken_total"), 1.0);
+    assert_eq!(m.get("sparkrt_state_snapshots_cached"), 1.0);
+    let stats: Value = server.get("/v1/stats").json();
+    assert_eq!(stats["state_snapshots_cached"], 1);
+}

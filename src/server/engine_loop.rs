@@ -63,6 +63,8 @@ pub struct Gauges {
     /// Unreferenced full blocks kept by the prefix cache.
     pub kv_blocks_cached: AtomicUsize,
     pub kv_blocks_total: AtomicUsize,
+    /// Recurrent-state snapshots the prefix cache holds (hybrid models).
+    pub state_snapshots_cached: AtomicUsize,
     pub step_errors: AtomicU64,
     pub loaded: AtomicBool,
     /// Why the engine thread ended before the server did (a panic, or
@@ -222,6 +224,9 @@ fn serve_commands(
         gauges
             .kv_blocks_cached
             .store(engine.kv_blocks_cached(), Ordering::Relaxed);
+        gauges
+            .state_snapshots_cached
+            .store(engine.state_snapshots(), Ordering::Relaxed);
     }
     Ok(())
 }

@@ -108,6 +108,8 @@ fn serving_stats(state: &ServerState) -> ServingStats {
         kv_blocks_cached: kv_cached,
         prefix_cache_queries_total: e.prefix_cache_queries.load(Ordering::Relaxed),
         prefix_cache_hits_total: e.prefix_cache_hits.load(Ordering::Relaxed),
+        state_snapshots_cached: g.state_snapshots_cached.load(Ordering::Relaxed) as u64,
+        state_snapshots_taken_total: e.state_snapshots_taken.load(Ordering::Relaxed),
         guard_tripped: state.config.guard.tripped(),
         ttft_seconds: percentiles(recent.ttft),
         itl_seconds: percentiles(recent.itl),
@@ -201,6 +203,18 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
         "counter",
         "Prompt tokens served from the prefix cache (not recomputed).",
         &plain(stats.prefix_cache_hits_total),
+    );
+    metric(
+        "sparkrt_state_snapshots_cached",
+        "gauge",
+        "Hybrid models: recurrent-state snapshots the prefix cache holds.",
+        &plain(stats.state_snapshots_cached),
+    );
+    metric(
+        "sparkrt_state_snapshots_taken_total",
+        "counter",
+        "Hybrid models: recurrent-state snapshots written for the prefix cache.",
+        &plain(stats.state_snapshots_taken_total),
     );
     let ledger = state.config.ledger.snapshot();
     let mut lines = Vec::new();

@@ -133,6 +133,8 @@ fn stats_at(t: f64) -> ServingStats {
         kv_blocks_cached: 0,
         prefix_cache_queries_total: 0,
         prefix_cache_hits_total: 0,
+        state_snapshots_cached: 0,
+        state_snapshots_taken_total: 0,
         guard_tripped: mem_available(t) < 20 * GIB,
         // Latency grows with the KV fill (a busier batch).
         ttft_seconds: Some(Percentiles {

@@ -43,6 +43,8 @@ fn canned_answer_parses_to_its_figures() {
             kv_blocks_cached: 0,
             prefix_cache_queries_total: 0,
             prefix_cache_hits_total: 0,
+            state_snapshots_cached: 0,
+            state_snapshots_taken_total: 0,
             guard_tripped: false,
             ttft_seconds: Some(Percentiles {
                 p50: 0.125,

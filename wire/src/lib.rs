@@ -415,6 +415,14 @@ pub struct ServingStats {
     /// Of those, tokens served from the cache.
     #[serde(default)]
     pub prefix_cache_hits_total: u64,
+    /// Hybrid models: recurrent-state snapshots the prefix cache holds
+    /// (each one sequence's state; the pool's size is the plan's).
+    #[serde(default)]
+    pub state_snapshots_cached: u64,
+    /// Hybrid models: snapshots written since start (a prompt's boundary
+    /// states kept for later requests).
+    #[serde(default)]
+    pub state_snapshots_taken_total: u64,
     /// Whether the memory guard refuses new work.
     pub guard_tripped: bool,
     /// Time to first token over the server's most recent requests (absent
