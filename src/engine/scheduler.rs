@@ -420,18 +420,16 @@ impl Scheduler {
         // request computes at least that token), and every interval.
         let last_block = (seq.prompt_len - 1) / bs * bs;
         let interval = self.limits.snapshot_interval;
-        let mut positions: Vec<usize> = Vec::new();
-        if let Some(first) = c.checked_div(interval) {
-            positions.extend(
-                (first + 1..)
-                    .map(|k| k * interval)
-                    .take_while(|&p| p <= c + chunk),
-            );
-        }
-        if last_block > c && last_block <= c + chunk && !positions.contains(&last_block) {
-            positions.push(last_block);
-        }
-        for position in positions {
+        // Planning a step allocates nothing: the positions are iterated.
+        let every_interval = c
+            .checked_div(interval)
+            .into_iter()
+            .flat_map(|first| (first + 1..).map(move |k| k * interval))
+            .take_while(|&p| p <= c + chunk);
+        let on_an_interval = interval > 0 && last_block.is_multiple_of(interval);
+        let last =
+            (last_block > c && last_block <= c + chunk && !on_an_interval).then_some(last_block);
+        for position in every_interval.chain(last) {
             let Some(hash) = self.blocks.chain_hash(seq.id, &seq.tokens, position / bs) else {
                 continue;
             };
