@@ -3,6 +3,8 @@
 
 use std::sync::atomic::AtomicU64;
 
+use crate::plan::speculative::{MAX_SPECULATIVE_TOKENS, SpeculativeConfig};
+
 /// Limits the engine schedules within (from the plan).
 #[derive(Clone, Debug)]
 pub struct EngineLimits {
@@ -24,6 +26,8 @@ pub struct EngineLimits {
     /// Prompt positions between a prefill's snapshots (0: only the one at
     /// the prompt's last full block); a multiple of `kv_block_size`.
     pub snapshot_interval: usize,
+    /// Speculative decoding (`None`: off).
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 /// Counters the server exports.
@@ -39,4 +43,11 @@ pub struct EngineCounters {
     pub prefix_cache_hits: AtomicU64,
     /// Recurrent-state snapshots written (hybrid models).
     pub state_snapshots_taken: AtomicU64,
+    /// Speculative decoding: steps of a sequence that carried drafts, the
+    /// draft tokens verified, those accepted, and those accepted at each
+    /// draft position (vLLM's `spec_decode_*`).
+    pub spec_drafts: AtomicU64,
+    pub spec_draft_tokens: AtomicU64,
+    pub spec_accepted_tokens: AtomicU64,
+    pub spec_accepted_per_position: [AtomicU64; MAX_SPECULATIVE_TOKENS],
 }
