@@ -305,3 +305,95 @@ fn drafts_under_preemption_change_nothing() {
         assert_eq!(with, without, "{name}");
     }
 }
+
+#[test]
+fn accepted_drafts_follow_the_targets_distribution() {
+    use crate::engine_plans::{Plans, Scripted, VOCAB, limits};
+    // Every row's logits are the same six-token distribution, whatever the
+    // context: the target's tokens are independent draws from it, so with
+    // drafts (which the prompt's repetition makes frequent) every generated
+    // token must still be one (a chi-square test over 4800 draws).
+    let weights: Vec<f64> = (0..6).map(|i| (-0.5 * i as f64).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let row = |_: &StepPlanRef, _: usize| {
+        let mut logits = vec![-40.0f32; VOCAB];
+        for (i, logit) in logits.iter_mut().take(6).enumerate() {
+            *logit = -0.5 * i as f32;
+        }
+        logits
+    };
+    let mut l = limits(8, 64, 256);
+    l.speculative = Some(ngram(3));
+    let executor = Scripted {
+        vocab: VOCAB,
+        row,
+        plans: Plans::default(),
+    };
+    let mut engine = Engine::new(executor, l, None, vec![]).unwrap();
+    let requests = || {
+        (0..600u64)
+            .map(|seed| {
+                let params = SamplingParams {
+                    temperature: 1.0,
+                    seed: Some(seed),
+                    max_tokens: 8,
+                    ..SamplingParams::default()
+                };
+                Request::new(vec![0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1], params).with_ignore_eos(true)
+            })
+            .collect::<Vec<_>>()
+    };
+    let outputs = serve_plain(&mut engine, requests());
+    let mut counts = [0u64; 6];
+    for tokens in &outputs {
+        assert_eq!(tokens.len(), 8);
+        for &t in tokens {
+            counts[t as usize] += 1;
+        }
+    }
+    let n: u64 = counts.iter().sum();
+    let chi2: f64 = counts
+        .iter()
+        .zip(&weights)
+        .map(|(&c, &w)| {
+            let expected = n as f64 * w / total;
+            (c as f64 - expected).powi(2) / expected
+        })
+        .sum();
+    // 5 degrees of freedom: P(chi2 > 20.5) = 0.001.
+    assert!(chi2 < 20.5, "chi-square {chi2:.2} over {counts:?}");
+    let (verified, kept) = drafts(&engine);
+    assert!(
+        verified > 1000 && kept > 0 && kept < verified,
+        "{kept} of {verified}"
+    );
+}
+
+type StepPlanRef = sparkrt::engine::StepPlan;
+
+/// Serves requests without log-probabilities; each one's tokens.
+fn serve_plain(engine: &mut Engine<'_>, requests: Vec<Request>) -> Vec<Vec<u32>> {
+    let receivers: Vec<_> = requests
+        .into_iter()
+        .map(|r| {
+            let (tx, rx) = mpsc::channel();
+            engine.add_request(r, Box::new(tx)).unwrap();
+            rx
+        })
+        .collect();
+    while engine.has_work() {
+        engine.step().unwrap();
+        engine.audit_blocks().unwrap();
+    }
+    receivers
+        .iter()
+        .map(|rx| {
+            rx.try_iter()
+                .filter_map(|e| match e {
+                    Event::Token { id, .. } => Some(id),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect()
+}

@@ -51,3 +51,38 @@ pub struct EngineCounters {
     pub spec_accepted_tokens: AtomicU64,
     pub spec_accepted_per_position: [AtomicU64; MAX_SPECULATIVE_TOKENS],
 }
+
+/// Speculative decoding's figures so far (`generate --json`, `bench`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct DraftStats {
+    /// Steps of a sequence that carried drafts.
+    pub drafts: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    /// accepted / draft tokens (0 before any draft).
+    pub acceptance_rate: f64,
+    /// Tokens a drafting step produced on average: 1 + accepted / drafts
+    /// (vLLM's mean acceptance length).
+    pub mean_accepted_length: f64,
+}
+
+impl EngineCounters {
+    pub fn draft_stats(&self) -> DraftStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let drafts = self.spec_drafts.load(Relaxed);
+        let draft_tokens = self.spec_draft_tokens.load(Relaxed);
+        let accepted_tokens = self.spec_accepted_tokens.load(Relaxed);
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        DraftStats {
+            drafts,
+            draft_tokens,
+            accepted_tokens,
+            acceptance_rate: ratio(accepted_tokens, draft_tokens),
+            mean_accepted_length: if drafts == 0 {
+                0.0
+            } else {
+                1.0 + ratio(accepted_tokens, drafts)
+            },
+        }
+    }
+}

@@ -37,7 +37,7 @@ use std::sync::atomic::Ordering;
 
 use thiserror::Error;
 
-pub use counters::{EngineCounters, EngineLimits};
+pub use counters::{DraftStats, EngineCounters, EngineLimits};
 pub use executor::{Executor, ModelExecutor};
 pub use logprobs::{LogprobRequest, MAX_TOP_LOGPROBS, TokenLogprob};
 pub use output::StepOutcome;

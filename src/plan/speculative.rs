@@ -7,9 +7,7 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// Most draft tokens a step may carry per sequence: each is a verify row of
-/// every layer and a logits row, so the plan's step buffers grow with it.
-pub const MAX_SPECULATIVE_TOKENS: usize = 8;
+pub use sparkrt_wire::MAX_SPECULATIVE_TOKENS;
 /// Longest n-gram the prompt-lookup proposer matches: its search costs
 /// `context × n` comparisons per sequence and step.
 pub const MAX_PROMPT_LOOKUP: usize = 64;
