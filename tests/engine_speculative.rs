@@ -397,3 +397,39 @@ fn serve_plain(engine: &mut Engine<'_>, requests: Vec<Request>) -> Vec<Vec<u32>>
         })
         .collect()
 }
+
+#[test]
+fn n_choices_draft_each_on_their_own_and_change_nothing() {
+    for name in FIXTURES {
+        // One request, three seeded choices forked from one prompt pass.
+        let run = |spec: bool| {
+            let l = loaded(name, |s| {
+                if spec {
+                    s.speculative = Some(ngram(3));
+                }
+            });
+            let source = l.source();
+            let mut engine = l.engine(&source).unwrap();
+            let (sinks, receivers): (Vec<_>, Vec<_>) = (0..3)
+                .map(|_| {
+                    let (tx, rx) = mpsc::channel();
+                    (Box::new(tx) as Box<dyn sparkrt::engine::EventSink>, rx)
+                })
+                .unzip();
+            engine
+                .add_request_group(request(&prompt(6), seeded(40, 11)), sinks)
+                .unwrap();
+            while engine.has_work() {
+                engine.step().unwrap();
+                engine.audit_blocks().unwrap();
+            }
+            let outputs: Vec<Output> = receivers.iter().map(collect).collect();
+            (outputs, drafts(&engine))
+        };
+        let (without, _) = run(false);
+        let (with, (verified, _)) = run(true);
+        assert_eq!(with, without, "{name}");
+        assert!(verified > 0, "{name}");
+        assert_ne!(with[0], with[1], "{name}: the choices differ");
+    }
+}

@@ -252,9 +252,14 @@ fn drafts_are_counted_and_change_no_answer() {
     let prompt: Vec<u32> = phrase.iter().cycle().take(40).copied().collect();
     let body = json!({"prompt": prompt, "max_tokens": 160, "temperature": 0});
     let plain = Server::start(&["--model", model.to_str().unwrap()]);
+    // A grammar too: each verify row's mask is the one of its position.
+    let constrained = json!({"prompt": prompt, "max_tokens": 60, "temperature": 0, "guided_regex": "[a-z ]+( [0-9]+)*"});
     let reply = plain.post("/v1/completions", &body);
     assert_eq!(reply.status, 200, "{}", reply.body);
     let expected = reply.json()["choices"][0]["text"].clone();
+    let reply = plain.post("/v1/completions", &constrained);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let expected_constrained = reply.json()["choices"][0]["text"].clone();
     let spec = r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}"#;
     let server = Server::start(&[
         "--model",
@@ -266,6 +271,21 @@ fn drafts_are_counted_and_change_no_answer() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(reply.json()["choices"][0]["text"], expected);
     server.wait_until_idle();
+    let before = server
+        .metrics()
+        .get("sparkrt_spec_decode_num_draft_tokens_total");
+    let reply = server.post("/v1/completions", &constrained);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.json()["choices"][0]["text"], expected_constrained);
+    server.wait_until_idle();
+    let constrained_drafts = server
+        .metrics()
+        .get("sparkrt_spec_decode_num_draft_tokens_total")
+        - before;
+    assert!(
+        constrained_drafts > 0.0,
+        "{expected_constrained}: drafts under the grammar"
+    );
     let m = server.metrics();
     let drafted = m.get("sparkrt_spec_decode_num_draft_tokens_total");
     let kept = m.get("sparkrt_spec_decode_num_accepted_tokens_total");
