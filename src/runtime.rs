@@ -584,6 +584,7 @@ impl<B: Backend> Loaded<B> {
                 * usize::from(self.plan.recurrent_state.bytes > 0),
             snapshot_interval: self.plan.recurrent_state.snapshot_interval,
             prefix_caching: s.enable_prefix_caching,
+            speculative: s.speculative,
         };
         Ok(Engine::new(
             ModelExecutor::new(&self.backend, model, buffers),

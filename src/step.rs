@@ -86,7 +86,8 @@ impl StepBatch {
             block_tables: Vec::with_capacity(max_seqs * max_blocks_per_seq),
             sliding_block_tables: Vec::with_capacity(max_seqs * max_blocks_per_seq),
             logit_rows: Vec::with_capacity(max_tokens.max(max_seqs)),
-            state_saves: Vec::with_capacity(2 * max_seqs),
+            // Two snapshots and a verify save per draft, per sequence.
+            state_saves: Vec::with_capacity((2 + sparkrt_wire::MAX_SPECULATIVE_TOKENS) * max_seqs),
         }
     }
 

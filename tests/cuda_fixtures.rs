@@ -380,3 +380,36 @@ fn cuda_cache_hits_and_forked_choices_give_the_cold_greedy_tokens() {
         }
     }
 }
+
+#[test]
+fn cuda_drafts_change_no_greedy_token() {
+    if cuda_common::skip("cuda speculative decoding") {
+        return;
+    }
+    // A prompt that repeats a phrase: prompt lookup drafts from it, and the
+    // verify rows run on the device as a chunk of several rows per sequence.
+    let phrase: Vec<u32> = (0..9).map(|i| 17 + (i * 37) % 480).collect();
+    let prompts = [
+        phrase
+            .iter()
+            .cycle()
+            .take(40)
+            .copied()
+            .collect::<Vec<u32>>(),
+        phrase.iter().rev().cycle().take(30).copied().collect(),
+    ];
+    for name in FIXTURES {
+        let off = run(name, &profile(name), DeviceKind::Cuda, &prompts, 24);
+        let mut drafting = profile(name);
+        drafting.serving.speculative = Some(
+            sparkrt::plan::speculative::SpeculativeConfig::from_json(
+                r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}"#,
+            )
+            .unwrap(),
+        );
+        let on = run(name, &drafting, DeviceKind::Cuda, &prompts, 24);
+        for (i, (a, b)) in on.iter().zip(&off).enumerate() {
+            assert_eq!(a.tokens, b.tokens, "{name}: prompt {i}");
+        }
+    }
+}

@@ -47,6 +47,12 @@ impl<F: FnMut(&StepPlan, usize) -> Vec<f32> + Send> Executor for Scripted<F> {
         }
         Ok(())
     }
+
+    fn copy_states(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError> {
+        // A scripted model has no recurrent state to copy.
+        assert!(pairs.is_empty(), "state copies asked of a scripted model");
+        Ok(())
+    }
 }
 
 /// A one-hot row for `next_token` of logits row `r`'s token and position.
@@ -70,6 +76,7 @@ pub fn limits(max_num_seqs: usize, batched: usize, kv_blocks: usize) -> EngineLi
         state_slots: 0,
         snapshot_slots: 0,
         snapshot_interval: 0,
+        speculative: None,
     }
 }
 

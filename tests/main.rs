@@ -35,6 +35,7 @@ mod engine_output;
 mod engine_plans;
 mod engine_prefix_cache;
 mod engine_scheduler;
+mod engine_speculative;
 mod formats;
 mod generate_cli;
 mod grammar_mask_cost;

@@ -162,3 +162,53 @@ fn the_bench_configs_have_the_profiles_layer_shapes() {
         );
     }
 }
+
+#[test]
+fn speculative_decoding_is_planned_by_hand() {
+    use sparkrt::plan::speculative::SpeculativeConfig;
+    let mut profile = Profile::load(&common::profile("qwen3.6-35b-a3b-bf16")).unwrap();
+    let off = plan::compute(&profile, &host(), None, PlanDevice::Cpu);
+    profile.serving.speculative = Some(
+        SpeculativeConfig::from_json(r#"{"method": "ngram", "num_speculative_tokens": 3}"#)
+            .unwrap(),
+    );
+    let on = plan::compute(&profile, &host(), None, PlanDevice::Cpu);
+    // k = 3 drafts per sequence: 16 live slots × 3 verify slots of
+    // 65,863,680 B each, after the 16 live and 32 snapshot slots.
+    let s = &on.recurrent_state;
+    assert_eq!(
+        (s.live_slots, s.snapshot_slots, s.verify_slots),
+        (16, 32, 48)
+    );
+    assert_eq!(s.bytes, (16 + 32 + 48) * 65_863_680);
+    assert_eq!(on.speculative.verify_state_bytes, 48 * 65_863_680);
+    assert_eq!(off.recurrent_state.verify_slots, 0);
+    // The logits buffer: 16 × (1 + 3) rows of the 248,320-token vocabulary,
+    // f32; the drafts' 48 rows are what it grows by.
+    assert_eq!(on.speculative.logit_rows, 64);
+    let vocab = on.model.vocab_size as u64;
+    assert_eq!(vocab, 248_320);
+    assert_eq!(on.speculative.logits_bytes, 48 * vocab * 4);
+    let buffer = |p: &sparkrt::plan::Plan, name: &str| {
+        p.activations
+            .buffers
+            .iter()
+            .find(|b| b.name == name)
+            .map(|b| b.bytes)
+    };
+    assert_eq!(buffer(&on, memory::LOGITS), Some(64 * vocab * 4));
+    assert_eq!(buffer(&off, memory::LOGITS), Some(16 * vocab * 4));
+    // The 64-row buffer also holds a chunk of 64 prompt rows (prompt
+    // log-probabilities), which without drafts has a buffer of its own.
+    assert_eq!(buffer(&off, memory::PROMPT_LOGITS), Some(64 * vocab * 4));
+    assert_eq!(buffer(&on, memory::PROMPT_LOGITS), None);
+    assert_eq!(
+        on.activations.bytes + 16 * vocab * 4,
+        off.activations.bytes,
+        "every other buffer is the same"
+    );
+    assert_eq!(
+        on.fixed_bytes() + 16 * vocab * 4,
+        off.fixed_bytes() + on.speculative.verify_state_bytes
+    );
+}

@@ -207,3 +207,44 @@ fn ping_is_a_probe_and_version_needs_the_key() {
     assert_eq!(server.get("/version").status, 401);
     assert_eq!(server.get("/health").status, 200);
 }
+
+#[test]
+fn speculative_configs_sparkrt_does_not_serve_exit_2_naming_them() {
+    let model = fixture();
+    for (config, needle) in [
+        (
+            r#"{"method": "mtp", "num_speculative_tokens": 1}"#,
+            "method \"mtp\" is not served here",
+        ),
+        (
+            r#"{"method": "eagle3", "model": "x", "num_speculative_tokens": 1}"#,
+            "unknown field `model`",
+        ),
+        (
+            r#"{"method": "ngram", "num_speculative_tokens": 12}"#,
+            "num_speculative_tokens is 12; it must be between 1 and 8",
+        ),
+        (
+            r#"{"method": "ngram"}"#,
+            "missing field `num_speculative_tokens`",
+        ),
+    ] {
+        refused(&["--model", &model, "--speculative-config", config], needle);
+    }
+    // The same in a profile, pointing at the key.
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "[model]\npath = \"{}\"\n[serving]\nspeculative_config = {{ method = \"mtp\", num_speculative_tokens = 1 }}\n",
+            std::path::Path::new(&model).canonicalize().unwrap().display()
+        ),
+    )
+    .unwrap();
+    let path = profile.display().to_string();
+    refused(
+        &["--profile", &path],
+        "p.toml:4:1: [serving] speculative_config",
+    );
+}

@@ -241,3 +241,71 @@ fn a_hybrid_model_serves_a_resent_prompt_from_its_snapshot() {
     let stats: Value = server.get("/v1/stats").json();
     assert_eq!(stats["state_snapshots_cached"], 1);
 }
+
+/// Speculative decoding through the server: a repeated prompt on the
+/// qwen3_moe fixture (whose answer repeats itself) answers what the server without drafts answers, and the drafts
+/// are counted in /metrics (vLLM's `spec_decode_*` families) and /v1/stats.
+#[test]
+fn drafts_are_counted_and_change_no_answer() {
+    let model = crate::common::fixture("qwen3-moe-tiny");
+    let phrase: Vec<u32> = (0..9).map(|i| 17 + (i * 37) % 480).collect();
+    let prompt: Vec<u32> = phrase.iter().cycle().take(40).copied().collect();
+    let body = json!({"prompt": prompt, "max_tokens": 160, "temperature": 0});
+    let plain = Server::start(&["--model", model.to_str().unwrap()]);
+    // A grammar too: each verify row's mask is the one of its position.
+    let constrained = json!({"prompt": prompt, "max_tokens": 60, "temperature": 0, "guided_regex": "[a-z ]+( [0-9]+)*"});
+    let reply = plain.post("/v1/completions", &body);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let expected = reply.json()["choices"][0]["text"].clone();
+    let reply = plain.post("/v1/completions", &constrained);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let expected_constrained = reply.json()["choices"][0]["text"].clone();
+    let spec = r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}"#;
+    let server = Server::start(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--speculative-config",
+        spec,
+    ]);
+    let reply = server.post("/v1/completions", &body);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.json()["choices"][0]["text"], expected);
+    server.wait_until_idle();
+    let before = server
+        .metrics()
+        .get("sparkrt_spec_decode_num_draft_tokens_total");
+    let reply = server.post("/v1/completions", &constrained);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.json()["choices"][0]["text"], expected_constrained);
+    server.wait_until_idle();
+    let constrained_drafts = server
+        .metrics()
+        .get("sparkrt_spec_decode_num_draft_tokens_total")
+        - before;
+    assert!(
+        constrained_drafts > 0.0,
+        "{expected_constrained}: drafts under the grammar"
+    );
+    let m = server.metrics();
+    let drafted = m.get("sparkrt_spec_decode_num_draft_tokens_total");
+    let kept = m.get("sparkrt_spec_decode_num_accepted_tokens_total");
+    assert!(
+        drafted > 0.0 && kept > 0.0 && kept <= drafted,
+        "{kept} of {drafted}"
+    );
+    assert!(m.get("sparkrt_spec_decode_num_drafts_total") > 0.0);
+    let stats: Value = server.get("/v1/stats").json();
+    assert_eq!(stats["spec_decode_num_accepted_tokens_total"], kept as u64);
+    let per_pos = stats["spec_decode_num_accepted_tokens_per_pos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect::<Vec<_>>();
+    assert_eq!(per_pos.iter().sum::<u64>(), kept as u64);
+    assert!(per_pos[0] >= per_pos[1] && per_pos[1] >= per_pos[2]);
+    assert!(
+        per_pos[3..].iter().all(|&n| n == 0),
+        "only 3 positions draft"
+    );
+}

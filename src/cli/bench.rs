@@ -49,9 +49,13 @@ pub struct BenchArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub serving: ServingArgs,
-    /// Prompt tokens per request (random ids).
+    /// Prompt tokens per request.
     #[arg(long, default_value_t = 512)]
     pub prompt_len: usize,
+    /// What the prompts are: `random` ids, or a `repeat`ed 32-token phrase
+    /// (a workload where n-gram drafts can hold, for --speculative-config).
+    #[arg(long, value_enum, default_value_t = PromptKind::Random)]
+    pub prompt: PromptKind,
     /// Tokens generated per request (end-of-sequence ignored).
     #[arg(long = "gen", default_value_t = 64)]
     pub generate: usize,
@@ -75,13 +79,37 @@ pub struct BenchArgs {
     pub suffix_len: usize,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PromptKind {
+    Random,
+    Repeat,
+}
+
+/// Tokens of the phrase a `repeat` prompt repeats.
+const REPEAT_PHRASE: usize = 32;
+
 /// Bytes of mapped weights one bandwidth sweep reads.
 const BANDWIDTH_BYTES: usize = 1 << 30;
 /// Slack the peak RSS may exceed the plan's components by (issue 4).
 const RSS_SLACK: f64 = 0.05;
 
+/// Speculative decoding's drafts over every round (warm-up included).
+#[derive(Serialize)]
+struct SpeculativeBench {
+    method: &'static str,
+    num_speculative_tokens: usize,
+    drafts: u64,
+    draft_tokens: u64,
+    accepted_tokens: u64,
+}
+
 #[derive(Serialize)]
 struct BenchReport {
+    /// Tokens the last round decoded per engine step after prefill (1 per
+    /// sequence and pass without speculative decoding).
+    tokens_per_decode_pass: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speculative: Option<SpeculativeBench>,
     prefill_tok_s: f64,
     decode_tok_s: f64,
     peak_rss_bytes: u64,
@@ -392,8 +420,18 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
     let mut rng = SplitMix64::new(42);
     let prompts: Vec<Vec<u32>> = (0..args.batch)
         .map(|_| {
-            (0..args.prompt_len)
+            let period = match args.prompt {
+                PromptKind::Random => args.prompt_len,
+                PromptKind::Repeat => REPEAT_PHRASE,
+            };
+            let phrase: Vec<u32> = (0..period)
                 .map(|_| (rng.next_u64() % vocab) as u32)
+                .collect();
+            phrase
+                .iter()
+                .cycle()
+                .take(args.prompt_len)
+                .copied()
                 .collect()
         })
         .collect();
@@ -403,6 +441,8 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     let mut decode_steps = 0u64;
+    let mut decoded_last = 0usize;
+    let drafts_before = engine.counters.draft_stats();
     let mut decode_launches: Vec<(&'static str, u64)> = Vec::new();
     for round in 0..=args.repeats {
         let mut receivers = Vec::with_capacity(args.batch);
@@ -458,6 +498,7 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
         }
         if round == args.repeats {
             decode_steps = steps;
+            decoded_last = decoded;
             decode_launches = loaded
                 .backend
                 .launches_by_kernel()
@@ -495,7 +536,17 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
         bandwidth,
         peaks,
     );
+    let drafts = engine.counters.draft_stats();
+    let speculative = loaded.plan.serving.speculative.map(|c| SpeculativeBench {
+        method: c.method.name(),
+        num_speculative_tokens: c.num_speculative_tokens,
+        drafts: drafts.drafts - drafts_before.drafts,
+        draft_tokens: drafts.draft_tokens - drafts_before.draft_tokens,
+        accepted_tokens: drafts.accepted_tokens - drafts_before.accepted_tokens,
+    });
     let report = BenchReport {
+        tokens_per_decode_pass: decoded_last as f64 / decode_steps.max(1) as f64,
+        speculative,
         prefill_tok_s,
         decode_tok_s,
         peak_rss_bytes: crate::host::process::peak_rss_bytes(),
@@ -546,6 +597,21 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
             "  decode                  {:>10.1} tok/s",
             report.decode_tok_s
         );
+        println!(
+            "  tokens / decode pass    {:>10.2}",
+            report.tokens_per_decode_pass
+        );
+        if let Some(s) = &report.speculative {
+            println!(
+                "  drafts ({}, k = {})      {:>10} kept of {} ({:.1} %) in {} drafting steps",
+                s.method,
+                s.num_speculative_tokens,
+                s.accepted_tokens,
+                s.draft_tokens,
+                100.0 * s.accepted_tokens as f64 / s.draft_tokens.max(1) as f64,
+                s.drafts
+            );
+        }
         println!(
             "  weights read per token  {:>14}",
             format_bytes(bytes_per_token)

@@ -13,6 +13,7 @@ use crate::plan::profile::{
     CheckpointFacts, DeviceKind, KubeletMode, KvCacheDtype, KvCacheSize, Profile, ProfileDraft,
     ServingOverrides,
 };
+use crate::plan::speculative::SpeculativeConfig;
 use crate::runtime::{DeviceOptions, HostSource};
 use crate::text::ChatTemplate;
 use crate::text::Tokenizer;
@@ -289,6 +290,14 @@ pub struct ServingArgs {
     /// block [profile: `state_snapshot_interval`; default 1024].
     #[arg(long, value_name = "TOKENS")]
     pub state_snapshot_interval: Option<usize>,
+    /// Speculative decoding, vLLM's JSON: `{"method": "ngram",
+    /// "num_speculative_tokens": K, "prompt_lookup_min": N, "prompt_lookup_max": M}`
+    /// (K 1–8 drafts per step; n-grams of N..M tokens, default 2..5, one
+    /// given: both). Greedy and seeded output are unchanged, only faster
+    /// where drafts hold; `plan` prints what it costs. Only "ngram" is served
+    /// [profile: `speculative_config`; default off].
+    #[arg(long, value_name = "JSON")]
+    pub speculative_config: Option<String>,
     /// vLLM's flag, refused (exit 2): on unified memory the GPU's memory is
     /// the host's, so a fraction of it is no budget; use --kv-cache SIZE.
     #[arg(long, value_name = "FRACTION")]
@@ -346,6 +355,13 @@ impl ServingArgs {
             },
             state_snapshots: self.state_snapshots,
             state_snapshot_interval: self.state_snapshot_interval,
+            speculative: match &self.speculative_config {
+                Some(json) => Some(
+                    SpeculativeConfig::from_json(json)
+                        .map_err(|e| anyhow::anyhow!("--speculative-config: {e}"))?,
+                ),
+                None => None,
+            },
             name: self.served_model_name.first().cloned(),
         })
     }

@@ -3,6 +3,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -78,6 +79,19 @@ struct GenerateReport {
     /// prompt + max_tokens, rounded up to whole blocks).
     kv_cache_tokens: u64,
     kv_cache_source: &'static str,
+    /// Speculative decoding's drafts and how many were kept (absent when
+    /// it is off); `target_passes` is the engine's steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speculative: Option<SpeculativeReport>,
+}
+
+#[derive(Serialize)]
+struct SpeculativeReport {
+    method: &'static str,
+    num_speculative_tokens: usize,
+    #[serde(flatten)]
+    drafts: crate::engine::DraftStats,
+    target_passes: u64,
 }
 
 pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
@@ -233,6 +247,12 @@ fn generate<B: Backend>(
                 .sources
                 .get("kv_cache")
                 .map_or("default", |s| s.name()),
+            speculative: engine.limits().speculative.map(|c| SpeculativeReport {
+                method: c.method.name(),
+                num_speculative_tokens: c.num_speculative_tokens,
+                drafts: engine.counters.draft_stats(),
+                target_passes: engine.counters.steps.load(Ordering::Relaxed),
+            }),
         };
         println!("{}", serde_json::to_string(&report)?);
     } else {

@@ -22,6 +22,11 @@ pub trait Executor: Send {
         plan: &StepPlan,
         logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), ModelError>;
+
+    /// Copies recurrent-state slots `(from, to)` in order, after the step's
+    /// output was sampled (`plan.state_settles`: speculative decoding's
+    /// roll-backs).
+    fn copy_states(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError>;
 }
 
 /// The executor of a loaded model.
@@ -53,7 +58,7 @@ impl<'w, B: Backend + 'w> Executor for ModelExecutor<'w, B> {
     ) -> Result<(), ModelError> {
         if !plan.state_restores.is_empty() {
             // Sequences starting from a cached prefix take its state first.
-            self.copy_state_slots(&plan.state_restores)?;
+            self.copy_states(&plan.state_restores)?;
         }
         self.model.forward(
             self.backend,
@@ -68,14 +73,12 @@ impl<'w, B: Backend + 'w> Executor for ModelExecutor<'w, B> {
                 .kv_copy_blocks(&mut self.buffers.kv, &plan.kv_copies)?;
         }
         if !plan.state_copies.is_empty() {
-            self.copy_state_slots(&plan.state_copies)?;
+            self.copy_states(&plan.state_copies)?;
         }
         Ok(())
     }
-}
 
-impl<'w, B: Backend + 'w> ModelExecutor<'w, B> {
-    fn copy_state_slots(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError> {
+    fn copy_states(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError> {
         let Some(state) = self.buffers.state.as_mut() else {
             return Err(ModelError::Unsupported(
                 "state slot copies for a model without recurrent state".to_string(),

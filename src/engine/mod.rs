@@ -18,6 +18,7 @@
 //! [`Engine`] composes them and checks requests before they are queued.
 
 mod counters;
+mod drafts;
 pub mod executor;
 pub mod grammar;
 pub mod kv_blocks;
@@ -36,7 +37,7 @@ use std::sync::atomic::Ordering;
 
 use thiserror::Error;
 
-pub use counters::{EngineCounters, EngineLimits};
+pub use counters::{DraftStats, EngineCounters, EngineLimits};
 pub use executor::{Executor, ModelExecutor};
 pub use logprobs::{LogprobRequest, MAX_TOP_LOGPROBS, TokenLogprob};
 pub use output::StepOutcome;
@@ -270,6 +271,17 @@ impl<'w> Engine<'w> {
                 return Err(e.into());
             }
         };
+        scheduler.settle_drafts(plan);
+        if !plan.state_settles.is_empty()
+            && let Err(e) = executor.copy_states(&plan.state_settles)
+        {
+            // The kept rows' states are lost: the step's sequences end.
+            for chunk in &plan.chunks {
+                scheduler.running_mut()[chunk.seq].fail(&e.to_string());
+            }
+            scheduler.abandon(plan);
+            return Err(e.into());
+        }
         scheduler.apply(plan);
         if let Some(message) = &outcome.failure {
             scheduler.fail_running(message);

@@ -5,6 +5,13 @@
 //! end and the length limits, and its text and log-probabilities are sent.
 //! Forked choices draw their first token from their leader's row.
 //!
+//! A chunk with draft tokens (speculative decoding) has a sampling row for
+//! its known token and a verify row for each draft: each row is sampled in
+//! turn, exactly as that position would be without drafts (its grammar
+//! mask computed then, from the tokens kept so far), and the next row is
+//! used only while the token drawn equals the draft the row was computed
+//! with (`drafts`).
+//!
 //! The grammar masks of the constrained sequences that sample in a step
 //! depend only on the tokens so far, so they are computed on another thread
 //! while the forward pass runs; a row waits for them only when it needs one.
@@ -169,8 +176,14 @@ impl StepRows<'_, '_> {
                 });
             }
             report_prompt_logprob(seq, row.position, logits);
+            if row.role == RowRole::Verify {
+                self.verify(row.seq, logits);
+                continue;
+            }
             if row.role == RowRole::Sample {
+                let before = self.running[row.seq].tokens.len();
                 self.sample(row.seq, logits);
+                settle_draft(&mut self.running[row.seq], before);
                 for fork in self.plan.forks_of(row.seq) {
                     let choice = &mut self.running[fork.choice];
                     match self.stage.sample_into(choice, logits, None) {
@@ -180,6 +193,29 @@ impl StepRows<'_, '_> {
                 }
             }
         }
+    }
+
+    /// A verify row of running sequence `index`: sampled, under a grammar
+    /// mask computed now, while every earlier draft of its chunk was kept.
+    fn verify(&mut self, index: usize, logits: &[f32]) {
+        let seq = &mut self.running[index];
+        if !seq.drafts.open || seq.finished.is_some() {
+            return;
+        }
+        let before = seq.tokens.len();
+        let mask = match seq.constraint.as_mut().map(|c| c.mask()) {
+            None => None,
+            Some(Ok(bits)) => Some(bits),
+            Some(Err(e)) => return seq.fail(&format!("structured output: {e}")),
+        };
+        match self.stage.sample_into(seq, logits, mask.as_deref()) {
+            Ok(()) => self.outcome.sampled += 1,
+            Err(SamplingError::AllTokensMasked) if mask.is_some() => {
+                seq.fail("sampling failed: the grammar and min_tokens leave no token")
+            }
+            Err(e) => self.outcome.failure = Some(format!("sampling failed: {e}")),
+        }
+        settle_draft(seq, before);
     }
 
     /// Samples running sequence `index`'s next token from `logits`, under
@@ -281,6 +317,21 @@ impl<'scope> Masks<'scope> {
                 running[index].constraint = Some(constraint);
             }
         }
+    }
+}
+
+/// After a row of `seq` was sampled (it had `before` tokens): whether its
+/// chunk's next verify row is still to be used.
+fn settle_draft(seq: &mut Sequence, before: usize) {
+    if !seq.drafts.open {
+        return;
+    }
+    match seq.tokens.get(before) {
+        Some(&token) if seq.tokens.len() == before + 1 => {
+            seq.drafts.settle(token, seq.finished.is_some())
+        }
+        // Nothing was appended (sampling failed).
+        _ => seq.drafts.open = false,
     }
 }
 

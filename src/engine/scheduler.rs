@@ -38,12 +38,22 @@
 //! part of a long prompt), and at the last block boundary a sequence
 //! decoded past (its rolling snapshot, registered when it finishes: the
 //! next turn of a conversation resends this one's prompt and answer).
+//!
+//! Speculative decoding ([`super::drafts`]): a decoding sequence's chunk
+//! may carry draft tokens after its known one, as long as the step's
+//! budget, its `max_tokens`, the context and the KV blocks allow (never
+//! preempting anything for them). Once the output stage has kept some of
+//! them, [`Scheduler::settle_drafts`] rolls a hybrid model's state back to
+//! the last kept row (the step saved the state after each verify row in the
+//! sequence's verify slots) and [`Scheduler::apply`] counts only the kept
+//! rows as computed: the rejected rows' keys are overwritten later.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::counters::{EngineCounters, EngineLimits};
+use super::drafts::NgramProposer;
 use super::kv_blocks::{BlockAllocator, KvBlocksError, PrefixHit};
 use super::request::{FinishReason, SeqId};
 use super::sequence::{Rolling, Sequence};
@@ -61,6 +71,13 @@ pub(crate) struct Scheduler {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     counters: Arc<EngineCounters>,
+    /// Speculative decoding's proposer (`None`: off).
+    proposer: Option<NgramProposer>,
+    /// The first of the recurrent-state pool's verify slots (after the live
+    /// and snapshot slots; `k` per live slot).
+    verify_base: u32,
+    /// A chunk's known token and drafts, put together (capacity kept).
+    draft_rows: Vec<u32>,
 }
 
 impl Scheduler {
@@ -76,13 +93,16 @@ impl Scheduler {
         };
         let states = StateCache::new(limits.state_slots as u32, snapshots);
         Ok(Scheduler {
-            limits,
             blocks,
             free_slots,
             states,
             waiting: VecDeque::new(),
             running: Vec::new(),
             counters,
+            proposer: limits.speculative.map(|c| NgramProposer::new(&c)),
+            verify_base: (limits.state_slots + limits.snapshot_slots) as u32,
+            draft_rows: Vec::with_capacity(1 + crate::plan::speculative::MAX_SPECULATIVE_TOKENS),
+            limits,
         })
     }
 
@@ -276,6 +296,18 @@ impl Scheduler {
                 (s.computed, s.pending())
             };
             let chunk = pending.min(budget);
+            let mut drafts = self.draft(index, budget);
+            if drafts > 0
+                && self
+                    .blocks
+                    .allocate_for(id, computed + chunk + drafts)
+                    .is_err()
+            {
+                // No blocks for the drafts: decode without them rather
+                // than preempt anything for a guess.
+                self.running[index].drafts.end();
+                drafts = 0;
+            }
             if self.blocks.allocate_for(id, computed + chunk).is_err() {
                 // Free the newest sequence and try again; if this is the
                 // newest, it waits for blocks itself. (Only a started
@@ -294,9 +326,13 @@ impl Scheduler {
                 continue;
             }
             self.push_chunk(plan, index, chunk);
-            self.plan_snapshots(plan, index, chunk);
+            if drafts > 0 {
+                self.plan_verify_saves(plan, index, drafts);
+            } else {
+                self.plan_snapshots(plan, index, chunk);
+            }
             self.running[index].report_scheduled();
-            budget -= chunk;
+            budget -= chunk + drafts;
             index += 1;
         }
         // Back to the front of the queue, oldest first (ids grow with
@@ -309,13 +345,19 @@ impl Scheduler {
     }
 
     /// Adds `chunk` tokens of running sequence `index` (its blocks already
-    /// allocated) to the plan, with the logits rows it needs.
-    fn push_chunk(&self, plan: &mut StepPlan, index: usize, chunk: usize) {
+    /// allocated), followed by its drafts if it has any, to the plan, with
+    /// the logits rows it needs.
+    fn push_chunk(&mut self, plan: &mut StepPlan, index: usize, chunk: usize) {
+        let mut draft_rows = std::mem::take(&mut self.draft_rows);
         let seq = &self.running[index];
         let computed = seq.computed;
+        let drafts = seq.drafts.tokens.len();
         let reaches_end = computed + chunk == seq.tokens.len();
         let wants_prompt_rows = seq.prompt_logits || seq.wants_prompt_logprobs();
         let logits = if wants_prompt_rows && computed < seq.prompt_len {
+            Logits::All
+        } else if drafts > 0 {
+            // Every verify row is sampled, while the drafts before it hold.
             Logits::All
         } else if reaches_end {
             Logits::Last
@@ -332,22 +374,33 @@ impl Scheduler {
             .sliding_table(seq.id)
             .map(|t| t.blocks())
             .unwrap_or_default();
+        let known = &seq.tokens[computed..computed + chunk];
+        let rows = if drafts > 0 {
+            draft_rows.clear();
+            draft_rows.extend_from_slice(known);
+            draft_rows.extend_from_slice(&seq.drafts.tokens);
+            &draft_rows[..]
+        } else {
+            known
+        };
         let before = plan.batch.logit_rows.len();
-        plan.batch.push_seq(
-            &seq.tokens[computed..computed + chunk],
-            computed,
-            table,
-            sliding,
-            logits,
-        );
+        plan.batch.push_seq(rows, computed, table, sliding, logits);
         if let Some(slot) = seq.state_slot {
             plan.batch.set_state_slot(plan.batch.seqs.len() - 1, slot);
         }
         let added = plan.batch.logit_rows.len() - before;
         for i in 0..added {
             let row = plan.batch.logit_rows[before + i] as usize;
-            // Only the chunk's last row, when it ends the known tokens, samples.
-            let role = if reaches_end && i + 1 == added {
+            let role = if drafts > 0 {
+                // The known token's row samples as a decode row would; the
+                // drafts' rows verify.
+                if i == 0 {
+                    RowRole::Sample
+                } else {
+                    RowRole::Verify
+                }
+            } else if reaches_end && i + 1 == added {
+                // Only the chunk's last row, when it ends the known tokens, samples.
                 RowRole::Sample
             } else {
                 RowRole::Report
@@ -363,13 +416,120 @@ impl Scheduler {
             seq: index,
             id: seq.id,
             computed,
-            len: chunk,
+            len: chunk + drafts,
             kind: if decode {
                 ChunkKind::Decode
             } else {
                 ChunkKind::Prefill
             },
+            drafts,
         });
+        self.draft_rows = draft_rows;
+    }
+
+    /// Proposes the drafts of running sequence `index` for this step, into
+    /// its `drafts` (speculative decoding): only a decoding sequence drafts,
+    /// at most `k`, no more than the step's `budget` after its known token,
+    /// its `max_tokens` and the context leave room to keep, and not while
+    /// it backs off from failed drafts. Returns how many.
+    fn draft(&mut self, index: usize, budget: usize) -> usize {
+        let Some(proposer) = self.proposer else {
+            return 0;
+        };
+        let max_model_len = self.limits.max_model_len;
+        let seq = &mut self.running[index];
+        seq.drafts.end();
+        if seq.pending() != 1 || seq.computed < seq.prompt_len || seq.finished.is_some() {
+            return 0;
+        }
+        // The step appends at most drafts + 1 tokens.
+        let room = (seq.params.max_tokens.saturating_sub(seq.generated()))
+            .min(max_model_len.saturating_sub(seq.tokens.len()))
+            .saturating_sub(1);
+        let limit = proposer.k.min(budget.saturating_sub(1)).min(room);
+        if limit == 0 || !seq.drafts.backoff.allows() {
+            return 0;
+        }
+        proposer.propose(&seq.tokens, limit, &mut seq.drafts.tokens);
+        seq.drafts.begin();
+        seq.drafts.tokens.len()
+    }
+
+    /// Slot `j` of the verify slots of live slot `live`.
+    fn verify_slot(&self, live: u32, j: usize) -> u32 {
+        let k = self.proposer.map_or(0, |p| p.k) as u32;
+        self.verify_base + live * k + j as u32
+    }
+
+    /// The state saves of a chunk with `drafts` drafts just pushed for
+    /// running sequence `index` (hybrid models): the state after each row
+    /// but the last, into the sequence's verify slots.
+    fn plan_verify_saves(&mut self, plan: &mut StepPlan, index: usize, drafts: usize) {
+        let Some(live) = self.running[index].state_slot else {
+            return;
+        };
+        let batch_seq = plan.batch.seqs.len() - 1;
+        let first_row = plan.batch.seqs[batch_seq].start;
+        for j in 0..drafts {
+            plan.batch.state_saves.push(StateSave {
+                seq: batch_seq as u32,
+                row: first_row + j as u32,
+                slot: self.verify_slot(live, j),
+            });
+        }
+    }
+
+    /// Once the output stage has verified the step's drafts: counts them,
+    /// tells each sequence's back-off, and on hybrid models plans the state
+    /// copies ([`StepPlan::state_settles`]) that roll a partly rejected
+    /// draft's state back to its last kept row and move a rolling snapshot
+    /// crossed by the kept rows into its slot.
+    pub fn settle_drafts(&mut self, plan: &mut StepPlan) {
+        let bs = self.blocks.block_size();
+        for i in 0..plan.chunks.len() {
+            let chunk = plan.chunks[i];
+            if chunk.drafts == 0 {
+                continue;
+            }
+            let (m, c) = (chunk.drafts, chunk.computed);
+            let seq = &self.running[chunk.seq];
+            let (a, live, rolling) = (seq.drafts.accepted, seq.state_slot, seq.rolling);
+            let counters = &self.counters;
+            counters.spec_drafts.fetch_add(1, Ordering::Relaxed);
+            counters
+                .spec_draft_tokens
+                .fetch_add(m as u64, Ordering::Relaxed);
+            counters
+                .spec_accepted_tokens
+                .fetch_add(a as u64, Ordering::Relaxed);
+            for position in &counters.spec_accepted_per_position[..a] {
+                position.fetch_add(1, Ordering::Relaxed);
+            }
+            self.running[chunk.seq].drafts.backoff.record(a);
+            let Some(live) = live else {
+                continue;
+            };
+            // Rows 0..=a are kept: the state is the one after row a.
+            let boundary = (c + 1 + a) / bs * bs;
+            if self.states.enabled() && boundary > c {
+                let row = boundary - 1 - c;
+                let from = if row == m {
+                    live
+                } else {
+                    self.verify_slot(live, row)
+                };
+                if let Some(slot) = rolling.map(|r| r.slot).or_else(|| self.states.take()) {
+                    plan.state_settles.push((from, slot));
+                    self.running[chunk.seq].rolling = Some(Rolling {
+                        position: boundary,
+                        slot,
+                    });
+                }
+            }
+            if a < m {
+                plan.state_settles.push((self.verify_slot(live, a), live));
+            }
+        }
     }
 
     /// The state saves of the chunk just pushed for running sequence
@@ -474,6 +634,9 @@ impl Scheduler {
         for &(slot, _) in &plan.snapshots {
             self.states.release(slot);
         }
+        for chunk in &plan.chunks {
+            self.running[chunk.seq].drafts.end();
+        }
     }
 
     /// Forks the waiting choices whose leader samples its first token in
@@ -550,7 +713,14 @@ impl Scheduler {
             let prompt_done = (seq.computed + chunk.len).min(seq.prompt_len);
             prompt_tokens += prompt_done.saturating_sub(seq.prompt_counted);
             seq.prompt_counted = seq.prompt_counted.max(prompt_done);
-            seq.computed += chunk.len;
+            // A chunk with drafts computed its known token and the drafts
+            // kept; the rest are overwritten later.
+            let kept = match chunk.drafts {
+                0 => chunk.len,
+                _ => 1 + seq.drafts.accepted,
+            };
+            seq.drafts.end();
+            seq.computed += kept;
             self.blocks
                 .register_computed(seq.id, &seq.tokens, seq.computed);
             self.blocks.release_out_of_window(seq.id, seq.computed);

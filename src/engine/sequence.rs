@@ -1,6 +1,7 @@
 //! A running sequence's state: its tokens, how far they are computed, its
 //! sampler and grammar, its text and where its events go.
 
+use super::drafts::Drafts;
 use super::grammar::Constraint;
 use super::kv_blocks::{BlockHash, root_hash};
 use super::logprobs::{LogprobRequest, TokenLogprob};
@@ -96,6 +97,8 @@ pub(crate) struct Sequence {
     /// boundary it decoded past, in a held snapshot slot, registered when
     /// it finishes (the next turn of a conversation starts there).
     pub rolling: Option<Rolling>,
+    /// Its draft tokens in the current step (speculative decoding).
+    pub drafts: Drafts,
 }
 
 /// A sequence's own snapshot slot and the position its state is at.
@@ -143,6 +146,7 @@ impl Sequence {
             has_followers: false,
             state_slot: None,
             rolling: None,
+            drafts: Drafts::default(),
         })
     }
 

@@ -27,6 +27,9 @@ pub struct ScheduledChunk {
     /// Its rows in the step (tokens computed by it).
     pub len: usize,
     pub kind: ChunkKind,
+    /// Of `len`, the draft tokens after the sequence's one known token
+    /// (speculative decoding; 0 otherwise).
+    pub drafts: usize,
 }
 
 /// What a chunk computes.
@@ -47,6 +50,9 @@ pub enum RowRole {
     /// The sequence's next token is sampled from it (after reporting, when
     /// it is a prompt row too).
     Sample,
+    /// A later row of a chunk with drafts: sampled, as the position after
+    /// it would be, only while every earlier draft of the chunk was kept.
+    Verify,
 }
 
 /// One row of [`StepBatch::logit_rows`], in the same order.
@@ -94,6 +100,11 @@ pub struct StepPlan {
     /// Snapshot slots the step's `batch.state_saves` fill, and the chain
     /// hash of the block each one ends: findable once the step is applied.
     pub snapshots: Vec<(u32, BlockHash)>,
+    /// `(from, to)` recurrent-state slots to copy once the drafts are
+    /// settled (after the output stage): a partly rejected draft's state
+    /// rolls back to its last kept row, and a rolling snapshot crossed by
+    /// kept rows is taken from the verify slot of its row.
+    pub state_settles: Vec<(u32, u32)>,
 }
 
 impl StepPlan {
@@ -109,6 +120,7 @@ impl StepPlan {
             state_copies: Vec::with_capacity(max_seqs),
             state_restores: Vec::with_capacity(max_seqs),
             snapshots: Vec::with_capacity(2 * max_seqs),
+            state_settles: Vec::with_capacity(2 * max_seqs),
         }
     }
 
@@ -121,6 +133,7 @@ impl StepPlan {
         self.state_copies.clear();
         self.state_restores.clear();
         self.snapshots.clear();
+        self.state_settles.clear();
     }
 
     /// Rows the model runs.

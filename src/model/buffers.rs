@@ -12,6 +12,9 @@ use crate::plan::memory::{self as plan_memory, LOGITS, PROMPT_LOGITS, activation
 pub struct Buffers<B: Backend> {
     pub max_rows: usize,
     pub max_seqs: usize,
+    /// Rows of `logits`: those one lm_head pass computes (`max_num_seqs`,
+    /// times `1 + k` with speculative decoding).
+    pub logit_rows: usize,
     pub hidden: B::Buffer,
     pub normed: B::Buffer,
     pub q: B::Buffer,
@@ -131,9 +134,11 @@ impl<B: Backend> Buffers<B> {
         let vocab = plan.model.vocab_size.max(1);
         let prompt_logit_rows =
             find(PROMPT_LOGITS).map_or(0, |buf| activation_elements(buf.bytes) / vocab);
+        let logit_rows = find(LOGITS).map_or(s, |buf| activation_elements(buf.bytes) / vocab);
         Ok(Buffers {
             max_rows: t,
             max_seqs: s,
+            logit_rows,
             hidden: alloc("hidden")?,
             normed: alloc("normed")?,
             q: alloc("q")?,

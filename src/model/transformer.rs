@@ -94,13 +94,13 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
         )?;
 
         // Logits only for the rows that are sampled (or asked for): up to
-        // max_num_seqs rows at a time in `logits`, or, when prompt rows are
+        // `logit_rows` (max_num_seqs × (1 + drafts)) at a time in `logits`, or, when prompt rows are
         // asked for too, in the planned `prompt_logits` chunk buffer.
         b.compact_rows(&mut st.normed, &st.step, h)?;
         let wanted = batch.logit_rows.len();
         let (out, chunk) = match &mut st.prompt_logits {
-            Some(buffer) if wanted > st.max_seqs => (buffer, st.prompt_logit_rows),
-            _ => (&mut st.logits, st.max_seqs),
+            Some(buffer) if wanted > st.logit_rows => (buffer, st.prompt_logit_rows),
+            _ => (&mut st.logits, st.logit_rows),
         };
         let mut first = 0;
         while first < wanted {

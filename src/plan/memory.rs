@@ -401,15 +401,19 @@ pub struct Activations {
 
 /// `tokens` = max_num_batched_tokens (one step's tokens), `seqs` =
 /// max_num_seqs (rows of logits sampled per step).
+///
+/// `logit_rows`: rows of the [`LOGITS`] buffer, one lm_head pass's worth:
+/// `max_num_seqs`, times `1 + k` with `k` draft tokens per sequence (see
+/// [`speculative`]).
 pub fn activations(
     g: &ModelGeometry,
     tokens: usize,
     seqs: usize,
+    logit_rows: usize,
     max_model_len: usize,
     kv_block_size: usize,
 ) -> Activations {
     let t = tokens as u64;
-    let s = seqs as u64;
     let h = g.hidden_size as u64;
     let q_dim = (g.num_attention_heads * g.head_dim) as u64;
     let kv_dim = (g.num_kv_heads * g.head_dim) as u64;
@@ -459,9 +463,9 @@ pub fn activations(
     // The logits are what the host reads every step.
     buffers.push(host_mapped_buffer(
         LOGITS,
-        s * g.vocab_size as u64 * ACTIVATION_BYTES,
+        logit_rows as u64 * g.vocab_size as u64 * ACTIVATION_BYTES,
     ));
-    let prompt = prompt_logprobs(g, tokens, seqs);
+    let prompt = prompt_logprobs(g, tokens, logit_rows);
     if prompt.buffer == PROMPT_LOGITS {
         buffers.push(host_mapped_buffer(PROMPT_LOGITS, prompt.chunk_bytes));
     }
@@ -762,20 +766,26 @@ pub const RECURRENT_STATE: &str = "recurrent_state";
 /// of them); the prefix cache's snapshots fill the others
 /// (`state_snapshots`, 0 with prefix caching off):
 ///
-/// `bytes = layers × (live + snapshots) × (conv + ssm) × 4`.
+/// `bytes = layers × (live + snapshots + verify) × (conv + ssm) × 4`,
+/// `verify = max_num_seqs × k` with `k` draft tokens per step (0 without
+/// speculative decoding).
 ///
 /// It is charged with the KV cache (both are per-sequence caches) and, unlike
 /// it, does not grow with the context.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RecurrentStatePlan {
     pub layers: usize,
-    /// Every slot of the pool: `live_slots + snapshot_slots`.
+    /// Every slot of the pool: `live_slots + snapshot_slots + verify_slots`.
     pub slots: usize,
     /// Slots 0..live_slots: one per running sequence.
     pub live_slots: usize,
     /// The slots after them: cached states at block boundaries, which let
     /// a request with a cached prefix skip it (see `engine::state_cache`).
     pub snapshot_slots: usize,
+    /// The slots after those, with speculative decoding: `k` per live slot,
+    /// the states after each of a sequence's verify rows but the last, so
+    /// that a partly rejected draft rolls back without recomputation.
+    pub verify_slots: usize,
     /// Prompt positions between the snapshots a prefill takes besides the
     /// one at its last full block (0: none).
     pub snapshot_interval: usize,
@@ -805,12 +815,17 @@ pub fn recurrent_state(g: &ModelGeometry, s: &ServingSection) -> RecurrentStateP
             .state_snapshots
             .unwrap_or(DEFAULT_SNAPSHOTS_PER_SEQ * s.max_num_seqs),
     };
-    let slots = s.max_num_seqs + snapshot_slots;
+    let verify_slots = match (layers, s.speculative) {
+        (0, _) | (_, None) => 0,
+        (_, Some(c)) => s.max_num_seqs * c.draft_rows(),
+    };
+    let slots = s.max_num_seqs + snapshot_slots + verify_slots;
     RecurrentStatePlan {
         layers,
         slots,
         live_slots: s.max_num_seqs,
         snapshot_slots,
+        verify_slots,
         snapshot_interval: s.state_snapshot_interval,
         conv_elements,
         ssm_elements,
@@ -1129,14 +1144,14 @@ mod tests {
         assert_eq!(p.chunk_rows, 64);
         assert_eq!(p.chunk_bytes, 64 * 151_936 * 4); // 37.1 MiB
         assert_eq!(p.unchunked_bytes, 8192 * 151_936 * 4); // 4.64 GiB
-        let a = activations(&g, 8192, 16, 4096, 16);
+        let a = activations(&g, 8192, 16, 16, 4096, 16);
         let bytes = |name: &str| a.buffers.iter().find(|b| b.name == name).map(|b| b.bytes);
         assert_eq!(bytes(PROMPT_LOGITS), Some(p.chunk_bytes));
         assert_eq!(bytes(LOGITS), Some(16 * 151_936 * 4));
         // Where the sampled rows' buffer holds as many, it is reused.
         let p = prompt_logprobs(&g, 8192, 128);
         assert_eq!((p.buffer, p.chunk_rows), (LOGITS, 128));
-        let a = activations(&g, 8192, 128, 4096, 16);
+        let a = activations(&g, 8192, 128, 128, 4096, 16);
         assert!(a.buffers.iter().all(|b| b.name != PROMPT_LOGITS));
         // Never more rows than a step has.
         assert_eq!(prompt_logprobs(&g, 5, 4).chunk_rows, 5);
@@ -1147,7 +1162,7 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("profiles/qwen3-30b-a3b-bf16.toml");
         let profile = super::super::profile::Profile::load(&path).unwrap();
-        let a = activations(&profile.model.geometry, 8192, 16, 4096, 16);
+        let a = activations(&profile.model.geometry, 8192, 16, 16, 4096, 16);
         let host_mapped: Vec<&str> = a
             .buffers
             .iter()
@@ -1282,5 +1297,40 @@ mod tests {
         assert_eq!(kv_tokens_for(u64::MAX / 2, 100, 16, 1, 1000), 1008);
         assert_eq!(kv_tokens_for(u64::MAX / 2, 100, 16, 3, 1000), 3 * 1008);
         assert_eq!(kv_tokens_for(0, 100, 16, 1, 1000), 0);
+    }
+}
+
+/// What speculative decoding costs (`[serving] speculative_config`): a
+/// step verifies up to `k` draft tokens per sequence as extra rows of the
+/// step (inside `max_num_batched_tokens`: no activation grows with them),
+/// and their logits come back in one lm_head pass, so the [`LOGITS`] buffer
+/// holds `max_num_seqs × (1 + k)` rows; on hybrid models the recurrent
+/// state after each verify row is kept in `max_num_seqs × k` slots of the
+/// recurrent-state pool ([`RecurrentStatePlan::verify_slots`]). The n-gram
+/// proposer has no weights and no cache.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SpeculativePlan {
+    /// `None`: speculative decoding is off and everything below is zero.
+    pub method: Option<&'static str>,
+    pub num_speculative_tokens: usize,
+    /// Rows of the logits buffer.
+    pub logit_rows: usize,
+    /// What those rows add to the logits buffer: `max_num_seqs × k × vocab × 4`.
+    pub logits_bytes: u64,
+    pub verify_state_slots: usize,
+    /// `verify_state_slots × bytes_per_seq` of the recurrent-state pool.
+    pub verify_state_bytes: u64,
+}
+
+pub fn speculative(g: &ModelGeometry, s: &ServingSection) -> SpeculativePlan {
+    let k = s.speculative.map_or(0, |c| c.draft_rows());
+    let state = recurrent_state(g, s);
+    SpeculativePlan {
+        method: s.speculative.map(|c| c.method.name()),
+        num_speculative_tokens: k,
+        logit_rows: s.max_num_seqs * (1 + k),
+        logits_bytes: (s.max_num_seqs * k) as u64 * g.vocab_size as u64 * ACTIVATION_BYTES,
+        verify_state_slots: state.verify_slots,
+        verify_state_bytes: state.verify_slots as u64 * state.bytes_per_seq,
     }
 }

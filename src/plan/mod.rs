@@ -10,6 +10,7 @@ pub mod memory;
 pub mod perf;
 pub mod profile;
 pub mod report;
+pub mod speculative;
 
 use serde::Serialize;
 use thiserror::Error;
@@ -113,6 +114,9 @@ pub struct Plan {
     /// The Gated DeltaNet layers' states (zero bytes without such layers),
     /// charged with the KV cache.
     pub recurrent_state: RecurrentStatePlan,
+    /// Speculative decoding's rows and state slots (inside `activations`
+    /// and `recurrent_state`; all zero when it is off).
+    pub speculative: memory::SpeculativePlan,
     /// The step metadata (also the activation buffer `step_metadata`).
     #[serde(skip)]
     pub step_metadata: StepMetadataPlan,
@@ -179,10 +183,12 @@ pub fn compute(
     let estimated = exact_weights.is_none();
     let weights = exact_weights.unwrap_or_else(|| memory::estimate_weights(g));
     let workspace = memory::moe_workspace(g, s.max_num_batched_tokens, s.dp_size, device);
+    let speculative = memory::speculative(g, s);
     let activations = memory::activations(
         g,
         s.max_num_batched_tokens,
         s.max_num_seqs,
+        speculative.logit_rows,
         s.max_model_len,
         s.kv_block_size,
     );
@@ -307,7 +313,11 @@ pub fn compute(
             unused: weights.unused,
         },
         moe_workspace: workspace,
-        prompt_logprobs: memory::prompt_logprobs(g, s.max_num_batched_tokens, s.max_num_seqs),
+        prompt_logprobs: memory::prompt_logprobs(
+            g,
+            s.max_num_batched_tokens,
+            speculative.logit_rows,
+        ),
         activations,
         runtime_overhead: memory::runtime_overhead(g, s.max_num_seqs, device, overhead),
         kv_cache: KvPlan {
@@ -323,6 +333,7 @@ pub fn compute(
             layout,
         },
         recurrent_state: state,
+        speculative,
         step_metadata: StepMetadataPlan::for_serving(s),
         total,
         shortfall,

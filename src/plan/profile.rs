@@ -10,6 +10,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use super::speculative::{SpeculativeConfig, SpeculativeDraft};
 use crate::geometry::{Architecture, LayerAttention, ModelGeometry, with_geometry_fields};
 use crate::limits::{self, GeometryFields, LimitExceeded};
 use crate::units::{GIB, MIB, parse_bytes};
@@ -158,6 +159,9 @@ pub struct ServingSection {
     /// `kv_block_size`; 0: only the one at the prompt's last full block).
     #[serde(default = "default_snapshot_interval")]
     pub state_snapshot_interval: usize,
+    /// Speculative decoding (vLLM's `speculative_config`); `None`: off.
+    #[serde(default)]
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 /// Prompt positions between a prefill's state snapshots: a request sharing
@@ -199,6 +203,7 @@ impl Default for ServingSection {
             enable_prefix_caching: default_prefix_caching(),
             state_snapshots: None,
             state_snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
+            speculative: None,
         }
     }
 }
@@ -400,6 +405,8 @@ struct ServingDraft {
     enable_prefix_caching: Option<bool>,
     state_snapshots: Option<usize>,
     state_snapshot_interval: Option<usize>,
+    /// vLLM's keys, as an inline table.
+    speculative_config: Option<SpeculativeDraft>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -428,6 +435,8 @@ pub struct ServingOverrides {
     pub enable_prefix_caching: Option<bool>,
     pub state_snapshots: Option<usize>,
     pub state_snapshot_interval: Option<usize>,
+    /// `--speculative-config` (already validated).
+    pub speculative: Option<SpeculativeConfig>,
     /// `--served-model-name`: overrides `[model] name`.
     pub name: Option<String>,
 }
@@ -625,6 +634,22 @@ impl ProfileDraft {
         );
         serving.state_snapshot_interval = v;
         take("state_snapshot_interval", src);
+        let written = match &d.speculative_config {
+            Some(draft) => Some(draft.validate().map_err(|e| {
+                let (line, column) =
+                    locate_key(&self.text, "serving", "speculative_config").unwrap_or((1, 1));
+                ProfileError::Invalid {
+                    file: self.source.clone(),
+                    line,
+                    column,
+                    message: format!("[serving] speculative_config: {e}"),
+                }
+            })?),
+            None => None,
+        };
+        let (v, src) = layer(flags.speculative.map(Some), written.map(Some), || None);
+        serving.speculative = v;
+        take("speculative_config", src);
         let profile = Profile {
             source: self.source.clone(),
             model,

@@ -222,10 +222,31 @@ pub fn render(plan: &Plan) -> String {
                 format_bytes(state.snapshot_slots as u64 * state.bytes_per_seq),
             );
         }
+        if state.verify_slots > 0 {
+            row(
+                &mut out,
+                &format!(
+                    "  {} verify slots (max_num_seqs × {} drafts)",
+                    state.verify_slots, plan.speculative.num_speculative_tokens
+                ),
+                format_bytes(plan.speculative.verify_state_bytes),
+            );
+        }
         row(
             &mut out,
             "  bytes per slot",
             format_bytes(state.bytes_per_seq),
+        );
+    }
+    let spec = &plan.speculative;
+    if let Some(method) = spec.method {
+        let _ = writeln!(
+            out,
+            "speculative decoding: {method}, {} drafts per step; the logits buffer holds {} rows (max_num_seqs × (1 + {})): {} of it for the drafts; verify rows run inside max_num_batched_tokens",
+            spec.num_speculative_tokens,
+            spec.logit_rows,
+            spec.num_speculative_tokens,
+            format_bytes(spec.logits_bytes)
         );
     }
     row(&mut out, "total", format_bytes(plan.total));

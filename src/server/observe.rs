@@ -110,6 +110,12 @@ fn serving_stats(state: &ServerState) -> ServingStats {
         prefix_cache_hits_total: e.prefix_cache_hits.load(Ordering::Relaxed),
         state_snapshots_cached: g.state_snapshots_cached.load(Ordering::Relaxed) as u64,
         state_snapshots_taken_total: e.state_snapshots_taken.load(Ordering::Relaxed),
+        spec_decode_num_drafts_total: e.spec_drafts.load(Ordering::Relaxed),
+        spec_decode_num_draft_tokens_total: e.spec_draft_tokens.load(Ordering::Relaxed),
+        spec_decode_num_accepted_tokens_total: e.spec_accepted_tokens.load(Ordering::Relaxed),
+        spec_decode_num_accepted_tokens_per_pos: std::array::from_fn(|j| {
+            e.spec_accepted_per_position[j].load(Ordering::Relaxed)
+        }),
         guard_tripped: state.config.guard.tripped(),
         ttft_seconds: percentiles(recent.ttft),
         itl_seconds: percentiles(recent.itl),
@@ -215,6 +221,40 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
         "counter",
         "Hybrid models: recurrent-state snapshots written for the prefix cache.",
         &plain(stats.state_snapshots_taken_total),
+    );
+    metric(
+        "sparkrt_spec_decode_num_drafts_total",
+        "counter",
+        "Speculative decoding: steps of a sequence that carried draft tokens.",
+        &plain(stats.spec_decode_num_drafts_total),
+    );
+    metric(
+        "sparkrt_spec_decode_num_draft_tokens_total",
+        "counter",
+        "Speculative decoding: draft tokens verified.",
+        &plain(stats.spec_decode_num_draft_tokens_total),
+    );
+    metric(
+        "sparkrt_spec_decode_num_accepted_tokens_total",
+        "counter",
+        "Speculative decoding: draft tokens kept (equal to what the target drew).",
+        &plain(stats.spec_decode_num_accepted_tokens_total),
+    );
+    let drafted = state
+        .config
+        .limits
+        .speculative
+        .map_or(0, |c| c.num_speculative_tokens);
+    let per_position: Vec<(String, u64)> = stats.spec_decode_num_accepted_tokens_per_pos[..drafted]
+        .iter()
+        .enumerate()
+        .map(|(j, &n)| (format!("{{position=\"{j}\"}}"), n))
+        .collect();
+    metric(
+        "sparkrt_spec_decode_num_accepted_tokens_per_pos",
+        "counter",
+        "Speculative decoding: draft tokens kept at each draft position (0: the first).",
+        &per_position,
     );
     let ledger = state.config.ledger.snapshot();
     let mut lines = Vec::new();

@@ -135,6 +135,10 @@ fn stats_at(t: f64) -> ServingStats {
         prefix_cache_hits_total: 0,
         state_snapshots_cached: 0,
         state_snapshots_taken_total: 0,
+        spec_decode_num_drafts_total: 0,
+        spec_decode_num_draft_tokens_total: 0,
+        spec_decode_num_accepted_tokens_total: 0,
+        spec_decode_num_accepted_tokens_per_pos: [0; sparkrt_wire::MAX_SPECULATIVE_TOKENS],
         guard_tripped: mem_available(t) < 20 * GIB,
         // Latency grows with the KV fill (a busier batch).
         ttft_seconds: Some(Percentiles {

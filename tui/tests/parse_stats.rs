@@ -45,6 +45,10 @@ fn canned_answer_parses_to_its_figures() {
             prefix_cache_hits_total: 0,
             state_snapshots_cached: 0,
             state_snapshots_taken_total: 0,
+            spec_decode_num_drafts_total: 0,
+            spec_decode_num_draft_tokens_total: 0,
+            spec_decode_num_accepted_tokens_total: 0,
+            spec_decode_num_accepted_tokens_per_pos: [0; sparkrt_wire::MAX_SPECULATIVE_TOKENS],
             guard_tripped: false,
             ttft_seconds: Some(Percentiles {
                 p50: 0.125,

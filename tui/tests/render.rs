@@ -460,3 +460,21 @@ fn at_80_columns_the_pool_labels_stay_whole() {
     );
     assert!(row(&buffer, HEADLINE_ROW).contains("eviction margin 24.0 GiB"));
 }
+
+#[test]
+fn speculative_decoding_shows_its_drafts_beside_the_token_rates() {
+    let quiet = screen(&render(&app_with(connected_sample()), 160, 44));
+    assert!(!quiet.contains("drafts"), "no drafts, no line:\n{quiet}");
+    let mut sample = connected_sample();
+    if let Some(Ok(stats)) = sample.stats.as_mut() {
+        stats.spec_decode_num_drafts_total = 380;
+        stats.spec_decode_num_draft_tokens_total = 784;
+        stats.spec_decode_num_accepted_tokens_total = 388;
+    }
+    let text = screen(&render(&app_with(sample), 160, 44));
+    // 388 / 784 = 49.5 %; 1 + 388 / 380 = 2.02 tokens a drafting step.
+    assert!(
+        text.contains("drafts    kept 388 of 784 (49%) · 2.02 tokens/step"),
+        "{text}"
+    );
+}

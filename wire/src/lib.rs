@@ -33,6 +33,12 @@ pub const HEALTH_PATH: &str = "/health";
 /// needed).
 pub const PROBE_SNAPSHOT_ARGS: [&str; 3] = ["probe", "--json", "--snapshot"];
 
+/// Most draft tokens a step may carry per sequence (speculative decoding):
+/// each is a verify row of every layer and a logits row, so the plan's step
+/// buffers grow with it; [`ServingStats`] counts kept drafts per position
+/// up to it.
+pub const MAX_SPECULATIVE_TOKENS: usize = 8;
+
 /// The plan's memory categories: every byte the runtime owns is charged to
 /// one of them. [`Category::ALL`] is the contract's order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -423,6 +429,17 @@ pub struct ServingStats {
     /// states kept for later requests).
     #[serde(default)]
     pub state_snapshots_taken_total: u64,
+    /// Speculative decoding (vLLM's `spec_decode_*`): steps of a sequence
+    /// that carried drafts, draft tokens verified, and of those the ones
+    /// kept, in all and at each draft position (index 0: the first draft).
+    #[serde(default)]
+    pub spec_decode_num_drafts_total: u64,
+    #[serde(default)]
+    pub spec_decode_num_draft_tokens_total: u64,
+    #[serde(default)]
+    pub spec_decode_num_accepted_tokens_total: u64,
+    #[serde(default)]
+    pub spec_decode_num_accepted_tokens_per_pos: [u64; MAX_SPECULATIVE_TOKENS],
     /// Whether the memory guard refuses new work.
     pub guard_tripped: bool,
     /// Time to first token over the server's most recent requests (absent

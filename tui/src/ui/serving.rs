@@ -39,6 +39,13 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 rate(sample.generation_tokens_per_s),
                 rate(sample.prompt_tokens_per_s)
             )));
+            if m.spec_decode_num_draft_tokens_total > 0 {
+                lines.push(Line::raw(drafts_line(
+                    m.spec_decode_num_drafts_total,
+                    m.spec_decode_num_draft_tokens_total,
+                    m.spec_decode_num_accepted_tokens_total,
+                )));
+            }
             lines.push(Line::raw(kv_line(
                 m.kv_blocks_used,
                 m.kv_blocks_cached,
@@ -94,6 +101,14 @@ fn millis(seconds: f64) -> String {
     } else {
         format!("{ms:.0}ms")
     }
+}
+
+/// Speculative decoding since the server started: drafts kept of those
+/// verified, and tokens per drafting step (1 + kept ÷ drafting steps).
+fn drafts_line(steps: u64, drafted: u64, kept: u64) -> String {
+    let share = 100.0 * kept as f64 / drafted.max(1) as f64;
+    let per_step = 1.0 + kept as f64 / steps.max(1) as f64;
+    format!("drafts    kept {kept} of {drafted} ({share:.0}%) · {per_step:.2} tokens/step")
 }
 
 fn kv_line(used: u64, cached: u64, free: u64) -> String {
