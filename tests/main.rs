@@ -62,6 +62,7 @@ mod server_guard;
 mod server_limits;
 mod server_logprobs;
 mod server_metrics;
+mod server_nested_fields;
 mod server_openai_client;
 mod server_prefix_cache;
 mod server_responses;

@@ -21,7 +21,8 @@ use minijinja::Value;
 use minijinja::value::ValueKind;
 
 use super::chat_types::{ChatContent, ChatInput, TemplateParams, ToolCallInput};
-use super::types::Unsupported;
+pub(super) use super::unsupported::refuse_unknown;
+use super::unsupported::refuse_unknown_template_keys;
 use crate::server::errors::ApiError;
 use crate::text::{ChatMessage, ChatPrompt, TextError, ToolCall};
 
@@ -188,8 +189,17 @@ fn check_tool(i: usize, tool: &Value) -> Result<(), ApiError> {
             format!("tools[{i}].function must be an object with a string `name`"),
         ));
     }
+    refuse_unknown_template_keys(tool, TOOL_KEYS, &format!("tools[{i}]"))?;
+    if let Some(function) = field("function") {
+        refuse_unknown_template_keys(&function, FUNCTION_KEYS, &format!("tools[{i}].function"))?;
+    }
     Ok(())
 }
+
+/// A chat tool definition's keys, and its function's (OpenAI's). The
+/// `parameters` schema is the template's to write, not checked here.
+const TOOL_KEYS: &[&str] = &["type", "function"];
+const FUNCTION_KEYS: &[&str] = &["name", "description", "parameters", "strict"];
 
 fn message(i: usize, m: ChatInput) -> Result<ChatMessage, ApiError> {
     refuse_unknown(&m.unsupported, || format!("messages[{i}]"))?;
@@ -279,20 +289,6 @@ fn tool_call(i: usize, j: usize, call: ToolCallInput) -> Result<ToolCall, ApiErr
         name: call.function.name,
         arguments,
     })
-}
-
-/// A field of a nested object that no struct takes: 400 naming its path.
-pub(super) fn refuse_unknown(
-    unsupported: &Unsupported,
-    at: impl Fn() -> String,
-) -> Result<(), ApiError> {
-    match unsupported.first_set() {
-        None => Ok(()),
-        Some(field) => Err(ApiError::unsupported_parameter(
-            &format!("{}.{field}", at()),
-            "is not supported by this server",
-        )),
-    }
 }
 
 /// A 400 whose `param` is a path built from the request (`messages[2].…`).

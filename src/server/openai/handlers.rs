@@ -564,6 +564,7 @@ pub(super) fn parse_body<T: serde::de::DeserializeOwned + RequestBody>(
             "is not supported by this server (see the README's table of supported fields)",
         ));
     }
+    body.refuse_nested()?;
     Ok(body)
 }
 
@@ -795,7 +796,8 @@ pub(super) async fn submit(
         return_token_ids: common.return_token_ids,
         logprobs,
         tokenizer,
-        include_usage: common.stream_options.is_some_and(|o| o.include_usage),
+        include_usage: common.usage_asked().0,
+        continuous_usage: common.usage_asked().1,
     };
     Ok(Submitted {
         meta,

@@ -5,6 +5,7 @@
 use minijinja::Value;
 use serde::{Deserialize, Serialize};
 
+use crate::server::errors::ApiError;
 use crate::server::openai::types::{CommonParams, RequestBody, Unsupported};
 
 // ---------------------------------------------------------------- requests
@@ -44,6 +45,20 @@ pub struct ResponsesRequest {
 impl RequestBody for ResponsesRequest {
     fn unsupported(&self) -> &Unsupported {
         &self.unsupported
+    }
+
+    /// `stream_options` is the chat routes': a Responses stream always
+    /// ends with the usage (`response.completed`), so none of its keys
+    /// would change anything here.
+    fn refuse_nested(&self) -> Result<(), ApiError> {
+        match &self.common.stream_options {
+            Some(_) => Err(ApiError::unsupported_parameter(
+                "stream_options",
+                "is not supported on /v1/responses: its stream always ends with the usage \
+                 (response.completed)",
+            )),
+            None => Ok(()),
+        }
     }
 }
 
