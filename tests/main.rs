@@ -57,6 +57,7 @@ mod server_batching;
 mod server_chat_template;
 mod server_choices;
 mod server_connections;
+mod server_cors;
 mod server_engine_failure;
 mod server_guard;
 mod server_limits;

@@ -40,6 +40,8 @@ pub struct ServeArgs {
     pub serving: ServingArgs,
     #[command(flatten)]
     pub vllm: VllmArgs,
+    #[command(flatten)]
+    pub cors: super::cors_args::CorsArgs,
     /// Listen on a non-loopback `--host` without an API key (logged as a
     /// warning): anyone who reaches the port can use the model.
     #[arg(long)]
@@ -121,6 +123,8 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
     };
     args.vllm.check()?;
+    // Checked before the load; built again where the state is made.
+    args.cors.policy()?;
     let model_args = ModelArgs {
         model: args.vllm.model(args.model.model.as_deref())?,
         ..args.model.clone()
@@ -331,6 +335,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         chat_template,
         output_parsers,
         api_key,
+        cors: args.cors.policy()?,
         host_root: args.model.host_root.clone(),
         loading: Arc::clone(&progress),
     }));
@@ -350,6 +355,9 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         .to_lowercase(),
     );
     summary.api_key = state.config.api_key.is_some();
+    if let Some(cors) = &state.config.cors {
+        summary.cors = cors.describe();
+    }
     summary.sampling = match args.vllm.seed {
         Some(seed) => format!("{sampling_line}; seed {seed}"),
         None => sampling_line,

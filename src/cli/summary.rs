@@ -95,6 +95,8 @@ pub struct StartupSummary {
     /// The sampling defaults of requests that leave fields unset, and
     /// where they come from (`--generation-config`).
     pub sampling: String,
+    /// The cross-origin policy (`--allowed-origins`), or `off`.
+    pub cors: String,
     pub address: String,
 }
 
@@ -120,6 +122,7 @@ impl StartupSummary {
             max_num_seqs: serving.max_num_seqs,
             api_key: false,
             sampling: String::new(),
+            cors: "off".into(),
             address: String::new(),
         }
     }
@@ -162,6 +165,7 @@ impl StartupSummary {
                 if self.api_key { "on" } else { "off" }.to_string(),
             ),
             ("sampling", self.sampling.clone()),
+            ("cors", self.cors.clone()),
             ("address", self.address.clone()),
         ];
         let mut out = String::from("sparkrt serve\n");
@@ -195,6 +199,7 @@ impl StartupSummary {
                 max_num_seqs = self.max_num_seqs as u64,
                 api_key = self.api_key,
                 sampling = %self.sampling,
+                cors = %self.cors,
                 address = %self.address,
                 "start-up summary"
             ),
@@ -232,6 +237,7 @@ mod tests {
             max_num_seqs: 8,
             api_key: true,
             sampling: "none".into(),
+            cors: "off".into(),
             address: "http://127.0.0.1:1".into(),
         };
         let plain = s.text(false);

@@ -110,6 +110,8 @@ pub struct ServerConfig {
     /// The key every route but `/health` and `/ready` requires; `None`
     /// leaves them open.
     pub api_key: Option<String>,
+    /// Cross-origin requests (`--allowed-origins`); `None` adds no headers.
+    pub cors: Option<super::cors::CorsPolicy>,
     /// The host tree the kubepods cgroup is read below.
     pub host_root: PathBuf,
     /// Start-up's progress, then the weights' measured residency.

@@ -231,6 +231,16 @@ impl Server {
         reply(self.with_headers(request, headers).call())
     }
 
+    /// OPTIONS (a browser's CORS preflight) with `headers`, and no key
+    /// unless they set one: browsers send none on a preflight.
+    pub fn options_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut request = self.agent.options(format!("{}{path}", self.url));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        reply(request.call())
+    }
+
     pub fn post(&self, path: &str, body: &Value) -> Reply {
         self.post_bytes(path, body.to_string().as_bytes())
     }
