@@ -25,6 +25,7 @@ use crate::server::loading::{LoadingState, RouterSwitch};
 use crate::server::seeds::SeedSequence;
 use crate::server::{ServerConfig, ServerState, expose, fds, router};
 use crate::text::{ChatTemplate, GenerationDefaults};
+use crate::units::format_bytes;
 use sparkrt_wire::LoadPhase;
 use tokio::sync::watch;
 
@@ -76,8 +77,9 @@ pub struct ServeArgs {
     /// Kubelet configuration file [default: <host-root>/var/lib/kubelet/config.yaml].
     #[arg(long, value_name = "FILE")]
     pub kubelet_config: Option<PathBuf>,
-    /// Requests allowed to wait for a slot before new ones get 429
-    /// [default: 4 × max_num_seqs].
+    /// Sequences allowed to wait for a slot (each choice counts) before new
+    /// requests get 429 [default: the plan's `queue` line: as many
+    /// worst-case queued sequences as fit in a quarter of the safety margin].
     #[arg(long)]
     pub max_queue: Option<usize>,
     /// How often the memory guard reads MemAvailable, in milliseconds.
@@ -294,7 +296,8 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     let source = loaded.source();
     let engine = loaded.engine(&source)?;
     let limits = engine.limits().clone();
-    let max_queue = args.max_queue.unwrap_or(4 * limits.max_num_seqs);
+    // The plan's bound (from memory, see `plan::memory::QueuePlan`).
+    let max_queue = args.max_queue.unwrap_or(loaded.plan.queue.max_queue);
     let engine_counters = Arc::clone(&engine.counters);
 
     let guard = MemoryGuard::new(
@@ -362,6 +365,18 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         Some(seed) => format!("{sampling_line}; seed {seed}"),
         None => sampling_line,
     };
+    summary.queue = format!(
+        "{max_queue} sequences{}",
+        if args.max_queue.is_some() {
+            " (--max-queue)".to_owned()
+        } else {
+            format!(
+                " ({} of the safety margin / {} per queued sequence)",
+                format_bytes(loaded.plan.queue.budget),
+                format_bytes(loaded.plan.queue.bytes_per_sequence)
+            )
+        }
+    );
     summary.address = url;
 
     let latency = Arc::clone(&state.latency);

@@ -97,6 +97,8 @@ pub struct StartupSummary {
     pub sampling: String,
     /// The cross-origin policy (`--allowed-origins`), or `off`.
     pub cors: String,
+    /// The queue's bound and where it comes from.
+    pub queue: String,
     pub address: String,
 }
 
@@ -123,6 +125,7 @@ impl StartupSummary {
             api_key: false,
             sampling: String::new(),
             cors: "off".into(),
+            queue: String::new(),
             address: String::new(),
         }
     }
@@ -160,6 +163,7 @@ impl StartupSummary {
             ),
             ("max_model_len", self.max_model_len.to_string()),
             ("max_num_seqs", self.max_num_seqs.to_string()),
+            ("queue", self.queue.clone()),
             (
                 "api key",
                 if self.api_key { "on" } else { "off" }.to_string(),
@@ -200,6 +204,7 @@ impl StartupSummary {
                 api_key = self.api_key,
                 sampling = %self.sampling,
                 cors = %self.cors,
+                queue = %self.queue,
                 address = %self.address,
                 "start-up summary"
             ),
@@ -238,6 +243,7 @@ mod tests {
             api_key: true,
             sampling: "none".into(),
             cors: "off".into(),
+            queue: "4 sequences".into(),
             address: "http://127.0.0.1:1".into(),
         };
         let plain = s.text(false);
