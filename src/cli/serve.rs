@@ -47,6 +47,11 @@ pub struct ServeArgs {
     /// warning): anyone who reaches the port can use the model.
     #[arg(long)]
     pub insecure_no_api_key: bool,
+    /// With an API key, leave `/metrics` open (as vLLM does) so a scraper
+    /// needs no key; it then shows anyone who reaches the port the served
+    /// model's name, load and memory figures (no prompts or outputs).
+    #[arg(long)]
+    pub metrics_no_auth: bool,
     /// Concurrent connections; beyond them a connection gets 503 and is
     /// closed [default: RLIMIT_NOFILE less a reserve of 96, at most 4096].
     #[arg(long, value_name = "N")]
@@ -339,6 +344,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         output_parsers,
         api_key,
         cors: args.cors.policy()?,
+        metrics_no_auth: args.metrics_no_auth,
         host_root: args.model.host_root.clone(),
         loading: Arc::clone(&progress),
     }));

@@ -739,14 +739,17 @@ pub(super) async fn submit(
                     prompt_ids: Arc::clone(&prompt_ids),
                     echo: echo_text.clone(),
                 });
-                Box::new(TimedSink::new(
-                    IndexedSink {
-                        index,
-                        events: events_tx.clone(),
-                    },
-                    Arc::clone(&state.latency),
-                    arrived,
-                )) as Box<dyn EventSink>
+                Box::new(
+                    TimedSink::new(
+                        IndexedSink {
+                            index,
+                            events: events_tx.clone(),
+                        },
+                        Arc::clone(&state.latency),
+                        arrived,
+                    )
+                    .with_max_tokens(params.max_tokens),
+                ) as Box<dyn EventSink>
             })
             .collect();
         groups.push(Group {
