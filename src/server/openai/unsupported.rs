@@ -22,7 +22,17 @@ impl Unsupported {
     /// The first field set to something other than `null`, by name order
     /// (so the answer does not depend on the client's key order).
     pub fn first_set(&self) -> Option<&str> {
-        first_unknown(self.0.iter().map(|(k, v)| (k.as_str(), v.is_null())), &[])
+        self.first_set_except(&[])
+    }
+
+    /// As [`Unsupported::first_set`], leaving out the fields in `known`.
+    pub fn first_set_except(&self, known: &[&str]) -> Option<&str> {
+        first_unknown(self.0.iter().map(|(k, v)| (k.as_str(), v.is_null())), known)
+    }
+
+    /// The field `key`, if the client set it.
+    pub fn get(&self, key: &str) -> Option<&serde_json::Value> {
+        self.0.get(key).filter(|v| !v.is_null())
     }
 }
 
