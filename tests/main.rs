@@ -68,6 +68,7 @@ mod server_openai_client;
 mod server_prefix_cache;
 mod server_responses;
 mod server_sampling;
+mod server_tool_choice;
 mod server_vllm_metrics;
 mod text_chat;
 mod text_chat_reference;

@@ -462,8 +462,8 @@ mod tests {
                 "tools[0].name",
             ),
             (
-                r#"{"input": "x", "tool_choice": "required", "tools": [{"type": "function", "name": "f"}]}"#,
-                "tool_choice",
+                r#"{"input": "x", "tool_choice": {"type": "function", "name": "g"}, "tools": [{"type": "function", "name": "f"}]}"#,
+                "tool_choice.function.name",
             ),
             (
                 r#"{"input": "x", "max_output_tokens": 3, "max_tokens": 3}"#,
