@@ -658,3 +658,24 @@ fn reserves_above_mem_available_print_no_negative_figure() {
         .any(|w| matches!(w[0], b' ' | b'(') && w[1] == b'-' && w[2].is_ascii_digit());
     assert!(!negative, "a negative figure: {text}");
 }
+
+#[test]
+fn the_queue_bound_is_a_quarter_of_the_safety_margin_over_a_worst_case_sequence() {
+    // qwen3-30b-a3b-bf16: safety_margin 2 GiB, max_model_len 32768. A
+    // queued sequence: 2 × 32768 ids × 4 B + 64 KiB = 320 KiB; 512 MiB of
+    // them is 1638.
+    let profile = profile("qwen3-30b-a3b-bf16").display().to_string();
+    let (v, _) = plan_json(&profile, &spark_root());
+    assert_eq!(v["queue"]["bytes_per_sequence"], 2 * 32768 * 4 + 65536);
+    assert_eq!(v["queue"]["budget"], 512 * MIB);
+    assert_eq!(v["queue"]["max_queue"], 1638);
+    let out = sparkrt(&["plan", "--profile", &profile, "--host-root", &spark_root()]);
+    assert!(
+        stdout(&out).contains(
+            "queue: 1638 sequences may wait (default --max-queue): 512 MiB of the safety margin \
+             (2.00 GiB) over 320 KiB per queued sequence"
+        ),
+        "{}",
+        stdout(&out)
+    );
+}

@@ -32,6 +32,9 @@ fn the_summary_names_the_model_and_kv_capacity_without_ansi_codes() {
     for row in [
         "  max_model_len  1024\n",
         "  max_num_seqs   8\n",
+        // The queue's default bound: a quarter of the 512 MiB margin over
+        // (2 × 1024 ids × 4 B + 64 KiB) per queued sequence = 1820.
+        "  queue          1820 sequences (128 MiB of the safety margin / 72.0 KiB per queued sequence)\n",
         "  api key        off\n",
         "  backend        cpu (cpu)\n",
         "  weights        mapped\n",

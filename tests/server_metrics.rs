@@ -10,13 +10,17 @@ use serde_json::{Value, json};
 use crate::common;
 use crate::server::Server;
 
-/// Parses Prometheus text from stdin and writes `{sample name + labels: value}`.
+/// Parses Prometheus text from stdin and writes `{sample name + labels: value}`,
+/// after checking that every sample carries `model_name` (left out of the
+/// keys: the tests name samples by their own labels).
 const PARSE: &str = r#"
 import json, sys
 from prometheus_client.parser import text_string_to_metric_families
 out = {}
 for family in text_string_to_metric_families(sys.stdin.read()):
     for s in family.samples:
+        if s.labels.pop("model_name", None) != "qwen3-moe-tiny":
+            sys.exit(f"{s.name} {s.labels} has no model_name=qwen3-moe-tiny")
         labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
         out[s.name + ("{" + labels + "}" if labels else "")] = s.value
 json.dump(out, sys.stdout)

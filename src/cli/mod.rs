@@ -4,6 +4,7 @@
 pub mod bench;
 mod bench_prefix;
 pub mod common;
+pub mod cors_args;
 pub mod generate;
 pub mod inspect;
 pub mod k8s;

@@ -25,6 +25,7 @@ use crate::server::loading::{LoadingState, RouterSwitch};
 use crate::server::seeds::SeedSequence;
 use crate::server::{ServerConfig, ServerState, expose, fds, router};
 use crate::text::{ChatTemplate, GenerationDefaults};
+use crate::units::format_bytes;
 use sparkrt_wire::LoadPhase;
 use tokio::sync::watch;
 
@@ -40,10 +41,17 @@ pub struct ServeArgs {
     pub serving: ServingArgs,
     #[command(flatten)]
     pub vllm: VllmArgs,
+    #[command(flatten)]
+    pub cors: super::cors_args::CorsArgs,
     /// Listen on a non-loopback `--host` without an API key (logged as a
     /// warning): anyone who reaches the port can use the model.
     #[arg(long)]
     pub insecure_no_api_key: bool,
+    /// With an API key, leave `/metrics` open (as vLLM does) so a scraper
+    /// needs no key; it then shows anyone who reaches the port the served
+    /// model's name, load and memory figures (no prompts or outputs).
+    #[arg(long)]
+    pub metrics_no_auth: bool,
     /// Concurrent connections; beyond them a connection gets 503 and is
     /// closed [default: RLIMIT_NOFILE less a reserve of 96, at most 4096].
     #[arg(long, value_name = "N")]
@@ -74,8 +82,9 @@ pub struct ServeArgs {
     /// Kubelet configuration file [default: <host-root>/var/lib/kubelet/config.yaml].
     #[arg(long, value_name = "FILE")]
     pub kubelet_config: Option<PathBuf>,
-    /// Requests allowed to wait for a slot before new ones get 429
-    /// [default: 4 × max_num_seqs].
+    /// Sequences allowed to wait for a slot (each choice counts) before new
+    /// requests get 429 [default: the plan's `queue` line: as many
+    /// worst-case queued sequences as fit in a quarter of the safety margin].
     #[arg(long)]
     pub max_queue: Option<usize>,
     /// How often the memory guard reads MemAvailable, in milliseconds.
@@ -121,6 +130,8 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
     };
     args.vllm.check()?;
+    // Checked before the load; built again where the state is made.
+    args.cors.policy()?;
     let model_args = ModelArgs {
         model: args.vllm.model(args.model.model.as_deref())?,
         ..args.model.clone()
@@ -290,7 +301,8 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     let source = loaded.source();
     let engine = loaded.engine(&source)?;
     let limits = engine.limits().clone();
-    let max_queue = args.max_queue.unwrap_or(4 * limits.max_num_seqs);
+    // The plan's bound (from memory, see `plan::memory::QueuePlan`).
+    let max_queue = args.max_queue.unwrap_or(loaded.plan.queue.max_queue);
     let engine_counters = Arc::clone(&engine.counters);
 
     let guard = MemoryGuard::new(
@@ -331,6 +343,8 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         chat_template,
         output_parsers,
         api_key,
+        cors: args.cors.policy()?,
+        metrics_no_auth: args.metrics_no_auth,
         host_root: args.model.host_root.clone(),
         loading: Arc::clone(&progress),
     }));
@@ -350,10 +364,25 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         .to_lowercase(),
     );
     summary.api_key = state.config.api_key.is_some();
+    if let Some(cors) = &state.config.cors {
+        summary.cors = cors.describe();
+    }
     summary.sampling = match args.vllm.seed {
         Some(seed) => format!("{sampling_line}; seed {seed}"),
         None => sampling_line,
     };
+    summary.queue = format!(
+        "{max_queue} sequences{}",
+        if args.max_queue.is_some() {
+            " (--max-queue)".to_owned()
+        } else {
+            format!(
+                " ({} of the safety margin / {} per queued sequence)",
+                format_bytes(loaded.plan.queue.budget),
+                format_bytes(loaded.plan.queue.bytes_per_sequence)
+            )
+        }
+    );
     summary.address = url;
 
     let latency = Arc::clone(&state.latency);

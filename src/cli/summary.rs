@@ -95,6 +95,10 @@ pub struct StartupSummary {
     /// The sampling defaults of requests that leave fields unset, and
     /// where they come from (`--generation-config`).
     pub sampling: String,
+    /// The cross-origin policy (`--allowed-origins`), or `off`.
+    pub cors: String,
+    /// The queue's bound and where it comes from.
+    pub queue: String,
     pub address: String,
 }
 
@@ -120,6 +124,8 @@ impl StartupSummary {
             max_num_seqs: serving.max_num_seqs,
             api_key: false,
             sampling: String::new(),
+            cors: "off".into(),
+            queue: String::new(),
             address: String::new(),
         }
     }
@@ -157,11 +163,13 @@ impl StartupSummary {
             ),
             ("max_model_len", self.max_model_len.to_string()),
             ("max_num_seqs", self.max_num_seqs.to_string()),
+            ("queue", self.queue.clone()),
             (
                 "api key",
                 if self.api_key { "on" } else { "off" }.to_string(),
             ),
             ("sampling", self.sampling.clone()),
+            ("cors", self.cors.clone()),
             ("address", self.address.clone()),
         ];
         let mut out = String::from("sparkrt serve\n");
@@ -195,6 +203,8 @@ impl StartupSummary {
                 max_num_seqs = self.max_num_seqs as u64,
                 api_key = self.api_key,
                 sampling = %self.sampling,
+                cors = %self.cors,
+                queue = %self.queue,
                 address = %self.address,
                 "start-up summary"
             ),
@@ -232,6 +242,8 @@ mod tests {
             max_num_seqs: 8,
             api_key: true,
             sampling: "none".into(),
+            cors: "off".into(),
+            queue: "4 sequences".into(),
             address: "http://127.0.0.1:1".into(),
         };
         let plain = s.text(false);

@@ -897,6 +897,52 @@ pub fn runtime_overhead(
     RuntimeOverhead { bytes, buffers }
 }
 
+/// The request queue's default bound (`serve --max-queue` overrides it).
+///
+/// vLLM does not cap its queue; a queue without a cap lets a burst of
+/// clients grow the process without limit, and queued requests are not in
+/// the plan. So the default is vLLM's behaviour up to a cap for safety,
+/// sized from memory: a queued sequence holds at most its prompt's token
+/// ids twice (the engine's sequence and the answer's record of the prompt,
+/// `max_model_len` ids each) and [`QUEUED_SEQUENCE_FIXED_BYTES`]; the queue's
+/// worst case must fit in [`QUEUE_BUDGET_SHARE`] of the safety margin, the
+/// memory the plan leaves unclaimed above the eviction threshold for what
+/// it does not count. A full queue of worst-case requests then cannot push
+/// the host into the memory guard's zone on its own.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct QueuePlan {
+    /// The most one queued sequence holds.
+    pub bytes_per_sequence: u64,
+    /// What the queue's worst case may take: the safety margin's share.
+    pub budget: u64,
+    /// Sequences (a request's choices count one each) allowed to wait.
+    pub max_queue: usize,
+}
+
+/// A queued sequence's bytes besides its ids: its sampling parameters at
+/// the request limits (≤ 1024 `logit_bias` entries × 8 B, ≤ 16 stop strings
+/// × 256 B, ≤ 256 stop ids × 4 B: 13 KiB), its bookkeeping and its event
+/// channel, rounded up. (A completions `echo` also keeps the prompt's text,
+/// at most `max_prompt_bytes`: the rest of the margin covers the few that
+/// ask.)
+pub const QUEUED_SEQUENCE_FIXED_BYTES: u64 = 64 << 10;
+
+/// The safety margin's share the queue's worst case may take: a quarter,
+/// leaving the rest for the allocator's slack and page-cache swings the
+/// margin is there for.
+pub const QUEUE_BUDGET_SHARE: u64 = 4;
+
+pub fn queue_plan(max_model_len: usize, safety_margin: u64) -> QueuePlan {
+    let bytes_per_sequence = 2 * max_model_len as u64 * INDEX_BYTES + QUEUED_SEQUENCE_FIXED_BYTES;
+    let budget = safety_margin / QUEUE_BUDGET_SHARE;
+    let max_queue = usize::try_from(budget / bytes_per_sequence).unwrap_or(usize::MAX);
+    QueuePlan {
+        bytes_per_sequence,
+        budget,
+        max_queue: max_queue.max(1),
+    }
+}
+
 /// The host's headroom: what the plan may use.
 ///
 /// - `host_limit = mem_available − eviction_hard − os_reserve − safety_margin`

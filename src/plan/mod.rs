@@ -120,6 +120,8 @@ pub struct Plan {
     /// The step metadata (also the activation buffer `step_metadata`).
     #[serde(skip)]
     pub step_metadata: StepMetadataPlan,
+    /// The request queue's default bound (not in `total`: see there).
+    pub queue: memory::QueuePlan,
     pub total: u64,
     pub shortfall: Option<Shortfall>,
     /// max_model_len and friends, echoed so the plan reads on its own.
@@ -335,6 +337,7 @@ pub fn compute(
         recurrent_state: state,
         speculative,
         step_metadata: StepMetadataPlan::for_serving(s),
+        queue: memory::queue_plan(s.max_model_len, profile.host.safety_margin.0),
         total,
         shortfall,
         serving: s.clone(),

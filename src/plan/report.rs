@@ -250,6 +250,15 @@ pub fn render(plan: &Plan) -> String {
         );
     }
     row(&mut out, "total", format_bytes(plan.total));
+    let q = &plan.queue;
+    let _ = writeln!(
+        out,
+        "queue: {} sequences may wait (default --max-queue): {} of the safety margin ({}) over {} per queued sequence",
+        q.max_queue,
+        format_bytes(q.budget),
+        format_bytes(h.safety_margin),
+        format_bytes(q.bytes_per_sequence)
+    );
 
     match &plan.shortfall {
         None => {

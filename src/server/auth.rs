@@ -24,7 +24,9 @@ pub async fn require_key(
     let Some(key) = &state.config.api_key else {
         return next.run(request).await;
     };
-    if PROBES.contains(&request.uri().path()) || presents_key(&request, key) {
+    let path = request.uri().path();
+    let open_metrics = state.config.metrics_no_auth && path == "/metrics";
+    if PROBES.contains(&path) || open_metrics || presents_key(&request, key) {
         next.run(request).await
     } else {
         ApiError::unauthorized().into_response()

@@ -14,7 +14,11 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use std::borrow::Cow;
+
 use prometheus_client::encoding::text::encode_registry;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -115,12 +119,22 @@ pub struct LatencyMetrics {
     generation_tokens: Histogram,
     prefill_step: Histogram,
     decode_step: Histogram,
+    /// vLLM's deprecated twin of `inter_token_latency_seconds` (the same
+    /// samples), which the stock vLLM dashboard still reads.
+    time_per_output_token: Histogram,
+    /// The `max_tokens` each sequence was given (vLLM's
+    /// `request_max_num_generation_tokens`).
+    max_generation_tokens: Histogram,
+    /// Finished sequences by finish reason (`stop`, `length`, `abort`).
+    success: Family<Vec<(String, String)>, Counter>,
     recent_ttft: Mutex<Window>,
     recent_itl: Mutex<Window>,
 }
 
 impl LatencyMetrics {
-    pub fn new(max_model_len: usize) -> LatencyMetrics {
+    /// Every family carries `model_name` = `model_name` (vLLM's label, which
+    /// its dashboards filter on).
+    pub fn new(max_model_len: usize, model_name: &str) -> LatencyMetrics {
         let histogram = |buckets: &[f64]| Histogram::new(buckets.iter().copied());
         let tokens = one_two_five_buckets(max_model_len);
         let metrics = LatencyMetrics {
@@ -135,14 +149,17 @@ impl LatencyMetrics {
             generation_tokens: histogram(&tokens),
             prefill_step: histogram(STEP_BUCKETS),
             decode_step: histogram(STEP_BUCKETS),
+            time_per_output_token: histogram(ITL_BUCKETS),
+            max_generation_tokens: histogram(&tokens),
+            success: Family::default(),
             recent_ttft: Mutex::default(),
             recent_itl: Mutex::default(),
         };
-        metrics.registered()
+        metrics.registered(model_name)
     }
 
-    fn registered(mut self) -> LatencyMetrics {
-        let rows: [(&str, &str, &Histogram); 10] = [
+    fn registered(mut self, model_name: &str) -> LatencyMetrics {
+        let rows: [(&str, &str, &Histogram); 12] = [
             (
                 "time_to_first_token_seconds",
                 "Time from the request's arrival to its first token.",
@@ -193,11 +210,30 @@ impl LatencyMetrics {
                 "Duration of an engine step that only decoded.",
                 &self.decode_step,
             ),
+            (
+                "time_per_output_token_seconds",
+                "Time between two consecutive tokens (vLLM's older name of inter_token_latency_seconds; the same samples).",
+                &self.time_per_output_token,
+            ),
+            (
+                "request_max_num_generation_tokens",
+                "The max_tokens a request was given.",
+                &self.max_generation_tokens,
+            ),
         ];
-        let mut registry = Registry::with_prefix("sparkrt");
+        let labels = [(
+            Cow::Borrowed("model_name"),
+            Cow::Owned(model_name.to_owned()),
+        )];
+        let mut registry = Registry::with_prefix_and_labels("sparkrt", labels.into_iter());
         for (name, help, histogram) in rows {
             registry.register(name, help, histogram.clone());
         }
+        registry.register(
+            "request_success",
+            "Finished requests by finish reason: stop, length or abort.",
+            self.success.clone(),
+        );
         self.registry = registry;
         self
     }
@@ -241,6 +277,7 @@ impl LatencyMetrics {
 
     fn next_token(&self, seconds: f64) {
         self.itl.observe(seconds);
+        self.time_per_output_token.observe(seconds);
         push(&self.recent_itl, seconds);
     }
 }
@@ -261,6 +298,8 @@ pub struct TimedSink<S> {
     scheduled: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+    /// The sequence's `max_tokens`, observed when it ends.
+    max_tokens: usize,
 }
 
 impl<S: EventSink> TimedSink<S> {
@@ -273,7 +312,14 @@ impl<S: EventSink> TimedSink<S> {
             scheduled: None,
             first_token: None,
             last_token: None,
+            max_tokens: 0,
         }
+    }
+
+    /// The sequence's `max_tokens` (for `request_max_num_generation_tokens`).
+    pub fn with_max_tokens(mut self, max_tokens: usize) -> TimedSink<S> {
+        self.max_tokens = max_tokens;
+        self
     }
 
     fn on_token(&mut self, now: Instant) {
@@ -290,7 +336,13 @@ impl<S: EventSink> TimedSink<S> {
         self.last_token = Some(now);
     }
 
-    fn on_finished(&mut self, now: Instant, prompt_tokens: usize, completion_tokens: usize) {
+    fn on_finished(
+        &mut self,
+        now: Instant,
+        reason: &'static str,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    ) {
         // A sequence whose only token ended it (end-of-sequence, a stop
         // token) sent no `Token` event: its first token is taken to be now.
         if self.first_token.is_none() && completion_tokens > 0 {
@@ -309,6 +361,10 @@ impl<S: EventSink> TimedSink<S> {
         }
         m.prompt_tokens.observe(prompt_tokens as f64);
         m.generation_tokens.observe(completion_tokens as f64);
+        m.max_generation_tokens.observe(self.max_tokens as f64);
+        m.success
+            .get_or_create(&vec![("finished_reason".to_owned(), reason.to_owned())])
+            .inc();
     }
 }
 
@@ -318,10 +374,11 @@ impl<S: EventSink> EventSink for TimedSink<S> {
         match &event {
             Event::Token { .. } => self.on_token(now),
             Event::Finished {
+                reason,
                 prompt_tokens,
                 completion_tokens,
                 ..
-            } => self.on_finished(now, *prompt_tokens, *completion_tokens),
+            } => self.on_finished(now, reason.as_str(), *prompt_tokens, *completion_tokens),
             _ => {}
         }
         self.inner.send(event)
@@ -370,9 +427,9 @@ mod tests {
 
     #[test]
     fn a_timed_sequence_observes_each_histogram_once() {
-        let metrics = Arc::new(LatencyMetrics::new(1024));
+        let metrics = Arc::new(LatencyMetrics::new(1024, "m"));
         let (tx, rx) = std::sync::mpsc::channel();
-        let mut sink = TimedSink::new(tx, Arc::clone(&metrics), Instant::now());
+        let mut sink = TimedSink::new(tx, Arc::clone(&metrics), Instant::now()).with_max_tokens(7);
         sink.scheduled();
         for id in 0..3 {
             assert!(sink.send(Event::Token {
@@ -400,15 +457,19 @@ mod tests {
             ("request_queue_time_seconds", 1),
             ("request_prompt_tokens", 1),
         ] {
-            let line = format!("sparkrt_{name}_count {count}");
+            let line = format!("sparkrt_{name}_count{{model_name=\"m\"}} {count}");
             assert!(text.contains(&line), "{line} in\n{text}");
         }
-        assert!(
-            text.contains("sparkrt_request_prompt_tokens_sum 5.0"),
-            "{text}"
-        );
-        assert!(text.contains("sparkrt_request_prompt_tokens_bucket{le=\"2.0\"} 0"));
-        assert!(text.contains("sparkrt_request_prompt_tokens_bucket{le=\"5.0\"} 1"));
+        for line in [
+            "sparkrt_request_prompt_tokens_sum{model_name=\"m\"} 5.0",
+            "sparkrt_request_prompt_tokens_bucket{model_name=\"m\",le=\"2.0\"} 0",
+            "sparkrt_request_prompt_tokens_bucket{model_name=\"m\",le=\"5.0\"} 1",
+            "sparkrt_request_max_num_generation_tokens_sum{model_name=\"m\"} 7.0",
+            "sparkrt_time_per_output_token_seconds_count{model_name=\"m\"} 2",
+            "sparkrt_request_success_total{model_name=\"m\",finished_reason=\"length\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
         assert_eq!(metrics.recent().ttft.map(|_| ()), Some(()));
     }
 }

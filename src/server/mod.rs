@@ -9,6 +9,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod cors;
 pub mod engine_loop;
 pub mod errors;
 pub mod expose;
@@ -57,6 +58,11 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             auth::require_key,
+        ))
+        // Outside the key check: a browser's preflight carries no key.
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            cors::apply,
         ))
         .layer(DefaultBodyLimit::max(state.request_limits.max_body_bytes))
         .with_state(state)

@@ -131,10 +131,17 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
     let c = &state.counters;
     let count = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
     let mut out = String::new();
+    // Every sample carries vLLM's `model_name` label (its dashboards filter
+    // on it); a family's own labels follow it.
+    let model = format!("model_name=\"{}\"", label_value(&state.config.model_name));
+    let with_model = |labels: &str| match labels.strip_prefix('{') {
+        Some(rest) => format!("{{{model},{rest}"),
+        None => format!("{{{model}}}"),
+    };
     let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, u64)]| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (labels, value) in lines {
-            let _ = writeln!(out, "{name}{labels} {value}");
+            let _ = writeln!(out, "{name}{} {value}", with_model(labels));
         }
     };
     let plain = |v: u64| vec![(String::new(), v)];
@@ -186,6 +193,24 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
         "KV cache blocks in use.",
         &plain(stats.kv_blocks_used),
     );
+    let kv_total = stats.kv_blocks_used + stats.kv_blocks_free + stats.kv_blocks_cached;
+    let usage = if kv_total == 0 {
+        0.0
+    } else {
+        stats.kv_blocks_used as f64 / kv_total as f64
+    };
+    let _ = writeln!(
+        out,
+        "# HELP sparkrt_kv_cache_usage_perc KV cache blocks in use over all blocks (vLLM's kv_cache_usage_perc: a fraction, 1 is full; cached blocks count as free).\n\
+         # TYPE sparkrt_kv_cache_usage_perc gauge\n\
+         sparkrt_kv_cache_usage_perc{{{model}}} {usage}"
+    );
+    let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in lines {
+            let _ = writeln!(out, "{name}{} {value}", with_model(labels));
+        }
+    };
     metric(
         "sparkrt_kv_blocks_free",
         "gauge",
@@ -282,6 +307,16 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
             &plain(info.mem_available),
         );
     }
+    let plan_host = &state.config.plan.host;
+    metric(
+        "sparkrt_guard_threshold_bytes",
+        "gauge",
+        "MemAvailable below which the memory guard refuses new work: the eviction threshold plus the safety margin.",
+        &plain(crate::plan::memory::guard_threshold(
+            plan_host.eviction_hard,
+            plan_host.safety_margin,
+        )),
+    );
     metric(
         "sparkrt_guard_tripped",
         "gauge",
@@ -290,6 +325,13 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
     );
     state.latency.encode(&mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// A Prometheus label value: `\\`, `"` and newlines escaped (text format 0.0.4).
+fn label_value(text: &str) -> String {
+    text.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// `/v1/memory`. 503 while the guard has no host reading (it reads once

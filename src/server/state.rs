@@ -110,6 +110,10 @@ pub struct ServerConfig {
     /// The key every route but `/health` and `/ready` requires; `None`
     /// leaves them open.
     pub api_key: Option<String>,
+    /// `--metrics-no-auth`: `/metrics` answers without the key.
+    pub metrics_no_auth: bool,
+    /// Cross-origin requests (`--allowed-origins`); `None` adds no headers.
+    pub cors: Option<super::cors::CorsPolicy>,
     /// The host tree the kubepods cgroup is read below.
     pub host_root: PathBuf,
     /// Start-up's progress, then the weights' measured residency.
@@ -146,7 +150,10 @@ impl ServerState {
             PREP_BUDGET_BODIES.saturating_mul(request_limits.max_body_bytes),
         );
         ServerState {
-            latency: Arc::new(LatencyMetrics::new(config.limits.max_model_len)),
+            latency: Arc::new(LatencyMetrics::new(
+                config.limits.max_model_len,
+                &config.model_name,
+            )),
             grammars: LazyGrammarCompiler::new(config.tokenizer.clone()),
             config,
             started_unix: std::time::SystemTime::now()

@@ -231,6 +231,16 @@ impl Server {
         reply(self.with_headers(request, headers).call())
     }
 
+    /// OPTIONS (a browser's CORS preflight) with `headers`, and no key
+    /// unless they set one: browsers send none on a preflight.
+    pub fn options_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut request = self.agent.options(format!("{}{path}", self.url));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        reply(request.call())
+    }
+
     pub fn post(&self, path: &str, body: &Value) -> Reply {
         self.post_bytes(path, body.to_string().as_bytes())
     }
@@ -418,12 +428,13 @@ impl Metrics {
             let value: f64 = value
                 .parse()
                 .unwrap_or_else(|_| panic!("metric value in {line:?}"));
-            samples.push((name.to_string(), value));
+            samples.push((without_model_name(name), value));
         }
         Metrics(samples)
     }
 
     /// The sample named exactly `name` (labels included); panics if absent.
+    /// (Names are as [`without_model_name`] leaves them.)
     pub fn get(&self, name: &str) -> f64 {
         self.0
             .iter()
@@ -523,4 +534,26 @@ fn listening_on(line: &str) -> Option<String> {
     }
     let event: serde_json::Value = serde_json::from_str(line).ok()?;
     event["fields"]["listening_on"].as_str().map(str::to_string)
+}
+
+/// A sample's name without its `model_name="…"` label, which every sample
+/// carries (tests/server_vllm_metrics.rs checks that); the others' tests
+/// name samples by their own labels only.
+pub fn without_model_name(name: &str) -> String {
+    let Some(start) = name.find("model_name=\"") else {
+        return name.to_string();
+    };
+    let value_start = start + "model_name=\"".len();
+    let Some(len) = name[value_start..].find('"') else {
+        return name.to_string();
+    };
+    let mut end = value_start + len + 1;
+    let mut start = start;
+    if name[end..].starts_with(',') {
+        end += 1;
+    } else if name[..start].ends_with(',') {
+        start -= 1;
+    }
+    let out = format!("{}{}", &name[..start], &name[end..]);
+    out.strip_suffix("{}").map_or(out.clone(), str::to_string)
 }

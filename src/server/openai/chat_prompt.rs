@@ -21,7 +21,9 @@ use minijinja::Value;
 use minijinja::value::ValueKind;
 
 use super::chat_types::{ChatContent, ChatInput, TemplateParams, ToolCallInput};
-use super::types::Unsupported;
+use super::tool_grammar::ForcedTools;
+pub(super) use super::unsupported::refuse_unknown;
+use super::unsupported::{refuse_unknown_keys, refuse_unknown_template_keys};
 use crate::server::errors::ApiError;
 use crate::text::{ChatMessage, ChatPrompt, TextError, ToolCall};
 
@@ -34,6 +36,9 @@ pub struct PreparedChat {
     /// Tools reached the template, so the output may hold tool calls
     /// (false without tools and with `tool_choice: "none"`).
     pub tools_offered: bool,
+    /// `tool_choice` `required` or a named function: the calls the answer
+    /// must make (constrained by a grammar, see `tool_grammar`).
+    pub forced: Option<ForcedTools>,
 }
 
 /// Checks and converts a chat request's messages and template fields. The
@@ -60,20 +65,33 @@ pub fn with_template_params(
     messages: Vec<ChatMessage>,
     params: TemplateParams,
 ) -> Result<PreparedChat, ApiError> {
-    let tools_offered = match tool_choice(params.tool_choice.as_ref())? {
-        ToolChoice::Auto => params.tools.as_ref().is_some_and(|t| !t.is_empty()),
-        ToolChoice::None => false,
-    };
-    if params.parallel_tool_calls == Some(false) {
-        return Err(ApiError::invalid(
-            "parallel_tool_calls = false is not supported: the model may answer several calls",
-            Some("parallel_tool_calls"),
-        ));
-    }
     if let Some(tools) = &params.tools {
         for (i, tool) in tools.iter().enumerate() {
             check_tool(i, tool)?;
         }
+    }
+    let has_tools = params.tools.as_ref().is_some_and(|t| !t.is_empty());
+    let choice = tool_choice(params.tool_choice.as_ref())?;
+    let forced = match &choice {
+        ToolChoice::Auto | ToolChoice::None => None,
+        ToolChoice::Required | ToolChoice::Named(_) => Some(forced_tools(
+            params.tools.as_deref().unwrap_or_default(),
+            &choice,
+            params.parallel_tool_calls != Some(false),
+        )?),
+    };
+    let tools_offered = match choice {
+        ToolChoice::Auto => has_tools,
+        ToolChoice::None => false,
+        ToolChoice::Required | ToolChoice::Named(_) => true,
+    };
+    if params.parallel_tool_calls == Some(false) && forced.is_none() {
+        return Err(ApiError::invalid(
+            "parallel_tool_calls = false is supported with tool_choice \"required\" or a named \
+             function (a grammar then admits one call); with \"auto\" the model may answer \
+             several calls",
+            Some("parallel_tool_calls"),
+        ));
     }
     if let Some(documents) = &params.documents
         && documents.iter().any(|d| d.kind() != ValueKind::Map)
@@ -119,6 +137,7 @@ pub fn with_template_params(
             kwargs,
         },
         tools_offered,
+        forced,
     })
 }
 
@@ -142,23 +161,44 @@ pub fn render_error(error: TextError) -> ApiError {
 enum ToolChoice {
     Auto,
     None,
+    Required,
+    /// `{"type": "function", "function": {"name": N}}` (the Responses
+    /// API's flat `{"type": "function", "name": N}` too).
+    Named(String),
 }
 
 fn tool_choice(value: Option<&serde_json::Value>) -> Result<ToolChoice, ApiError> {
-    let refuse = |what: String| {
-        ApiError::invalid(
-            format!(
-                "tool_choice {what} is not supported (it needs constrained decoding); use \"auto\" or \"none\""
-            ),
-            Some("tool_choice"),
-        )
-    };
     match value {
         None => Ok(ToolChoice::Auto),
         Some(serde_json::Value::String(s)) if s == "auto" => Ok(ToolChoice::Auto),
         Some(serde_json::Value::String(s)) if s == "none" => Ok(ToolChoice::None),
-        Some(serde_json::Value::String(s)) if s == "required" => Err(refuse("\"required\"".into())),
-        Some(serde_json::Value::Object(_)) => Err(refuse("naming a function".into())),
+        Some(serde_json::Value::String(s)) if s == "required" => Ok(ToolChoice::Required),
+        Some(object @ serde_json::Value::Object(map)) => {
+            if map.get("type").and_then(serde_json::Value::as_str) != Some("function") {
+                return Err(invalid_at(
+                    "tool_choice.type".into(),
+                    "tool_choice.type must be \"function\"".into(),
+                ));
+            }
+            let name = match map.get("function") {
+                Some(function) => {
+                    refuse_unknown_keys(object, &["type", "function"], "tool_choice")?;
+                    refuse_unknown_keys(function, &["name"], "tool_choice.function")?;
+                    function.get("name")
+                }
+                None => {
+                    refuse_unknown_keys(object, &["type", "name"], "tool_choice")?;
+                    map.get("name")
+                }
+            };
+            match name.and_then(serde_json::Value::as_str) {
+                Some(name) => Ok(ToolChoice::Named(name.to_owned())),
+                None => Err(invalid_at(
+                    "tool_choice.function.name".into(),
+                    "tool_choice naming a function needs its `name`".into(),
+                )),
+            }
+        }
         Some(other) => Err(ApiError::invalid(
             format!(
                 "tool_choice must be \"auto\", \"none\", \"required\" or an object, not {other}"
@@ -166,6 +206,45 @@ fn tool_choice(value: Option<&serde_json::Value>) -> Result<ToolChoice, ApiError
             Some("tool_choice"),
         )),
     }
+}
+
+/// The calls `choice` forces, from the offered tools (checked before).
+fn forced_tools(
+    tools: &[Value],
+    choice: &ToolChoice,
+    parallel: bool,
+) -> Result<ForcedTools, ApiError> {
+    let functions: Vec<serde_json::Value> = tools
+        .iter()
+        .filter_map(|tool| tool.get_attr("function").ok())
+        .filter_map(|function| serde_json::to_value(&function).ok())
+        .collect();
+    if functions.is_empty() {
+        return Err(ApiError::invalid(
+            "tool_choice \"required\" or a named function needs `tools`",
+            Some("tool_choice"),
+        ));
+    }
+    let name = match choice {
+        ToolChoice::Named(name) => {
+            if !functions
+                .iter()
+                .any(|f| f.get("name").and_then(serde_json::Value::as_str) == Some(name.as_str()))
+            {
+                return Err(invalid_at(
+                    "tool_choice.function.name".into(),
+                    format!("tool_choice names {name:?}, which is not among `tools`"),
+                ));
+            }
+            Some(name.clone())
+        }
+        _ => None,
+    };
+    Ok(ForcedTools {
+        functions,
+        name,
+        parallel,
+    })
 }
 
 /// A tool definition must be `{"type": "function", "function": {"name": ...}}`.
@@ -188,8 +267,17 @@ fn check_tool(i: usize, tool: &Value) -> Result<(), ApiError> {
             format!("tools[{i}].function must be an object with a string `name`"),
         ));
     }
+    refuse_unknown_template_keys(tool, TOOL_KEYS, &format!("tools[{i}]"))?;
+    if let Some(function) = field("function") {
+        refuse_unknown_template_keys(&function, FUNCTION_KEYS, &format!("tools[{i}].function"))?;
+    }
     Ok(())
 }
+
+/// A chat tool definition's keys, and its function's (OpenAI's). The
+/// `parameters` schema is the template's to write, not checked here.
+const TOOL_KEYS: &[&str] = &["type", "function"];
+const FUNCTION_KEYS: &[&str] = &["name", "description", "parameters", "strict"];
 
 fn message(i: usize, m: ChatInput) -> Result<ChatMessage, ApiError> {
     refuse_unknown(&m.unsupported, || format!("messages[{i}]"))?;
@@ -281,20 +369,6 @@ fn tool_call(i: usize, j: usize, call: ToolCallInput) -> Result<ToolCall, ApiErr
     })
 }
 
-/// A field of a nested object that no struct takes: 400 naming its path.
-pub(super) fn refuse_unknown(
-    unsupported: &Unsupported,
-    at: impl Fn() -> String,
-) -> Result<(), ApiError> {
-    match unsupported.first_set() {
-        None => Ok(()),
-        Some(field) => Err(ApiError::unsupported_parameter(
-            &format!("{}.{field}", at()),
-            "is not supported by this server",
-        )),
-    }
-}
-
 /// A 400 whose `param` is a path built from the request (`messages[2].…`).
 pub(super) fn invalid_at(param: String, message: String) -> ApiError {
     let mut error = ApiError::invalid(message, None);
@@ -372,10 +446,10 @@ mod tests {
                 "messages[0].tool_calls[0].type",
             ),
             (r#"{"messages": [{"role": "tool", "tool_call_id": "c"}]}"#.to_owned(), "messages[0].content"),
-            (format!(r#"{{"messages": {hi}, "tools": {tools}, "tool_choice": "required"}}"#), "tool_choice"),
+            (format!(r#"{{"messages": {hi}, "tool_choice": "required"}}"#), "tool_choice"),
             (
-                format!(r#"{{"messages": {hi}, "tools": {tools}, "tool_choice": {{"type": "function", "function": {{"name": "f"}}}}}}"#),
-                "tool_choice",
+                format!(r#"{{"messages": {hi}, "tools": {tools}, "tool_choice": {{"type": "function", "function": {{"name": "nope"}}}}}}"#),
+                "tool_choice.function.name",
             ),
             (format!(r#"{{"messages": {hi}, "tool_choice": 3}}"#), "tool_choice"),
             (format!(r#"{{"messages": {hi}, "parallel_tool_calls": false}}"#), "parallel_tool_calls"),

@@ -24,7 +24,7 @@ use super::types::{
     ModelList, OneOrMany, Prompt, RequestBody, TemplateParams, TextChoice, Usage,
 };
 use super::{chat_prompt, sizes, stream};
-use crate::engine::grammar::Constraint;
+use crate::engine::grammar::{Constraint, GrammarSpec};
 use crate::engine::sampling::{MAX_TEMPERATURE, SamplingParams};
 use crate::engine::{AdmissionError, Event, EventSink, Request, TokenLogprob};
 use crate::server::body;
@@ -256,6 +256,7 @@ async fn prepare_and_submit(
 /// the rendered prompt (it may open reasoning).
 fn prepare(state: &ServerState, bytes: &[u8], route: Route) -> Result<Prepared, ApiError> {
     let limits = &state.request_limits;
+    let mut tool_spec = None;
     let mut prepared = match route {
         Route::Completion => {
             let mut body: CompletionRequest = parse_body(bytes)?;
@@ -281,6 +282,7 @@ fn prepare(state: &ServerState, bytes: &[u8], route: Route) -> Result<Prepared, 
             let fanout = fanout(&body.common, route)?;
             let logprobs = chat_logprobs(limits, &body.logprobs)?;
             let prepared = prepare_chat(state, body.messages, body.template)?;
+            tool_spec = forced_tool_grammar(state, &prepared)?;
             let (ids, parsers) = render_chat_choices(state, &prepared, fanout.best_of)?;
             let prompt = PreparedPrompt { ids, text: None };
             Prepared {
@@ -293,18 +295,43 @@ fn prepare(state: &ServerState, bytes: &[u8], route: Route) -> Result<Prepared, 
             }
         }
     };
-    prepared.common.constraint = compile_grammar(state, &prepared.common)?;
+    prepared.common.constraint = compile_grammar(state, &prepared.common, tool_spec)?;
     Ok(prepared)
 }
 
-/// The structured-output fields' grammar, compiled (on the preparation
-/// pool); an invalid one is a 400 naming its field.
-fn compile_grammar(
+/// The grammar of `tool_choice` `required` or a named function, if asked.
+pub(super) fn forced_tool_grammar(
+    state: &ServerState,
+    prepared: &chat_prompt::PreparedChat,
+) -> Result<Option<GrammarSpec>, ApiError> {
+    prepared
+        .forced
+        .as_ref()
+        .map(|forced| super::tool_grammar::grammar(&state.config.output_parsers, forced))
+        .transpose()
+}
+
+/// The structured-output fields' grammar, or the forced tool calls', compiled
+/// (on the preparation pool); an invalid one is a 400 naming its field.
+pub(super) fn compile_grammar(
     state: &ServerState,
     common: &CommonParams,
+    tool_spec: Option<GrammarSpec>,
 ) -> Result<Option<Constraint>, ApiError> {
-    let Some((spec, field)) = common.sampling.grammar()? else {
-        return Ok(None);
+    let sampled = common.sampling.grammar()?;
+    let (spec, field) = match (sampled, tool_spec) {
+        (None, None) => return Ok(None),
+        (Some(found), None) => found,
+        (None, Some(spec)) => (spec, "tool_choice"),
+        (Some((_, field)), Some(_)) => {
+            return Err(ApiError::invalid(
+                format!(
+                    "{field} and tool_choice \"required\" (or a named function) cannot both \
+                     constrain the answer"
+                ),
+                Some(field),
+            ));
+        }
     };
     let compiler = state
         .grammars
@@ -564,6 +591,7 @@ pub(super) fn parse_body<T: serde::de::DeserializeOwned + RequestBody>(
             "is not supported by this server (see the README's table of supported fields)",
         ));
     }
+    body.refuse_nested()?;
     Ok(body)
 }
 
@@ -738,14 +766,17 @@ pub(super) async fn submit(
                     prompt_ids: Arc::clone(&prompt_ids),
                     echo: echo_text.clone(),
                 });
-                Box::new(TimedSink::new(
-                    IndexedSink {
-                        index,
-                        events: events_tx.clone(),
-                    },
-                    Arc::clone(&state.latency),
-                    arrived,
-                )) as Box<dyn EventSink>
+                Box::new(
+                    TimedSink::new(
+                        IndexedSink {
+                            index,
+                            events: events_tx.clone(),
+                        },
+                        Arc::clone(&state.latency),
+                        arrived,
+                    )
+                    .with_max_tokens(params.max_tokens),
+                ) as Box<dyn EventSink>
             })
             .collect();
         groups.push(Group {
@@ -795,7 +826,8 @@ pub(super) async fn submit(
         return_token_ids: common.return_token_ids,
         logprobs,
         tokenizer,
-        include_usage: common.stream_options.is_some_and(|o| o.include_usage),
+        include_usage: common.usage_asked().0,
+        continuous_usage: common.usage_asked().1,
     };
     Ok(Submitted {
         meta,

@@ -22,6 +22,9 @@ pub(super) struct ResponseMeta {
     pub(super) logprobs: LogprobsAsked,
     pub(super) tokenizer: Option<Arc<Tokenizer>>,
     pub(super) include_usage: bool,
+    /// Every streamed chunk carries its choice's running usage
+    /// (`stream_options.continuous_usage_stats`).
+    pub(super) continuous_usage: bool,
 }
 
 /// What one choice's answer needs of its prompt.

@@ -36,6 +36,7 @@ mod sizes;
 mod stream;
 mod tokenize;
 pub mod tokenize_types;
+pub mod tool_grammar;
 pub mod tool_types;
 pub mod types;
 pub mod unsupported;

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::unsupported::refuse_unknown_keys;
 use crate::engine::grammar::GrammarSpec;
 use crate::engine::sampling::SamplingParams;
 use crate::server::errors::ApiError;
@@ -87,6 +88,23 @@ impl SamplingFields {
                 })
                 .collect::<Result<_, ApiError>>()?,
         };
+        Ok(())
+    }
+
+    /// `response_format`'s unknown keys (the schema itself is the
+    /// grammar compiler's to judge). `strict` is accepted: the schema is
+    /// enforced whether or not it is set.
+    pub fn refuse_nested(&self) -> Result<(), ApiError> {
+        if let Some(format) = &self.response_format {
+            refuse_unknown_keys(format, &["type", "json_schema"], "response_format")?;
+            if let Some(schema) = format.get("json_schema") {
+                refuse_unknown_keys(
+                    schema,
+                    &["name", "description", "schema", "strict"],
+                    "response_format.json_schema",
+                )?;
+            }
+        }
         Ok(())
     }
 

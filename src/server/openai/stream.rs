@@ -48,6 +48,11 @@ struct StreamChoice {
     /// prompt's ids, the echoed prompt and `prompt_logprobs`).
     first: bool,
     finished: bool,
+    /// Its tokens so far, for the running usage: counted as they come, the
+    /// engine's count once it finished.
+    completion_tokens: usize,
+    /// The prompt's tokens served from the prefix cache (known at the end).
+    cached_tokens: usize,
 }
 
 pub(super) fn sse(
@@ -66,6 +71,8 @@ pub(super) fn sse(
                 made_tool_calls: false,
                 first: true,
                 finished: false,
+                completion_tokens: 0,
+                cached_tokens: 0,
             })
             .collect();
         if meta.route == Route::Chat {
@@ -88,6 +95,7 @@ pub(super) fn sse(
             match event {
                 Event::Token { id, text, logprob, hidden } => {
                     choice.ids.push(id);
+                    choice.completion_tokens += 1;
                     if let Some(t) = &logprob {
                         choice.logprobs.on_token(t);
                     }
@@ -106,6 +114,8 @@ pub(super) fn sse(
                     if let Some(t) = &stop_logprob {
                         choice.logprobs.on_token(t);
                     }
+                    choice.completion_tokens = completion_tokens;
+                    choice.cached_tokens = cached_tokens;
                     let mut reason = reason.as_str();
                     if let Some(parser) = choice.parser.as_mut() {
                         let mut deltas = parser.push_text(&text);
@@ -202,7 +212,7 @@ impl ResponseMeta {
                             None
                         },
                     }],
-                    None,
+                    self.running_usage(index, choice),
                 ))
             }
             Route::Chat => {
@@ -243,8 +253,20 @@ impl ResponseMeta {
                 finish_reason: finish,
                 ids,
             }],
-            None,
+            self.running_usage(index, choice),
         ))
+    }
+
+    /// With `continuous_usage_stats`, choice `index`'s usage so far (as
+    /// vLLM: its prompt's tokens, its own completion tokens).
+    fn running_usage(&self, index: usize, choice: &StreamChoice) -> Option<Usage> {
+        self.continuous_usage.then(|| {
+            Usage::new(
+                self.choices[index].prompt_ids.len(),
+                choice.completion_tokens,
+            )
+            .with_cached_tokens(choice.cached_tokens)
+        })
     }
 
     /// The chunk after the last choice when the client asked for usage: no

@@ -15,8 +15,10 @@ pub use super::logprob_types::*;
 pub use super::sampling_types::SamplingFields;
 pub use super::tokenize_types::*;
 pub use super::tool_types::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta};
+use super::unsupported::refuse_unknown;
 pub use super::unsupported::{RequestBody, Unsupported};
 use crate::engine::grammar::Constraint;
+use crate::server::errors::ApiError;
 
 // ---------------------------------------------------------------- requests
 
@@ -85,8 +87,34 @@ pub struct CommonParams {
 
 #[derive(Deserialize)]
 pub struct StreamOptions {
+    /// A last chunk with the request's usage before `[DONE]`.
     #[serde(default)]
     pub include_usage: bool,
+    /// vLLM's: with `include_usage`, every chunk also carries its choice's
+    /// running usage (the prompt's tokens and the completion's so far).
+    #[serde(default)]
+    pub continuous_usage_stats: bool,
+    #[serde(flatten)]
+    pub unsupported: Unsupported,
+}
+
+impl CommonParams {
+    /// `stream_options`' unknown keys.
+    pub fn refuse_nested(&self) -> Result<(), ApiError> {
+        match &self.stream_options {
+            Some(options) => refuse_unknown(&options.unsupported, || "stream_options".to_owned()),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the stream ends with a usage chunk, and whether every chunk
+    /// carries the running usage (vLLM sends it only with `include_usage`).
+    pub fn usage_asked(&self) -> (bool, bool) {
+        match &self.stream_options {
+            Some(o) => (o.include_usage, o.include_usage && o.continuous_usage_stats),
+            None => (false, false),
+        }
+    }
 }
 
 /// The body of `POST /v1/completions`.
@@ -124,11 +152,21 @@ impl RequestBody for CompletionRequest {
     fn unsupported(&self) -> &Unsupported {
         &self.unsupported
     }
+
+    fn refuse_nested(&self) -> Result<(), ApiError> {
+        self.common.refuse_nested()?;
+        self.sampling.refuse_nested()
+    }
 }
 
 impl RequestBody for ChatRequest {
     fn unsupported(&self) -> &Unsupported {
         &self.unsupported
+    }
+
+    fn refuse_nested(&self) -> Result<(), ApiError> {
+        self.common.refuse_nested()?;
+        self.sampling.refuse_nested()
     }
 }
 

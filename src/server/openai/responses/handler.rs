@@ -82,7 +82,10 @@ async fn prepare_and_submit(
             handlers::check_common(&job_state, &request.common)?;
             handlers::refuse_n(&request.common)?;
             let (common, chat, echo) = input::prepare(request, &job_state.request_limits)?;
+            let tool_spec = handlers::forced_tool_grammar(&job_state, &chat)?;
             let (ids, parser) = handlers::render_chat(&job_state, &chat)?;
+            let mut common = common;
+            common.constraint = handlers::compile_grammar(&job_state, &common, tool_spec)?;
             let prepared = Prepared {
                 common,
                 prompts: vec![PreparedPrompt { ids, text: None }],

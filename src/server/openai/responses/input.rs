@@ -17,6 +17,7 @@ use crate::server::limits::RequestLimits;
 use crate::server::openai::chat_prompt::{self, PreparedChat, invalid_at, refuse_unknown};
 use crate::server::openai::sizes;
 use crate::server::openai::types::{CommonParams, TemplateParams};
+use crate::server::openai::unsupported::refuse_unknown_template_keys;
 use crate::text::{ChatMessage, ToolCall};
 
 /// What the response object repeats of its request.
@@ -140,6 +141,7 @@ fn chat_tool(i: usize, tool: &Value) -> Result<Value, ApiError> {
             ),
         ));
     }
+    refuse_unknown_template_keys(tool, RESPONSES_TOOL_KEYS, &format!("tools[{i}]"))?;
     let keys: Vec<Value> = tool
         .try_iter()
         .map_err(|_| {
@@ -171,6 +173,9 @@ fn chat_tool(i: usize, tool: &Value) -> Result<Value, ApiError> {
         (Value::from("function"), Value::from_iter(function)),
     ]))
 }
+
+/// A flat function tool's keys (OpenAI's Responses API).
+const RESPONSES_TOOL_KEYS: &[&str] = &["type", "name", "description", "parameters", "strict"];
 
 /// The chat messages of `instructions` and the input.
 fn messages(
@@ -457,8 +462,8 @@ mod tests {
                 "tools[0].name",
             ),
             (
-                r#"{"input": "x", "tool_choice": "required", "tools": [{"type": "function", "name": "f"}]}"#,
-                "tool_choice",
+                r#"{"input": "x", "tool_choice": {"type": "function", "name": "g"}, "tools": [{"type": "function", "name": "f"}]}"#,
+                "tool_choice.function.name",
             ),
             (
                 r#"{"input": "x", "max_output_tokens": 3, "max_tokens": 3}"#,

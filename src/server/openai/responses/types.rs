@@ -5,6 +5,7 @@
 use minijinja::Value;
 use serde::{Deserialize, Serialize};
 
+use crate::server::errors::ApiError;
 use crate::server::openai::types::{CommonParams, RequestBody, Unsupported};
 
 // ---------------------------------------------------------------- requests
@@ -44,6 +45,49 @@ pub struct ResponsesRequest {
 impl RequestBody for ResponsesRequest {
     fn unsupported(&self) -> &Unsupported {
         &self.unsupported
+    }
+
+    /// `stream_options`: the Responses API's own key, `include_obfuscation`,
+    /// only `false` (no obfuscation padding is written); the chat routes'
+    /// keys are refused by path (a Responses stream always ends with the
+    /// usage, in `response.completed`).
+    fn refuse_nested(&self) -> Result<(), ApiError> {
+        let Some(options) = &self.common.stream_options else {
+            return Ok(());
+        };
+        let chat_key = [
+            ("include_usage", options.include_usage),
+            ("continuous_usage_stats", options.continuous_usage_stats),
+        ]
+        .into_iter()
+        .find(|(_, set)| *set);
+        if let Some((key, _)) = chat_key {
+            return Err(ApiError::unsupported_parameter(
+                &format!("stream_options.{key}"),
+                "is not supported on /v1/responses: its stream always ends with the usage \
+                 (response.completed)",
+            ));
+        }
+        if let Some(value) = options.unsupported.get("include_obfuscation")
+            && value != &serde_json::Value::Bool(false)
+        {
+            return Err(ApiError::unsupported_parameter(
+                "stream_options.include_obfuscation",
+                "= true is not supported: this server writes no obfuscation padding",
+            ));
+        }
+        refuse_unknown_except(&options.unsupported, &["include_obfuscation"])
+    }
+}
+
+/// `stream_options`' unknown keys but `known`, by path.
+fn refuse_unknown_except(unsupported: &Unsupported, known: &[&str]) -> Result<(), ApiError> {
+    match unsupported.first_set_except(known) {
+        None => Ok(()),
+        Some(field) => Err(ApiError::unsupported_parameter(
+            &format!("stream_options.{field}"),
+            "is not supported by this server",
+        )),
     }
 }
 

@@ -1,0 +1,127 @@
+//! `tool_choice: "required"` and a named function: the answer is held to
+//! the server's tool-call format by a grammar built from the tools'
+//! schemas (llguidance's Lark with `%json` bodies), as vLLM constrains it.
+//! A named function is called once; `required` makes one call or more,
+//! one with `parallel_tool_calls: false`. The sequence ends when the
+//! grammar is complete.
+//!
+//! Only the hermes format (`<tool_call>\n{"name", "arguments"}\n</tool_call>`,
+//! Qwen3's) is built so far; with another tool-call parser the request is
+//! refused naming `tool_choice`, never served unconstrained.
+
+use serde_json::{Value, json};
+
+use crate::engine::grammar::GrammarSpec;
+use crate::server::errors::ApiError;
+use crate::text::parsers::{OutputParsers, TextTools};
+
+/// Which calls the answer must make.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForcedTools {
+    /// Each offered tool's `function` object (`name`, `parameters`).
+    pub functions: Vec<Value>,
+    /// A named function: only it; `None`: any offered one (`required`).
+    pub name: Option<String>,
+    /// `parallel_tool_calls` (default true): several calls, else one.
+    pub parallel: bool,
+}
+
+/// The grammar of the answer under `forced`, in the server's format.
+pub fn grammar(parsers: &OutputParsers, forced: &ForcedTools) -> Result<GrammarSpec, ApiError> {
+    match parsers {
+        OutputParsers::Text {
+            tools: Some(TextTools::Hermes),
+            ..
+        } => Ok(hermes(forced)),
+        other => Err(ApiError::invalid(
+            format!(
+                "tool_choice \"required\" or a named function is built for the hermes tool-call \
+                 format only; this server's is {}",
+                match other {
+                    OutputParsers::Text {
+                        tools: Some(TextTools::Qwen3Coder),
+                        ..
+                    } => "qwen3_coder (XML)",
+                    OutputParsers::Harmony { .. } => "openai_gptoss (harmony)",
+                    _ => "none (start with --tool-call-parser hermes)",
+                }
+            ),
+            Some("tool_choice"),
+        )),
+    }
+}
+
+/// `<tool_call>\n{"name": N, "arguments": {…}}\n</tool_call>`, once or
+/// several times separated by a newline (what Qwen3's template writes).
+fn hermes(forced: &ForcedTools) -> GrammarSpec {
+    let calls: Vec<Value> = forced
+        .functions
+        .iter()
+        .filter(|f| match &forced.name {
+            Some(name) => f.get("name").and_then(Value::as_str) == Some(name.as_str()),
+            None => true,
+        })
+        .map(|f| {
+            let parameters = f
+                .get("parameters")
+                .filter(|p| p.is_object())
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object"}));
+            json!({
+                "type": "object",
+                "properties": {
+                    "name": {"const": f.get("name").cloned().unwrap_or(Value::Null)},
+                    "arguments": parameters,
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    let mut schema = match calls.len() {
+        1 => calls.into_iter().next().unwrap_or_default(),
+        _ => json!({"anyOf": calls}),
+    };
+    // JSON as Qwen3's template writes a call (Python's `json.dumps`): no
+    // free whitespace, `", "` and `": "` between items and after keys.
+    if let Some(object) = schema.as_object_mut() {
+        object.insert(
+            "x-guidance".into(),
+            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
+    }
+    // A named function is called once (as vLLM, whose named choice is the
+    // function's arguments alone); `required` makes one or more calls
+    // unless `parallel_tool_calls` is false.
+    let start = if forced.parallel && forced.name.is_none() {
+        "start: call (\"\\n\" call)*"
+    } else {
+        "start: call"
+    };
+    GrammarSpec::Lark(format!(
+        "{start}\ncall: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"\n"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_named_function_keeps_only_its_schema_and_one_call_without_parallel() {
+        let forced = ForcedTools {
+            functions: vec![
+                json!({"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}),
+                json!({"name": "g"}),
+            ],
+            name: Some("f".into()),
+            parallel: false,
+        };
+        let GrammarSpec::Lark(lark) = hermes(&forced) else {
+            panic!("a Lark grammar")
+        };
+        assert!(lark.starts_with("start: call\n"), "{lark}");
+        assert!(lark.contains(r#""const":"f""#), "{lark}");
+        assert!(!lark.contains(r#""const":"g""#), "{lark}");
+    }
+}

@@ -1,0 +1,123 @@
+//! `tool_choice` `required` and a named function, constrained by a grammar
+//! of the hermes tool-call format on the tiny random fixture (which never
+//! writes a call by itself): `scripts/tool_choice_check.py` through the
+//! openai client and langchain-openai, and the refusals by name.
+
+use crate::common;
+use crate::server;
+
+use std::process::Command;
+
+use serde_json::json;
+use server::{Server, repo};
+
+fn missing_clients() -> Option<String> {
+    match Command::new("python3")
+        .args(["-c", "import openai, jsonschema, langchain_openai"])
+        .output()
+    {
+        Err(e) => Some(format!("no python3 ({e})")),
+        Ok(o) if !o.status.success() => Some(format!(
+            "python3 cannot import openai, jsonschema and langchain_openai: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Ok(_) => None,
+    }
+}
+
+#[test]
+fn required_and_named_tool_choice_answer_valid_calls_through_the_clients() {
+    if !common::tool_present("openai, jsonschema, langchain-openai", missing_clients()) {
+        return;
+    }
+    let server = Server::start(&[]);
+    let output = Command::new("python3")
+        .arg(repo().join("scripts/tool_choice_check.py"))
+        .arg(&server.url)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "tool_choice_check.py failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        server.log()
+    );
+    assert!(stdout.contains("tool choice check passed"), "{stdout}");
+}
+
+#[test]
+fn forced_tool_choice_refuses_what_it_cannot_do_by_name() {
+    let server = Server::start(&[]);
+    let tools =
+        json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let body = |extra: serde_json::Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    for (extra, param) in [
+        (
+            json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice.function.name",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (
+            json!({"tools": tools, "tool_choice": "required", "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}, "foo": 1}}),
+            "tool_choice.foo",
+        ),
+        (
+            json!({"tools": tools, "parallel_tool_calls": false}),
+            "parallel_tool_calls",
+        ),
+    ] {
+        let reply = server.post("/v1/chat/completions", &body(extra.clone()));
+        let error = reply.assert_error(400);
+        assert_eq!(error["param"], param, "{extra}: {error}");
+    }
+    // Another tool-call format than hermes: refused, never unconstrained.
+    let xml = Server::start(&["--tool-call-parser", "qwen3_coder"]);
+    let reply = xml.post(
+        "/v1/chat/completions",
+        &body(json!({"tools": tools, "tool_choice": "required"})),
+    );
+    let error = reply.assert_error(400);
+    assert_eq!(error["param"], "tool_choice", "{error}");
+    assert!(
+        error["message"].as_str().unwrap().contains("qwen3_coder"),
+        "{error}"
+    );
+}
+
+#[test]
+fn the_responses_api_takes_a_named_function_too() {
+    let server = Server::start(&[]);
+    let reply = server.post(
+        "/v1/responses",
+        &json!({"input": "Hi", "max_output_tokens": 200, "temperature": 0,
+                "tools": [{"type": "function", "name": "add", "parameters":
+                    {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
+                     "required": ["a"], "additionalProperties": false}}],
+                "tool_choice": {"type": "function", "name": "add"}}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let answer = reply.json();
+    let calls: Vec<_> = answer["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|item| item["type"] == "function_call")
+        .collect();
+    assert_eq!(calls.len(), 1, "{answer}");
+    assert_eq!(calls[0]["name"], "add");
+    let arguments: serde_json::Value =
+        serde_json::from_str(calls[0]["arguments"].as_str().unwrap()).unwrap();
+    assert!(arguments["a"].is_i64(), "{arguments}");
+    assert_eq!(arguments.as_object().unwrap().len(), 1, "{arguments}");
+}
