@@ -3,7 +3,7 @@
 //! the CPU backend allocates.
 
 use sparkrt::plan::memory::{self, HostFigures};
-use sparkrt::plan::profile::Profile;
+use sparkrt::plan::profile::{Profile, StateDtype};
 use sparkrt::plan::{self, PlanDevice};
 
 use crate::common;
@@ -161,4 +161,21 @@ fn the_bench_configs_have_the_profiles_layer_shapes() {
             "{config}"
         );
     }
+}
+
+#[test]
+fn qwen36_35b_bf16_state_halves_the_pool() {
+    let mut profile = Profile::load(&common::profile("qwen3.6-35b-a3b-bf16")).unwrap();
+    let f32_plan = plan::compute(&profile, &host(), None, PlanDevice::Cpu);
+    profile.serving.state_dtype = StateDtype::Bf16;
+    let plan = plan::compute(&profile, &host(), None, PlanDevice::Cpu);
+    // 30 layers × (24,576 conv + 524,288 delta-rule values) × 2 B =
+    // 32,931,840 B (31.4 MiB) a slot, × 48 slots = 1,580,728,320 B.
+    let s = &plan.recurrent_state;
+    assert_eq!(s.dtype, StateDtype::Bf16);
+    assert_eq!(s.bytes_per_seq, 32_931_840);
+    assert_eq!(s.bytes, 1_580_728_320);
+    assert_eq!(2 * s.bytes, f32_plan.recurrent_state.bytes);
+    // The `plan` text names the dtype; the KV cache never shrinks for it.
+    assert!(plan.kv_cache.bytes >= f32_plan.kv_cache.bytes);
 }

@@ -120,6 +120,32 @@ impl KvCacheDtype {
     }
 }
 
+/// Element type the recurrent-state pool stores (the recurrence itself
+/// computes in f32 either way; bf16 rounds the state when it is stored).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateDtype {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl StateDtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            StateDtype::Bf16 => "bf16",
+            StateDtype::F32 => "f32",
+        }
+    }
+
+    pub fn bytes(self) -> u64 {
+        match self {
+            StateDtype::Bf16 => 2,
+            StateDtype::F32 => 4,
+        }
+    }
+}
+
 /// `kv_cache = "auto"` (what remains, capped) or a fixed size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -158,6 +184,10 @@ pub struct ServingSection {
     /// `kv_block_size`; 0: only the one at the prompt's last full block).
     #[serde(default = "default_snapshot_interval")]
     pub state_snapshot_interval: usize,
+    /// Element type of the recurrent-state pool (f32, or bf16: half the
+    /// bytes; its logit cost is measured in the README).
+    #[serde(default)]
+    pub state_dtype: StateDtype,
 }
 
 /// Prompt positions between a prefill's state snapshots: a request sharing
@@ -199,6 +229,7 @@ impl Default for ServingSection {
             enable_prefix_caching: default_prefix_caching(),
             state_snapshots: None,
             state_snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
+            state_dtype: StateDtype::F32,
         }
     }
 }
@@ -400,6 +431,7 @@ struct ServingDraft {
     enable_prefix_caching: Option<bool>,
     state_snapshots: Option<usize>,
     state_snapshot_interval: Option<usize>,
+    state_dtype: Option<StateDtype>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -428,6 +460,7 @@ pub struct ServingOverrides {
     pub enable_prefix_caching: Option<bool>,
     pub state_snapshots: Option<usize>,
     pub state_snapshot_interval: Option<usize>,
+    pub state_dtype: Option<StateDtype>,
     /// `--served-model-name`: overrides `[model] name`.
     pub name: Option<String>,
 }
@@ -625,6 +658,9 @@ impl ProfileDraft {
         );
         serving.state_snapshot_interval = v;
         take("state_snapshot_interval", src);
+        let (v, src) = layer(flags.state_dtype, d.state_dtype, || defaults.state_dtype);
+        serving.state_dtype = v;
+        take("state_dtype", src);
         let profile = Profile {
             source: self.source.clone(),
             model,
