@@ -178,4 +178,10 @@ fn qwen36_35b_bf16_state_halves_the_pool() {
     assert_eq!(2 * s.bytes, f32_plan.recurrent_state.bytes);
     // The `plan` text names the dtype; the KV cache never shrinks for it.
     assert!(plan.kv_cache.bytes >= f32_plan.kv_cache.bytes);
+    // Its own ledger category: 16 live slots and 32 snapshots.
+    let rows = sparkrt::plan::ledger::Ledger::from_plan(&plan)
+        .snapshot()
+        .categories;
+    let row = rows.iter().find(|r| r.name == "recurrent_state").unwrap();
+    assert_eq!(row.planned, 16 * 32_931_840 + 32 * 32_931_840);
 }

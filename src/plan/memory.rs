@@ -752,8 +752,10 @@ pub fn sliding_kv(g: &ModelGeometry, dtype_bytes: u64, s: &ServingSection) -> Sl
     }
 }
 
-/// The name of the recurrent-state pool's buffer (charged to `kv_cache`).
-pub const RECURRENT_STATE: &str = "recurrent_state";
+/// The recurrent-state pool's buffers (category `recurrent_state`): the
+/// live slots, one per running sequence, and the prefix cache's snapshots.
+pub const RECURRENT_STATE_LIVE: &str = "recurrent_state.live";
+pub const RECURRENT_STATE_SNAPSHOTS: &str = "recurrent_state.snapshots";
 
 /// The recurrent-state pool of the Gated DeltaNet layers: per layer and per
 /// slot the convolution's last inputs, `conv_channels × (kernel − 1)`
@@ -765,8 +767,8 @@ pub const RECURRENT_STATE: &str = "recurrent_state";
 /// `bytes = layers × (live + snapshots) × (conv + ssm) × dtype bytes`
 /// (4 for f32, 2 for bf16).
 ///
-/// It is charged with the KV cache (both are per-sequence caches) and, unlike
-/// it, does not grow with the context.
+/// It is its own ledger category (`recurrent_state`, two buffers: live slots
+/// and snapshots) and, unlike the KV cache, does not grow with the context.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RecurrentStatePlan {
     pub layers: usize,

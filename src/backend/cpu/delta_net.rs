@@ -27,8 +27,8 @@ use crate::backend::error::BackendError;
 use crate::backend::shapes::DeltaNetShape;
 use crate::checkpoint::linear::VectorWeight;
 use crate::plan::ledger::{Category, Charge, Ledger};
-use crate::plan::memory::RECURRENT_STATE;
 use crate::plan::memory::RecurrentStatePlan;
+use crate::plan::memory::{RECURRENT_STATE_LIVE, RECURRENT_STATE_SNAPSHOTS};
 use crate::plan::profile::StateDtype;
 use crate::step::{StateSave, StepBatch};
 
@@ -49,7 +49,9 @@ pub struct CpuRecurrentState {
     slots: usize,
     conv_elements: usize,
     ssm_elements: usize,
-    _charge: Charge,
+    /// The live slots' and the snapshots' charges (the latter only when
+    /// there are snapshots).
+    _charges: Vec<Charge>,
 }
 
 impl CpuRecurrentState {
@@ -58,7 +60,18 @@ impl CpuRecurrentState {
         plan: &RecurrentStatePlan,
         ledger: &Arc<Ledger>,
     ) -> Result<CpuRecurrentState, BackendError> {
-        let charge = ledger.charge(Category::KvCache, plan.bytes, RECURRENT_STATE)?;
+        let mut charges = vec![ledger.charge(
+            Category::RecurrentState,
+            plan.live_slots as u64 * plan.bytes_per_seq,
+            RECURRENT_STATE_LIVE,
+        )?];
+        if plan.snapshot_slots > 0 {
+            charges.push(ledger.charge(
+                Category::RecurrentState,
+                plan.snapshot_slots as u64 * plan.bytes_per_seq,
+                RECURRENT_STATE_SNAPSHOTS,
+            )?);
+        }
         let per_slot = plan.conv_elements + plan.ssm_elements;
         let elements = plan.layers * plan.slots * per_slot;
         if elements as u64 * plan.dtype.bytes() != plan.bytes {
@@ -76,7 +89,7 @@ impl CpuRecurrentState {
             slots: plan.slots,
             conv_elements: plan.conv_elements,
             ssm_elements: plan.ssm_elements,
-            _charge: charge,
+            _charges: charges,
         })
     }
 
