@@ -473,9 +473,13 @@ fn hybrid_model_sample() -> sparkrt_tui::collector::Sample {
         4,
         serde_json::json!({"name": "recurrent_state", "planned": 3u64 << 30, "allocated": 3u64 << 30}),
     );
+    json["plan"]["recurrent_state"] = serde_json::json!({"snapshot_slots": 32});
     let mut sample = connected_sample();
     sample.server =
         Some(sparkrt_tui::memory::parse(&json.to_string()).expect("hybrid ledger parses"));
+    if let Some(Ok(stats)) = sample.stats.as_mut() {
+        stats.state_snapshots_cached = 5;
+    }
     sample
 }
 
@@ -501,10 +505,13 @@ fn the_recurrent_state_pool_has_its_ledger_row_and_bar_segment_at_80_columns() {
     let w = words(total);
     let at = w.iter().position(|x| *x == "total").unwrap();
     assert_eq!(w[at + 1..at + 3], ["88.0", "GiB"]);
+    // The serving panel: 5 snapshots held of the plan's 32 slots.
+    assert!(text.contains("state     snapshots 5 / 32"), "{text}");
 }
 
 #[test]
 fn without_a_recurrent_state_the_legend_has_no_empty_item() {
     let text = screen(&render(&app_with(connected_sample()), 80, 44));
     assert!(!text.contains("gdn state"), "{text}");
+    assert!(!text.contains("snapshots"), "{text}");
 }
