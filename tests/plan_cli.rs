@@ -679,3 +679,53 @@ fn the_queue_bound_is_a_quarter_of_the_safety_margin_over_a_worst_case_sequence(
         stdout(&out)
     );
 }
+
+#[test]
+fn state_dtype_bf16_from_the_profile_or_the_flag_halves_the_state_pool() {
+    let name = profile("qwen3.6-35b-a3b-bf16").display().to_string();
+    let text = std::fs::read_to_string(&name).unwrap();
+    assert!(text.contains("[serving]\n"), "{name}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bf16-state.toml");
+    std::fs::write(
+        &path,
+        text.replace("[serving]\n", "[serving]\nstate_dtype = \"bf16\"\n"),
+    )
+    .unwrap();
+    let (f32_plan, _) = plan_json(&name, &spark_root());
+    let (from_profile, _) = plan_json(&path.display().to_string(), &spark_root());
+    let out = sparkrt(&[
+        "plan",
+        "--profile",
+        &name,
+        "--host-root",
+        &spark_root(),
+        "--json",
+        "--state-dtype",
+        "bf16",
+    ]);
+    let from_flag = json(&out);
+    let state = &f32_plan["recurrent_state"];
+    assert_eq!(state["dtype"], "f32");
+    // 30 layers × (24,576 + 524,288) values × 4 B, × 48 slots.
+    assert_eq!(state["bytes"], 48 * 30 * (24_576 + 524_288) * 4_i64);
+    for bf16 in [&from_profile, &from_flag] {
+        assert_eq!(bf16["recurrent_state"]["dtype"], "bf16");
+        assert_eq!(
+            bf16["recurrent_state"]["bytes"],
+            48 * 30 * (24_576 + 524_288) * 2_i64
+        );
+    }
+    expect_bad_input(
+        &[
+            "plan",
+            "--profile",
+            &name,
+            "--host-root",
+            &spark_root(),
+            "--state-dtype",
+            "f16",
+        ],
+        "not a recurrent-state dtype",
+    );
+}

@@ -3,7 +3,7 @@
 //! the CPU backend allocates.
 
 use sparkrt::plan::memory::{self, HostFigures};
-use sparkrt::plan::profile::Profile;
+use sparkrt::plan::profile::{Profile, StateDtype};
 use sparkrt::plan::{self, PlanDevice};
 
 use crate::common;
@@ -211,4 +211,27 @@ fn speculative_decoding_is_planned_by_hand() {
         on.fixed_bytes() + 16 * vocab * 4,
         off.fixed_bytes() + on.speculative.verify_state_bytes
     );
+}
+
+#[test]
+fn qwen36_35b_bf16_state_halves_the_pool() {
+    let mut profile = Profile::load(&common::profile("qwen3.6-35b-a3b-bf16")).unwrap();
+    let f32_plan = plan::compute(&profile, &host(), None, PlanDevice::Cpu);
+    profile.serving.state_dtype = StateDtype::Bf16;
+    let plan = plan::compute(&profile, &host(), None, PlanDevice::Cpu);
+    // 30 layers × (24,576 conv + 524,288 delta-rule values) × 2 B =
+    // 32,931,840 B (31.4 MiB) a slot, × 48 slots = 1,580,728,320 B.
+    let s = &plan.recurrent_state;
+    assert_eq!(s.dtype, StateDtype::Bf16);
+    assert_eq!(s.bytes_per_seq, 32_931_840);
+    assert_eq!(s.bytes, 1_580_728_320);
+    assert_eq!(2 * s.bytes, f32_plan.recurrent_state.bytes);
+    // The `plan` text names the dtype; the KV cache never shrinks for it.
+    assert!(plan.kv_cache.bytes >= f32_plan.kv_cache.bytes);
+    // Its own ledger category: 16 live slots and 32 snapshots.
+    let rows = sparkrt::plan::ledger::Ledger::from_plan(&plan)
+        .snapshot()
+        .categories;
+    let row = rows.iter().find(|r| r.name == "recurrent_state").unwrap();
+    assert_eq!(row.planned, 16 * 32_931_840 + 32 * 32_931_840);
 }

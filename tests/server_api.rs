@@ -443,6 +443,7 @@ fn memory_and_metrics_follow_the_contract() {
             "moe_workspace",
             "activations",
             "kv_cache",
+            "recurrent_state",
             "runtime_overhead"
         ]
     );

@@ -11,7 +11,7 @@ use crate::geometry::Architecture;
 use crate::host::HostReading;
 use crate::plan::profile::{
     CheckpointFacts, DeviceKind, KubeletMode, KvCacheDtype, KvCacheSize, Profile, ProfileDraft,
-    ServingOverrides,
+    ServingOverrides, StateDtype,
 };
 use crate::plan::speculative::SpeculativeConfig;
 use crate::runtime::{DeviceOptions, HostSource};
@@ -298,6 +298,11 @@ pub struct ServingArgs {
     /// [profile: `speculative_config`; default off].
     #[arg(long, value_name = "JSON")]
     pub speculative_config: Option<String>,
+    /// Hybrid models: element type of the recurrent-state pool, `f32` or
+    /// `bf16` (half the bytes; the recurrence still computes in f32)
+    /// [profile: `state_dtype`; default f32].
+    #[arg(long, value_name = "DTYPE", value_parser = parse_state_dtype)]
+    pub state_dtype: Option<StateDtype>,
     /// vLLM's flag, refused (exit 2): on unified memory the GPU's memory is
     /// the host's, so a fraction of it is no budget; use --kv-cache SIZE.
     #[arg(long, value_name = "FRACTION")]
@@ -362,6 +367,7 @@ impl ServingArgs {
                 ),
                 None => None,
             },
+            state_dtype: self.state_dtype,
             name: self.served_model_name.first().cloned(),
         })
     }
@@ -401,6 +407,16 @@ fn parse_kv_dtype(text: &str) -> Result<KvCacheDtype, String> {
         "bf16" => Ok(KvCacheDtype::Bf16),
         "f32" => Ok(KvCacheDtype::F32),
         other => Err(format!("{other:?} is not a KV cache dtype: bf16 or f32")),
+    }
+}
+
+fn parse_state_dtype(text: &str) -> Result<StateDtype, String> {
+    match text {
+        "bf16" => Ok(StateDtype::Bf16),
+        "f32" => Ok(StateDtype::F32),
+        other => Err(format!(
+            "{other:?} is not a recurrent-state dtype: f32 or bf16"
+        )),
     }
 }
 

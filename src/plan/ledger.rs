@@ -84,13 +84,16 @@ impl PlannedBuffer {
 pub const WEIGHTS: &str = "weights";
 pub const KV_CACHE: &str = "kv_cache";
 
+/// How many categories a ledger keeps, one budget each.
+pub const CATEGORIES: usize = Category::ALL.len();
+
 /// Category budgets and, for a ledger made from a plan, the plan's buffers
 /// one by one: a charge names its buffer, and [`Ledger::verify_complete`]
 /// finds any buffer charged more or less than planned.
 #[derive(Debug)]
 pub struct Ledger {
-    planned: [u64; 5],
-    allocated: [AtomicU64; 5],
+    planned: [u64; CATEGORIES],
+    allocated: [AtomicU64; CATEGORIES],
     /// Empty for a ledger made from budgets alone (tests).
     buffers: Vec<PlannedBuffer>,
     /// Live bytes charged to each of `buffers`.
@@ -130,7 +133,8 @@ impl Ledger {
             plan.weights.total,
             plan.moe_workspace.bytes,
             plan.activations.bytes,
-            plan.kv_cache.bytes + plan.recurrent_state.bytes,
+            plan.kv_cache.bytes,
+            plan.recurrent_state.bytes,
             plan.runtime_overhead.bytes,
         ];
         Arc::new(Ledger::with_buffers(budgets, planned_buffers(plan)))
@@ -138,13 +142,13 @@ impl Ledger {
 
     /// Budgets in the order of [`Category::ALL`], no buffers: any name may
     /// be charged and [`Ledger::verify_complete`] has nothing to check.
-    pub fn with_budgets(planned: [u64; 5]) -> Ledger {
+    pub fn with_budgets(planned: [u64; CATEGORIES]) -> Ledger {
         Ledger::with_buffers(planned, Vec::new())
     }
 
     /// Budgets in the order of [`Category::ALL`] and the buffers charges
     /// must name.
-    pub fn with_buffers(planned: [u64; 5], buffers: Vec<PlannedBuffer>) -> Ledger {
+    pub fn with_buffers(planned: [u64; CATEGORIES], buffers: Vec<PlannedBuffer>) -> Ledger {
         Ledger {
             planned,
             allocated: Default::default(),
@@ -285,12 +289,27 @@ pub fn planned_buffers(plan: &Plan) -> Vec<PlannedBuffer> {
         KV_CACHE,
         plan.kv_cache.bytes,
     ));
-    if plan.recurrent_state.bytes > 0 {
+    let state = &plan.recurrent_state;
+    if state.bytes > 0 {
         all.push(PlannedBuffer::new(
-            Category::KvCache,
-            super::memory::RECURRENT_STATE,
-            plan.recurrent_state.bytes,
+            Category::RecurrentState,
+            super::memory::RECURRENT_STATE_LIVE,
+            state.live_slots as u64 * state.bytes_per_seq,
         ));
+        if state.snapshot_slots > 0 {
+            all.push(PlannedBuffer::new(
+                Category::RecurrentState,
+                super::memory::RECURRENT_STATE_SNAPSHOTS,
+                state.snapshot_slots as u64 * state.bytes_per_seq,
+            ));
+        }
+        if state.verify_slots > 0 {
+            all.push(PlannedBuffer::new(
+                Category::RecurrentState,
+                super::memory::RECURRENT_STATE_VERIFY,
+                state.verify_slots as u64 * state.bytes_per_seq,
+            ));
+        }
     }
     all.extend(listed(
         Category::RuntimeOverhead,
@@ -336,7 +355,7 @@ mod tests {
 
     #[test]
     fn charges_up_to_the_plan_and_no_further() {
-        let ledger = Arc::new(Ledger::with_budgets([100, 50, 0, 0, 0]));
+        let ledger = Arc::new(Ledger::with_budgets([100, 50, 0, 0, 0, 0]));
         let a = ledger.charge(Category::Weights, 60, "a").unwrap();
         let _b = ledger.charge(Category::Weights, 40, "b").unwrap();
         let err = ledger.charge(Category::Weights, 1, "c").unwrap_err();
@@ -361,7 +380,7 @@ mod tests {
 
     fn itemised() -> Arc<Ledger> {
         Arc::new(Ledger::with_buffers(
-            [100, 0, 30, 0, 0],
+            [100, 0, 30, 0, 0, 0],
             vec![
                 PlannedBuffer::new(Category::Weights, "weights", 100),
                 PlannedBuffer::new(Category::Activations, "hidden", 10),

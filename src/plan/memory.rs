@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::device::PlanDevice;
-use super::profile::{KvCacheDtype, ServingSection};
+use super::profile::{KvCacheDtype, ServingSection, StateDtype};
 use crate::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization, WeightGroup};
 
 /// Activations, workspace and logits are f32 on every backend.
@@ -756,22 +756,26 @@ pub fn sliding_kv(g: &ModelGeometry, dtype_bytes: u64, s: &ServingSection) -> Sl
     }
 }
 
-/// The name of the recurrent-state pool's buffer (charged to `kv_cache`).
-pub const RECURRENT_STATE: &str = "recurrent_state";
+/// The recurrent-state pool's buffers (category `recurrent_state`): the
+/// live slots, one per running sequence, the prefix cache's snapshots and
+/// speculative decoding's verify slots.
+pub const RECURRENT_STATE_LIVE: &str = "recurrent_state.live";
+pub const RECURRENT_STATE_SNAPSHOTS: &str = "recurrent_state.snapshots";
+pub const RECURRENT_STATE_VERIFY: &str = "recurrent_state.verify";
 
 /// The recurrent-state pool of the Gated DeltaNet layers: per layer and per
 /// slot the convolution's last inputs, `conv_channels × (kernel − 1)`
 /// values, and the delta rule's state, `value_heads × key_dim × value_dim`
-/// values, in f32. A running sequence holds one live slot (`max_num_seqs`
+/// values, in `state_dtype` (f32, or bf16 at half the bytes). A running sequence holds one live slot (`max_num_seqs`
 /// of them); the prefix cache's snapshots fill the others
 /// (`state_snapshots`, 0 with prefix caching off):
 ///
-/// `bytes = layers × (live + snapshots + verify) × (conv + ssm) × 4`,
-/// `verify = max_num_seqs × k` with `k` draft tokens per step (0 without
-/// speculative decoding).
+/// `bytes = layers × (live + snapshots + verify) × (conv + ssm) × dtype
+/// bytes` (4 for f32, 2 for bf16), `verify = max_num_seqs × k` with `k`
+/// draft tokens per step (0 without speculative decoding).
 ///
-/// It is charged with the KV cache (both are per-sequence caches) and, unlike
-/// it, does not grow with the context.
+/// It is its own ledger category (`recurrent_state`, two buffers: live slots
+/// and snapshots) and, unlike the KV cache, does not grow with the context.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RecurrentStatePlan {
     pub layers: usize,
@@ -793,6 +797,8 @@ pub struct RecurrentStatePlan {
     pub conv_elements: usize,
     /// Values of one layer's delta-rule state for one sequence.
     pub ssm_elements: usize,
+    /// Element type the pool stores.
+    pub dtype: StateDtype,
     /// Bytes one slot takes over all layers.
     pub bytes_per_seq: u64,
     pub bytes: u64,
@@ -808,7 +814,8 @@ pub fn recurrent_state(g: &ModelGeometry, s: &ServingSection) -> RecurrentStateP
     let (conv_elements, ssm_elements) = g.delta_net().map_or((0, 0), |d| {
         (d.conv_state_elements(), d.ssm_state_elements())
     });
-    let bytes_per_seq = layers as u64 * (conv_elements + ssm_elements) as u64 * ACTIVATION_BYTES;
+    let bytes_per_seq =
+        layers as u64 * (conv_elements + ssm_elements) as u64 * s.state_dtype.bytes();
     let snapshot_slots = match (layers, s.enable_prefix_caching) {
         (0, _) | (_, false) => 0,
         _ => s
@@ -829,6 +836,7 @@ pub fn recurrent_state(g: &ModelGeometry, s: &ServingSection) -> RecurrentStateP
         snapshot_interval: s.state_snapshot_interval,
         conv_elements,
         ssm_elements,
+        dtype: s.state_dtype,
         bytes_per_seq,
         bytes: bytes_per_seq * slots as u64,
     }

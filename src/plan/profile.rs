@@ -121,6 +121,32 @@ impl KvCacheDtype {
     }
 }
 
+/// Element type the recurrent-state pool stores (the recurrence itself
+/// computes in f32 either way; bf16 rounds the state when it is stored).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateDtype {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl StateDtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            StateDtype::Bf16 => "bf16",
+            StateDtype::F32 => "f32",
+        }
+    }
+
+    pub fn bytes(self) -> u64 {
+        match self {
+            StateDtype::Bf16 => 2,
+            StateDtype::F32 => 4,
+        }
+    }
+}
+
 /// `kv_cache = "auto"` (what remains, capped) or a fixed size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -162,6 +188,10 @@ pub struct ServingSection {
     /// Speculative decoding (vLLM's `speculative_config`); `None`: off.
     #[serde(default)]
     pub speculative: Option<SpeculativeConfig>,
+    /// Element type of the recurrent-state pool (f32, or bf16: half the
+    /// bytes; its logit cost is measured in the README).
+    #[serde(default)]
+    pub state_dtype: StateDtype,
 }
 
 /// Prompt positions between a prefill's state snapshots: a request sharing
@@ -204,6 +234,7 @@ impl Default for ServingSection {
             state_snapshots: None,
             state_snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
             speculative: None,
+            state_dtype: StateDtype::F32,
         }
     }
 }
@@ -407,6 +438,7 @@ struct ServingDraft {
     state_snapshot_interval: Option<usize>,
     /// vLLM's keys, as an inline table.
     speculative_config: Option<SpeculativeDraft>,
+    state_dtype: Option<StateDtype>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -437,6 +469,7 @@ pub struct ServingOverrides {
     pub state_snapshot_interval: Option<usize>,
     /// `--speculative-config` (already validated).
     pub speculative: Option<SpeculativeConfig>,
+    pub state_dtype: Option<StateDtype>,
     /// `--served-model-name`: overrides `[model] name`.
     pub name: Option<String>,
 }
@@ -650,6 +683,9 @@ impl ProfileDraft {
         let (v, src) = layer(flags.speculative.map(Some), written.map(Some), || None);
         serving.speculative = v;
         take("speculative_config", src);
+        let (v, src) = layer(flags.state_dtype, d.state_dtype, || defaults.state_dtype);
+        serving.state_dtype = v;
+        take("state_dtype", src);
         let profile = Profile {
             source: self.source.clone(),
             model,

@@ -199,8 +199,10 @@ pub fn render(plan: &Plan) -> String {
         row(
             &mut out,
             &format!(
-                "recurrent state ({} layers × {} slots, f32)",
-                state.layers, state.slots
+                "recurrent state ({} layers × {} slots, {})",
+                state.layers,
+                state.slots,
+                state.dtype.name()
             ),
             format_bytes(state.bytes),
         );

@@ -32,7 +32,9 @@ pub fn skip(test: &str) -> bool {
 
 /// A ledger that admits anything (the kernel tests do not test the plan).
 pub fn open_ledger() -> Arc<Ledger> {
-    Arc::new(Ledger::with_budgets([u64::MAX / 8; 5]))
+    Arc::new(Ledger::with_budgets(
+        [u64::MAX / 8; sparkrt::plan::ledger::CATEGORIES],
+    ))
 }
 
 pub fn cuda_options() -> CudaOptions {

@@ -41,6 +41,8 @@ pub enum SegmentKind {
     MoeWorkspace,
     KvUsed,
     KvFree,
+    /// The recurrent-state pool of hybrid (Gated DeltaNet) models.
+    RecurrentState,
     Activations,
     Overhead,
     OtherProcesses,
@@ -55,6 +57,8 @@ impl SegmentKind {
             SegmentKind::MoeWorkspace => "moe workspace",
             SegmentKind::KvUsed => "kv used",
             SegmentKind::KvFree => "kv free",
+            // Short: the legend fits 80 columns.
+            SegmentKind::RecurrentState => "gdn state",
             SegmentKind::Activations => "activations",
             SegmentKind::Overhead => "overhead",
             SegmentKind::OtherProcesses => "other processes",
@@ -182,7 +186,8 @@ fn runtime_segments(server: &ServerMemory) -> Vec<Segment> {
         .iter()
         .filter(|c| !known.contains(&c.name.as_str()))
         .fold(0, |sum, c| sum.saturating_add(c.allocated));
-    vec![
+    let state = allocated(Category::RecurrentState);
+    let mut segments = vec![
         Segment {
             kind: SegmentKind::Weights,
             bytes: allocated(Category::Weights),
@@ -207,7 +212,18 @@ fn runtime_segments(server: &ServerMemory) -> Vec<Segment> {
             kind: SegmentKind::Overhead,
             bytes: allocated(Category::RuntimeOverhead).saturating_add(unknown),
         },
-    ]
+    ];
+    // Only hybrid models have the pool: no empty legend item for the others.
+    if state > 0 {
+        segments.insert(
+            4,
+            Segment {
+                kind: SegmentKind::RecurrentState,
+                bytes: state,
+            },
+        );
+    }
+    segments
 }
 
 /// The cell boundary for a byte offset on a bar `width` cells wide: the

@@ -478,3 +478,58 @@ fn speculative_decoding_shows_its_drafts_beside_the_token_rates() {
         "{text}"
     );
 }
+
+/// The canned sample with a hybrid model's recurrent-state pool (3 GiB,
+/// all allocated) in the ledger before `runtime_overhead`.
+fn hybrid_model_sample() -> sparkrt_tui::collector::Sample {
+    let mut json: serde_json::Value =
+        serde_json::from_str(common::MEMORY_OK).expect("canned JSON parses");
+    let categories = json["ledger"]["categories"]
+        .as_array_mut()
+        .expect("categories");
+    categories.insert(
+        4,
+        serde_json::json!({"name": "recurrent_state", "planned": 3u64 << 30, "allocated": 3u64 << 30}),
+    );
+    json["plan"]["recurrent_state"] = serde_json::json!({"snapshot_slots": 32});
+    let mut sample = connected_sample();
+    sample.server =
+        Some(sparkrt_tui::memory::parse(&json.to_string()).expect("hybrid ledger parses"));
+    if let Some(Ok(stats)) = sample.stats.as_mut() {
+        stats.state_snapshots_cached = 5;
+    }
+    sample
+}
+
+#[test]
+fn the_recurrent_state_pool_has_its_ledger_row_and_bar_segment_at_80_columns() {
+    let buffer = render(&app_with(hybrid_model_sample()), 80, 44);
+    let text = screen(&buffer);
+    let line = text
+        .lines()
+        .find(|l| l.contains("│recurrent_state "))
+        .unwrap_or_else(|| panic!("recurrent_state row in\n{text}"));
+    let w = words(line);
+    let at = w.iter().position(|x| *x == "recurrent_state").unwrap();
+    // 3 × 2^30 B planned and allocated: 3.00 GiB each, 100 %.
+    assert_eq!(w[at + 1..at + 6], ["3.00", "GiB", "3.00", "GiB", "100"]);
+    // The legend names it whole, with its figure.
+    assert!(text.contains("█ gdn state 3.00 GiB"), "{text}");
+    // Total planned: 60 + 2 + 1 + 20 + 3 + 2 GiB = 88 GiB.
+    let total = text
+        .lines()
+        .find(|l| l.contains("│total "))
+        .unwrap_or_else(|| panic!("total row in\n{text}"));
+    let w = words(total);
+    let at = w.iter().position(|x| *x == "total").unwrap();
+    assert_eq!(w[at + 1..at + 3], ["88.0", "GiB"]);
+    // The serving panel: 5 snapshots held of the plan's 32 slots.
+    assert!(text.contains("state     snapshots 5 / 32"), "{text}");
+}
+
+#[test]
+fn without_a_recurrent_state_the_legend_has_no_empty_item() {
+    let text = screen(&render(&app_with(connected_sample()), 80, 44));
+    assert!(!text.contains("gdn state"), "{text}");
+    assert!(!text.contains("snapshots"), "{text}");
+}

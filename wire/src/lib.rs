@@ -48,15 +48,19 @@ pub enum Category {
     MoeWorkspace,
     Activations,
     KvCache,
+    /// The Gated DeltaNet layers' recurrent-state pool (live slots and the
+    /// prefix cache's snapshots).
+    RecurrentState,
     RuntimeOverhead,
 }
 
 impl Category {
-    pub const ALL: [Category; 5] = [
+    pub const ALL: [Category; 6] = [
         Category::Weights,
         Category::MoeWorkspace,
         Category::Activations,
         Category::KvCache,
+        Category::RecurrentState,
         Category::RuntimeOverhead,
     ];
 
@@ -67,6 +71,7 @@ impl Category {
             Category::MoeWorkspace => "moe_workspace",
             Category::Activations => "activations",
             Category::KvCache => "kv_cache",
+            Category::RecurrentState => "recurrent_state",
             Category::RuntimeOverhead => "runtime_overhead",
         }
     }

@@ -4,7 +4,9 @@
 //!
 //! The pool holds, per Gated DeltaNet layer and slot, the last `kernel − 1`
 //! inputs of each convolution channel and one `key_dim × value_dim` state
-//! per value head, in f32. A step's sequence names its slot
+//! per value head, in the plan's `state_dtype`: f32, or bf16 (the
+//! recurrence computes in f32 either way: a step loads the slots it
+//! touches to f32 and stores them back rounded). A step's sequence names its slot
 //! (`SeqChunk::state_slot`); a chunk starting at position 0 starts from
 //! zeros, so a slot needs no clearing when a sequence ends. The other slots
 //! hold the prefix cache's snapshots: a step's `state_saves` copy a
@@ -25,8 +27,11 @@ use crate::backend::error::BackendError;
 use crate::backend::shapes::DeltaNetShape;
 use crate::checkpoint::linear::VectorWeight;
 use crate::plan::ledger::{Category, Charge, Ledger};
-use crate::plan::memory::RECURRENT_STATE;
 use crate::plan::memory::RecurrentStatePlan;
+use crate::plan::memory::{
+    RECURRENT_STATE_LIVE, RECURRENT_STATE_SNAPSHOTS, RECURRENT_STATE_VERIFY,
+};
+use crate::plan::profile::StateDtype;
 use crate::step::{StateSave, StepBatch};
 
 /// Widest key or value head the stack scratch of a task holds.
@@ -39,14 +44,16 @@ const MAX_KERNEL: usize = crate::limits::MAX_CONV_KERNEL;
 /// The recurrent states of every Gated DeltaNet layer and sequence slot.
 pub struct CpuRecurrentState {
     /// `[layer][slot][channel][kernel − 1]`.
-    conv: Vec<f32>,
+    conv: StateValues,
     /// `[layer][slot][value_head][key_dim][value_dim]`.
-    ssm: Vec<f32>,
+    ssm: StateValues,
     layers: usize,
     slots: usize,
     conv_elements: usize,
     ssm_elements: usize,
-    _charge: Charge,
+    /// The live slots' and the snapshots' charges (the latter only when
+    /// there are snapshots).
+    _charges: Vec<Charge>,
 }
 
 impl CpuRecurrentState {
@@ -55,29 +62,49 @@ impl CpuRecurrentState {
         plan: &RecurrentStatePlan,
         ledger: &Arc<Ledger>,
     ) -> Result<CpuRecurrentState, BackendError> {
-        let charge = ledger.charge(Category::KvCache, plan.bytes, RECURRENT_STATE)?;
+        let mut charges = vec![ledger.charge(
+            Category::RecurrentState,
+            plan.live_slots as u64 * plan.bytes_per_seq,
+            RECURRENT_STATE_LIVE,
+        )?];
+        if plan.snapshot_slots > 0 {
+            charges.push(ledger.charge(
+                Category::RecurrentState,
+                plan.snapshot_slots as u64 * plan.bytes_per_seq,
+                RECURRENT_STATE_SNAPSHOTS,
+            )?);
+        }
+        if plan.verify_slots > 0 {
+            charges.push(ledger.charge(
+                Category::RecurrentState,
+                plan.verify_slots as u64 * plan.bytes_per_seq,
+                RECURRENT_STATE_VERIFY,
+            )?);
+        }
         let per_slot = plan.conv_elements + plan.ssm_elements;
         let elements = plan.layers * plan.slots * per_slot;
-        if elements as u64 * 4 != plan.bytes {
+        if elements as u64 * plan.dtype.bytes() != plan.bytes {
             return Err(BackendError::Shape(format!(
-                "the recurrent-state plan lists {} bytes for {elements} f32 values",
-                plan.bytes
+                "the recurrent-state plan lists {} bytes for {elements} {} values",
+                plan.bytes,
+                plan.dtype.name()
             )));
         }
+        let n = plan.layers * plan.slots;
         Ok(CpuRecurrentState {
-            conv: vec![0.0; plan.layers * plan.slots * plan.conv_elements],
-            ssm: vec![0.0; plan.layers * plan.slots * plan.ssm_elements],
+            conv: StateValues::zeroed(plan.dtype, n * plan.conv_elements),
+            ssm: StateValues::zeroed(plan.dtype, n * plan.ssm_elements),
             layers: plan.layers,
             slots: plan.slots,
             conv_elements: plan.conv_elements,
             ssm_elements: plan.ssm_elements,
-            _charge: charge,
+            _charges: charges,
         })
     }
 
     /// Bytes the pool holds (tests compare it with the plan).
     pub fn allocated_bytes(&self) -> u64 {
-        ((self.conv.len() + self.ssm.len()) * 4) as u64
+        self.conv.bytes() + self.ssm.bytes()
     }
 
     /// Copies slot `from` onto slot `to` in every layer, for each pair;
@@ -107,7 +134,7 @@ impl CpuRecurrentState {
                     (&mut self.ssm, self.ssm_elements),
                 ] {
                     let at = |slot: u32| (layer * self.slots + slot as usize) * n;
-                    values.copy_within(at(from)..at(from) + n, at(to));
+                    values.copy_within(at(from), n, at(to));
                 }
             }
         }
@@ -220,7 +247,6 @@ pub(crate) fn conv(
 ) -> Result<(), BackendError> {
     state.check(layer, shape)?;
     let (channels, kernel) = (shape.conv_channels(), shape.conv_kernel);
-    let kept = kernel - 1;
     if weight.len != channels * kernel {
         return Err(BackendError::Shape(format!(
             "a convolution weight of {} values for {channels} channels × {kernel}",
@@ -231,9 +257,30 @@ pub(crate) fn conv(
     let slots = state.slots_of(batch)?;
     state.check_saves(batch, &slots)?;
     let n = state.conv_elements;
-    let per_layer = state.slots * n;
-    let layer_state = &mut state.conv[layer * per_layer..][..per_layer];
-    for (seq, (chunk, &slot)) in batch.seqs.iter().zip(&slots).enumerate() {
+    let pool_slots = state.slots;
+    let touched = touched_slots(&slots, batch);
+    state
+        .conv
+        .with_layer(layer, pool_slots, n, &touched, |layer_state| {
+            conv_layer(qkv, weight, layer_state, n, &slots, batch, channels, kernel)
+        });
+    Ok(())
+}
+
+/// The convolution over one layer's f32 states (`n` values a slot).
+#[allow(clippy::too_many_arguments)]
+fn conv_layer(
+    qkv: &mut [f32],
+    weight: &VectorWeight<'_>,
+    layer_state: &mut [f32],
+    n: usize,
+    slots: &[usize],
+    batch: &StepBatch,
+    channels: usize,
+    kernel: usize,
+) {
+    let kept = kernel - 1;
+    for (seq, (chunk, &slot)) in batch.seqs.iter().zip(slots).enumerate() {
         if chunk.past == 0 {
             layer_state[slot * n..][..n].fill(0.0);
         }
@@ -244,7 +291,7 @@ pub(crate) fn conv(
         }
     }
     let qkv = SharedRows(qkv.as_mut_ptr());
-    for (chunk, &slot) in batch.seqs.iter().zip(&slots) {
+    for (chunk, &slot) in batch.seqs.iter().zip(slots) {
         let slot_state = &mut layer_state[slot * n..][..n];
         let rows = chunk.rows();
         slot_state
@@ -277,7 +324,83 @@ pub(crate) fn conv(
                 }
             });
     }
-    Ok(())
+}
+
+/// The live slots of a step and the slots its saves write: the ones a step
+/// loads and stores.
+fn touched_slots(live: &[usize], batch: &StepBatch) -> Vec<usize> {
+    let saves = batch.state_saves.iter().map(|s| s.slot as usize);
+    live.iter().copied().chain(saves).collect()
+}
+
+/// One kind of state (convolution or delta rule) of every layer and slot,
+/// in the pool's element type.
+enum StateValues {
+    F32(Vec<f32>),
+    /// bf16 bits.
+    Bf16(Vec<u16>),
+}
+
+impl StateValues {
+    fn zeroed(dtype: StateDtype, elements: usize) -> StateValues {
+        match dtype {
+            StateDtype::F32 => StateValues::F32(vec![0.0; elements]),
+            StateDtype::Bf16 => StateValues::Bf16(vec![0; elements]),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        match self {
+            StateValues::F32(v) => v.len() as u64 * 4,
+            StateValues::Bf16(v) => v.len() as u64 * 2,
+        }
+    }
+
+    /// Copies `n` values at `from` to `to` (snapshots copy the stored bits).
+    fn copy_within(&mut self, from: usize, n: usize, to: usize) {
+        match self {
+            StateValues::F32(v) => v.copy_within(from..from + n, to),
+            StateValues::Bf16(v) => v.copy_within(from..from + n, to),
+        }
+    }
+
+    /// Runs `f` on layer `layer`'s states (`slots` of `n` values) as f32:
+    /// in place for f32; for bf16 the `touched` slots are loaded into an f32
+    /// copy and stored back rounded to nearest even (the others are zeros
+    /// there and not stored).
+    fn with_layer<R>(
+        &mut self,
+        layer: usize,
+        slots: usize,
+        n: usize,
+        touched: &[usize],
+        f: impl FnOnce(&mut [f32]) -> R,
+    ) -> R {
+        let per_layer = slots * n;
+        match self {
+            StateValues::F32(v) => f(&mut v[layer * per_layer..][..per_layer]),
+            StateValues::Bf16(v) => {
+                let stored = &mut v[layer * per_layer..][..per_layer];
+                let mut values = vec![0.0f32; per_layer];
+                for &slot in touched {
+                    let at = slot * n;
+                    super::kernels::ops::bf16_to_f32_row(
+                        &stored[at..at + n],
+                        &mut values[at..at + n],
+                    );
+                }
+                let result = f(&mut values);
+                for &slot in touched {
+                    let at = slot * n;
+                    super::kernels::ops::f32_to_bf16_row(
+                        &values[at..at + n],
+                        &mut stored[at..at + n],
+                    );
+                }
+                result
+            }
+        }
+    }
 }
 
 /// Slots `a` and `b` (different) of a layer's states of `n` values each.
@@ -489,13 +612,30 @@ pub(crate) fn delta_rule(
         dt_bias,
         shape,
     };
+    let n = state.ssm_elements;
+    let pool_slots = state.slots;
+    let touched = touched_slots(&slots, batch);
+    state
+        .ssm
+        .with_layer(layer, pool_slots, n, &touched, |layer_state| {
+            rule_layer(&inputs, layer_state, n, &slots, batch, out)
+        });
+    Ok(())
+}
+
+/// The delta rule over one layer's f32 states (`n` values a slot).
+fn rule_layer(
+    inputs: &RuleInputs,
+    layer_state: &mut [f32],
+    n: usize,
+    slots: &[usize],
+    batch: &StepBatch,
+    out: &mut [f32],
+) {
+    let shape = inputs.shape;
+    let heads = shape.value_heads;
     let per_head = shape.key_dim * shape.value_dim;
-    let per_layer = state.slots * state.ssm_elements;
-    let layer_state = &mut state.ssm[layer * per_layer..][..per_layer];
-    let mut by_slot: Vec<Option<&mut [f32]>> = layer_state
-        .chunks_mut(state.ssm_elements)
-        .map(Some)
-        .collect();
+    let mut by_slot: Vec<Option<&mut [f32]>> = layer_state.chunks_mut(n).map(Some).collect();
     // One task per (sequence, value head), each with its head's state and
     // the same head of the sequence's snapshots (slots checked distinct).
     let mut tasks: Vec<HeadTask> = Vec::with_capacity(batch.seqs.len() * heads);
@@ -529,13 +669,12 @@ pub(crate) fn delta_rule(
             task.state.fill(0.0);
         }
         for row in chunk.rows() {
-            recurrent_token(&inputs, task.head, row, task.state, out);
+            recurrent_token(inputs, task.head, row, task.state, out);
             for (_, snapshot) in task.saves.iter_mut().filter(|(at, _)| *at == row) {
                 snapshot.copy_from_slice(task.state);
             }
         }
     });
-    Ok(())
 }
 
 /// One value head of one sequence: its state, and the snapshots to fill

@@ -144,10 +144,12 @@ impl Backend for CudaBackend {
         CudaStep::allocate(&self.device, &self.ledger, plan)
     }
 
-    fn recurrent_state(
-        &self,
-        _plan: &RecurrentStatePlan,
-    ) -> Result<NoRecurrentState, BackendError> {
+    fn recurrent_state(&self, plan: &RecurrentStatePlan) -> Result<NoRecurrentState, BackendError> {
+        // Named first: a bf16 pool is a serving key this backend refuses,
+        // whatever comes of the state itself.
+        if plan.dtype == crate::plan::profile::StateDtype::Bf16 {
+            return Err(not_supported("[serving] state_dtype = \"bf16\""));
+        }
         Err(not_supported("the Gated DeltaNet recurrent state"))
     }
 

@@ -51,6 +51,20 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 m.kv_blocks_cached,
                 m.kv_blocks_free,
             )));
+            // Hybrid models: the prefix cache's recurrent-state snapshots
+            // held, of the plan's snapshot slots (the one plan figure the
+            // monitor reads).
+            let snapshot_slots = sample
+                .server
+                .as_ref()
+                .and_then(|memory| memory.plan["recurrent_state"]["snapshot_slots"].as_u64())
+                .unwrap_or(0);
+            if snapshot_slots > 0 {
+                lines.push(Line::raw(format!(
+                    "state     snapshots {} / {snapshot_slots}",
+                    m.state_snapshots_cached
+                )));
+            }
             lines.push(Line::raw(format!(
                 "latency   ttft {} · itl {}",
                 percentiles(m.ttft_seconds),

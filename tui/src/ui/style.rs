@@ -30,6 +30,7 @@ pub fn segment_colour(kind: SegmentKind) -> Color {
         SegmentKind::MoeWorkspace => Color::Magenta,
         SegmentKind::KvUsed => Color::Cyan,
         SegmentKind::KvFree => Color::LightCyan,
+        SegmentKind::RecurrentState => Color::LightYellow,
         SegmentKind::Activations => Color::LightMagenta,
         SegmentKind::Overhead => Color::LightBlue,
         SegmentKind::OtherProcesses => Color::Gray,
