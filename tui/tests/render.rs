@@ -474,7 +474,7 @@ fn speculative_decoding_shows_its_drafts_beside_the_token_rates() {
     let text = screen(&render(&app_with(sample), 160, 44));
     // 388 / 784 = 49.5 %; 1 + 388 / 380 = 2.02 tokens a drafting step.
     assert!(
-        text.contains("drafts    kept 388 of 784 (49%) · 2.02 tokens/step"),
+        text.contains("drafts    kept 388 of 784 (49%) · 2.02 tok/step"),
         "{text}"
     );
 }

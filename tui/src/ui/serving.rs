@@ -122,7 +122,7 @@ fn millis(seconds: f64) -> String {
 fn drafts_line(steps: u64, drafted: u64, kept: u64) -> String {
     let share = 100.0 * kept as f64 / drafted.max(1) as f64;
     let per_step = 1.0 + kept as f64 / steps.max(1) as f64;
-    format!("drafts    kept {kept} of {drafted} ({share:.0}%) · {per_step:.2} tokens/step")
+    format!("drafts    kept {kept} of {drafted} ({share:.0}%) · {per_step:.2} tok/step")
 }
 
 fn kv_line(used: u64, cached: u64, free: u64) -> String {
