@@ -134,14 +134,7 @@ fn assert_no_markup(s: &Streamed) {
 }
 
 fn parsers_check(server: &Server, expected: &Value) {
-    let missing = match Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-    {
-        Err(e) => Some(format!("no python3 ({e})")),
-        Ok(o) if !o.status.success() => Some("python3 cannot import openai".to_string()),
-        Ok(_) => None,
-    };
+    let missing = common::missing_python_modules("openai");
     if !common::tool_present("the openai client parsers check", missing) {
         return;
     }
@@ -746,17 +739,7 @@ fn gpt_oss_without_harmony_tokens_serves_plain_content() {
 
 /// Why the independent reading of scripted checkpoints cannot run here.
 fn missing_reference_tools() -> Option<String> {
-    match Command::new("python3")
-        .args(["-c", "import numpy, transformers"])
-        .output()
-    {
-        Err(e) => Some(format!("no python3 ({e})")),
-        Ok(o) if !o.status.success() => Some(format!(
-            "python3 cannot import numpy and transformers: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Ok(_) => None,
-    }
+    common::missing_python_modules("numpy, transformers")
 }
 
 /// The checkpoints are what transformers reads (config, tokenizer, chat

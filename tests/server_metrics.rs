@@ -27,14 +27,7 @@ json.dump(out, sys.stdout)
 "#;
 
 fn missing_parser() -> Option<String> {
-    match Command::new("python3")
-        .args(["-c", "import prometheus_client.parser"])
-        .output()
-    {
-        Err(e) => Some(format!("no python3 ({e})")),
-        Ok(o) if !o.status.success() => Some("python3 cannot import prometheus_client".into()),
-        Ok(_) => None,
-    }
+    common::missing_python_modules("prometheus_client.parser")
 }
 
 /// `/metrics` through the reference parser (which fails on malformed text).

@@ -90,17 +90,7 @@ fn the_readme_table_of_nested_keys_holds() {
 
 /// Why the openai client cannot run here, if it cannot.
 fn missing_client() -> Option<String> {
-    match Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-    {
-        Err(e) => Some(format!("no python3 ({e})")),
-        Ok(o) if !o.status.success() => Some(format!(
-            "python3 cannot import openai: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Ok(_) => None,
-    }
+    common::missing_python_modules("openai")
 }
 
 #[test]

@@ -16,17 +16,7 @@ use crate::common;
 use crate::server::{Server, repo};
 
 fn missing_client() -> Option<String> {
-    match Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-    {
-        Err(e) => Some(format!("no python3 ({e})")),
-        Ok(o) if !o.status.success() => Some(format!(
-            "python3 cannot import openai: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Ok(_) => None,
-    }
+    common::missing_python_modules("openai")
 }
 
 fn qwen3_server() -> Server {

@@ -306,17 +306,7 @@ fn json_outputs_parse_and_follow_the_schema() {
 
 /// Why the Python check cannot run here, if it cannot.
 fn missing_python_packages() -> Option<String> {
-    match Command::new("python3")
-        .args(["-c", "import openai, jsonschema"])
-        .output()
-    {
-        Err(e) => Some(format!("no python3 ({e})")),
-        Ok(o) if !o.status.success() => Some(format!(
-            "python3 cannot import openai and jsonschema: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Ok(_) => None,
-    }
+    common::missing_python_modules("openai, jsonschema")
 }
 
 /// 50 seeded samples per schema (nested objects, enums, arrays, required

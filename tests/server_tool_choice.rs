@@ -12,17 +12,7 @@ use serde_json::json;
 use server::{Server, repo};
 
 fn missing_clients() -> Option<String> {
-    match Command::new("python3")
-        .args(["-c", "import openai, jsonschema, langchain_openai"])
-        .output()
-    {
-        Err(e) => Some(format!("no python3 ({e})")),
-        Ok(o) if !o.status.success() => Some(format!(
-            "python3 cannot import openai, jsonschema and langchain_openai: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Ok(_) => None,
-    }
+    common::missing_python_modules("openai, jsonschema, langchain_openai")
 }
 
 #[test]

@@ -41,6 +41,22 @@ pub fn missing_command(program: &str) -> Option<String> {
     }
 }
 
+/// Why python3 cannot `import MODULES` here (a Python import list:
+/// `"openai, jsonschema"`), if it cannot.
+pub fn missing_python_modules(modules: &str) -> Option<String> {
+    match Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .output()
+    {
+        Err(e) => Some(format!("no python3 ({e})")),
+        Ok(o) if !o.status.success() => Some(format!(
+            "python3 cannot import {modules}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Ok(_) => None,
+    }
+}
+
 /// Runs the `sparkrt` binary with `args`.
 pub fn sparkrt(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sparkrt"))
