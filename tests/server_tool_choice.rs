@@ -71,18 +71,66 @@ fn forced_tool_choice_refuses_what_it_cannot_do_by_name() {
         let error = reply.assert_error(400);
         assert_eq!(error["param"], param, "{extra}: {error}");
     }
-    // Another tool-call format than hermes: refused, never unconstrained.
+}
+
+/// The Qwen3.5 / 3.6 XML format (`--tool-call-parser qwen3_coder`): a named
+/// function on the random tiny model, which never writes a call unprompted,
+/// comes back as that call with arguments of the schema's types.
+#[test]
+fn forced_tool_choice_holds_the_xml_format_to_the_schema() {
     let xml = Server::start(&["--tool-call-parser", "qwen3_coder"]);
-    let reply = xml.post(
-        "/v1/chat/completions",
-        &body(json!({"tools": tools, "tool_choice": "required"})),
-    );
-    let error = reply.assert_error(400);
-    assert_eq!(error["param"], "tool_choice", "{error}");
-    assert!(
-        error["message"].as_str().unwrap().contains("qwen3_coder"),
-        "{error}"
-    );
+    let tools = json!([
+        {"type": "function", "function": {"name": "other", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "days": {"type": "integer", "minimum": 1, "maximum": 9}
+            },
+            "required": ["city", "days"]
+        }}}
+    ]);
+    for choice in [
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+        json!("required"),
+    ] {
+        let reply = xml.post(
+            "/v1/chat/completions",
+            &json!({
+                "messages": [{"role": "user", "content": "Weather?"}],
+                "tools": tools,
+                "tool_choice": choice,
+                "parallel_tool_calls": false,
+                "max_tokens": 256,
+                "temperature": 0
+            }),
+        );
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let message = &reply.json()["choices"][0]["message"];
+        let calls = message["tool_calls"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{message}"));
+        assert_eq!(calls.len(), 1, "{message}");
+        let function = &calls[0]["function"];
+        let arguments: serde_json::Value =
+            serde_json::from_str(function["arguments"].as_str().unwrap()).unwrap();
+        if choice.is_object() {
+            assert_eq!(function["name"], "get_weather", "{message}");
+        }
+        if function["name"] == "get_weather" {
+            let city = arguments["city"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{arguments}"));
+            assert!(
+                city.chars().count() <= 12 && !city.contains('<'),
+                "{arguments}"
+            );
+            let days = arguments["days"]
+                .as_i64()
+                .unwrap_or_else(|| panic!("{arguments}"));
+            assert!((1..=9).contains(&days), "{arguments}");
+        }
+    }
 }
 
 #[test]

@@ -5,9 +5,9 @@
 //! one with `parallel_tool_calls: false`. The sequence ends when the
 //! grammar is complete.
 //!
-//! Only the hermes format (`<tool_call>\n{"name", "arguments"}\n</tool_call>`,
-//! Qwen3's) is built so far; with another tool-call parser the request is
-//! refused naming `tool_choice`, never served unconstrained.
+//! Built for the hermes format (`<tool_call>\n{"name", "arguments"}\n</tool_call>`,
+//! Qwen3's) and the Qwen3.5 / 3.6 XML one (`qwen3_coder`); with harmony the
+//! request is refused naming `tool_choice`, never served unconstrained.
 
 use serde_json::{Value, json};
 
@@ -33,15 +33,15 @@ pub fn grammar(parsers: &OutputParsers, forced: &ForcedTools) -> Result<GrammarS
             tools: Some(TextTools::Hermes),
             ..
         } => Ok(hermes(forced)),
+        OutputParsers::Text {
+            tools: Some(TextTools::Qwen3Coder),
+            ..
+        } => Ok(qwen3_coder(forced)),
         other => Err(ApiError::invalid(
             format!(
-                "tool_choice \"required\" or a named function is built for the hermes tool-call \
-                 format only; this server's is {}",
+                "tool_choice \"required\" or a named function is built for the hermes and \
+                 qwen3_coder tool-call formats; this server's is {}",
                 match other {
-                    OutputParsers::Text {
-                        tools: Some(TextTools::Qwen3Coder),
-                        ..
-                    } => "qwen3_coder (XML)",
                     OutputParsers::Harmony { .. } => "openai_gptoss (harmony)",
                     _ => "none (start with --tool-call-parser hermes)",
                 }
@@ -51,16 +51,91 @@ pub fn grammar(parsers: &OutputParsers, forced: &ForcedTools) -> Result<GrammarS
     }
 }
 
+/// The offered functions the answer may call.
+fn selected(forced: &ForcedTools) -> impl Iterator<Item = &Value> + '_ {
+    forced.functions.iter().filter(|f| match &forced.name {
+        Some(name) => f.get("name").and_then(Value::as_str) == Some(name.as_str()),
+        None => true,
+    })
+}
+
+/// The Lark rule that starts the answer: one call of `call`, or several
+/// separated by a newline (see [`hermes`]).
+fn start_rule(forced: &ForcedTools) -> &'static str {
+    if forced.parallel && forced.name.is_none() {
+        "start: call (\"\\n\" call)*"
+    } else {
+        "start: call"
+    }
+}
+
+/// A Lark string literal of `text` (JSON's escapes are Lark's).
+fn literal(text: &str) -> String {
+    serde_json::to_string(text).unwrap_or_else(|_| "\"\"".to_string())
+}
+
+/// The Qwen3.5 / 3.6 XML call (what their template writes and
+/// `text::parsers::qwen3_coder` reads):
+/// `<tool_call>\n<function=N>\n<parameter=P>\nVALUE\n</parameter>\n…</function>\n</tool_call>`.
+/// Parameters come in the schema's order, the required ones always, the
+/// others optionally; a string's value is any text without `<` (at most
+/// `maxLength` characters), any other value JSON of its own schema.
+fn qwen3_coder(forced: &ForcedTools) -> GrammarSpec {
+    let mut rules = String::new();
+    let mut calls = Vec::new();
+    for (i, f) in selected(forced).enumerate() {
+        let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+        let parameters = f.get("parameters");
+        let required: Vec<&str> = parameters
+            .and_then(|p| p.get("required"))
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let mut body = String::new();
+        let properties = parameters
+            .and_then(|p| p.get("properties"))
+            .and_then(Value::as_object);
+        for (j, (key, schema)) in properties.into_iter().flatten().enumerate() {
+            let value = if schema.get("type").and_then(Value::as_str) == Some("string") {
+                // `maxLength` bounds it (characters), as JSON Schema's does.
+                match schema.get("maxLength").and_then(Value::as_u64) {
+                    Some(most) => format!("/[^<]{{0,{most}}}/"),
+                    None => "/[^<]*/".to_string(),
+                }
+            } else {
+                format!("%json {schema}")
+            };
+            let rule = format!("p{i}_{j}");
+            rules.push_str(&format!(
+                "{rule}: {} {value} {}\n",
+                literal(&format!("<parameter={key}>\n")),
+                literal("\n</parameter>\n")
+            ));
+            let optional = if required.contains(&key.as_str()) {
+                ""
+            } else {
+                "?"
+            };
+            body.push_str(&format!(" {rule}{optional}"));
+        }
+        rules.push_str(&format!(
+            "f{i}: {}{body} {}\n",
+            literal(&format!("<tool_call>\n<function={name}>\n")),
+            literal("</function>\n</tool_call>")
+        ));
+        calls.push(format!("f{i}"));
+    }
+    GrammarSpec::Lark(format!(
+        "{}\ncall: {}\n{rules}",
+        start_rule(forced),
+        calls.join(" | ")
+    ))
+}
+
 /// `<tool_call>\n{"name": N, "arguments": {…}}\n</tool_call>`, once or
 /// several times separated by a newline (what Qwen3's template writes).
 fn hermes(forced: &ForcedTools) -> GrammarSpec {
-    let calls: Vec<Value> = forced
-        .functions
-        .iter()
-        .filter(|f| match &forced.name {
-            Some(name) => f.get("name").and_then(Value::as_str) == Some(name.as_str()),
-            None => true,
-        })
+    let calls: Vec<Value> = selected(forced)
         .map(|f| {
             let parameters = f
                 .get("parameters")
@@ -93,11 +168,7 @@ fn hermes(forced: &ForcedTools) -> GrammarSpec {
     // A named function is called once (as vLLM, whose named choice is the
     // function's arguments alone); `required` makes one or more calls
     // unless `parallel_tool_calls` is false.
-    let start = if forced.parallel && forced.name.is_none() {
-        "start: call (\"\\n\" call)*"
-    } else {
-        "start: call"
-    };
+    let start = start_rule(forced);
     GrammarSpec::Lark(format!(
         "{start}\ncall: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"\n"
     ))
