@@ -18,6 +18,7 @@ use crate::backend::Backend;
 use crate::checkpoint::load::LoadProgress;
 use crate::checkpoint::{CheckpointError, PageCachePolicy};
 use crate::runtime::{HostSource, Loaded, LoadedModel, RuntimeError, Startup};
+use crate::server::cors::CorsPolicy;
 use crate::server::engine_loop::{self, EngineHandle, Gauges};
 use crate::server::guard::MemoryGuard;
 use crate::server::listen::{self, BodyPace, ConnectionLimits};
@@ -130,8 +131,8 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
     };
     args.vllm.check()?;
-    // Checked before the load; built again where the state is made.
-    args.cors.policy()?;
+    // Checked before the load.
+    let cors = args.cors.policy()?;
     let model_args = ModelArgs {
         model: args.vllm.model(args.model.model.as_deref())?,
         ..args.model.clone()
@@ -228,6 +229,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     let job = Serve {
         args,
         api_key,
+        cors,
         generation,
         dir: &dir,
         url,
@@ -254,6 +256,7 @@ async fn wait_for_stop(mut stopped: watch::Receiver<bool>) {
 struct Serve<'a> {
     args: &'a ServeArgs,
     api_key: Option<String>,
+    cors: Option<CorsPolicy>,
     /// The sampling defaults and the summary's line about them.
     generation: (GenerationDefaults, String),
     dir: &'a Path,
@@ -274,6 +277,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     let Serve {
         args,
         api_key,
+        cors,
         generation: (generation_defaults, sampling_line),
         dir,
         url,
@@ -343,7 +347,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         chat_template,
         output_parsers,
         api_key,
-        cors: args.cors.policy()?,
+        cors,
         metrics_no_auth: args.metrics_no_auth,
         host_root: args.model.host_root.clone(),
         loading: Arc::clone(&progress),

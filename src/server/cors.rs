@@ -19,7 +19,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::errors::ApiError;
-use super::state::ServerState;
 
 /// What a preflight's answer lets the browser cache, in seconds (Starlette's).
 const MAX_AGE_SECONDS: &str = "600";
@@ -175,17 +174,14 @@ fn refuse(message: String) -> Response {
     ApiError::invalid(message, None).into_response()
 }
 
-/// The layer in front of the key check: preflights answered, allowed
-/// origins' answers marked; without a policy, or a request without
-/// `Origin` (not from a browser on another origin), nothing changes.
+/// The layer in front of the key check (installed only with a policy):
+/// preflights answered, allowed origins' answers marked; a request without
+/// `Origin` (not from a browser on another origin) passes unchanged.
 pub async fn apply(
-    State(state): State<Arc<ServerState>>,
+    State(policy): State<Arc<CorsPolicy>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(policy) = &state.config.cors else {
-        return next.run(request).await;
-    };
     let Some(origin) = request.headers().get(header::ORIGIN).cloned() else {
         return next.run(request).await;
     };

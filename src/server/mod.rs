@@ -36,7 +36,7 @@ pub use state::{RequestCounters, ServerConfig, ServerState};
 /// The routes, with the API key check in front of all but the probes
 /// (`/health`, `/ready`, `/ping`).
 pub fn router(state: Arc<ServerState>) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/health", get(observe::health))
         // vLLM's routes: `/ping` answers as `/health` (GET or POST, as
         // vLLM's), `/version` the server's version.
@@ -58,12 +58,16 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             auth::require_key,
-        ))
-        // Outside the key check: a browser's preflight carries no key.
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&state),
+        ));
+    // Outside the key check: a browser's preflight carries no key.
+    let routes = match &state.config.cors {
+        Some(policy) => routes.layer(axum::middleware::from_fn_with_state(
+            Arc::new(policy.clone()),
             cors::apply,
-        ))
+        )),
+        None => routes,
+    };
+    routes
         .layer(DefaultBodyLimit::max(state.request_limits.max_body_bytes))
         .with_state(state)
 }
