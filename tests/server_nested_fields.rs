@@ -7,8 +7,6 @@
 use crate::common;
 use crate::server;
 
-use std::process::Command;
-
 use serde_json::{Value, json};
 use server::{Server, repo};
 
@@ -99,17 +97,6 @@ fn continuous_usage_and_nested_refusals_through_the_openai_client() {
         return;
     }
     let server = Server::start(&[]);
-    let output = Command::new("python3")
-        .arg(repo().join("scripts/openai_vllm_check.py"))
-        .arg(&server.url)
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "openai_vllm_check.py failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&output.stderr),
-        server.log()
-    );
+    let stdout = server.run_script("openai_vllm_check.py", &[]);
     assert!(stdout.contains("openai vllm check passed"), "{stdout}");
 }

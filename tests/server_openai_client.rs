@@ -6,9 +6,7 @@
 use crate::common;
 use crate::server;
 
-use std::process::Command;
-
-use server::{Server, repo};
+use server::Server;
 
 /// Why the check cannot run here, if it cannot.
 fn missing_client() -> Option<String> {
@@ -21,17 +19,6 @@ fn the_official_openai_client_talks_to_the_server() {
         return;
     }
     let server = Server::start(&[]);
-    let output = Command::new("python3")
-        .arg(repo().join("scripts/openai_client_check.py"))
-        .arg(&server.url)
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the openai client check failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&output.stderr),
-        server.log()
-    );
+    let stdout = server.run_script("openai_client_check.py", &[]);
     assert!(stdout.contains("openai client check passed"), "{stdout}");
 }

@@ -7,8 +7,6 @@
 //! for Qwen3 and gpt-oss (harmony). Skips, saying why, where python3 or
 //! the package is missing (CI installs it through `scripts/ci-deps.sh`).
 
-use std::process::Command;
-
 use serde_json::{Value, json};
 use sparkrt::checkpoint::scripted::{Family, Script, write_scripted};
 
@@ -30,18 +28,7 @@ fn the_official_openai_client_uses_the_responses_api() {
         return;
     }
     let server = qwen3_server();
-    let output = Command::new("python3")
-        .arg(repo().join("scripts/openai_responses_check.py"))
-        .arg(&server.url)
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the responses check failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&output.stderr),
-        server.log()
-    );
+    let stdout = server.run_script("openai_responses_check.py", &[]);
     assert!(stdout.contains("openai responses check passed"), "{stdout}");
 }
 
@@ -141,19 +128,9 @@ fn run_check(server: &Server, expected: &Value) {
     if !common::tool_present("the official openai client", missing_client()) {
         return;
     }
-    let output = Command::new("python3")
-        .arg(repo().join("scripts/openai_responses_check.py"))
-        .arg(&server.url)
-        .arg("--expect")
-        .arg(expected.to_string())
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the responses check failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&output.stderr),
-        server.log()
+    server.run_script(
+        "openai_responses_check.py",
+        &["--expect", &expected.to_string()],
     );
 }
 

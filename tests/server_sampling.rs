@@ -5,8 +5,6 @@
 //! constrained outputs follow their grammar; the official client and
 //! `jsonschema` check the JSON schemas (scripts/structured_output_check.py).
 
-use std::process::Command;
-
 use serde_json::{Value, json};
 
 use crate::common;
@@ -318,18 +316,8 @@ fn the_official_client_gets_json_valid_against_each_schema() {
         return;
     }
     let server = Server::start(&[]);
-    let output = Command::new("python3")
-        .arg(repo().join("scripts/structured_output_check.py"))
-        .arg(&server.url)
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = server.run_script("structured_output_check.py", &[]);
     eprintln!("{stdout}");
-    assert!(
-        output.status.success(),
-        "structured_output_check.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
     assert!(stdout.contains("all structured outputs valid"), "{stdout}");
 }
 

@@ -6,10 +6,8 @@
 use crate::common;
 use crate::server;
 
-use std::process::Command;
-
 use serde_json::json;
-use server::{Server, repo};
+use server::Server;
 
 fn missing_clients() -> Option<String> {
     common::missing_python_modules("openai, jsonschema, langchain_openai")
@@ -21,18 +19,7 @@ fn required_and_named_tool_choice_answer_valid_calls_through_the_clients() {
         return;
     }
     let server = Server::start(&[]);
-    let output = Command::new("python3")
-        .arg(repo().join("scripts/tool_choice_check.py"))
-        .arg(&server.url)
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "tool_choice_check.py failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&output.stderr),
-        server.log()
-    );
+    let stdout = server.run_script("tool_choice_check.py", &[]);
     assert!(stdout.contains("tool choice check passed"), "{stdout}");
 }
 

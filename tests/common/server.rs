@@ -194,6 +194,25 @@ impl Server {
         self.log.lock().unwrap().clone()
     }
 
+    /// Runs `scripts/SCRIPT URL ARGS…` (a client check in Python) against
+    /// this server; it must succeed. Returns its standard output.
+    pub fn run_script(&self, script: &str, args: &[&str]) -> String {
+        let output = Command::new("python3")
+            .arg(repo().join("scripts").join(script))
+            .arg(&self.url)
+            .args(args)
+            .output()
+            .expect("python3 runs");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{script} failed:\n{stdout}\n{}\nserver log:\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            self.log()
+        );
+        stdout
+    }
+
     fn authorize<B>(&self, request: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
         match &self.key {
             Some(key) => request.header("Authorization", format!("Bearer {key}")),
