@@ -117,12 +117,12 @@ impl Server {
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
+                    // Logged before the address is reported: a test that
+                    // reads the log once started sees the listening line.
+                    log.lock().unwrap().push_str(&format!("{line}\n"));
                     if let Some(url) = listening_on(&line) {
                         let _ = bound_tx.send(url);
                     }
-                    let mut log = log.lock().unwrap();
-                    log.push_str(&line);
-                    log.push('\n');
                 }
             });
         }
