@@ -1,5 +1,6 @@
-//! The number formats of the checkpoints, defined once: the NVFP4 and MXFP4
-//! group sizes, FP4 (E2M1) codes, the FP8 (E4M3) and E8M0 scales, and bf16.
+//! The number formats of the checkpoints, defined once: the NVFP4, MXFP4,
+//! FP8-block and INT4 group sizes, FP4 (E2M1) codes, FP8 (E4M3) values and
+//! scales, E8M0 scales, and bf16.
 //! `docs/FORMATS.md` describes the byte layouts and the specifications they
 //! follow.
 //!
@@ -22,14 +23,22 @@ pub const MXFP4_GROUP: usize = 32;
 /// Bytes of packed codes per MXFP4 block (two codes per byte).
 pub const MXFP4_BLOCK_BYTES: usize = MXFP4_GROUP / 2;
 
+/// Rows and columns per FP8 block scale (`weight_block_size [128, 128]`).
+pub const FP8_BLOCK: usize = 128;
+/// INT4 codes per packed 32-bit word (GPTQ `qweight` / `qzeros`).
+pub const INT4_PER_WORD: usize = 8;
+
 impl Quantization {
-    /// Elements that share one scale: 16 for NVFP4, 32 for MXFP4, and 1 for
-    /// bf16 (every value stands alone).
+    /// The multiple a row's length must be for the format's fixed groups:
+    /// 16 for NVFP4, 32 for MXFP4, the 8 codes of a word for INT4 (whose
+    /// scale groups the checkpoint chooses), and 1 for bf16 and FP8 (whose
+    /// blocks may be ragged at the edge).
     pub fn group_size(self) -> usize {
         match self {
-            Quantization::Bf16 => 1,
+            Quantization::Bf16 | Quantization::Fp8 | Quantization::Fp8Block => 1,
             Quantization::Nvfp4 => NVFP4_GROUP,
             Quantization::Mxfp4 => MXFP4_GROUP,
+            Quantization::Int4 => INT4_PER_WORD,
         }
     }
 }

@@ -66,15 +66,25 @@ impl Architecture {
     }
 }
 
-/// How the weights are stored. Attention, router, embeddings, norms and
-/// lm_head stay in bf16 in every format sparkrt reads; only experts (and, for
-/// NVFP4, dense MLPs) are quantized.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// The number format a linear weight is stored in (`crate::formats` defines
+/// each). A checkpoint may mix them: the geometry records the routed
+/// experts' format and the attention projections' separately.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Quantization {
+    #[default]
     Bf16,
+    /// E2M1 codes, an E4M3 scale per 16 and an f32 global scale.
     Nvfp4,
+    /// E2M1 codes and an E8M0 scale per 32 (gpt-oss).
     Mxfp4,
+    /// E4M3 values with one f32 scale per tensor (ModelOpt FP8).
+    Fp8,
+    /// E4M3 values with one f32 scale per 128 × 128 block (`weight_scale_inv`).
+    Fp8Block,
+    /// 4-bit integers with a scale and a zero point per group of input
+    /// columns (GPTQ / AutoRound layout).
+    Int4,
 }
 
 impl Quantization {
@@ -83,6 +93,9 @@ impl Quantization {
             Quantization::Bf16 => "bf16",
             Quantization::Nvfp4 => "nvfp4",
             Quantization::Mxfp4 => "mxfp4",
+            Quantization::Fp8 => "fp8",
+            Quantization::Fp8Block => "fp8_block",
+            Quantization::Int4 => "int4",
         }
     }
 }
@@ -112,7 +125,15 @@ macro_rules! with_geometry_fields {
     ($then:ident) => {
         $then! {
             architecture: $crate::geometry::Architecture = required,
+            /// Format of the routed experts (and of NVFP4 dense MLPs).
             quantization: $crate::geometry::Quantization = required,
+            /// Format of the attention and Gated DeltaNet projections.
+            #[serde(default)]
+            attention_quantization: $crate::geometry::Quantization = ($crate::geometry::Quantization::Bf16),
+            /// Input columns per scale of grouped integer formats (INT4); 0
+            /// when the formats fix their own groups.
+            #[serde(default)]
+            quant_group_size: usize = (0),
             num_layers: usize = required,
             hidden_size: usize = required,
             num_attention_heads: usize = required,

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
-use sparkrt::checkpoint::config::QuantizationConfig;
 use sparkrt::checkpoint::groups::{bytes_by_group, group_of};
+use sparkrt::checkpoint::quant_config::{QuantScheme, QuantizationConfig};
 use sparkrt::checkpoint::{
     CheckpointError, HeaderSet, ModelConfig, TensorProblem, check_tensors, read_headers,
 };
@@ -132,9 +132,11 @@ fn modelopt_ignore_list_spelling_is_accepted() {
     assert_eq!(
         c.quantization,
         Some(QuantizationConfig {
+            scheme: QuantScheme::ModelOpt,
             method: Quantization::Nvfp4,
             group_size: 16,
             excluded_modules: vec!["lm_head".into(), "model.layers.*.self_attn*".into()],
+            module_formats: Vec::new(),
         })
     );
     assert!(!c.is_quantized("model.layers.0.self_attn.k_proj"));

@@ -45,6 +45,11 @@ fn bf16_and_nvfp4_fixtures_have_the_same_parameters() {
     assert_eq!(nvfp4.dtypes["F8_E4M3"].tensors, 4 * 16 * 3);
     assert_eq!(nvfp4.dtypes["F32"].bytes, 4 * 16 * 3 * 2 * 4);
     assert_eq!(nvfp4.excluded_modules.len(), 3);
+    // The experts are NVFP4; what the config excludes stays bf16.
+    assert_eq!(nvfp4.group_formats["experts"], ["nvfp4"]);
+    assert_eq!(nvfp4.group_formats["attention"], ["bf16"]);
+    assert_eq!(nvfp4.group_formats["embeddings"], ["bf16"]);
+    assert_eq!(bf16.group_formats["experts"], ["bf16"]);
     let file_len = std::fs::metadata(fixture("qwen3-moe-tiny-nvfp4/model.safetensors"))
         .unwrap()
         .len();
@@ -67,6 +72,8 @@ fn gpt_oss_report() {
     assert_eq!(r.num_parameters, 550_528);
     assert_eq!(r.groups.values().sum::<u64>(), r.total_bytes);
     assert_eq!(r.dtypes["U8"].tensors, 4 * 4);
+    assert_eq!(r.group_formats["experts"], ["mxfp4"]);
+    assert_eq!(r.group_formats["attention"], ["bf16"]);
     assert!(r.problems.is_empty(), "{:?}", r.problems);
 }
 

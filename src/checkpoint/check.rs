@@ -250,8 +250,7 @@ impl Expectations<'_> {
     /// A `[rows, cols]` linear weight: BF16, or the NVFP4 triplet (plus the
     /// optional `input_scale`) when the config quantizes `module`.
     fn linear(&mut self, module: &str, rows: usize, cols: usize) {
-        let nvfp4 = self.config.quantization_method() == Quantization::Nvfp4
-            && self.config.is_quantized(module);
+        let nvfp4 = self.config.linear_format(module) == Quantization::Nvfp4;
         if nvfp4 {
             self.u8(&format!("{module}.weight"), &[rows, cols / 2]);
             self.add(
@@ -434,7 +433,7 @@ impl Expectations<'_> {
         self.bf16(&format!("{prefix}.mlp.router.weight"), &[e, h]);
         self.bf16(&format!("{prefix}.mlp.router.bias"), &[e]);
         let experts = format!("{prefix}.mlp.experts");
-        let mxfp4 = c.quantization_method() == Quantization::Mxfp4 && c.is_quantized(&experts);
+        let mxfp4 = c.linear_format(&experts) == Quantization::Mxfp4;
         for (projection, rows, cols) in [("gate_up_proj", 2 * i, h), ("down_proj", h, i)] {
             let name = format!("{experts}.{projection}");
             if mxfp4 {

@@ -1,5 +1,5 @@
-//! `config.json` of a model folder (qwen3_moe or gpt_oss) and its quantization
-//! (ModelOpt NVFP4, also read from `hf_quant_config.json`; MXFP4).
+//! `config.json` of a model folder and its quantization (read by
+//! `quant_config`, also from `hf_quant_config.json`).
 //!
 //! Hugging Face configs spell some keys two ways (`num_experts` /
 //! `num_local_experts`, `rope_theta` / `rope_parameters.rope_theta`, …). Both
@@ -12,6 +12,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::error::CheckpointError;
+use super::quant_config::{self, QuantizationConfig, RawHfQuant, RawQuant};
 use crate::geometry::{Architecture, LayerAttention, ModelGeometry, Quantization};
 use crate::limits::{self, GeometryFields};
 use crate::util::files::read_regular_to_string;
@@ -54,18 +55,6 @@ pub struct YarnScaling {
     pub original_max_position_embeddings: usize,
     /// Overrides `0.1 · ln(factor) + 1` when set.
     pub attention_factor: Option<f64>,
-}
-
-/// How the quantized weights are stored and which modules stay unquantized.
-#[derive(Clone, Debug, PartialEq)]
-pub struct QuantizationConfig {
-    /// `Nvfp4` or `Mxfp4`.
-    pub method: Quantization,
-    /// Elements per scale: 16 for NVFP4, 32 for MXFP4.
-    pub group_size: usize,
-    /// Module patterns left unquantized (`exclude_modules` / `ignore` /
-    /// `modules_to_not_convert`), fnmatch-style globs.
-    pub excluded_modules: Vec<String>,
 }
 
 impl ModelConfig {
@@ -125,7 +114,7 @@ impl ModelConfig {
             }
         };
         let quantization = match (&raw.quantization_config, hf_quant) {
-            (Some(q), _) => Some(quantization(q, path)?),
+            (Some(q), _) => Some(quant_config::parse(q, path)?),
             (None, Some((text, quant_path))) => {
                 let raw: RawHfQuant =
                     serde_json::from_str(text).map_err(|source| CheckpointError::ConfigJson {
@@ -134,7 +123,7 @@ impl ModelConfig {
                     })?;
                 let mut q = raw.quantization;
                 q.quant_method.get_or_insert_with(|| "modelopt".to_string());
-                Some(quantization(&q, quant_path)?)
+                Some(quant_config::parse(&q, quant_path)?)
             }
             (None, None) => None,
         };
@@ -144,6 +133,12 @@ impl ModelConfig {
             Architecture::Qwen35Moe | Architecture::Qwen35 | Architecture::Qwen3Next => {
                 keys.hybrid(architecture, raw, quantization)?
             }
+        };
+        let mut config = config;
+        config.geometry.attention_quantization = config.linear_format(&config.attention_module());
+        config.geometry.quant_group_size = match &config.quantization {
+            Some(q) if q.method == Quantization::Int4 => q.group_size,
+            _ => 0,
         };
         config.validate(path)?;
         Ok(config)
@@ -155,6 +150,16 @@ impl ModelConfig {
         self.quantization
             .as_ref()
             .map_or(Quantization::Bf16, |q| q.method)
+    }
+
+    /// The query projection of the first full-attention layer: the module
+    /// whose format the geometry records as the attention projections'.
+    fn attention_module(&self) -> String {
+        let layer = (0..self.geometry.num_layers)
+            .find(|&i| self.layer_attention(i) != LayerAttention::LinearAttention)
+            .unwrap_or(0);
+        let prefix = self.geometry.architecture.text_prefix();
+        format!("{prefix}.layers.{layer}.self_attn.q_proj")
     }
 
     /// Dims of each head RoPE rotates (all of them unless the RoPE is partial).
@@ -172,19 +177,18 @@ impl ModelConfig {
             .unwrap_or(LayerAttention::FullAttention)
     }
 
-    /// Whether the linear module `module` (a module path such as
-    /// `model.layers.0.mlp.experts.3.gate_proj`, no `.weight`) is stored
-    /// quantized: the checkpoint is quantized and no exclude pattern matches
-    /// the module or one of its parents (`model.layers.*.self_attn` excludes
-    /// `model.layers.0.self_attn.q_proj`).
+    /// The format linear module `module` (a module path such as
+    /// `model.layers.0.mlp.experts.3.gate_proj`, no `.weight`) is stored in
+    /// ([`QuantizationConfig::format_of`]; bf16 without a quantization).
+    pub fn linear_format(&self, module: &str) -> Quantization {
+        self.quantization
+            .as_ref()
+            .map_or(Quantization::Bf16, |q| q.format_of(module))
+    }
+
+    /// Whether linear module `module` is stored in any quantized format.
     pub fn is_quantized(&self, module: &str) -> bool {
-        match &self.quantization {
-            None => false,
-            Some(q) => !q
-                .excluded_modules
-                .iter()
-                .any(|pattern| module_matches(pattern, module)),
-        }
+        self.linear_format(module) != Quantization::Bf16
     }
 
     fn validate(&self, path: &Path) -> Result<(), CheckpointError> {
@@ -333,139 +337,6 @@ fn read(path: &Path) -> Result<String, CheckpointError> {
             source,
         }
     })
-}
-
-/// Interprets a `quantization_config` object (or `hf_quant_config.json`'s
-/// `quantization`, with the method filled in).
-fn quantization(raw: &RawQuant, path: &Path) -> Result<QuantizationConfig, CheckpointError> {
-    let unsupported = |method: String| CheckpointError::UnsupportedQuantization {
-        path: path.to_path_buf(),
-        method,
-    };
-    let method = raw.quant_method.clone().unwrap_or_default();
-    let excluded: Vec<String> = [
-        &raw.exclude_modules,
-        &raw.ignore,
-        &raw.modules_to_not_convert,
-    ]
-    .into_iter()
-    .flatten()
-    .flatten()
-    .cloned()
-    .collect();
-    match method.to_ascii_lowercase().as_str() {
-        "modelopt" => {
-            let algo = raw.quant_algo.clone().unwrap_or_default();
-            if !algo.eq_ignore_ascii_case("NVFP4") {
-                return Err(unsupported(format!("modelopt {algo}")));
-            }
-            let group_size = raw.group_size.unwrap_or(16);
-            if group_size != 16 {
-                return Err(unsupported(format!("NVFP4 with group_size {group_size}")));
-            }
-            Ok(QuantizationConfig {
-                method: Quantization::Nvfp4,
-                group_size,
-                excluded_modules: excluded,
-            })
-        }
-        "mxfp4" => Ok(QuantizationConfig {
-            method: Quantization::Mxfp4,
-            group_size: 32,
-            excluded_modules: excluded,
-        }),
-        _ => Err(unsupported(method)),
-    }
-}
-
-/// Whether the exclude pattern covers `module` itself or one of its parent
-/// modules (matching at `.` boundaries).
-fn module_matches(pattern: &str, module: &str) -> bool {
-    if glob_match(pattern, module) {
-        return true;
-    }
-    module
-        .match_indices('.')
-        .any(|(dot, _)| glob_match(pattern, &module[..dot]))
-}
-
-/// fnmatch-style matching of the whole `text`: `*` matches any run of
-/// characters (dots included), `?` one character, `[abc]` / `[a-z]` / `[!x]`
-/// one character of a class; everything else matches itself.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let pattern: Vec<char> = pattern.chars().collect();
-    let text: Vec<char> = text.chars().collect();
-    let (mut p, mut t) = (0, 0);
-    // Where the last `*` was, and the text position it currently absorbs up to.
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        if pattern.get(p) == Some(&'*') {
-            star = Some((p, t));
-            p += 1;
-            continue;
-        }
-        if let Some(next) = match_one(&pattern, p, text[t]) {
-            p = next;
-            t += 1;
-            continue;
-        }
-        // Mismatch: let the last `*` absorb one more character and retry.
-        match star {
-            Some((star_p, star_t)) => {
-                star = Some((star_p, star_t + 1));
-                p = star_p + 1;
-                t = star_t + 1;
-            }
-            None => return false,
-        }
-    }
-    pattern[p..].iter().all(|&c| c == '*')
-}
-
-/// Matches one text character against the pattern item at `p`; returns the
-/// position after the item when it matches.
-fn match_one(pattern: &[char], p: usize, c: char) -> Option<usize> {
-    match pattern.get(p)? {
-        '?' => Some(p + 1),
-        '[' => match class_end(pattern, p) {
-            Some(end) => class_contains(&pattern[p + 1..end], c).then_some(end + 1),
-            // An unclosed `[` is an ordinary character, as in fnmatch.
-            None => (c == '[').then_some(p + 1),
-        },
-        &literal => (literal == c).then_some(p + 1),
-    }
-}
-
-/// Index of the `]` closing the class opened at `open` (a `]` right after
-/// `[` or `[!` belongs to the class).
-fn class_end(pattern: &[char], open: usize) -> Option<usize> {
-    let mut i = open + 1;
-    if pattern.get(i) == Some(&'!') {
-        i += 1;
-    }
-    if pattern.get(i) == Some(&']') {
-        i += 1;
-    }
-    (i..pattern.len()).find(|&j| pattern[j] == ']')
-}
-
-fn class_contains(class: &[char], c: char) -> bool {
-    let (negate, items) = match class.split_first() {
-        Some(('!', rest)) => (true, rest),
-        _ => (false, class),
-    };
-    let mut found = false;
-    let mut i = 0;
-    while i < items.len() {
-        if i + 2 < items.len() && items[i + 1] == '-' {
-            found |= items[i] <= c && c <= items[i + 2];
-            i += 3;
-        } else {
-            found |= items[i] == c;
-            i += 1;
-        }
-    }
-    found != negate
 }
 
 /// config.json as written; every key optional so that a missing one gets a
@@ -617,21 +488,6 @@ struct RawRope {
     mrope_section: Option<Vec<usize>>,
 }
 
-#[derive(Clone, Deserialize)]
-struct RawQuant {
-    quant_method: Option<String>,
-    quant_algo: Option<String>,
-    group_size: Option<usize>,
-    exclude_modules: Option<Vec<String>>,
-    ignore: Option<Vec<String>>,
-    modules_to_not_convert: Option<Vec<String>>,
-}
-
-#[derive(Deserialize)]
-struct RawHfQuant {
-    quantization: RawQuant,
-}
-
 /// Key resolution with messages naming the file.
 struct Keys<'a> {
     path: &'a Path,
@@ -774,6 +630,9 @@ impl Keys<'_> {
         let geometry = ModelGeometry {
             architecture: Architecture::Qwen3Moe,
             quantization: method_of(&quantization),
+            // Both set by `ModelConfig::parse` once modules can be named.
+            attention_quantization: Quantization::Bf16,
+            quant_group_size: 0,
             num_layers: c.num_layers,
             hidden_size: c.hidden_size,
             num_attention_heads: c.num_attention_heads,
@@ -844,6 +703,9 @@ impl Keys<'_> {
         let geometry = ModelGeometry {
             architecture: Architecture::GptOss,
             quantization: method_of(&quantization),
+            // Both set by `ModelConfig::parse` once modules can be named.
+            attention_quantization: Quantization::Bf16,
+            quant_group_size: 0,
             num_layers: c.num_layers,
             hidden_size: c.hidden_size,
             num_attention_heads: c.num_attention_heads,
@@ -965,6 +827,9 @@ impl Keys<'_> {
         let geometry = ModelGeometry {
             architecture,
             quantization: method_of(&quantization),
+            // Both set by `ModelConfig::parse` once modules can be named.
+            attention_quantization: Quantization::Bf16,
+            quant_group_size: 0,
             num_layers: c.num_layers,
             hidden_size: c.hidden_size,
             num_attention_heads: c.num_attention_heads,
@@ -1056,36 +921,4 @@ struct Common {
     vocab_size: usize,
     num_experts: usize,
     top_k: usize,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::glob_match;
-
-    #[test]
-    fn glob_star_crosses_dots_and_classes_work() {
-        assert!(glob_match(
-            "model.layers.*.self_attn*",
-            "model.layers.12.self_attn.q_proj"
-        ));
-        assert!(glob_match(
-            "model.layers.*.mlp.gate",
-            "model.layers.3.mlp.gate"
-        ));
-        assert!(!glob_match(
-            "model.layers.*.mlp.gate",
-            "model.layers.3.mlp.gate_proj"
-        ));
-        assert!(glob_match("*", ""));
-        assert!(glob_match("a*b*c", "a.x.b.y.c"));
-        assert!(!glob_match("a*b*c", "a.x.b.y.d"));
-        assert!(glob_match("layer?", "layer7"));
-        assert!(!glob_match("layer?", "layer"));
-        assert!(glob_match("layers.[0-3].x", "layers.2.x"));
-        assert!(!glob_match("layers.[0-3].x", "layers.5.x"));
-        assert!(glob_match("layers.[!0-3].x", "layers.5.x"));
-        assert!(glob_match("a[b", "a[b"));
-        assert!(glob_match("lm_head", "lm_head"));
-        assert!(!glob_match("lm_head", "lm_head2"));
-    }
 }

@@ -111,10 +111,18 @@ pub enum CheckpointError {
         count: usize,
         limit: usize,
     },
-    #[error("{}: model_type `{model_type}` is not supported (qwen3_moe, gpt_oss)", path.display())]
+    #[error("{}: model_type `{model_type}` is not supported (qwen3_moe, gpt_oss, qwen3_5_moe, qwen3_5, qwen3_next)", path.display())]
     UnsupportedArchitecture { path: PathBuf, model_type: String },
-    #[error("{}: quantization `{method}` is not supported (ModelOpt NVFP4, MXFP4)", path.display())]
+    #[error("{}: quantization `{method}` is not supported ({})", path.display(), super::quant_config::SUPPORTED)]
     UnsupportedQuantization { path: PathBuf, method: String },
+    /// The config stores a module in a format the scheme's reader does not
+    /// know how to find in the checkpoint.
+    #[error("{module}: {format} weights in the {scheme} layout are not supported")]
+    UnreadFormat {
+        module: String,
+        format: &'static str,
+        scheme: &'static str,
+    },
     #[error("{}", TensorProblems(problems))]
     Tensors { problems: Vec<TensorProblem> },
 }

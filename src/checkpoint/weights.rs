@@ -6,6 +6,7 @@ use super::dtype::Dtype;
 use super::error::CheckpointError;
 use super::linear::{LinearWeight, WeightData};
 use super::mapped::Checkpoint;
+use super::quant_config::QuantScheme;
 use super::view::TensorView;
 use crate::formats::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
 use crate::geometry::Quantization;
@@ -21,13 +22,26 @@ impl Checkpoint {
         module: &str,
     ) -> Result<LinearWeight<'_>, CheckpointError> {
         let weight = self.tensor(&format!("{module}.weight"))?;
-        // Only linear layers are quantized: an embedding matched by the
-        // config's globs still holds bf16.
-        if config.quantization_method() == Quantization::Nvfp4
-            && config.is_quantized(module)
-            && weight.dtype() == Dtype::U8
-        {
-            return self.nvfp4(module, weight);
+        let format = config.linear_format(module);
+        let scheme = config.quantization.as_ref().map(|q| q.scheme);
+        match (format, scheme) {
+            (Quantization::Bf16, _) => {}
+            // Only linear layers are quantized: an embedding matched by the
+            // config's globs still holds bf16.
+            (Quantization::Nvfp4, Some(QuantScheme::ModelOpt)) if weight.dtype() == Dtype::U8 => {
+                return self.nvfp4(module, weight);
+            }
+            (Quantization::Nvfp4, Some(QuantScheme::ModelOpt)) => {}
+            // MXFP4 covers gpt-oss's stacked experts only ([`Self::mxfp4_expert`]):
+            // any other module its config does not exclude is stored as is.
+            (Quantization::Mxfp4, _) => {}
+            (format, scheme) => {
+                return Err(CheckpointError::UnreadFormat {
+                    module: module.to_string(),
+                    format: format.name(),
+                    scheme: scheme.map_or("unquantized", QuantScheme::name),
+                });
+            }
         }
         let [rows, cols] = matrix(&weight, "[out, in]")?;
         let data = match weight.dtype() {

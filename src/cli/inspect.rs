@@ -9,7 +9,7 @@ use indicatif::HumanBytes;
 use serde::Serialize;
 
 use crate::checkpoint::check::tensor_problems;
-use crate::checkpoint::groups::bytes_by_group;
+use crate::checkpoint::groups::{bytes_by_group, group_of};
 use crate::checkpoint::{CheckpointError, HeaderSet, ModelConfig, TensorInfo, TensorProblem};
 use crate::checkpoint::{Dtype, read_headers};
 use crate::geometry::{Quantization, WeightGroup};
@@ -35,6 +35,9 @@ pub struct InspectReport {
     pub total_bytes: u64,
     /// Bytes by plan group (`embeddings`, `attention`, …).
     pub groups: BTreeMap<&'static str, u64>,
+    /// The number formats each group's matrices are stored in (`bf16`,
+    /// `nvfp4`, `fp8`, …), from their tensors and the quantization config.
+    pub group_formats: BTreeMap<&'static str, Vec<&'static str>>,
     /// Bytes the checkpoint carries that text serving never reads, by
     /// prefix (a vision tower, MTP layers).
     pub unused: BTreeMap<&'static str, u64>,
@@ -111,6 +114,7 @@ pub fn report(dir: &Path) -> Result<InspectReport, CheckpointError> {
             .map(|(group, &bytes)| (group.name(), bytes))
             .collect(),
         unused: by_group.unused.clone(),
+        group_formats: group_formats(&config, &headers.tensors),
         dtypes,
         quantization: config.quantization.as_ref().map(|q| q.method.name()),
         excluded_modules: config
@@ -121,6 +125,50 @@ pub fn report(dir: &Path) -> Result<InspectReport, CheckpointError> {
         shards: shard_reports(&headers),
         problems: problems.iter().map(ToString::to_string).collect(),
         tensor_problems: problems,
+    })
+}
+
+/// The formats of each group's matrices (sorted, each named once).
+fn group_formats(
+    config: &ModelConfig,
+    tensors: &[TensorInfo],
+) -> BTreeMap<&'static str, Vec<&'static str>> {
+    let architecture = config.geometry.architecture;
+    let mut formats: BTreeMap<&'static str, Vec<&'static str>> = BTreeMap::new();
+    for tensor in tensors {
+        let (Some(format), Some(group)) = (
+            matrix_format(config, tensor),
+            group_of(architecture, &tensor.name),
+        ) else {
+            continue;
+        };
+        let list = formats.entry(group.name()).or_default();
+        if !list.contains(&format) {
+            list.push(format);
+            list.sort_unstable();
+        }
+    }
+    formats
+}
+
+/// The format of the matrix whose main tensor `tensor` is (`None` for
+/// scales, norms, biases and other vectors): a float `.weight` is stored as
+/// its dtype (an embedding a config glob matches is still bf16), a packed
+/// one as its module's format in the config.
+fn matrix_format(config: &ModelConfig, tensor: &TensorInfo) -> Option<&'static str> {
+    let name = tensor.name.as_str();
+    if tensor.shape.len() < 2 {
+        return None;
+    }
+    if name.ends_with("_blocks") {
+        return Some(Quantization::Mxfp4.name());
+    }
+    let module = name.strip_suffix(".weight")?;
+    Some(match tensor.dtype {
+        Dtype::Bf16 => "bf16",
+        Dtype::F16 => "f16",
+        Dtype::F32 => "f32",
+        _ => config.linear_format(module).name(),
     })
 }
 
@@ -137,7 +185,9 @@ fn parameters(config: &ModelConfig, tensor: &TensorInfo) -> u64 {
     .any(|suffix| name.ends_with(suffix));
     let packed_fp4 = tensor.dtype == Dtype::U8
         && (name.ends_with("_blocks")
-            || (config.quantization_method() == Quantization::Nvfp4 && name.ends_with(".weight")));
+            || name
+                .strip_suffix(".weight")
+                .is_some_and(|module| config.linear_format(module) == Quantization::Nvfp4));
     if is_scale {
         0
     } else if packed_fp4 {
@@ -186,7 +236,15 @@ fn write_table(out: &mut impl Write, dir: &Path, r: &InspectReport) -> std::io::
     // In the plan's order rather than alphabetically.
     for group in WeightGroup::ALL.map(WeightGroup::name) {
         let bytes = r.groups.get(group).copied().unwrap_or(0);
-        writeln!(out, "  {group:<16} {bytes:>16}  {}", HumanBytes(bytes))?;
+        let formats = r
+            .group_formats
+            .get(group)
+            .map_or(String::new(), |f| f.join(", "));
+        writeln!(
+            out,
+            "  {group:<16} {bytes:>16}  {:<10} {formats}",
+            HumanBytes(bytes).to_string()
+        )?;
     }
     for (prefix, bytes) in &r.unused {
         writeln!(

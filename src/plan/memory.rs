@@ -56,21 +56,38 @@ impl WeightBytes {
     }
 }
 
-/// Bytes of one `[rows, cols]` linear weight stored as `format`, scales included:
-/// NVFP4 = packed codes + one F8 scale per 16 + `weight_scale_2` + `input_scale`;
-/// MXFP4 = packed codes + one E8M0 scale per 32.
-pub fn linear_bytes(rows: u64, cols: u64, format: Quantization) -> u64 {
-    let group = format.group_size() as u64;
+/// Bytes of one `[rows, cols]` linear weight stored as `format`, scales
+/// included (`group`: the input columns per scale of INT4, ignored by the
+/// other formats, which fix their own):
+/// - NVFP4 = packed codes + one E4M3 scale per 16 + `weight_scale_2` + `input_scale`;
+/// - MXFP4 = packed codes + one E8M0 scale per 32;
+/// - FP8 = one byte per value + the f32 `weight_scale` + `input_scale`;
+/// - FP8 block = one byte per value + an f32 scale per 128 × 128 block
+///   (ragged edge blocks count whole);
+/// - INT4 (GPTQ) = `qweight` (8 codes per int32) + an f16 scale and a packed
+///   4-bit zero point per group and row + `g_idx` (one int32 per column).
+pub fn linear_bytes(rows: u64, cols: u64, format: Quantization, group: u64) -> u64 {
+    let fixed = format.group_size() as u64;
     match format {
         Quantization::Bf16 => rows * cols * BF16,
-        Quantization::Nvfp4 => rows * cols / 2 + rows * cols.div_ceil(group) + 4 + 4,
-        Quantization::Mxfp4 => rows * cols / 2 + rows * cols.div_ceil(group),
+        Quantization::Nvfp4 => rows * cols / 2 + rows * cols.div_ceil(fixed) + 4 + 4,
+        Quantization::Mxfp4 => rows * cols / 2 + rows * cols.div_ceil(fixed),
+        Quantization::Fp8 => rows * cols + 4 + 4,
+        Quantization::Fp8Block => {
+            let block = crate::formats::FP8_BLOCK as u64;
+            rows * cols + rows.div_ceil(block) * cols.div_ceil(block) * 4
+        }
+        Quantization::Int4 => {
+            let groups = cols.div_ceil(group.max(1));
+            rows * cols / 2 + groups * rows * 2 + groups * rows / 2 + cols * 4
+        }
     }
 }
 
 /// Weight bytes computed from the geometry alone (no checkpoint at hand).
-/// Attention, router, embeddings, norms and lm_head are bf16 in every format;
-/// experts (and NVFP4 dense MLPs) take the model's quantization.
+/// Router, embeddings, norms and lm_head are bf16; the attention projections
+/// take `attention_quantization`, the experts and dense MLPs `quantization`
+/// (gpt-oss: its experts only).
 pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
     let (h, v) = (g.hidden_size as u64, g.vocab_size as u64);
     let (heads, kv_heads, hd) = (
@@ -93,7 +110,11 @@ pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
     }
     w.add(WeightGroup::Norms, h * BF16); // model.norm
 
-    let attention = (2 * q_dim * h + 2 * kv_dim * h) * BF16
+    let group = g.quant_group_size as u64;
+    let attn = |rows, cols| linear_bytes(rows, cols, g.attention_quantization, group);
+    let attention = attn(q_dim, h)
+        + 2 * attn(kv_dim, h)
+        + attn(h, q_dim)
         + if g.attention_bias {
             (q_dim + 2 * kv_dim + h) * BF16
         } else {
@@ -104,17 +125,12 @@ pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
     let router = e * h * BF16 + if gpt_oss { e * BF16 } else { 0 };
     let experts = if gpt_oss {
         // Stacked: gate_up [E, 2I, H] and down [E, H, I], each with a bf16 bias.
-        e * (linear_bytes(2 * i_moe, h, g.quantization) + 2 * i_moe * BF16)
-            + e * (linear_bytes(h, i_moe, g.quantization) + h * BF16)
+        e * (linear_bytes(2 * i_moe, h, g.quantization, group) + 2 * i_moe * BF16)
+            + e * (linear_bytes(h, i_moe, g.quantization, group) + h * BF16)
     } else {
-        e * (2 * linear_bytes(i_moe, h, g.quantization) + linear_bytes(h, i_moe, g.quantization))
+        e * mlp_bytes(i_moe, h, g.quantization, group)
     };
-    let dense_format = match g.quantization {
-        Quantization::Nvfp4 => Quantization::Nvfp4,
-        _ => Quantization::Bf16,
-    };
-    let i_dense = g.intermediate_size as u64;
-    let dense = 2 * linear_bytes(i_dense, h, dense_format) + linear_bytes(h, i_dense, dense_format);
+    let dense = mlp_bytes(g.intermediate_size as u64, h, dense_format(g), group);
 
     for layer in 0..g.num_layers {
         w.add(WeightGroup::Attention, attention);
@@ -129,11 +145,26 @@ pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
     w
 }
 
+/// Bytes of a gated MLP of width `i` over `h` (gate, up and down projections).
+fn mlp_bytes(i: u64, h: u64, format: Quantization, group: u64) -> u64 {
+    2 * linear_bytes(i, h, format, group) + linear_bytes(h, i, format, group)
+}
+
+/// Format of the dense MLPs and shared experts: the experts' format, except
+/// that gpt-oss's MXFP4 covers only its stacked experts.
+fn dense_format(g: &ModelGeometry) -> Quantization {
+    match g.quantization {
+        Quantization::Mxfp4 => Quantization::Bf16,
+        format => format,
+    }
+}
+
 /// [`estimate_weights`] for qwen3_5_moe, qwen3_5 and qwen3_next: Gated
 /// DeltaNet layers (projections, a `[channels, 1, kernel]` convolution,
 /// `A_log`, `dt_bias`, the output norm) and gated-attention layers (`q_proj`
 /// twice the query width), experts with a shared expert (and its `[1, H]`
-/// gate) or a dense MLP; all bf16 (experts in the model's quantization).
+/// gate) or a dense MLP; projections in `attention_quantization`, MLPs in
+/// `quantization`, the rest bf16.
 fn estimate_hybrid_weights(g: &ModelGeometry) -> WeightBytes {
     let (h, v) = (g.hidden_size as u64, g.vocab_size as u64);
     let hd = g.head_dim as u64;
@@ -148,14 +179,19 @@ fn estimate_hybrid_weights(g: &ModelGeometry) -> WeightBytes {
         w.add(WeightGroup::LmHead, v * h * BF16);
     }
     w.add(WeightGroup::Norms, h * BF16);
-    let attention = (2 * q_dim * h + 2 * kv_dim * h + h * q_dim) * BF16;
+    let group = g.quant_group_size as u64;
+    let attn = |rows, cols| linear_bytes(rows, cols, g.attention_quantization, group);
+    let attention = attn(2 * q_dim, h) + 2 * attn(kv_dim, h) + attn(h, q_dim);
     let linear = g.delta_net().map_or(0, |d| {
         let (channels, values, heads) = (
             d.conv_channels() as u64,
             d.value_width() as u64,
             d.value_heads as u64,
         );
-        (channels * h + values * h + 2 * heads * h + h * values) * BF16
+        attn(channels, h)
+            + attn(values, h)
+            + 2 * attn(heads, h)
+            + attn(h, values)
             + channels * d.conv_kernel as u64 * BF16
             + (2 * heads + d.value_dim as u64) * BF16
     });
@@ -173,12 +209,17 @@ fn estimate_hybrid_weights(g: &ModelGeometry) -> WeightBytes {
             w.add(WeightGroup::Router, e * h * BF16);
             w.add(
                 WeightGroup::Experts,
-                e * (2 * linear_bytes(i_moe, h, g.quantization)
-                    + linear_bytes(h, i_moe, g.quantization)),
+                e * mlp_bytes(i_moe, h, g.quantization, group),
             );
-            w.add(WeightGroup::SharedExpert, (3 * s * h + h) * BF16);
+            w.add(
+                WeightGroup::SharedExpert,
+                mlp_bytes(s, h, dense_format(g), group) + h * BF16,
+            );
         } else {
-            w.add(WeightGroup::DenseMlp, 3 * i_dense * h * BF16);
+            w.add(
+                WeightGroup::DenseMlp,
+                mlp_bytes(i_dense, h, dense_format(g), group),
+            );
         }
     }
     w
@@ -1126,11 +1167,27 @@ mod tests {
 
     #[test]
     fn linear_bytes_by_format() {
-        assert_eq!(linear_bytes(64, 128, Quantization::Bf16), 16_384);
+        assert_eq!(linear_bytes(64, 128, Quantization::Bf16, 0), 16_384);
         // 64×128/2 codes + 64×8 scales + two f32 scalars
-        assert_eq!(linear_bytes(64, 128, Quantization::Nvfp4), 4096 + 512 + 8);
+        assert_eq!(
+            linear_bytes(64, 128, Quantization::Nvfp4, 0),
+            4096 + 512 + 8
+        );
         // 64×128/2 codes + 64×4 exponents
-        assert_eq!(linear_bytes(64, 128, Quantization::Mxfp4), 4096 + 256);
+        assert_eq!(linear_bytes(64, 128, Quantization::Mxfp4, 0), 4096 + 256);
+        // FP8: a byte per value and two f32 scalars.
+        assert_eq!(linear_bytes(64, 128, Quantization::Fp8, 0), 8192 + 8);
+        // FP8 block: 200 × 300 has 2 × 3 blocks (ragged edges count whole).
+        assert_eq!(
+            linear_bytes(200, 300, Quantization::Fp8Block, 0),
+            60_000 + 6 * 4
+        );
+        // INT4, group 32: codes 64 × 128 / 2, 4 groups × 64 rows of f16
+        // scales and 4-bit zeros, and an int32 `g_idx` per column.
+        assert_eq!(
+            linear_bytes(64, 128, Quantization::Int4, 32),
+            4096 + 256 * 2 + 256 / 2 + 128 * 4
+        );
     }
 
     #[test]
@@ -1240,6 +1297,8 @@ mod tests {
         ModelGeometry {
             architecture: Architecture::GptOss,
             quantization: Quantization::Mxfp4,
+            attention_quantization: Quantization::Bf16,
+            quant_group_size: 0,
             num_layers: types.len(),
             hidden_size: 32,
             num_attention_heads: 4,

@@ -131,6 +131,8 @@ mod tests {
         ModelGeometry {
             architecture: Architecture::Qwen3Moe,
             quantization: Quantization::Bf16,
+            attention_quantization: Quantization::Bf16,
+            quant_group_size: 0,
             num_layers: 2,
             hidden_size: 8,
             num_attention_heads: 2,

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::speculative::{SpeculativeConfig, SpeculativeDraft};
-use crate::geometry::{Architecture, LayerAttention, ModelGeometry, with_geometry_fields};
+use crate::geometry::{
+    Architecture, LayerAttention, ModelGeometry, Quantization, with_geometry_fields,
+};
 use crate::limits::{self, GeometryFields, LimitExceeded};
 use crate::units::{GIB, MIB, parse_bytes};
 use crate::util::files::read_regular_to_string;
@@ -988,7 +990,18 @@ impl Profile {
                 ),
             ));
         }
-        let block = m.quantization.group_size();
+        let int4 = [m.quantization, m.attention_quantization].contains(&Quantization::Int4);
+        if int4 && m.quant_group_size == 0 {
+            return Some((
+                "model",
+                "quant_group_size",
+                "int4 weights need their group size (e.g. 128)".to_string(),
+            ));
+        }
+        let block = match m.quantization {
+            Quantization::Int4 => m.quant_group_size.max(1),
+            format => format.group_size(),
+        };
         for (key, value) in [
             ("hidden_size", m.hidden_size),
             ("moe_intermediate_size", m.moe_intermediate_size),
@@ -1136,7 +1149,8 @@ kv_cache = "1MiB"
         assert!(
             err.starts_with(
                 "tiny.toml:13:1: num_expertz: unknown field `num_expertz`, expected one of \
-                 `name`, `path`, `architecture`, `quantization`, `num_layers`,"
+                 `name`, `path`, `architecture`, `quantization`, `attention_quantization`, \
+                 `quant_group_size`, `num_layers`,"
             ),
             "{err}"
         );
