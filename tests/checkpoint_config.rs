@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use sparkrt::checkpoint::groups::{bytes_by_group, group_of};
-use sparkrt::checkpoint::quant_config::{QuantScheme, QuantizationConfig};
+use sparkrt::checkpoint::quant_config::{ModulePattern, QuantScheme, QuantizationConfig};
 use sparkrt::checkpoint::{
     CheckpointError, HeaderSet, ModelConfig, TensorProblem, check_tensors, read_headers,
 };
@@ -76,7 +76,10 @@ fn nvfp4_fixture_config_and_its_exclusions() {
     assert_eq!(q.method, Quantization::Nvfp4);
     assert_eq!(q.group_size, 16);
     assert_eq!(
-        q.excluded_modules,
+        q.excluded_modules
+            .iter()
+            .map(|p| p.source())
+            .collect::<Vec<_>>(),
         [
             "lm_head",
             "model.layers.*.mlp.gate",
@@ -135,8 +138,12 @@ fn modelopt_ignore_list_spelling_is_accepted() {
             scheme: QuantScheme::ModelOpt,
             method: Quantization::Nvfp4,
             group_size: 16,
-            excluded_modules: vec!["lm_head".into(), "model.layers.*.self_attn*".into()],
+            excluded_modules: vec![
+                ModulePattern::glob("lm_head"),
+                ModulePattern::glob("model.layers.*.self_attn*")
+            ],
             module_formats: Vec::new(),
+            unlisted: Quantization::Nvfp4,
         })
     );
     assert!(!c.is_quantized("model.layers.0.self_attn.k_proj"));

@@ -16,6 +16,7 @@ mod server;
 mod bench_perf_model;
 mod chat_parsers;
 mod chat_prefix_reuse;
+mod checkpoint_compressed_tensors;
 mod checkpoint_config;
 mod checkpoint_fixtures;
 mod checkpoint_fuzz_corpus;

@@ -27,12 +27,14 @@ use sparkrt::step::{Logits, StepBatch};
 
 use crate::common;
 
-/// Every Qwen3.5 / Qwen3-Next fixture.
-pub(crate) const FIXTURES: [&str; 4] = [
+/// Every Qwen3.5 / Qwen3-Next fixture (`qwen35-moe-tiny-ct-nvfp4`: the
+/// compressed-tensors NVFP4 layout, scripts/make-ct-nvfp4-fixture.py).
+pub(crate) const FIXTURES: [&str; 5] = [
     "qwen35-moe-tiny",
     "qwen35-tiny",
     "qwen3-next-tiny",
     "qwen35-moe-tiny-r4",
+    "qwen35-moe-tiny-ct-nvfp4",
 ];
 /// Sequences a test plan holds (state slots).
 const SLOTS: usize = 3;

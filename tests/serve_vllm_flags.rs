@@ -109,6 +109,9 @@ fn vllm_flags_are_accepted_with_their_meaning() {
         "1".into(),
         "--seed".into(),
         "5".into(),
+        // The checkpoint's own method, as vLLM spells it.
+        "--quantization".into(),
+        "none".into(),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let a = Server::start(&args);
@@ -182,6 +185,20 @@ fn vllm_flags_sparkrt_cannot_honour_exit_2_naming_them() {
     refused(
         &["--model", &model, "--generation-config", "/no/such/folder"],
         "--generation-config /no/such/folder: not a folder",
+    );
+    // --quantization names the checkpoint's method or is refused: never
+    // read as another format.
+    refused(
+        &[&model, "--quantization", "awq"],
+        "--quantization awq does not match the checkpoint",
+    );
+    refused(&[&model, "-q", "modelopt"], "it is not quantized (bf16)");
+    let nvfp4 = common::fixture("qwen3-moe-tiny-nvfp4")
+        .display()
+        .to_string();
+    refused(
+        &[&nvfp4, "--quantization", "compressed-tensors"],
+        "it is stored as modelopt (give modelopt or modelopt_fp4",
     );
     // A default out of range stops the start, naming the file and field.
     let dir = tempfile::tempdir().unwrap();

@@ -8,6 +8,7 @@ use super::dtype::Dtype;
 use super::error::{CheckpointError, TensorProblem};
 use super::header_set::{HeaderSet, TensorInfo};
 use super::mapped::Checkpoint;
+use super::quant_config::QuantScheme;
 use crate::formats::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
 use crate::geometry::{Architecture, LayerAttention, Quantization};
 
@@ -250,8 +251,11 @@ impl Expectations<'_> {
     /// A `[rows, cols]` linear weight: BF16, or the NVFP4 triplet (plus the
     /// optional `input_scale`) when the config quantizes `module`.
     fn linear(&mut self, module: &str, rows: usize, cols: usize) {
-        let nvfp4 = self.config.linear_format(module) == Quantization::Nvfp4;
-        if nvfp4 {
+        let format = self.config.linear_format(module);
+        let scheme = self.config.quantization.as_ref().map(|q| q.scheme);
+        if format == Quantization::Nvfp4 && scheme == Some(QuantScheme::CompressedTensors) {
+            self.compressed_tensors_nvfp4(module, rows, cols);
+        } else if format == Quantization::Nvfp4 {
             self.u8(&format!("{module}.weight"), &[rows, cols / 2]);
             self.add(
                 &format!("{module}.weight_scale"),
@@ -274,6 +278,31 @@ impl Expectations<'_> {
         } else {
             self.bf16(&format!("{module}.weight"), &[rows, cols]);
         }
+    }
+
+    /// compressed-tensors' NVFP4 tensors of `module` (`nvfp4-pack-quantized`):
+    /// the packed codes, the E4M3 group scales, the f32 global scale (a
+    /// `[1]` tensor) and, for static activation scales, `input_global_scale`.
+    fn compressed_tensors_nvfp4(&mut self, module: &str, rows: usize, cols: usize) {
+        self.u8(&format!("{module}.weight_packed"), &[rows, cols / 2]);
+        self.add(
+            &format!("{module}.weight_scale"),
+            Dtype::F8E4M3,
+            ExpectedShape::Exact(vec![rows, cols / NVFP4_GROUP]),
+            true,
+        );
+        self.add(
+            &format!("{module}.weight_global_scale"),
+            Dtype::F32,
+            ExpectedShape::Scalar,
+            true,
+        );
+        self.add(
+            &format!("{module}.input_global_scale"),
+            Dtype::F32,
+            ExpectedShape::Scalar,
+            false,
+        );
     }
 
     /// A BF16 (or F32) vector of `len`.

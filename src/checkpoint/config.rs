@@ -135,6 +135,7 @@ impl ModelConfig {
             }
         };
         let mut config = config;
+        config.geometry.quantization = config.linear_format(&config.mlp_module());
         config.geometry.attention_quantization = config.linear_format(&config.attention_module());
         config.geometry.quant_group_size = match &config.quantization {
             Some(q) if q.method == Quantization::Int4 => q.group_size,
@@ -160,6 +161,21 @@ impl ModelConfig {
             .unwrap_or(0);
         let prefix = self.geometry.architecture.text_prefix();
         format!("{prefix}.layers.{layer}.self_attn.q_proj")
+    }
+
+    /// The module whose format the geometry records as the MLPs': the first
+    /// expert's gate projection of the first MoE layer (gpt-oss: the stacked
+    /// experts), or the first dense MLP's.
+    fn mlp_module(&self) -> String {
+        let g = &self.geometry;
+        let prefix = g.architecture.text_prefix();
+        match (0..g.num_layers).find(|&i| g.num_experts > 0 && g.is_moe_layer(i)) {
+            Some(layer) if g.architecture == Architecture::GptOss => {
+                format!("{prefix}.layers.{layer}.mlp.experts")
+            }
+            Some(layer) => format!("{prefix}.layers.{layer}.mlp.experts.0.gate_proj"),
+            None => format!("{prefix}.layers.0.mlp.gate_proj"),
+        }
     }
 
     /// Dims of each head RoPE rotates (all of them unless the RoPE is partial).

@@ -115,6 +115,13 @@ pub enum CheckpointError {
     UnsupportedArchitecture { path: PathBuf, model_type: String },
     #[error("{}: quantization `{method}` is not supported ({})", path.display(), super::quant_config::SUPPORTED)]
     UnsupportedQuantization { path: PathBuf, method: String },
+    /// A scale whose value no format allows (zero, negative, not finite).
+    #[error("{}: tensor `{tensor}` holds {value}, not a positive finite scale", path.display())]
+    BadScale {
+        path: PathBuf,
+        tensor: String,
+        value: f32,
+    },
     /// The config stores a module in a format the scheme's reader does not
     /// know how to find in the checkpoint.
     #[error("{module}: {format} weights in the {scheme} layout are not supported")]

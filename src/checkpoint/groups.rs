@@ -6,13 +6,25 @@ use std::collections::BTreeMap;
 use super::header_set::TensorInfo;
 use crate::geometry::{Architecture, WeightGroup};
 
-/// Parameters of a linear module: the weight and bias, and NVFP4's scales.
-const LINEAR_PARAMS: [&str; 5] = [
+/// Parameters of a linear module: the weight and bias, and the codes and
+/// scales of each quantized layout (ModelOpt, compressed-tensors, FP8 block,
+/// GPTQ) and the KV-cache scales ModelOpt keeps on `k_proj` / `v_proj`.
+const LINEAR_PARAMS: [&str; 15] = [
     "weight",
     "bias",
     "weight_scale",
     "weight_scale_2",
     "input_scale",
+    "weight_packed",
+    "weight_global_scale",
+    "input_global_scale",
+    "weight_scale_inv",
+    "qweight",
+    "qzeros",
+    "scales",
+    "g_idx",
+    "k_scale",
+    "v_scale",
 ];
 
 /// The group of tensor `name`, or `None` if the architecture has no such

@@ -18,7 +18,7 @@ use crate::formats::NVFP4_GROUP;
 use crate::geometry::Quantization;
 
 /// The quantizations `parse` reads, for error messages.
-pub const SUPPORTED: &str = "ModelOpt NVFP4, MXFP4";
+pub const SUPPORTED: &str = "ModelOpt NVFP4, compressed-tensors nvfp4-pack-quantized, MXFP4";
 
 /// The tool whose tensor layout the quantized modules follow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,13 +29,28 @@ pub enum QuantScheme {
     ModelOpt,
     /// gpt-oss's OCP MXFP4 experts: `_blocks` and `_scales`.
     Mxfp4,
+    /// compressed-tensors (`quant_method: compressed-tensors`, written by
+    /// llm-compressor): NVFP4 as `weight_packed` (U8 codes), `weight_scale`
+    /// (E4M3 per 16) and `weight_global_scale` (f32), which *divides*.
+    CompressedTensors,
 }
 
 impl QuantScheme {
+    /// The `--quantization` values vLLM takes for checkpoints of this
+    /// scheme (`serve --quantization` accepts these and refuses the rest).
+    pub fn vllm_names(self) -> &'static [&'static str] {
+        match self {
+            QuantScheme::ModelOpt => &["modelopt", "modelopt_fp4", "modelopt_mixed"],
+            QuantScheme::Mxfp4 => &["mxfp4"],
+            QuantScheme::CompressedTensors => &["compressed-tensors"],
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             QuantScheme::ModelOpt => "modelopt",
             QuantScheme::Mxfp4 => "mxfp4",
+            QuantScheme::CompressedTensors => "compressed-tensors",
         }
     }
 }
@@ -44,46 +59,118 @@ impl QuantScheme {
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantizationConfig {
     pub scheme: QuantScheme,
-    /// The format of every quantized module no rule of `module_formats`
-    /// names: the routed experts' format.
+    /// The format the config names (the main one of a mixed checkpoint),
+    /// for reports; per module, [`Self::format_of`] decides.
     pub method: Quantization,
     /// Elements per scale of `method` where the format lets the checkpoint
     /// choose (16 for NVFP4, 32 for MXFP4).
     pub group_size: usize,
-    /// Module patterns left unquantized (`exclude_modules` / `ignore` /
-    /// `modules_to_not_convert`), fnmatch-style globs.
-    pub excluded_modules: Vec<String>,
-    /// Per-module formats (mixed precision), first match wins; a module
-    /// matched here takes its format from the rule, not from `method`.
+    /// Modules left unquantized (`exclude_modules` / `ignore` /
+    /// `modules_to_not_convert`).
+    pub excluded_modules: Vec<ModulePattern>,
+    /// Per-module formats (mixed precision, compressed-tensors' config
+    /// groups), first match wins.
     pub module_formats: Vec<ModuleFormat>,
+    /// The format of a module neither list names: `method` where the config
+    /// quantizes everything it does not exclude (ModelOpt NVFP4, MXFP4),
+    /// bf16 where it lists what it quantizes (compressed-tensors targets).
+    pub unlisted: Quantization,
 }
 
-/// One rule of a mixed-precision checkpoint: modules matching `pattern`
-/// (an fnmatch glob over the module path) are stored as `format`.
+/// A module pattern of a quantization config, matched the way the tool that
+/// wrote it matches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModulePattern {
+    /// As the config spells it (`model.layers.*.mlp.gate`, `re:.*mlp.gate$`).
+    source: String,
+    matcher: Matcher,
+}
+
+#[derive(Clone, Debug)]
+enum Matcher {
+    /// An fnmatch glob over the module or one of its parents (ModelOpt, HF).
+    Glob,
+    /// compressed-tensors' `re:` patterns: Python's `re.match`, anchored at
+    /// the start of the module name only.
+    Regex(regex::Regex),
+    /// compressed-tensors' `Linear` target: every linear module.
+    AnyLinear,
+}
+
+impl PartialEq for Matcher {
+    /// Patterns compare by their source; the matcher kind is what remains.
+    fn eq(&self, other: &Matcher) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+}
+
+impl ModulePattern {
+    /// An fnmatch glob (ModelOpt's `exclude_modules`, HF's
+    /// `modules_to_not_convert`).
+    pub fn glob(source: impl Into<String>) -> ModulePattern {
+        ModulePattern {
+            source: source.into(),
+            matcher: Matcher::Glob,
+        }
+    }
+
+    /// A compressed-tensors target or ignore entry: `re:` + a regex, the
+    /// class name `Linear`, or a module name. Errors name the pattern.
+    pub fn compressed_tensors(source: &str) -> Result<ModulePattern, String> {
+        let matcher = if let Some(pattern) = source.strip_prefix("re:") {
+            let anchored = format!("^(?:{pattern})");
+            Matcher::Regex(
+                regex::Regex::new(&anchored)
+                    .map_err(|e| format!("pattern `{source}` is not a regex sparkrt reads: {e}"))?,
+            )
+        } else if source == "Linear" {
+            Matcher::AnyLinear
+        } else {
+            Matcher::Glob
+        };
+        Ok(ModulePattern {
+            source: source.to_string(),
+            matcher,
+        })
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether the pattern covers linear module `module`.
+    pub fn matches(&self, module: &str) -> bool {
+        match &self.matcher {
+            Matcher::Glob => module_matches(&self.source, module),
+            Matcher::Regex(regex) => regex.is_match(module),
+            Matcher::AnyLinear => true,
+        }
+    }
+}
+
+/// One rule of a mixed-precision checkpoint: modules matching `pattern` are
+/// stored as `format`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModuleFormat {
-    pub pattern: String,
+    pub pattern: ModulePattern,
     pub format: Quantization,
 }
 
 impl QuantizationConfig {
     /// The format linear module `module` (a module path such as
     /// `model.layers.0.mlp.experts.3.gate_proj`, no `.weight`) is stored in:
-    /// bf16 when an exclude pattern matches the module or one of its parents
-    /// (`model.layers.*.self_attn` excludes `model.layers.0.self_attn.q_proj`),
-    /// else the first matching mixed-precision rule's, else `method`.
+    /// bf16 when an exclusion matches the module (a glob also matches one of
+    /// its parents: `model.layers.*.self_attn` excludes
+    /// `model.layers.0.self_attn.q_proj`), else the first matching rule's,
+    /// else `unlisted`.
     pub fn format_of(&self, module: &str) -> Quantization {
-        if self
-            .excluded_modules
-            .iter()
-            .any(|pattern| module_matches(pattern, module))
-        {
+        if self.excluded_modules.iter().any(|p| p.matches(module)) {
             return Quantization::Bf16;
         }
         self.module_formats
             .iter()
-            .find(|rule| module_matches(&rule.pattern, module))
-            .map_or(self.method, |rule| rule.format)
+            .find(|rule| rule.pattern.matches(module))
+            .map_or(self.unlisted, |rule| rule.format)
     }
 }
 
@@ -96,6 +183,30 @@ pub(super) struct RawQuant {
     exclude_modules: Option<Vec<String>>,
     ignore: Option<Vec<String>>,
     modules_to_not_convert: Option<Vec<String>>,
+    /// compressed-tensors: the checkpoint's compression format and its
+    /// config groups (targets and weight quantization each).
+    format: Option<String>,
+    config_groups: Option<std::collections::BTreeMap<String, RawGroup>>,
+}
+
+/// One compressed-tensors config group.
+#[derive(Clone, Deserialize)]
+struct RawGroup {
+    targets: Vec<String>,
+    weights: Option<RawWeightArgs>,
+    /// A group's own compression format (else the config's `format`).
+    format: Option<String>,
+}
+
+/// compressed-tensors' `QuantizationArgs` of a group's weights.
+#[derive(Clone, Deserialize)]
+struct RawWeightArgs {
+    num_bits: Option<u32>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    group_size: Option<usize>,
+    strategy: Option<String>,
+    symmetric: Option<bool>,
 }
 
 /// `hf_quant_config.json`: ModelOpt's `quantization` object.
@@ -112,7 +223,7 @@ pub(super) fn parse(raw: &RawQuant, path: &Path) -> Result<QuantizationConfig, C
         method,
     };
     let method = raw.quant_method.clone().unwrap_or_default();
-    let excluded_modules: Vec<String> = [
+    let globs: Vec<ModulePattern> = [
         &raw.exclude_modules,
         &raw.ignore,
         &raw.modules_to_not_convert,
@@ -120,7 +231,7 @@ pub(super) fn parse(raw: &RawQuant, path: &Path) -> Result<QuantizationConfig, C
     .into_iter()
     .flatten()
     .flatten()
-    .cloned()
+    .map(ModulePattern::glob)
     .collect();
     match method.to_ascii_lowercase().as_str() {
         "modelopt" => {
@@ -136,19 +247,83 @@ pub(super) fn parse(raw: &RawQuant, path: &Path) -> Result<QuantizationConfig, C
                 scheme: QuantScheme::ModelOpt,
                 method: Quantization::Nvfp4,
                 group_size,
-                excluded_modules,
+                excluded_modules: globs,
                 module_formats: Vec::new(),
+                unlisted: Quantization::Nvfp4,
             })
         }
         "mxfp4" => Ok(QuantizationConfig {
             scheme: QuantScheme::Mxfp4,
             method: Quantization::Mxfp4,
             group_size: crate::formats::MXFP4_GROUP,
-            excluded_modules,
+            excluded_modules: globs,
             module_formats: Vec::new(),
+            unlisted: Quantization::Mxfp4,
         }),
+        "compressed-tensors" => compressed_tensors(raw).map_err(unsupported),
         _ => Err(unsupported(method)),
     }
+}
+
+/// compressed-tensors: each config group quantizes the modules its targets
+/// name; `ignore` wins over every group. Only NVFP4 groups
+/// (`nvfp4-pack-quantized`: 4-bit float weights in groups of 16) are read;
+/// the error names anything else.
+fn compressed_tensors(raw: &RawQuant) -> Result<QuantizationConfig, String> {
+    let name = |f: Option<&String>| f.map_or("(no format)", String::as_str).to_string();
+    let groups = raw
+        .config_groups
+        .as_ref()
+        .filter(|g| !g.is_empty())
+        .ok_or_else(|| "compressed-tensors without `config_groups`".to_string())?;
+    let mut module_formats = Vec::new();
+    for (group_name, group) in groups {
+        let format = group.format.as_ref().or(raw.format.as_ref());
+        let weights = group.weights.as_ref().ok_or_else(|| {
+            format!("compressed-tensors group `{group_name}` without weight quantization")
+        })?;
+        let nvfp4 = format.is_some_and(|f| f == "nvfp4-pack-quantized")
+            && weights.num_bits == Some(4)
+            && weights.kind.as_deref() == Some("float")
+            && weights.group_size == Some(NVFP4_GROUP)
+            && weights
+                .strategy
+                .as_deref()
+                .is_none_or(|s| s == "tensor_group")
+            && weights.symmetric != Some(false);
+        if !nvfp4 {
+            return Err(format!(
+                "compressed-tensors {} (group `{group_name}`: {}-bit {} weights, group size {}; \
+                 sparkrt reads nvfp4-pack-quantized)",
+                name(format),
+                weights.num_bits.map_or("?".to_string(), |b| b.to_string()),
+                weights.kind.as_deref().unwrap_or("?"),
+                weights
+                    .group_size
+                    .map_or("?".to_string(), |g| g.to_string()),
+            ));
+        }
+        for target in &group.targets {
+            module_formats.push(ModuleFormat {
+                pattern: ModulePattern::compressed_tensors(target)?,
+                format: Quantization::Nvfp4,
+            });
+        }
+    }
+    let excluded_modules = raw
+        .ignore
+        .iter()
+        .flatten()
+        .map(|p| ModulePattern::compressed_tensors(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(QuantizationConfig {
+        scheme: QuantScheme::CompressedTensors,
+        method: Quantization::Nvfp4,
+        group_size: NVFP4_GROUP,
+        excluded_modules,
+        module_formats,
+        unlisted: Quantization::Bf16,
+    })
 }
 
 /// Whether the pattern covers `module` itself or one of its parent modules
@@ -172,11 +347,15 @@ mod tests {
             scheme: QuantScheme::ModelOpt,
             method: Quantization::Nvfp4,
             group_size: NVFP4_GROUP,
-            excluded_modules: vec!["lm_head".into(), "model.layers.*.mlp.gate".into()],
+            excluded_modules: vec![
+                ModulePattern::glob("lm_head"),
+                ModulePattern::glob("model.layers.*.mlp.gate"),
+            ],
             module_formats: vec![ModuleFormat {
-                pattern: "model.layers.*.self_attn".into(),
+                pattern: ModulePattern::glob("model.layers.*.self_attn"),
                 format: Quantization::Fp8,
             }],
+            unlisted: Quantization::Nvfp4,
         };
         let format = |m: &str| config.format_of(m);
         assert_eq!(format("lm_head"), Quantization::Bf16);
@@ -189,5 +368,25 @@ mod tests {
         );
         // `mlp.gate` excludes the router, not `mlp.gate_proj`.
         assert_eq!(format("model.layers.3.mlp.gate_proj"), Quantization::Nvfp4);
+    }
+
+    #[test]
+    fn compressed_tensors_regexes_match_from_the_start_like_python_re_match() {
+        let gate = ModulePattern::compressed_tensors("re:.*mlp.gate$").unwrap();
+        assert!(gate.matches("model.layers.0.mlp.gate"));
+        assert!(!gate.matches("model.layers.0.mlp.gate_proj"));
+        let experts = ModulePattern::compressed_tensors("re:model.*experts").unwrap();
+        // Anchored at the start, open at the end (re.match).
+        assert!(experts.matches("model.layers.1.mlp.experts.3.up_proj"));
+        assert!(!experts.matches("x.model.layers.1.mlp.experts.3.up_proj"));
+        assert!(
+            ModulePattern::compressed_tensors("Linear")
+                .unwrap()
+                .matches("lm_head")
+        );
+        let exact = ModulePattern::compressed_tensors("lm_head").unwrap();
+        assert!(exact.matches("lm_head") && !exact.matches("lm_head_2"));
+        let bad = ModulePattern::compressed_tensors("re:(?<=x)y").unwrap_err();
+        assert!(bad.contains("re:(?<=x)y"), "{bad}");
     }
 }

@@ -21,9 +21,18 @@ impl Checkpoint {
         config: &ModelConfig,
         module: &str,
     ) -> Result<LinearWeight<'_>, CheckpointError> {
-        let weight = self.tensor(&format!("{module}.weight"))?;
         let format = config.linear_format(module);
         let scheme = config.quantization.as_ref().map(|q| q.scheme);
+        // compressed-tensors names the packed codes `weight_packed`; a module
+        // its `Linear` target covers that holds a plain `weight` instead (an
+        // embedding) is read as stored, as `check_tensors` expects it.
+        if (format, scheme) == (Quantization::Nvfp4, Some(QuantScheme::CompressedTensors)) {
+            if let Ok(packed) = self.tensor(&format!("{module}.weight_packed")) {
+                return self.compressed_tensors_nvfp4(module, packed);
+            }
+            return self.plain(self.tensor(&format!("{module}.weight"))?);
+        }
+        let weight = self.tensor(&format!("{module}.weight"))?;
         match (format, scheme) {
             (Quantization::Bf16, _) => {}
             // Only linear layers are quantized: an embedding matched by the
@@ -43,6 +52,11 @@ impl Checkpoint {
                 });
             }
         }
+        self.plain(weight)
+    }
+
+    /// A BF16 or F32 `weight` as stored.
+    fn plain<'a>(&'a self, weight: TensorView<'a>) -> Result<LinearWeight<'a>, CheckpointError> {
         let [rows, cols] = matrix(&weight, "[out, in]")?;
         let data = match weight.dtype() {
             Dtype::Bf16 => WeightData::Bf16(weight.bytes()),
@@ -57,6 +71,40 @@ impl Checkpoint {
             }
         };
         checked(&weight, rows, cols, data)
+    }
+
+    /// compressed-tensors NVFP4: element = e2m1 × e4m3 scale ÷
+    /// `weight_global_scale` (llm-compressor stores the reciprocal of
+    /// ModelOpt's `weight_scale_2`), so the global factor is its inverse.
+    fn compressed_tensors_nvfp4<'a>(
+        &'a self,
+        module: &str,
+        packed: TensorView<'a>,
+    ) -> Result<LinearWeight<'a>, CheckpointError> {
+        let [rows, packed_cols] = matrix(&packed, "[out, in/2]")?;
+        let codes = packed.u8()?;
+        let cols = packed_cols * 2;
+        if !cols.is_multiple_of(NVFP4_GROUP) {
+            return Err(packed.wrong_shape("[out, in/2] with `in` a multiple of 16"));
+        }
+        let scales = self.tensor(&format!("{module}.weight_scale"))?;
+        scales.expect_dtype(Dtype::F8E4M3)?;
+        scales.expect_shape(&[rows, cols / NVFP4_GROUP])?;
+        let global_view = self.tensor(&format!("{module}.weight_global_scale"))?;
+        let global_scale = global_view.scalar_f32()?;
+        if !(global_scale.is_finite() && global_scale > 0.0) {
+            return Err(CheckpointError::BadScale {
+                path: global_view.path().to_path_buf(),
+                tensor: global_view.name().to_string(),
+                value: global_scale,
+            });
+        }
+        let data = WeightData::Nvfp4 {
+            packed: codes,
+            scales: scales.bytes(),
+            global: global_scale.recip(),
+        };
+        checked(&packed, rows, cols, data)
     }
 
     fn nvfp4<'a>(

@@ -120,7 +120,12 @@ pub fn report(dir: &Path) -> Result<InspectReport, CheckpointError> {
         excluded_modules: config
             .quantization
             .as_ref()
-            .map(|q| q.excluded_modules.clone())
+            .map(|q| {
+                q.excluded_modules
+                    .iter()
+                    .map(|p| p.source().to_string())
+                    .collect()
+            })
             .unwrap_or_default(),
         shards: shard_reports(&headers),
         problems: problems.iter().map(ToString::to_string).collect(),
@@ -151,19 +156,32 @@ fn group_formats(
     formats
 }
 
+/// Names of a quantized module's main tensor other than `.weight`.
+const PACKED_SUFFIXES: [&str; 2] = [".weight_packed", ".qweight"];
+
 /// The format of the matrix whose main tensor `tensor` is (`None` for
 /// scales, norms, biases and other vectors): a float `.weight` is stored as
 /// its dtype (an embedding a config glob matches is still bf16), a packed
 /// one as its module's format in the config.
 fn matrix_format(config: &ModelConfig, tensor: &TensorInfo) -> Option<&'static str> {
     let name = tensor.name.as_str();
-    if tensor.shape.len() < 2 {
-        return None;
-    }
     if name.ends_with("_blocks") {
         return Some(Quantization::Mxfp4.name());
     }
-    let module = name.strip_suffix(".weight")?;
+    // Stacked experts (`experts.gate_up_proj`, `[E, rows, cols]`) are
+    // matrices too; a convolution's `[channels, 1, kernel]` weight is not.
+    let stacked = tensor.shape.len() == 3
+        && (name.ends_with("experts.gate_up_proj") || name.ends_with("experts.down_proj"));
+    let module = match name.strip_suffix(".weight") {
+        Some(module) if tensor.shape.len() == 2 => module,
+        _ if stacked => name,
+        _ => {
+            return PACKED_SUFFIXES
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .map(|module| config.linear_format(module).name());
+        }
+    };
     Some(match tensor.dtype {
         Dtype::Bf16 => "bf16",
         Dtype::F16 => "f16",
@@ -179,12 +197,15 @@ fn parameters(config: &ModelConfig, tensor: &TensorInfo) -> u64 {
         ".weight_scale",
         ".weight_scale_2",
         ".input_scale",
+        ".weight_global_scale",
+        ".input_global_scale",
         "_scales",
     ]
     .iter()
     .any(|suffix| name.ends_with(suffix));
     let packed_fp4 = tensor.dtype == Dtype::U8
         && (name.ends_with("_blocks")
+            || name.ends_with(".weight_packed")
             || name
                 .strip_suffix(".weight")
                 .is_some_and(|module| config.linear_format(module) == Quantization::Nvfp4));

@@ -138,6 +138,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         ..args.model.clone()
     };
     let (dir, profile) = resolve(&model_args, &args.serving)?;
+    super::vllm_compat::check_quantization(args.vllm.quantization.as_deref(), &dir)?;
     // Read from the checkpoint itself, not a `--load-format dummy` copy.
     let generation = args.vllm.generation_config().load(&dir)?;
     let (dir, _dummy) = dummy_if_asked(&model_args, &dir)?;

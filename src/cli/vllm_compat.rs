@@ -33,9 +33,40 @@ pub struct VllmArgs {
     /// one random stream seeded here, so a run is reproducible.
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
+    /// vLLM's flag: the checkpoint's quantization method (`modelopt`,
+    /// `compressed-tensors`, `mxfp4`, …). sparkrt reads it from the
+    /// checkpoint; a value naming another method, or one sparkrt does not
+    /// read (awq, bitsandbytes, gguf, …), is refused (exit 2).
+    #[arg(long, short = 'q', value_name = "METHOD")]
+    pub quantization: Option<String>,
     /// GPUs one model is split over; only 1 is supported.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub tensor_parallel_size: usize,
+}
+
+/// Refuses `--quantization METHOD` unless it names the method the
+/// checkpoint in `dir` is stored with: never a silent fallback to another
+/// format.
+pub fn check_quantization(method: Option<&str>, dir: &Path) -> Result<()> {
+    let Some(method) = method else {
+        return Ok(());
+    };
+    let config = crate::checkpoint::ModelConfig::load(dir)?;
+    let scheme = config.quantization.as_ref().map(|q| q.scheme);
+    let accepted: &[&str] = scheme.map_or(&["none"], |s| s.vllm_names());
+    if accepted.contains(&method) {
+        return Ok(());
+    }
+    let stored = scheme.map_or("not quantized (bf16)".to_string(), |s| {
+        format!("stored as {}", s.name())
+    });
+    bail!(
+        "--quantization {method} does not match the checkpoint in {}: it is {stored} (give {} \
+         or leave the flag out; sparkrt reads the format from the checkpoint: {})",
+        dir.display(),
+        accepted.join(" or "),
+        crate::checkpoint::quant_config::SUPPORTED
+    )
 }
 
 /// Where the sampling defaults come from.
