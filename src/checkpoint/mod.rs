@@ -20,6 +20,7 @@ pub mod files;
 pub mod groups;
 pub mod header;
 mod header_set;
+pub mod kv_scales;
 mod layout;
 pub mod linear;
 pub mod load;
