@@ -102,6 +102,45 @@ pub static E4M3: [f32; 256] = {
     table
 };
 
+// ---- FP8 E4M3 encoding (the FP8 KV cache) ----------------------------------------
+
+/// The largest finite E4M3 (`float8_e4m3fn`) value.
+pub const E4M3_MAX: f32 = 448.0;
+
+/// Encodes f32 as FP8 E4M3 (`float8_e4m3fn`), saturating: round to nearest
+/// even, magnitudes past [`E4M3_MAX`] (infinities too) to ±448, NaN to
+/// `S.1111.111` with the input's sign, −0 to `0x80`. It is
+/// `torch.clamp(x, -448, 448).to(torch.float8_e4m3fn)`, the conversion
+/// vLLM's FP8 KV cache and CUDA's `__NV_SATFINITE` make;
+/// `scripts/e4m3_reference.py` regenerates torch's table that
+/// tests/formats.rs checks every f32 against. [`e4m3_to_f32`] inverts it
+/// on every byte but the NaNs.
+#[inline]
+pub fn f32_to_e4m3(value: f32) -> u8 {
+    let bits = value.to_bits();
+    let sign = ((bits >> 24) & 0x80) as u8;
+    if value.is_nan() {
+        return sign | 0x7F;
+    }
+    let magnitude = value.abs();
+    if magnitude >= E4M3_MAX {
+        return sign | 0x7E;
+    }
+    if magnitude < 0.015_625 {
+        // Below 2^-6: subnormal, in units of 2^-9 (the scaling is exact).
+        // Rounding up to 8 units gives 0x08, the smallest normal, as it should.
+        return sign | (magnitude * 512.0).round_ties_even() as u8;
+    }
+    // Normal: keep 3 of f32's 23 mantissa bits, ties to the even one (a
+    // carry out of the mantissa bumps the exponent, as it should), then
+    // rebias the exponent (−127 + 7). Below 448 the result is at most 0x7E.
+    let abs_bits = magnitude.to_bits();
+    let rounded = abs_bits + 0x7_FFFF + ((abs_bits >> 20) & 1);
+    let exponent = (rounded >> 23) - 120;
+    let mantissa = (rounded >> 20) & 0x07;
+    sign | ((exponent << 3) | mantissa) as u8
+}
+
 // ---- E8M0 ---------------------------------------------------------------------------
 
 /// The E8M0 byte that is not a power of two: NaN (OCP Microscaling Formats (MX) v1.0).

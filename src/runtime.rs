@@ -13,6 +13,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaOptions, WeightsPolicy};
 use crate::backend::{Backend, BackendError, KvLayout};
 use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::kv_scales::{self, KvScaleError, KvScales};
 use crate::checkpoint::load::LoadProgress;
 use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointFiles, PageCachePolicy};
 use crate::engine::{Engine, EngineError, EngineLimits, ModelExecutor};
@@ -22,7 +23,7 @@ use crate::model::source::CheckpointSource;
 use crate::model::{Buffers, ModelError, Transformer};
 use crate::plan::ledger::{self, Category, Charge, Ledger, WeightsResidency};
 use crate::plan::memory::{self, WeightBytes};
-use crate::plan::profile::{CheckpointFacts, DeviceKind, KubeletMode, Profile};
+use crate::plan::profile::{CheckpointFacts, DeviceKind, KubeletMode, KvCacheDtype, Profile};
 use crate::plan::{self, Plan, PlanDevice, PlanError};
 use crate::text::{TextError, Tokenizer};
 use sparkrt_wire::LoadPhase;
@@ -50,6 +51,8 @@ pub enum RuntimeError {
     DoesNotFit(String),
     #[error(transparent)]
     Ledger(#[from] crate::plan::ledger::LedgerError),
+    #[error(transparent)]
+    KvScales(#[from] KvScaleError),
 }
 
 /// A model folder, planned and mapped, on backend `B`: everything an
@@ -506,6 +509,8 @@ impl Loaded<CudaBackend> {
             }
             .into());
         }
+        // Also before a context, so `auto` runs an FP8 KV cache on the CPU.
+        crate::backend::cuda::check_kv_dtype(mapped.plan.serving.kv_cache_dtype)?;
         let (ledger, plan) = (&mapped.ledger, &mapped.plan);
         let max_seqs = plan.serving.max_num_seqs;
         let mut backend = CudaBackend::new(
@@ -567,7 +572,8 @@ impl<B: Backend> Loaded<B> {
         source: &'w CheckpointSource<'w>,
     ) -> Result<Engine<'w>, RuntimeError> {
         let model = Transformer::load(&self.backend, &self.config, source)?;
-        let buffers = Buffers::allocate(&self.backend, &self.plan, &self.kv_layout())?;
+        let kv_scales = kv_scales_for(self.plan.kv_cache.dtype, source)?;
+        let buffers = Buffers::allocate(&self.backend, &self.plan, &self.kv_layout(), &kv_scales)?;
         // Every start-up allocation is made: each must be exactly its plan.
         self.ledger.verify_complete()?;
         let s = &self.plan.serving;
@@ -592,6 +598,32 @@ impl<B: Backend> Loaded<B> {
             self.tokenizer.clone(),
             self.eos.clone(),
         )?)
+    }
+}
+
+/// The scales an FP8 KV cache (`dtype`) quantizes with: the checkpoint's,
+/// or 1.0 with one warning when it has none. Other dtypes store values as
+/// they are: 1.0 everywhere, the checkpoint's scales not read.
+fn kv_scales_for(
+    dtype: KvCacheDtype,
+    source: &CheckpointSource<'_>,
+) -> Result<KvScales, KvScaleError> {
+    let layers = source.config.geometry.num_kv_layers();
+    if dtype != KvCacheDtype::Fp8 {
+        return Ok(KvScales::unit(layers));
+    }
+    match kv_scales::read(source.checkpoint, source.config)? {
+        Some(scales) => {
+            tracing::info!("FP8 KV cache: the checkpoint's per-layer k_scale and v_scale");
+            Ok(scales)
+        }
+        None => {
+            tracing::warn!(
+                "FP8 KV cache: the checkpoint has no k_scale / v_scale, so every layer's scales \
+                 are 1.0 (keys and values past ±448 saturate; accuracy may suffer)"
+            );
+            Ok(KvScales::unit(layers))
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use sparkrt::backend::{
     AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, KvLayout, Matmul, RouterKind,
     StepMetadataPlan,
 };
+use sparkrt::checkpoint::kv_scales::KvScales;
 use sparkrt::checkpoint::linear::{VectorData, VectorWeight};
 use sparkrt::plan::profile::KvCacheDtype;
 use sparkrt::step::{Logits, NO_BLOCK, StepBatch};
@@ -852,8 +853,8 @@ fn attention_over_full_and_sliding_tables_matches_the_cpu() {
             sliding_layers: vec![false, true],
             dtype,
         };
-        let mut kv_c = b.cpu.kv_cache(&layout, 2).unwrap();
-        let mut kv_g = b.cuda.kv_cache(&layout, 2).unwrap();
+        let mut kv_c = b.cpu.kv_cache(&layout, 2, &KvScales::unit(2)).unwrap();
+        let mut kv_g = b.cuda.kv_cache(&layout, 2, &KvScales::unit(2)).unwrap();
         let (max_tokens, max_seqs, max_blocks) = (48usize, 3usize, 16usize);
         let mut step_c = b
             .cpu
@@ -996,8 +997,14 @@ fn kv_copy_blocks_copies_every_array_as_the_cpu() {
             dtype,
         };
         let layers = 3;
-        let mut kv_c = b.cpu.kv_cache(&layout, layers).unwrap();
-        let mut kv_g = b.cuda.kv_cache(&layout, layers).unwrap();
+        let mut kv_c = b
+            .cpu
+            .kv_cache(&layout, layers, &KvScales::unit(layers))
+            .unwrap();
+        let mut kv_g = b
+            .cuda
+            .kv_cache(&layout, layers, &KvScales::unit(layers))
+            .unwrap();
         let plan = StepMetadataPlan::new(16, 2, 8);
         let mut step_c = b.cpu.step_storage(&plan).unwrap();
         let mut step_g = b.cuda.step_storage(&plan).unwrap();

@@ -7,6 +7,7 @@ use crate::common;
 use crate::fixture_runs;
 
 use sparkrt::checkpoint::PageCachePolicy;
+use sparkrt::checkpoint::kv_scales::KvScales;
 use sparkrt::engine::FinishReason;
 use sparkrt::plan::profile::{KvCacheDtype, Profile};
 
@@ -108,7 +109,11 @@ fn cpu_kv_and_step_allocations_are_the_plans_figures() {
         let ledger = Ledger::from_plan(&plan);
         let cpu = CpuBackend::new(Arc::clone(&ledger));
         let cache = cpu
-            .kv_cache(&kv.layout, config.geometry.num_layers)
+            .kv_cache(
+                &kv.layout,
+                config.geometry.num_layers,
+                &KvScales::unit(config.geometry.num_layers),
+            )
             .unwrap();
         assert_eq!(cache.allocated_bytes(), expected_kv, "{name}");
         assert_eq!(ledger.allocated(Category::KvCache), expected_kv, "{name}");

@@ -47,6 +47,7 @@ mod kernels_batch_invariance;
 mod kernels_matmul;
 mod kernels_ops;
 mod kernels_quantize;
+mod kv_fp8;
 mod model_qwen35;
 mod plan_cli;
 mod plan_layers;

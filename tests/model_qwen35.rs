@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use sparkrt::backend::cpu::CpuBackend;
+use sparkrt::checkpoint::kv_scales::KvScales;
 use sparkrt::checkpoint::{self, Checkpoint, ModelConfig};
 use sparkrt::model::source::CheckpointSource;
 use sparkrt::model::{Buffers, Transformer};
@@ -142,8 +143,9 @@ impl<'f> Runner<'f> {
         source: &'f CheckpointSource<'f>,
     ) -> Self {
         let model = Transformer::load(backend, &fixture.config, source).unwrap();
-        let buffers =
-            Buffers::allocate(backend, &fixture.plan, &fixture.plan.kv_cache.layout).unwrap();
+        let layout = &fixture.plan.kv_cache.layout;
+        let scales = KvScales::unit(layout.sliding_layers.len());
+        let buffers = Buffers::allocate(backend, &fixture.plan, layout, &scales).unwrap();
         Runner {
             backend,
             model,

@@ -4,6 +4,7 @@
 use super::error::BackendError;
 use super::experts::{ExpertsSpec, RouterKind};
 use super::shapes::{AttentionShape, DeltaNetShape};
+use crate::checkpoint::kv_scales::KvScales;
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::plan::ledger::Category;
 use crate::plan::memory::{
@@ -67,8 +68,14 @@ pub trait Backend: Sync + Sized {
     fn experts<'w>(&self, spec: ExpertsSpec<'w>) -> Result<Self::Experts<'w>, BackendError>;
     /// The MoE workspace exactly as the plan lists it.
     fn workspace(&self, plan: &MoeWorkspacePlan) -> Result<Self::Workspace, BackendError>;
-    /// The KV cache of `layers` layers exactly as the plan's layout lists it.
-    fn kv_cache(&self, layout: &KvLayout, layers: usize) -> Result<Self::KvCache, BackendError>;
+    /// The KV cache of `layers` layers exactly as the plan's layout lists
+    /// it; an FP8 cache quantizes with `scales` (one per KV layer).
+    fn kv_cache(
+        &self,
+        layout: &KvLayout,
+        layers: usize,
+        scales: &KvScales,
+    ) -> Result<Self::KvCache, BackendError>;
     /// Step metadata storage exactly as the plan sizes it.
     fn step_storage(&self, plan: &StepMetadataPlan) -> Result<Self::Step, BackendError>;
     /// The recurrent-state pool exactly as the plan sizes it, zeroed.

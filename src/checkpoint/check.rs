@@ -353,6 +353,23 @@ impl Expectations<'_> {
                 );
             }
         }
+        self.kv_scales(prefix);
+    }
+
+    /// The FP8 KV cache's optional scalar scales, either spelling
+    /// (`kv_scales` checks that they come in full sets).
+    fn kv_scales(&mut self, prefix: &str) {
+        for name in super::kv_scales::KV_SCALE_NAMES.iter().flatten() {
+            self.add(
+                &format!("{prefix}.{name}"),
+                Dtype::F32,
+                ExpectedShape::Scalar,
+                false,
+            );
+            if let Some((_, last)) = self.tensors.last_mut() {
+                last.or_dtype = Some(Dtype::Bf16);
+            }
+        }
     }
 
     fn qwen3_mlp(&mut self, prefix: &str, layer: usize) {

@@ -44,6 +44,9 @@ pub fn group_of(architecture: Architecture, name: &str) -> Option<WeightGroup> {
         _ => {}
     }
     let in_layer = strip_layer_prefix(text)?;
+    if super::kv_scales::is_kv_scale(in_layer) {
+        return Some(WeightGroup::Attention);
+    }
     match architecture {
         Architecture::Qwen3Moe => qwen3_moe_group(in_layer),
         Architecture::GptOss => gpt_oss_group(in_layer),

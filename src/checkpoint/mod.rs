@@ -21,6 +21,7 @@ pub mod glob;
 pub mod groups;
 pub mod header;
 mod header_set;
+pub mod kv_scales;
 mod layout;
 pub mod linear;
 pub mod load;

@@ -261,8 +261,9 @@ pub struct ServingArgs {
     /// default max(512, max_num_seqs)].
     #[arg(long, value_name = "TOKENS")]
     pub max_num_batched_tokens: Option<usize>,
-    /// Element type of keys and values, `bf16` or `f32` [profile:
-    /// `kv_cache_dtype`; default bf16].
+    /// Element type of keys and values, `bf16`, `f32` or `fp8` (E4M3 with
+    /// the checkpoint's per-layer scales, else 1.0; `fp8_e4m3` too)
+    /// [profile: `kv_cache_dtype`; default bf16].
     #[arg(long, value_name = "DTYPE", value_parser = parse_kv_dtype)]
     pub kv_cache_dtype: Option<KvCacheDtype>,
     /// KV cache size (`24GiB`) or `auto`: what remains, capped at max_num_seqs
@@ -406,7 +407,14 @@ fn parse_kv_dtype(text: &str) -> Result<KvCacheDtype, String> {
     match text {
         "bf16" => Ok(KvCacheDtype::Bf16),
         "f32" => Ok(KvCacheDtype::F32),
-        other => Err(format!("{other:?} is not a KV cache dtype: bf16 or f32")),
+        // vLLM's name for the same E4M3 cache.
+        "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8),
+        "fp8_e5m2" => Err(format!(
+            "{text:?} is not supported: the FP8 KV cache is E4M3 (fp8 or fp8_e4m3)"
+        )),
+        other => Err(format!(
+            "{other:?} is not a KV cache dtype: bf16, f32 or fp8 (fp8_e4m3)"
+        )),
     }
 }
 

@@ -2,6 +2,7 @@
 
 use super::error::ModelError;
 use crate::backend::{Backend, KvLayout};
+use crate::checkpoint::kv_scales::KvScales;
 use crate::plan::Plan;
 use crate::plan::ledger::Category;
 use crate::plan::memory::{self as plan_memory, LOGITS, PROMPT_LOGITS, activation_elements};
@@ -66,8 +67,13 @@ pub struct SharedExpertBuffers<B: Backend> {
 
 impl<B: Backend> Buffers<B> {
     /// Allocates exactly what `plan` lists for activations, the MoE
-    /// workspace and the KV cache.
-    pub fn allocate(b: &B, plan: &Plan, kv: &KvLayout) -> Result<Self, ModelError> {
+    /// workspace and the KV cache (an FP8 one quantizing with `kv_scales`).
+    pub fn allocate(
+        b: &B,
+        plan: &Plan,
+        kv: &KvLayout,
+        kv_scales: &KvScales,
+    ) -> Result<Self, ModelError> {
         let t = plan.serving.max_num_batched_tokens;
         let s = plan.serving.max_num_seqs;
         let find = |name: &str| plan.activations.buffers.iter().find(|buf| buf.name == name);
@@ -168,7 +174,7 @@ impl<B: Backend> Buffers<B> {
             step: b.step_storage(&plan.step_metadata)?,
             workspace: b.workspace(&plan.moe_workspace)?,
             // One array entry per layer with a KV cache.
-            kv: b.kv_cache(kv, kv.sliding_layers.len())?,
+            kv: b.kv_cache(kv, kv.sliding_layers.len(), kv_scales)?,
             hybrid,
             shared,
             state,

@@ -105,6 +105,10 @@ pub struct ModelSection {
 pub enum KvCacheDtype {
     Bf16,
     F32,
+    /// FP8 E4M3 (`float8_e4m3fn`), one byte per value times a per-layer K
+    /// or V scale (`formats::f32_to_e4m3`); vLLM's `fp8_e4m3` is the same.
+    #[serde(alias = "fp8_e4m3")]
+    Fp8,
 }
 
 impl KvCacheDtype {
@@ -112,6 +116,7 @@ impl KvCacheDtype {
         match self {
             KvCacheDtype::Bf16 => "bf16",
             KvCacheDtype::F32 => "f32",
+            KvCacheDtype::Fp8 => "fp8",
         }
     }
 
@@ -119,6 +124,7 @@ impl KvCacheDtype {
         match self {
             KvCacheDtype::Bf16 => 2,
             KvCacheDtype::F32 => 4,
+            KvCacheDtype::Fp8 => 1,
         }
     }
 }

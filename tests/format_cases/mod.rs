@@ -156,3 +156,34 @@ impl CaseWeight {
         }
     }
 }
+
+// ---- the FP8 E4M3 encoder (the FP8 KV cache) ---------------------------------
+
+/// f32 → E4M3 byte cases of `formats::f32_to_e4m3`, by hand from the
+/// definition (round to nearest even, saturate at ±448, NaN keeps its sign);
+/// tests/kv_fp8.rs also checks every f32 against torch's table.
+pub const E4M3_ENCODE: &[(f32, u8)] = &[
+    (0.0, 0x00),
+    (-0.0, 0x80),
+    (1.0, 0x38),
+    (-1.0, 0xB8),
+    (1.0625, 0x38), // halfway 1 (mantissa 000) and 1.125 (001): even 000
+    (1.1875, 0x3A), // halfway 1.125 (001) and 1.25 (010): even 010
+    (f32::from_bits(0x3F88_0001), 0x39), // one ulp past 1.0625: up
+    (240.0, 0x77),
+    (448.0, 0x7E),
+    (464.0, 0x7E), // halfway to the (NaN) 480: saturates
+    (1.0e9, 0x7E),
+    (f32::INFINITY, 0x7E),
+    (f32::NEG_INFINITY, 0xFE),
+    (-500.0, 0xFE),
+    (f32::NAN, 0x7F),
+    (-f32::NAN, 0xFF),
+    (0.001_953_125, 0x01),   // 2^-9, the smallest subnormal
+    (0.000_976_562_5, 0x00), // 2^-10, halfway to it: even 0
+    (0.002_929_687_5, 0x02), // 3 × 2^-10, halfway 1 and 2 units: even 2
+    (0.014_648_437_5, 0x08), // 7.5 × 2^-9, halfway 7 and 8 units: 8 is 2^-6
+    (0.015_625, 0x08),       // 2^-6, the smallest normal
+    (1.0e-10, 0x00),
+    (-1.0e-10, 0x80),
+];

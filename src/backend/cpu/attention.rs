@@ -23,6 +23,7 @@ use super::kernels::ops;
 use super::kv::{CpuKvCache, KvData};
 use crate::backend::error::BackendError;
 use crate::backend::shapes::AttentionShape;
+use crate::checkpoint::kv_scales::KvScale;
 use crate::checkpoint::linear::VectorWeight;
 use crate::step::StepBatch;
 
@@ -68,6 +69,8 @@ struct Inputs<'a> {
     kv: &'a CpuKvCache,
     k_cache: &'a KvData,
     v_cache: &'a KvData,
+    /// The layer's FP8 scales.
+    scale: KvScale,
     /// Whether the layer reads the sliding-window tables.
     sliding: bool,
     batch: &'a StepBatch,
@@ -106,8 +109,9 @@ pub(crate) fn attention(
     }
     let (store, sliding) = kv.layer(layer)?;
     let (k_cache, v_cache) = (&store.k, &store.v);
-    kv.round_in_place(&mut k[..rows * kv_width]);
-    kv.round_in_place(&mut v[..rows * kv_width]);
+    let scale = kv.scale(layer);
+    kv.round_in_place(&mut k[..rows * kv_width], scale.k);
+    kv.round_in_place(&mut v[..rows * kv_width], scale.v);
 
     let group = heads / kv_heads;
     let heads_per_task = group.min(MAX_QUERIES);
@@ -143,6 +147,7 @@ pub(crate) fn attention(
         kv,
         k_cache,
         v_cache,
+        scale,
         sliding,
         batch,
         shape,
@@ -207,8 +212,9 @@ fn run_task(inputs: &Inputs, task: &Task, out: OutPtr) {
                     .slot(inputs.batch, task.seq, inputs.sliding, block + j)
                 {
                     Some(slot) => {
-                        read_cache_row(inputs.k_cache, slot * kv_width + offset, kd);
-                        read_cache_row(inputs.v_cache, slot * kv_width + offset, vd);
+                        let at = slot * kv_width + offset;
+                        inputs.k_cache.read_row(at, inputs.scale.k, kd);
+                        inputs.v_cache.read_row(at, inputs.scale.v, vd);
                     }
                     // Out of the window (its block released): masked below.
                     None => {
@@ -277,14 +283,5 @@ fn run_task(inputs: &Inputs, task: &Task, out: OutPtr) {
         for (d, &a) in dst.iter_mut().zip(o.iter()) {
             *d = a * inv;
         }
-    }
-}
-
-/// A cached row as f32: copied from an f32 cache, widened from bf16.
-#[inline]
-fn read_cache_row(data: &KvData, at: usize, dst: &mut [f32]) {
-    match data {
-        KvData::F32(d) => dst.copy_from_slice(&d[at..at + dst.len()]),
-        KvData::Bf16(d) => ops::bf16_to_f32_row(&d[at..at + dst.len()], dst),
     }
 }

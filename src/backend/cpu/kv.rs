@@ -1,11 +1,16 @@
 //! The KV cache on the host: the plan's pool of blocks, one array per
 //! `KvLayout::array_of` index, shared by a full-attention and a
 //! sliding-window layer (each reads its own table of the step). Keys and
-//! values are stored in the profile's KV dtype.
+//! values are stored in the profile's KV dtype: f32, bf16, or FP8 E4M3
+//! bytes of `x / scale` with the layer's K or V scale (a block belongs to
+//! one layer of an array at a time, so each layer's blocks carry its own
+//! scale).
 
 use std::sync::Arc;
 
 use crate::backend::error::BackendError;
+use crate::checkpoint::kv_scales::{KvScale, KvScales};
+use crate::formats::{E4M3, f32_to_e4m3};
 use crate::plan::ledger::{Category, Charge, KV_CACHE, Ledger};
 use crate::plan::memory::KvLayout;
 use crate::plan::profile::KvCacheDtype;
@@ -15,6 +20,8 @@ use crate::step::{NO_BLOCK, StepBatch};
 pub(crate) enum KvData {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
+    /// E4M3 bytes; a value is `e4m3 × scale`.
+    Fp8(Vec<u8>),
 }
 
 impl KvData {
@@ -22,6 +29,7 @@ impl KvData {
         match dtype {
             KvCacheDtype::F32 => KvData::F32(vec![0.0; elements]),
             KvCacheDtype::Bf16 => KvData::Bf16(vec![0; elements]),
+            KvCacheDtype::Fp8 => KvData::Fp8(vec![0; elements]),
         }
     }
 
@@ -29,16 +37,39 @@ impl KvData {
         let bytes = match self {
             KvData::F32(d) => std::mem::size_of_val(d.as_slice()),
             KvData::Bf16(d) => std::mem::size_of_val(d.as_slice()),
+            KvData::Fp8(d) => std::mem::size_of_val(d.as_slice()),
         };
         bytes as u64
     }
 
-    fn write(&mut self, start: usize, values: &[f32]) {
+    /// Stores `values` from element `start`; FP8 divides by `scale` first.
+    fn write(&mut self, start: usize, values: &[f32], scale: f32) {
         match self {
             KvData::F32(d) => d[start..start + values.len()].copy_from_slice(values),
             KvData::Bf16(d) => {
                 for (dst, &v) in d[start..start + values.len()].iter_mut().zip(values) {
                     *dst = half::bf16::from_f32(v).to_bits();
+                }
+            }
+            KvData::Fp8(d) => {
+                for (dst, &v) in d[start..start + values.len()].iter_mut().zip(values) {
+                    *dst = f32_to_e4m3(v / scale);
+                }
+            }
+        }
+    }
+
+    /// Row `at..at + dst.len()` as f32: copied, widened from bf16, or
+    /// decoded from E4M3 and multiplied by `scale`.
+    #[inline]
+    pub(crate) fn read_row(&self, at: usize, scale: f32, dst: &mut [f32]) {
+        let end = at + dst.len();
+        match self {
+            KvData::F32(d) => dst.copy_from_slice(&d[at..end]),
+            KvData::Bf16(d) => super::kernels::ops::bf16_to_f32_row(&d[at..end], dst),
+            KvData::Fp8(d) => {
+                for (x, &byte) in dst.iter_mut().zip(&d[at..end]) {
+                    *x = E4M3[usize::from(byte)] * scale;
                 }
             }
         }
@@ -60,17 +91,27 @@ pub struct CpuKvCache {
     blocks: usize,
     pub(crate) width: usize,
     pub(crate) dtype: KvCacheDtype,
+    /// Per layer: the FP8 scales (1.0 and unused for other dtypes).
+    scales: Vec<KvScale>,
     _charge: Charge,
 }
 
 impl CpuKvCache {
     /// Allocates the pool of `layers` layers exactly as the plan's `layout`
-    /// lists it and charges what it allocates to the plan's `kv_cache`.
+    /// lists it and charges what it allocates to the plan's `kv_cache`; an
+    /// FP8 pool quantizes layer `l` with `scales.layers[l]`.
     pub(crate) fn allocate(
         layout: &KvLayout,
         layers: usize,
+        scales: &KvScales,
         ledger: &Arc<Ledger>,
     ) -> Result<CpuKvCache, BackendError> {
+        if scales.layers.len() != layers {
+            return Err(BackendError::Shape(format!(
+                "{} KV scales for {layers} KV layers",
+                scales.layers.len()
+            )));
+        }
         // Charge first: nothing is allocated unless the plan has room.
         let charge = ledger.charge(Category::KvCache, layout.bytes(layers), KV_CACHE)?;
         let elements = layout.array_elements();
@@ -89,6 +130,7 @@ impl CpuKvCache {
             blocks: layout.blocks,
             width: layout.width(),
             dtype: layout.dtype,
+            scales: scales.layers.clone(),
             _charge: charge,
         })
     }
@@ -96,6 +138,11 @@ impl CpuKvCache {
     /// Bytes the cache's K and V stores hold (tests compare it with the plan).
     pub fn allocated_bytes(&self) -> u64 {
         self.arrays.iter().map(|a| a.k.bytes() + a.v.bytes()).sum()
+    }
+
+    /// The K and V scales of `layer` (1.0 when it has none).
+    pub(crate) fn scale(&self, layer: usize) -> KvScale {
+        self.scales.get(layer).copied().unwrap_or(KvScale::UNIT)
     }
 
     /// The array of `layer` and whether it is a sliding-window layer.
@@ -138,6 +185,7 @@ impl CpuKvCache {
     ) -> Result<(), BackendError> {
         let (width, block_size, blocks) = (self.width, self.block_size, self.blocks);
         let (_, sliding) = self.layer(layer)?;
+        let scale = self.scale(layer);
         let store = &mut self.arrays[self.layers[layer].0];
         for (s, chunk) in batch.seqs.iter().enumerate() {
             let table = batch.table_for(s, sliding);
@@ -151,10 +199,10 @@ impl CpuKvCache {
                 })?;
                 store
                     .k
-                    .write(slot * width, &k[row * width..(row + 1) * width]);
+                    .write(slot * width, &k[row * width..(row + 1) * width], scale.k);
                 store
                     .v
-                    .write(slot * width, &v[row * width..(row + 1) * width]);
+                    .write(slot * width, &v[row * width..(row + 1) * width], scale.v);
             }
         }
         Ok(())
@@ -176,6 +224,7 @@ impl CpuKvCache {
                     match data {
                         KvData::F32(d) => d.copy_within(src..src + span, dst),
                         KvData::Bf16(d) => d.copy_within(src..src + span, dst),
+                        KvData::Fp8(d) => d.copy_within(src..src + span, dst),
                     }
                 }
             }
@@ -183,11 +232,22 @@ impl CpuKvCache {
         Ok(())
     }
 
-    /// Rounds values, in place, to what the cache would store.
-    pub(crate) fn round_in_place(&self, values: &mut [f32]) {
-        if self.dtype == KvCacheDtype::Bf16 {
-            for x in values {
-                *x = half::bf16::from_f32(*x).to_f32();
+    /// Rounds values, in place, to what the cache would store and give
+    /// back for them with `scale` (FP8): the same operations as
+    /// [`KvData::write`] then [`KvData::read_row`], so a key read from the
+    /// step and later from the cache has the same bits.
+    pub(crate) fn round_in_place(&self, values: &mut [f32], scale: f32) {
+        match self.dtype {
+            KvCacheDtype::F32 => {}
+            KvCacheDtype::Bf16 => {
+                for x in values {
+                    *x = half::bf16::from_f32(*x).to_f32();
+                }
+            }
+            KvCacheDtype::Fp8 => {
+                for x in values {
+                    *x = E4M3[usize::from(f32_to_e4m3(*x / scale))] * scale;
+                }
             }
         }
     }

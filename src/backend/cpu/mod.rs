@@ -18,6 +18,7 @@ use super::error::BackendError;
 use super::experts::{ExpertsSpec, RouterKind};
 use super::interface::{Backend, DeltaRuleGates, Matmul};
 use super::shapes::{AttentionShape, DeltaNetShape};
+use crate::checkpoint::kv_scales::KvScales;
 use crate::checkpoint::linear::{LinearWeight, VectorWeight};
 use crate::plan::ledger::{Category, Charge, Ledger};
 use crate::plan::memory::{
@@ -127,8 +128,13 @@ impl Backend for CpuBackend {
         CpuWorkspace::allocate(plan, &self.ledger)
     }
 
-    fn kv_cache(&self, layout: &KvLayout, layers: usize) -> Result<CpuKvCache, BackendError> {
-        CpuKvCache::allocate(layout, layers, &self.ledger)
+    fn kv_cache(
+        &self,
+        layout: &KvLayout,
+        layers: usize,
+        scales: &KvScales,
+    ) -> Result<CpuKvCache, BackendError> {
+        CpuKvCache::allocate(layout, layers, scales, &self.ledger)
     }
 
     fn step_storage(&self, plan: &StepMetadataPlan) -> Result<CpuStep, BackendError> {

@@ -38,11 +38,13 @@ use super::error::BackendError;
 use super::experts::{ExpertsSpec, RouterKind};
 use super::interface::{Backend, DeltaRuleGates, Matmul};
 use super::shapes::{AttentionShape, DeltaNetShape};
+use crate::checkpoint::kv_scales::KvScales;
 use crate::checkpoint::linear::{LinearWeight, VectorData, VectorWeight};
 use crate::plan::ledger::Category;
 use crate::plan::memory::{
     KvLayout, MoeWorkspace as MoeWorkspacePlan, Placement, RecurrentStatePlan, StepMetadataPlan,
 };
+use crate::plan::profile::KvCacheDtype;
 use crate::step::StepBatch;
 use backend::u32_of;
 use constants::{
@@ -67,6 +69,16 @@ fn not_supported(what: &'static str) -> BackendError {
     BackendError::NotSupported {
         backend: "cuda",
         what,
+    }
+}
+
+/// Refuses a KV cache dtype the kernels cannot read or write: they keep
+/// bf16 or f32 keys and values, not FP8 (`--kv-cache-dtype fp8` runs on the
+/// CPU backend).
+pub fn check_kv_dtype(dtype: KvCacheDtype) -> Result<(), BackendError> {
+    match dtype {
+        KvCacheDtype::Bf16 | KvCacheDtype::F32 => Ok(()),
+        KvCacheDtype::Fp8 => Err(not_supported("--kv-cache-dtype fp8 (an FP8 E4M3 KV cache)")),
     }
 }
 
@@ -134,7 +146,14 @@ impl Backend for CudaBackend {
         CudaWorkspace::allocate(&self.device, &self.ledger, plan)
     }
 
-    fn kv_cache(&self, layout: &KvLayout, layers: usize) -> Result<CudaKvCache, BackendError> {
+    fn kv_cache(
+        &self,
+        layout: &KvLayout,
+        layers: usize,
+        _scales: &KvScales,
+    ) -> Result<CudaKvCache, BackendError> {
+        // Refused before anything is charged or allocated.
+        check_kv_dtype(layout.dtype)?;
         self.device.bind()?;
         CudaKvCache::allocate(&self.device, &self.ledger, layout, layers)
     }
