@@ -8,8 +8,8 @@ use crate::geometry::{Architecture, WeightGroup};
 
 /// Parameters of a linear module: the weight and bias, and the codes and
 /// scales of each quantized layout (ModelOpt, compressed-tensors, FP8 block,
-/// GPTQ) and the KV-cache scales ModelOpt keeps on `k_proj` / `v_proj`.
-const LINEAR_PARAMS: [&str; 15] = [
+/// GPTQ). KV-cache scales are `kv_scales`' (the attention group).
+const LINEAR_PARAMS: [&str; 13] = [
     "weight",
     "bias",
     "weight_scale",
@@ -23,8 +23,6 @@ const LINEAR_PARAMS: [&str; 15] = [
     "qzeros",
     "scales",
     "g_idx",
-    "k_scale",
-    "v_scale",
 ];
 
 /// The group of tensor `name`, or `None` if the architecture has no such
