@@ -57,14 +57,18 @@ trap cleanup EXIT
 mkdir -p "$work/host/proc"
 cp "$repo/tests/fixtures/hosts/box24/proc/meminfo" "$work/host/proc/meminfo"
 
-# ChatML, unless the request's chat_template_kwargs.mode asks it to loop or
-# to double a string into its output (tests/server_chat_template.rs).
+# ChatML, unless the request's chat_template_kwargs.mode asks it to loop, to
+# double a string into its output, or to double one without writing it
+# (tests/server_chat_template.rs).
 cat >"$work/hostile.jinja" <<'JINJA'
 {%- if mode == "loops" -%}
 {%- for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor -%}
 {%- elif mode == "double" -%}
 {%- set ns = namespace(s=messages[0].content) -%}
 {%- for i in range(64) %}{{ ns.s }}{% set ns.s = ns.s ~ ns.s %}{% endfor -%}
+{%- elif mode == "build" -%}
+{%- set ns = namespace(s=messages[0].content) -%}
+{%- for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor -%}
 {%- endif -%}
 {%- for m in messages %}<|im_start|>{{ m.role }}
 {{ m.content }}<|im_end|>
@@ -322,7 +326,8 @@ def trickle(deadline):
 def hostile_templates(deadline):
     """Chat requests whose template loops or doubles: each a 400 naming the
     limit, in bounded time."""
-    expected = {"loops": "max_template_fuel", "double": "max_template_output_bytes"}
+    expected = {"loops": "max_template_fuel", "double": "max_template_output_bytes",
+                "build": "max_template_memory_bytes"}
     while time.monotonic() < deadline:
         for mode, code in expected.items():
             body = json.dumps({"messages": [{"role": "user", "content": "hello"}],
@@ -447,7 +452,8 @@ if stalled_closed[0] == 0 and DURATION > 40:
     failures.append("no stalled-body client was closed")
 if trickles["taken"]:
     failures.append(f"{trickles['taken']} trickled bodies were taken whole")
-bad_templates = [k for k in templates if not k.endswith(("max_template_fuel", "max_template_output_bytes"))]
+bad_templates = [k for k in templates if not k.endswith(
+    ("max_template_fuel", "max_template_output_bytes", "max_template_memory_bytes"))]
 if bad_templates or not templates:
     failures.append(f"hostile templates not refused by their limit: {bad_templates or 'none sent'}")
 if slow_probes:

@@ -44,6 +44,10 @@ enum Command {
     Kernels(cli::kernels::KernelsArgs),
     /// Write a commented profile from a checkpoint (`profile init --model DIR`).
     Profile(cli::profile::ProfileArgs),
+    /// Internal: renders chat templates for `serve` over stdin/stdout, in a
+    /// process whose memory is capped (text::render_worker).
+    #[command(hide = true)]
+    RenderWorker,
 }
 
 fn main() -> ExitCode {
@@ -63,6 +67,9 @@ fn main() -> ExitCode {
         Command::MakeCheckpoint(a) => cli::make_checkpoint::run(a),
         Command::Kernels(a) => cli::kernels::run(a),
         Command::Profile(a) => cli::profile::run(a),
+        Command::RenderWorker => sparkrt::text::render_worker::serve_stdio()
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(anyhow::Error::from),
     };
     match result {
         Ok(code) => code,

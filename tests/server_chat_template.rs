@@ -128,13 +128,16 @@ fn serve_until_exit(template: &Path) -> std::process::Output {
 }
 
 /// A template whose request data (`chat_template_kwargs.mode`) makes it
-/// loop 10¹⁰ times or double a string into its output; plain ChatML
-/// otherwise.
+/// loop 10¹⁰ times, double a string into its output, or double one without
+/// writing it (2⁶⁴ bytes); plain ChatML otherwise.
 const HOSTILE_TEMPLATE: &str = r#"{%- if mode == "loops" -%}
 {%- for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor -%}
 {%- elif mode == "double" -%}
 {%- set ns = namespace(s=messages[0].content) -%}
 {%- for i in range(64) %}{{ ns.s }}{% set ns.s = ns.s ~ ns.s %}{% endfor -%}
+{%- elif mode == "build" -%}
+{%- set ns = namespace(s=messages[0].content) -%}
+{%- for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor -%}
 {%- endif -%}
 {%- for m in messages %}<|im_start|>{{ m.role }}
 {{ m.content }}<|im_end|>
@@ -218,6 +221,18 @@ fn a_runaway_template_gets_400_naming_its_limit_while_other_requests_are_served(
     );
     let grown = peak_rss(server.pid()).saturating_sub(rss_before);
     assert!(grown < 64 << 20, "peak RSS grew by {grown} bytes");
-    // And the server still serves chats.
+
+    // Doubling without writing: no write, no call, one instruction a
+    // doubling; the worker it renders in dies at its memory cap, the server
+    // answers 400 and stays small.
+    for _ in 0..2 {
+        let error = server
+            .post("/v1/chat/completions", &chat(Some("build")))
+            .assert_error(400);
+        assert_eq!(error["code"], "max_template_memory_bytes", "{error}");
+    }
+    let grown = peak_rss(server.pid()).saturating_sub(rss_before);
+    assert!(grown < 64 << 20, "peak RSS grew by {grown} bytes");
+    // And the server still serves chats (in a new worker).
     assert_eq!(server.post("/v1/chat/completions", &chat(None)).status, 200);
 }

@@ -25,6 +25,7 @@ use crate::server::listen::{self, BodyPace, ConnectionLimits};
 use crate::server::loading::{LoadingState, RouterSwitch};
 use crate::server::seeds::SeedSequence;
 use crate::server::{ServerConfig, ServerState, expose, fds, router};
+use crate::text::render_worker::{self, RenderWorkers};
 use crate::text::{ChatTemplate, GenerationDefaults};
 use crate::units::format_bytes;
 use sparkrt_wire::LoadPhase;
@@ -102,6 +103,11 @@ pub struct ServeArgs {
     pub load_throttle_bytes_per_s: Option<u64>,
 }
 
+/// The binary a template worker runs: this one.
+fn worker_exe() -> std::path::PathBuf {
+    std::env::current_exe().unwrap_or_else(|_| std::path::PathBuf::from("sparkrt"))
+}
+
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     set_threads(args.model.threads)?;
     let api_key = args.serving.api_key()?;
@@ -144,7 +150,17 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     let (dir, _dummy) = dummy_if_asked(&model_args, &dir)?;
     // Before the weights load: a broken template is a start-up error; none
     // at all leaves the chat routes answering 400.
-    let chat_template = args.template.load(&dir)?;
+    // Rendered in capped worker processes: a template that builds huge
+    // values kills its worker, not the server.
+    let chat_template = args.template.load(&dir)?.map(|template| {
+        let source = template.source().to_string();
+        template.isolated(RenderWorkers::new(
+            worker_exe(),
+            source,
+            render_worker::DEFAULT_WORKER_MEMORY_BYTES,
+            render_worker::DEFAULT_WORKERS,
+        ))
+    });
     if chat_template.is_none() {
         tracing::info!("no chat template in the checkpoint: /v1/chat/completions answers 400");
     }

@@ -24,6 +24,7 @@ use super::error::TextError;
 use super::parsers::TextTools;
 use super::python_json;
 use super::render_limits::{CappedWriter, RenderLimits, TemplateLimit};
+use super::render_worker::RenderWorkers;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -165,6 +166,10 @@ pub struct ChatTemplate {
     /// The tool-call format the template teaches the model, if it is one
     /// of the `<tool_call>` formats.
     tool_call_format: Option<TextTools>,
+    source: String,
+    /// Where renderings run: in worker processes ([`Self::isolated`]), else
+    /// here.
+    isolation: Option<std::sync::Arc<RenderWorkers>>,
 }
 
 impl ChatTemplate {
@@ -239,7 +244,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", python_json::tojson);
-        env.add_template_owned(TEMPLATE_NAME, source)
+        env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|source| TextError::TemplateSyntax { source })?;
         let limits = RenderLimits::default();
         env.set_fuel(Some(limits.fuel));
@@ -249,14 +254,32 @@ impl ChatTemplate {
             mentions_content,
             limits,
             tool_call_format,
+            source,
+            isolation: None,
         })
+    }
+
+    /// The template renders in worker processes from now on (the server:
+    /// a template that exhausts memory kills its worker, not the server).
+    pub fn isolated(mut self, workers: RenderWorkers) -> ChatTemplate {
+        self.isolation = Some(std::sync::Arc::new(workers));
+        self
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    pub(crate) fn set_limits(&mut self, limits: RenderLimits) {
+        self.env.set_fuel(Some(limits.fuel));
+        self.limits = limits;
     }
 
     /// The same template under other bounds (the server: the output cap is
     /// its `max_prompt_bytes`).
     pub fn with_limits(mut self, limits: RenderLimits) -> ChatTemplate {
-        self.env.set_fuel(Some(limits.fuel));
-        self.limits = limits;
+        self.set_limits(limits);
         self
     }
 
@@ -394,6 +417,14 @@ impl ChatTemplate {
                 .as_ref()
                 .map_or(Value::from(()), |d| Value::from(d.clone())),
         );
+        match &self.isolation {
+            Some(workers) => workers.render(&context, self.limits),
+            None => self.render_here(&context),
+        }
+    }
+
+    /// Renders `context` (every variable the template sees) in this process.
+    pub(crate) fn render_here(&self, context: &impl Serialize) -> Result<String, TextError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)

@@ -71,4 +71,8 @@ pub enum TextError {
         #[source]
         source: minijinja::Error,
     },
+    /// A rendering in a worker process failed (the worker's message, as
+    /// the in-process error would read) or the worker could not run.
+    #[error("{message}")]
+    TemplateWorker { message: String },
 }

@@ -20,6 +20,7 @@ pub mod generation_config;
 pub mod parsers;
 mod python_json;
 pub mod render_limits;
+pub mod render_worker;
 mod stop;
 mod stream;
 pub mod tokenizer;

@@ -15,12 +15,12 @@
 //! - **time**: checked at every write, ending a template that writes slowly
 //!   (large values built between writes) before its fuel is spent.
 //!
-//! What none of them bounds: a value built and never written, e.g. a string
-//! doubled by `ns.s = ns.s ~ ns.s` in a loop with no output. Each doubling
-//! is one instruction, and minijinja 2 offers no hook between instructions
-//! nor a size limit on `~`/`+` (only on `*`, 100 MB). Such a template is the
-//! operator's own (checkpoint or `--chat-template`); request data alone
-//! cannot make a template double a value it did not already double.
+//! - **memory**: none of the above bounds a value built and never written,
+//!   e.g. a string doubled by `ns.s = ns.s ~ ns.s` in a loop with no output
+//!   (each doubling is one instruction, and minijinja 2 offers no hook
+//!   between instructions nor a size limit on `~`/`+`). The server renders
+//!   in worker processes whose address space is capped (`render_worker`):
+//!   such a template kills its worker, not the server.
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -46,6 +46,9 @@ pub enum TemplateLimit {
     OutputBytes(usize),
     /// `max_template_seconds`.
     Time(Duration),
+    /// `max_template_memory_bytes`: the address space of the worker process
+    /// the template renders in (`render_worker`).
+    MemoryBytes(u64),
 }
 
 impl TemplateLimit {
@@ -55,6 +58,7 @@ impl TemplateLimit {
             TemplateLimit::Fuel(_) => "max_template_fuel",
             TemplateLimit::OutputBytes(_) => "max_template_output_bytes",
             TemplateLimit::Time(_) => "max_template_seconds",
+            TemplateLimit::MemoryBytes(_) => "max_template_memory_bytes",
         }
     }
 }
@@ -77,6 +81,11 @@ impl std::fmt::Display for TemplateLimit {
                 "the chat template ran longer than {} = {}",
                 self.name(),
                 t.as_secs_f64()
+            ),
+            TemplateLimit::MemoryBytes(n) => write!(
+                f,
+                "the chat template built values larger than {} = {n} bytes",
+                self.name()
             ),
         }
     }
