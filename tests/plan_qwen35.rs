@@ -235,3 +235,65 @@ fn qwen36_35b_bf16_state_halves_the_pool() {
     let row = rows.iter().find(|r| r.name == "recurrent_state").unwrap();
     assert_eq!(row.planned, 16 * 32_931_840 + 32 * 32_931_840);
 }
+
+/// The quantized Qwen3.6-35B-A3B profiles' weights by hand: the bf16
+/// profile's shapes (see above), each matrix in its format's bytes.
+#[test]
+fn quantized_qwen36_profiles_size_each_group_by_hand() {
+    use sparkrt::geometry::WeightGroup;
+    let weights = |name: &str| {
+        let profile = Profile::load(&common::profile(name)).unwrap();
+        plan::compute(&profile, &host(), None, PlanDevice::Cpu)
+            .weights
+            .groups
+    };
+    // (rows, cols) of each GDN layer's projections and each attention
+    // layer's, and of one expert's (and the shared expert's) three.
+    let gdn = [
+        (8192, 2048),
+        (4096, 2048),
+        (32, 2048),
+        (32, 2048),
+        (2048, 4096),
+    ];
+    let attention = [(8192, 2048), (512, 2048), (512, 2048), (2048, 4096)];
+    let mlp = [(512, 2048), (512, 2048), (2048, 512)];
+    let gdn_rest = (8192 * 4 + 64 + 128) * 2; // convolution, A_log, dt_bias, norm
+    let sum = |shapes: &[(u64, u64)], bytes: &dyn Fn(u64, u64) -> u64| {
+        shapes.iter().map(|&(r, c)| bytes(r, c)).sum::<u64>()
+    };
+
+    // FP8 block: a byte per value and an f32 per 128 × 128 block (the
+    // 32-row projections make one ragged block row).
+    let fp8_block = |r: u64, c: u64| r * c + r.div_ceil(128) * c.div_ceil(128) * 4;
+    let g = weights("qwen3.6-35b-a3b-fp8");
+    assert_eq!(
+        g[&WeightGroup::LinearAttention],
+        30 * (sum(&gdn, &fp8_block) + gdn_rest)
+    );
+    assert_eq!(g[&WeightGroup::Attention], 10 * sum(&attention, &fp8_block));
+    assert_eq!(g[&WeightGroup::Experts], 40 * 256 * sum(&mlp, &fp8_block));
+    assert_eq!(
+        g[&WeightGroup::SharedExpert],
+        40 * (sum(&mlp, &fp8_block) + 2048 * 2)
+    );
+
+    // ModelOpt mixed: NVFP4 experts and shared expert (half a byte a value,
+    // an E4M3 scale per 16, two f32 scalars), FP8 attention and GDN
+    // projections (a byte a value, two f32 scalars).
+    let nvfp4 = |r: u64, c: u64| r * c / 2 + r * c / 16 + 8;
+    let fp8 = |r: u64, c: u64| r * c + 8;
+    let g = weights("qwen3.6-35b-a3b-nvfp4");
+    assert_eq!(
+        g[&WeightGroup::LinearAttention],
+        30 * (sum(&gdn, &fp8) + gdn_rest)
+    );
+    assert_eq!(g[&WeightGroup::Attention], 10 * sum(&attention, &fp8));
+    assert_eq!(g[&WeightGroup::Experts], 40 * 256 * sum(&mlp, &nvfp4));
+    assert_eq!(
+        g[&WeightGroup::SharedExpert],
+        40 * (sum(&mlp, &nvfp4) + 2048 * 2)
+    );
+    // Embeddings and lm_head stay bf16 in both.
+    assert_eq!(g[&WeightGroup::LmHead], 248_320 * 2048 * 2);
+}
