@@ -47,7 +47,10 @@ enum Command {
     /// Internal: renders chat templates for `serve` over stdin/stdout, in a
     /// process whose memory is capped (text::render_worker).
     #[command(hide = true)]
-    RenderWorker,
+    RenderWorker {
+        /// Address space the worker caps itself at, bytes.
+        memory_bytes: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -67,9 +70,11 @@ fn main() -> ExitCode {
         Command::MakeCheckpoint(a) => cli::make_checkpoint::run(a),
         Command::Kernels(a) => cli::kernels::run(a),
         Command::Profile(a) => cli::profile::run(a),
-        Command::RenderWorker => sparkrt::text::render_worker::serve_stdio()
-            .map(|()| ExitCode::SUCCESS)
-            .map_err(anyhow::Error::from),
+        Command::RenderWorker { memory_bytes } => {
+            sparkrt::text::render_worker::serve_stdio(*memory_bytes)
+                .map(|()| ExitCode::SUCCESS)
+                .map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(code) => code,

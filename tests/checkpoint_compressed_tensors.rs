@@ -211,6 +211,16 @@ fn compressed_tensors_schemes_sparkrt_does_not_read_are_refused_by_name() {
         &|q| q["config_groups"] = serde_json::json!({}),
         &["config_groups"],
     );
+    // Online rotations would change what the weights compute.
+    refused(
+        &|q| q["transform_config"] = serde_json::json!({"config_groups": {}}),
+        &["transform_config"],
+    );
+    // A class name sparkrt cannot resolve to modules.
+    refused(
+        &|q| q["config_groups"]["group_0"]["targets"] = serde_json::json!(["Qwen3MoeMLP"]),
+        &["Qwen3MoeMLP", "module class"],
+    );
     // Python regex features Rust's regex lacks: refused, not mismatched.
     refused(
         &|q| q["ignore"] = serde_json::json!(["re:(?<!x)lm_head"]),

@@ -93,7 +93,12 @@ enum Matcher {
     /// compressed-tensors' `re:` patterns: Python's `re.match`, anchored at
     /// the start of the module name only.
     Regex(regex::Regex),
-    /// compressed-tensors' `Linear` target: every linear module.
+    /// compressed-tensors' name targets: the module itself, exactly
+    /// (`target == name`, no parents, no wildcards).
+    Exact,
+    /// compressed-tensors' `Linear` target: every `nn.Linear`, which the
+    /// MoE routers (`mlp.gate`, gpt-oss's `mlp.router`) are not in
+    /// transformers' Qwen3.5 and gpt-oss (vLLM never quantizes a router).
     AnyLinear,
 }
 
@@ -125,8 +130,15 @@ impl ModulePattern {
             )
         } else if source == "Linear" {
             Matcher::AnyLinear
+        } else if source.contains(|c: char| c.is_ascii_uppercase()) && !source.contains('.') {
+            // A class name other than `Linear` (`Qwen3MoeSparseMoeBlock`):
+            // sparkrt cannot tell which modules are of that class.
+            return Err(format!(
+                "target `{source}` names a module class; sparkrt reads `Linear`, module names \
+                 and `re:` patterns"
+            ));
         } else {
-            Matcher::Glob
+            Matcher::Exact
         };
         Ok(ModulePattern {
             source: source.to_string(),
@@ -143,9 +155,25 @@ impl ModulePattern {
         match &self.matcher {
             Matcher::Glob => module_matches(&self.source, module),
             Matcher::Regex(regex) => regex.is_match(module),
-            Matcher::AnyLinear => true,
+            Matcher::Exact => self.source == module,
+            Matcher::AnyLinear => !is_router(module),
         }
     }
+
+    /// compressed-tensors' precedence among the targets matching one
+    /// module: an exact name, then a regex, then a class.
+    fn precedence(&self) -> u8 {
+        match self.matcher {
+            Matcher::Exact | Matcher::Glob => 0,
+            Matcher::Regex(_) => 1,
+            Matcher::AnyLinear => 2,
+        }
+    }
+}
+
+/// Whether `module` is an MoE router (never a quantized linear).
+fn is_router(module: &str) -> bool {
+    module.ends_with(".mlp.gate") || module.ends_with(".mlp.router")
 }
 
 /// One rule of a mixed-precision checkpoint: modules matching `pattern` are
@@ -187,6 +215,8 @@ pub(super) struct RawQuant {
     /// config groups (targets and weight quantization each).
     format: Option<String>,
     config_groups: Option<std::collections::BTreeMap<String, RawGroup>>,
+    transform_config: Option<serde_json::Value>,
+    sparsity_config: Option<serde_json::Value>,
 }
 
 /// One compressed-tensors config group.
@@ -271,6 +301,16 @@ pub(super) fn parse(raw: &RawQuant, path: &Path) -> Result<QuantizationConfig, C
 /// the error names anything else.
 fn compressed_tensors(raw: &RawQuant) -> Result<QuantizationConfig, String> {
     let name = |f: Option<&String>| f.map_or("(no format)", String::as_str).to_string();
+    // Rotations applied online (QuIP, SpinQuant) or sparse weights would
+    // change the model's function with tensors sparkrt does not apply.
+    for (key, value) in [
+        ("transform_config", &raw.transform_config),
+        ("sparsity_config", &raw.sparsity_config),
+    ] {
+        if value.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(format!("compressed-tensors with a `{key}`"));
+        }
+    }
     let groups = raw
         .config_groups
         .as_ref()
@@ -310,6 +350,9 @@ fn compressed_tensors(raw: &RawQuant) -> Result<QuantizationConfig, String> {
             });
         }
     }
+    // The most specific target decides, as in compressed-tensors (the
+    // order of the groups in the file does not).
+    module_formats.sort_by_key(|rule| rule.pattern.precedence());
     let excluded_modules = raw
         .ignore
         .iter()
@@ -386,6 +429,17 @@ mod tests {
         );
         let exact = ModulePattern::compressed_tensors("lm_head").unwrap();
         assert!(exact.matches("lm_head") && !exact.matches("lm_head_2"));
+        // A name is exact: no parents, no wildcards.
+        let attn = ModulePattern::compressed_tensors("model.layers.0.self_attn").unwrap();
+        assert!(!attn.matches("model.layers.0.self_attn.q_proj"));
+        let star = ModulePattern::compressed_tensors("model.layers.*.q_proj").unwrap();
+        assert!(!star.matches("model.layers.0.q_proj"));
+        // `Linear` is every linear but the routers.
+        let linear = ModulePattern::compressed_tensors("Linear").unwrap();
+        assert!(linear.matches("model.layers.0.mlp.gate_proj"));
+        assert!(!linear.matches("model.layers.0.mlp.gate"));
+        let class = ModulePattern::compressed_tensors("Qwen3MoeSparseMoeBlock").unwrap_err();
+        assert!(class.contains("module class"), "{class}");
         let bad = ModulePattern::compressed_tensors("re:(?<=x)y").unwrap_err();
         assert!(bad.contains("re:(?<=x)y"), "{bad}");
     }

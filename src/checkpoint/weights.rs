@@ -27,8 +27,9 @@ impl Checkpoint {
         // its `Linear` target covers that holds a plain `weight` instead (an
         // embedding) is read as stored, as `check_tensors` expects it.
         if (format, scheme) == (Quantization::Nvfp4, Some(QuantScheme::CompressedTensors)) {
-            if let Ok(packed) = self.tensor(&format!("{module}.weight_packed")) {
-                return self.compressed_tensors_nvfp4(module, packed);
+            let packed = format!("{module}.weight_packed");
+            if self.contains(&packed) {
+                return self.compressed_tensors_nvfp4(module, self.tensor(&packed)?);
             }
             return self.plain(self.tensor(&format!("{module}.weight"))?);
         }

@@ -103,9 +103,14 @@ pub struct ServeArgs {
     pub load_throttle_bytes_per_s: Option<u64>,
 }
 
-/// The binary a template worker runs: this one.
-fn worker_exe() -> std::path::PathBuf {
-    std::env::current_exe().unwrap_or_else(|_| std::path::PathBuf::from("sparkrt"))
+/// The binary a template worker runs: this very one (`/proc/self/exe`
+/// stays this binary even when the file is replaced by an upgrade).
+fn worker_exe() -> Result<std::path::PathBuf> {
+    let exe = std::path::PathBuf::from("/proc/self/exe");
+    if exe.exists() {
+        return Ok(exe);
+    }
+    std::env::current_exe().context("finding this binary to run chat-template workers")
 }
 
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {
@@ -152,15 +157,20 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     // at all leaves the chat routes answering 400.
     // Rendered in capped worker processes: a template that builds huge
     // values kills its worker, not the server.
-    let chat_template = args.template.load(&dir)?.map(|template| {
-        let source = template.source().to_string();
-        template.isolated(RenderWorkers::new(
-            worker_exe(),
-            source,
-            render_worker::DEFAULT_WORKER_MEMORY_BYTES,
-            render_worker::DEFAULT_WORKERS,
-        ))
-    });
+    let chat_template = match args.template.load(&dir)? {
+        Some(template) => {
+            let workers = RenderWorkers::new(
+                worker_exe()?,
+                template.source().to_string(),
+                render_worker::DEFAULT_WORKER_MEMORY_BYTES,
+                render_worker::DEFAULT_WORKERS,
+            );
+            // One worker now: one that cannot run stops the start.
+            workers.check()?;
+            Some(template.isolated(workers))
+        }
+        None => None,
+    };
     if chat_template.is_none() {
         tracing::info!("no chat template in the checkpoint: /v1/chat/completions answers 400");
     }

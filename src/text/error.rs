@@ -75,4 +75,8 @@ pub enum TextError {
     /// the in-process error would read) or the worker could not run.
     #[error("{message}")]
     TemplateWorker { message: String },
+    /// No worker process could render (it could not start, or died for a
+    /// reason that is not the template's): the server's fault.
+    #[error("the chat template cannot be rendered: {why}")]
+    TemplateWorkerUnavailable { why: String },
 }

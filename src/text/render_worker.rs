@@ -6,15 +6,17 @@
 //! In a worker only the worker dies: the request gets a 400 naming
 //! `max_template_memory_bytes`, and the next rendering starts a new worker.
 //!
-//! Protocol, one JSON object per line each way: the parent sends the
-//! template source once (`{"source": ...}`), then per rendering
-//! `{"context": {...}, "limits": {...}}` (the variables the template sees,
-//! as `ChatTemplate` builds them); the worker answers `{"text": ...}`,
-//! `{"over": LIMIT}` or `{"failed": MESSAGE}`. At most `workers` run at once;
-//! idle ones are kept for the next rendering.
+//! Protocol, one JSON object per line each way: the parent starts
+//! `sparkrt render-worker BYTES` (the worker caps itself at BYTES before it
+//! reads anything), sends the template source once (`{"source": ...}`) and
+//! waits for `ready`; then per rendering `{"context": {...}, "limits": {...}}`
+//! (the variables the template sees, as `ChatTemplate` builds them), to
+//! which the worker answers `{"text": ...}`, `{"over": LIMIT}` or
+//! `{"failed": MESSAGE}`. At most `workers` run at once; idle ones are kept
+//! for the next rendering.
 
 use std::collections::BTreeMap;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::{Condvar, Mutex};
@@ -29,23 +31,36 @@ use super::error::TextError;
 use super::render_limits::{RenderLimits, TemplateLimit};
 
 /// Address space of one worker: the template's values and the rendered
-/// text (at most `max_template_output_bytes`) with room to spare, and a
-/// bound the host can afford `DEFAULT_WORKERS` times over.
-pub const DEFAULT_WORKER_MEMORY_BYTES: u64 = 1 << 30;
-/// Workers rendering at once.
-pub const DEFAULT_WORKERS: usize = 2;
+/// text (at most `max_template_output_bytes`) with room to spare.
+pub const DEFAULT_WORKER_MEMORY_BYTES: u64 = 512 << 20;
+/// Workers rendering at once (renderings take about a millisecond; a
+/// runaway one is bounded by its fuel, under a second).
+pub const DEFAULT_WORKERS: usize = 4;
 /// The subcommand a worker runs.
 pub const WORKER_COMMAND: &str = "render-worker";
+/// What a worker says once it is capped and its template compiled.
+const READY: &str = "ready";
+/// Longest line of the protocol that is not a rendering's reply.
+const MAX_CONTROL_LINE: u64 = 4096;
+/// Longest error message a worker sends (a template may raise an exception
+/// holding a huge value).
+const MAX_MESSAGE_BYTES: usize = 4096;
 
 /// The pool of workers of one template.
 pub struct RenderWorkers {
     exe: PathBuf,
     source: String,
     memory_bytes: u64,
-    idle: Mutex<Vec<Worker>>,
+    pool: Mutex<Pool>,
+    changed: Condvar,
+}
+
+/// Idle workers and how many more may start, changed only together (under
+/// one lock, so a release between a waiter's check and its wait is seen).
+struct Pool {
+    idle: Vec<Worker>,
     /// Workers that may still start (idle ones count as started).
-    free: Mutex<usize>,
-    freed: Condvar,
+    free: usize,
 }
 
 impl std::fmt::Debug for RenderWorkers {
@@ -60,7 +75,7 @@ impl std::fmt::Debug for RenderWorkers {
 /// One running worker and its pipes.
 struct Worker {
     child: Child,
-    stdin: ChildStdin,
+    stdin: BufWriter<ChildStdin>,
     stdout: BufReader<ChildStdout>,
 }
 
@@ -92,7 +107,7 @@ struct OwnedRequest {
 struct WireLimits {
     fuel: u64,
     max_output_bytes: usize,
-    max_time_ms: u64,
+    max_time_us: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -108,7 +123,11 @@ enum Reply {
 enum WireLimit {
     Fuel(u64),
     OutputBytes(usize),
-    TimeMs(u64),
+    TimeUs(u64),
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl From<RenderLimits> for WireLimits {
@@ -116,7 +135,7 @@ impl From<RenderLimits> for WireLimits {
         WireLimits {
             fuel: l.fuel,
             max_output_bytes: l.max_output_bytes,
-            max_time_ms: u64::try_from(l.max_time.as_millis()).unwrap_or(u64::MAX),
+            max_time_us: micros(l.max_time),
         }
     }
 }
@@ -126,7 +145,7 @@ impl From<WireLimits> for RenderLimits {
         RenderLimits {
             fuel: l.fuel,
             max_output_bytes: l.max_output_bytes,
-            max_time: Duration::from_millis(l.max_time_ms),
+            max_time: Duration::from_micros(l.max_time_us),
         }
     }
 }
@@ -139,177 +158,226 @@ impl RenderWorkers {
             exe,
             source,
             memory_bytes,
-            idle: Mutex::new(Vec::new()),
-            free: Mutex::new(workers.max(1)),
-            freed: Condvar::new(),
+            pool: Mutex::new(Pool {
+                idle: Vec::new(),
+                free: workers.max(1),
+            }),
+            changed: Condvar::new(),
         }
     }
 
+    /// Starts one worker now and checks that it answers, so a worker that
+    /// cannot run is a start-up error, not every chat request's.
+    pub fn check(&self) -> Result<(), TextError> {
+        let worker = self.acquire()?;
+        self.release(Some(worker));
+        Ok(())
+    }
+
     /// Renders `context` under `limits` in a worker, waiting for one when
-    /// all are busy.
+    /// all are busy. A worker found dead before the request reached it (an
+    /// idle one killed from outside) is replaced once.
     pub(crate) fn render(
         &self,
         context: &BTreeMap<&str, Value>,
         limits: RenderLimits,
     ) -> Result<String, TextError> {
-        let mut worker = self.acquire()?;
-        let result = exchange(&mut worker, context, limits);
-        match result {
-            Ok(reply) => {
-                self.release(Some(worker));
-                reply
-            }
-            Err(_) => {
-                // The worker died (or its pipes broke): why decides the error.
-                let status = worker.child.wait().ok();
-                self.release(None);
-                Err(died(status, self.memory_bytes))
+        // Serialized once, here: a failure is this request's, not a worker's.
+        let request = serde_json::to_vec(&Request {
+            context,
+            limits: limits.into(),
+        })
+        .map_err(|e| TextError::TemplateWorker {
+            message: format!("chat template: the context does not serialize: {e}"),
+        })?;
+        for attempt in 0..2 {
+            let mut worker = self.acquire()?;
+            match exchange(&mut worker, &request, limits) {
+                Ok(reply) => {
+                    self.release(Some(worker));
+                    return reply;
+                }
+                Err(Gone::BeforeRequest) if attempt == 0 => {
+                    drop(worker);
+                    self.release(None);
+                }
+                Err(gone) => {
+                    let error = gone.error(&mut worker, self.memory_bytes);
+                    drop(worker);
+                    self.release(None);
+                    return Err(error);
+                }
             }
         }
+        Err(unavailable("its workers keep dying before they are asked"))
     }
 
-    /// An idle worker, or a new one while fewer than `workers` exist.
+    /// An idle live worker, or a new one while fewer than `workers` exist.
     fn acquire(&self) -> Result<Worker, TextError> {
-        if let Some(worker) = lock(&self.idle).pop() {
-            return Ok(worker);
-        }
-        let mut free = lock(&self.free);
+        let mut pool = lock(&self.pool);
         loop {
-            if let Some(worker) = lock(&self.idle).pop() {
-                return Ok(worker);
+            while let Some(mut worker) = pool.idle.pop() {
+                if matches!(worker.child.try_wait(), Ok(None)) {
+                    return Ok(worker);
+                }
+                // Died while idle (killed from outside): its slot is free.
+                pool.free += 1;
             }
-            if *free > 0 {
-                *free -= 1;
+            if pool.free > 0 {
+                pool.free -= 1;
                 break;
             }
-            free = self
-                .freed
-                .wait(free)
+            pool = self
+                .changed
+                .wait(pool)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
-        drop(free);
+        drop(pool);
         self.spawn().inspect_err(|_| self.release(None))
     }
 
     /// Returns a worker to the pool, or its slot when it is gone.
     fn release(&self, worker: Option<Worker>) {
+        let mut pool = lock(&self.pool);
         match worker {
-            Some(worker) => lock(&self.idle).push(worker),
-            None => *lock(&self.free) += 1,
+            Some(worker) => pool.idle.push(worker),
+            None => pool.free += 1,
         }
-        self.freed.notify_one();
+        self.changed.notify_one();
     }
 
     fn spawn(&self) -> Result<Worker, TextError> {
-        let failed = |e: io::Error| TextError::TemplateWorker {
-            message: format!("starting {} {WORKER_COMMAND}: {e}", self.exe.display()),
-        };
-        let mut command = Command::new(&self.exe);
-        command
+        let failed = |e: io::Error| unavailable(&format!("starting a worker: {e}"));
+        // Without a pre-exec hook std spawns with posix_spawn, so a server
+        // holding many GiB of mappings starts a worker without copying its
+        // page tables; the worker caps its own address space first thing.
+        let mut child = Command::new(&self.exe)
             .arg(WORKER_COMMAND)
+            .arg(self.memory_bytes.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        cap_address_space(&mut command, self.memory_bytes);
-        let mut child = command.spawn().map_err(failed)?;
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(failed)?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(failed(io::Error::other("no pipes")));
         };
         let mut worker = Worker {
             child,
-            stdin,
+            stdin: BufWriter::new(stdin),
             stdout: BufReader::new(stdout),
         };
-        let init = Init {
+        let init = serde_json::to_vec(&Init {
             source: self.source.clone(),
-        };
+        })
+        .map_err(|e| failed(io::Error::other(e)))?;
         write_line(&mut worker.stdin, &init).map_err(failed)?;
+        // The worker answers the init once it is capped and compiled.
+        let mut line = String::new();
+        (&mut worker.stdout)
+            .take(MAX_CONTROL_LINE)
+            .read_line(&mut line)
+            .map_err(failed)?;
+        if line.trim_end() != READY {
+            return Err(unavailable(&format!(
+                "a worker did not start (it said {:?})",
+                line.trim_end()
+            )));
+        }
         Ok(worker)
     }
 }
 
-/// Sets the child's `RLIMIT_AS` before it runs.
-#[cfg(unix)]
-fn cap_address_space(command: &mut Command, bytes: u64) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs in the forked child before exec and calls
-    // only setrlimit, which is async-signal-safe; it allocates nothing.
-    unsafe {
-        command.pre_exec(move || {
-            let limit = libc::rlimit {
-                rlim_cur: bytes as libc::rlim_t,
-                rlim_max: bytes as libc::rlim_t,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
-                Ok(())
-            } else {
-                Err(io::Error::last_os_error())
+/// Why an exchange ended without a reply.
+enum Gone {
+    /// The worker was dead before it read the request (a broken pipe).
+    BeforeRequest,
+    /// It died while rendering, or answered what cannot be a reply.
+    During,
+}
+
+impl Gone {
+    /// The request's error; a worker that still runs is stopped.
+    fn error(self, worker: &mut Worker, memory_bytes: u64) -> TextError {
+        match worker.child.try_wait() {
+            Ok(Some(status)) => died(Some(status), memory_bytes),
+            Ok(None) => {
+                // Alive but its reply broke the protocol: the pipe may
+                // hold more, so it cannot serve again.
+                let _ = worker.child.kill();
+                let _ = worker.child.wait();
+                unavailable("a worker sent what is not a reply; it was stopped")
             }
-        });
+            Err(_) => died(worker.child.wait().ok(), memory_bytes),
+        }
     }
 }
 
-#[cfg(not(unix))]
-fn cap_address_space(_command: &mut Command, _bytes: u64) {}
+/// The error of a worker that cannot render: the server's fault (a 500),
+/// not the template's.
+fn unavailable(why: &str) -> TextError {
+    TextError::TemplateWorkerUnavailable {
+        why: why.to_string(),
+    }
+}
 
-/// One request and its reply; `Err` when the worker is gone.
+/// One request (serialized) and its reply; `Err` when the worker is gone.
 fn exchange(
     worker: &mut Worker,
-    context: &BTreeMap<&str, Value>,
+    request: &[u8],
     limits: RenderLimits,
-) -> io::Result<Result<String, TextError>> {
-    let request = Request {
-        context,
-        limits: limits.into(),
-    };
-    write_line(&mut worker.stdin, &request)?;
-    // The reply holds at most the capped text, JSON-escaped (≤ 6 bytes a byte).
+) -> Result<Result<String, TextError>, Gone> {
+    write_line(&mut worker.stdin, request).map_err(|e| match e.kind() {
+        io::ErrorKind::BrokenPipe => Gone::BeforeRequest,
+        _ => Gone::During,
+    })?;
+    // The reply holds at most the capped text JSON-escaped (≤ 6 bytes a
+    // byte), or a message the worker cuts to MAX_MESSAGE_BYTES.
     let bound = limits
         .max_output_bytes
+        .max(MAX_MESSAGE_BYTES)
         .saturating_mul(6)
-        .saturating_add(4096) as u64;
+        .saturating_add(MAX_CONTROL_LINE as usize) as u64;
     let mut line = String::new();
-    (&mut worker.stdout).take(bound).read_line(&mut line)?;
-    if !line.ends_with('\n') {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "worker gone"));
+    match (&mut worker.stdout).take(bound).read_line(&mut line) {
+        Ok(_) if line.ends_with('\n') => {}
+        _ => return Err(Gone::During),
     }
-    let reply: Reply = serde_json::from_str(&line).map_err(io::Error::other)?;
+    let reply: Reply = serde_json::from_str(&line).map_err(|_| Gone::During)?;
     Ok(match reply {
         Reply::Text(text) => Ok(text),
         Reply::Over(limit) => Err(TextError::TemplateOverLimit {
             limit: match limit {
                 WireLimit::Fuel(n) => TemplateLimit::Fuel(n),
                 WireLimit::OutputBytes(n) => TemplateLimit::OutputBytes(n),
-                WireLimit::TimeMs(ms) => TemplateLimit::Time(Duration::from_millis(ms)),
+                WireLimit::TimeUs(us) => TemplateLimit::Time(Duration::from_micros(us)),
             },
         }),
         Reply::Failed(message) => Err(TextError::TemplateWorker { message }),
     })
 }
 
-/// The error of a rendering whose worker died: the memory cap when it was
-/// killed by a signal (a failed allocation aborts), else the exit status.
+/// The error of a rendering whose worker died: the memory cap when it
+/// aborted (a failed allocation aborts: SIGABRT), else a server fault.
 fn died(status: Option<ExitStatus>, memory_bytes: u64) -> TextError {
     #[cfg(unix)]
     {
         use std::os::unix::process::ExitStatusExt;
-        if status.is_some_and(|s| s.signal().is_some()) {
+        if status.and_then(|s| s.signal()) == Some(libc::SIGABRT) {
             return TextError::TemplateOverLimit {
                 limit: TemplateLimit::MemoryBytes(memory_bytes),
             };
         }
     }
     let _ = memory_bytes;
-    TextError::TemplateWorker {
-        message: format!(
-            "the chat template's worker exited ({})",
-            status.map_or("unknown status".to_string(), |s| s.to_string())
-        ),
-    }
+    unavailable(&format!(
+        "a worker exited while rendering ({})",
+        status.map_or("unknown status".to_string(), |s| s.to_string())
+    ))
 }
 
-fn write_line(out: &mut impl Write, value: &impl Serialize) -> io::Result<()> {
-    serde_json::to_writer(&mut *out, value).map_err(io::Error::other)?;
+fn write_line(out: &mut impl Write, line: &[u8]) -> io::Result<()> {
+    out.write_all(line)?;
     out.write_all(b"\n")?;
     out.flush()
 }
@@ -320,18 +388,21 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The worker's side (`sparkrt render-worker`): reads the template, then
-/// renders each request from stdin onto stdout until stdin closes.
-pub fn serve_stdio() -> io::Result<()> {
+/// The worker's side (`sparkrt render-worker BYTES`): caps its own address
+/// space at BYTES, reads the template, says it is ready, then renders each
+/// request from stdin onto stdout until stdin closes.
+pub fn serve_stdio(memory_bytes: u64) -> io::Result<()> {
+    cap_address_space(memory_bytes)?;
     let stdin = io::stdin();
     let mut input = stdin.lock();
-    let mut stdout = io::stdout().lock();
+    let mut stdout = BufWriter::new(io::stdout().lock());
     let mut line = String::new();
     input.read_line(&mut line)?;
     let init: Init = serde_json::from_str(&line).map_err(io::Error::other)?;
     // The parent compiled the same source already; an error here is its bug.
     let mut template = ChatTemplate::from_source(init.source, SpecialTokens::default())
         .map_err(|e| io::Error::other(e.to_string()))?;
+    write_line(&mut stdout, READY.as_bytes())?;
     loop {
         line.clear();
         if input.read_line(&mut line)? == 0 {
@@ -344,14 +415,72 @@ pub fn serve_stdio() -> io::Result<()> {
             Err(TextError::TemplateOverLimit { limit }) => match limit {
                 TemplateLimit::Fuel(n) => Reply::Over(WireLimit::Fuel(n)),
                 TemplateLimit::OutputBytes(n) => Reply::Over(WireLimit::OutputBytes(n)),
-                TemplateLimit::Time(t) => Reply::Over(WireLimit::TimeMs(
-                    u64::try_from(t.as_millis()).unwrap_or(u64::MAX),
-                )),
+                TemplateLimit::Time(t) => Reply::Over(WireLimit::TimeUs(micros(t))),
                 // Only the parent sees a worker run out of memory.
-                other @ TemplateLimit::MemoryBytes(_) => Reply::Failed(other.to_string()),
+                other @ TemplateLimit::MemoryBytes(_) => Reply::Failed(cut(other.to_string())),
             },
-            Err(other) => Reply::Failed(other.to_string()),
+            Err(other) => Reply::Failed(cut(other.to_string())),
         };
+        let reply = serde_json::to_vec(&reply).map_err(io::Error::other)?;
         write_line(&mut stdout, &reply)?;
+    }
+}
+
+/// An error message cut to [`MAX_MESSAGE_BYTES`] at a character boundary.
+fn cut(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str(" …");
+    }
+    message
+}
+
+/// Caps this process's address space (`RLIMIT_AS`).
+#[cfg(unix)]
+fn cap_address_space(bytes: u64) -> io::Result<()> {
+    let limit = libc::rlimit {
+        rlim_cur: bytes as libc::rlim_t,
+        rlim_max: bytes as libc::rlim_t,
+    };
+    // SAFETY: setrlimit only reads the struct it is given.
+    if unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(unix))]
+fn cap_address_space(_bytes: u64) -> io::Result<()> {
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_messages_are_cut_at_a_character_boundary() {
+        let message = "é".repeat(MAX_MESSAGE_BYTES);
+        let cut = cut(message);
+        assert!(cut.len() <= MAX_MESSAGE_BYTES + " …".len());
+        assert!(cut.ends_with(" …"));
+        assert_eq!(super::cut("short".into()), "short");
+    }
+
+    #[test]
+    fn a_worker_that_cannot_start_is_a_server_fault_and_frees_its_slot() {
+        let workers = RenderWorkers::new("/nonexistent/sparkrt".into(), "x".into(), 1 << 30, 1);
+        for _ in 0..3 {
+            let err = workers.check().unwrap_err();
+            assert!(
+                matches!(err, TextError::TemplateWorkerUnavailable { .. }),
+                "{err}"
+            );
+        }
     }
 }

@@ -154,6 +154,7 @@ pub fn render_error(error: TextError) -> ApiError {
         TextError::TemplateOverLimit { limit } => {
             ApiError::invalid(error.to_string(), Some("messages")).with_code(limit.name())
         }
+        TextError::TemplateWorkerUnavailable { .. } => ApiError::internal(error.to_string()),
         other => ApiError::invalid(format!("chat template: {other}"), Some("messages")),
     }
 }
