@@ -10,6 +10,7 @@ readonly TOOLS=(
 	"shellcheck shellcheck"   # tests/install_script.rs lints install.sh
 	"tmux tmux"               # tests/top_tmux.rs drives sparkrt top in a terminal
 	"systemd-analyze systemd" # tests/install_script.rs verifies the unit
+	"g++ g++"                 # .ci/run builds the CUDA emulator (kernels/emu) for scripts/cuda-emulator-check.sh
 )
 
 readonly PYTHON_PACKAGES=(

@@ -18,7 +18,7 @@ models="${SPARKRT_BENCH_DIR:-target/gpu-check-models}"
 sparkrt=./target/release/sparkrt
 logs=target/gpu-check-logs
 # The CUDA topics of the one integration-test binary (tests/main.rs).
-cuda_tests=(cuda_kernels:: cuda_fixtures:: cuda_nvrtc:: cuda_sass:: cuda_fallback::)
+cuda_tests=(cuda_kernels:: cuda_fixtures:: cuda_nvrtc:: cuda_sass:: cuda_fallback:: cuda_faults::)
 
 step() {
 	printf '\n== %s [%ds]\n' "$1" $((SECONDS - start))
@@ -51,10 +51,32 @@ run "test binaries" cargo test --release --quiet --no-run --test integration
 run "kernels for this GPU (NVRTC, registers, spills, HMMA, LDL/STL)" "$sparkrt" kernels
 
 # The tests print their figures (logit differences, weights residency).
+# SPARKRT_REQUIRE_GPU=1: a test that finds no usable GPU fails instead of
+# skipping; the weights test asserts the path Auto takes on this device
+# (SPARKRT_EXPECT_RESIDENCY, unless set: copy on a discrete GPU, registered
+# on an integrated one such as a GB10). Fails when no test ran.
 cuda_test_run() {
-	cargo test --release --test integration -- "${cuda_tests[@]}" --nocapture --test-threads 1 2>&1 |
-		grep -E '^test |differ|residency|skipp|panicked|test result'
-	return "${PIPESTATUS[0]}"
+	local log=target/gpu-check-cuda-tests.txt status ran integrated
+	integrated="$("$sparkrt" probe --json | python3 -c 'import json, sys
+d = json.load(sys.stdin)["gpu"].get("devices") or [{}]
+print("1" if d[0].get("integrated") else "0")')" || integrated=0
+	if [[ "$integrated" == 1 ]]; then
+		export SPARKRT_EXPECT_RESIDENCY="${SPARKRT_EXPECT_RESIDENCY:-registered}"
+	else
+		export SPARKRT_EXPECT_RESIDENCY="${SPARKRT_EXPECT_RESIDENCY:-copy}"
+	fi
+	echo "weights residency expected: $SPARKRT_EXPECT_RESIDENCY"
+	SPARKRT_REQUIRE_GPU=1 cargo test --release --test integration -- "${cuda_tests[@]}" --nocapture --test-threads 1 \
+		>"$log" 2>&1
+	status=$?
+	grep -E '^test |differ|residency|skipp|panicked|test result' "$log"
+	ran="$(sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed.*/\1/p' "$log" | awk '{n += $1} END {print n + 0}')"
+	echo "CUDA tests passed: $ran"
+	if ((ran == 0)); then
+		echo "no CUDA test ran" >&2
+		return 1
+	fi
+	return "$status"
 }
 run "CUDA tests" cuda_test_run
 

@@ -19,6 +19,7 @@ use sparkrt::backend::{
 };
 use sparkrt::checkpoint::kv_scales::KvScales;
 use sparkrt::checkpoint::linear::{VectorData, VectorWeight};
+use sparkrt::plan::ledger::WeightsResidency;
 use sparkrt::plan::profile::KvCacheDtype;
 use sparkrt::step::{Logits, NO_BLOCK, StepBatch};
 
@@ -1388,10 +1389,17 @@ fn weights_attached_in_place_read_the_same_as_a_copy() {
             .unwrap();
         outs.push(b.read_cuda(&og, 3 * 40));
     }
-    eprintln!(
-        "weights residency with Auto: {:?}",
-        auto.cuda.ledger().snapshot().weights_residency
+    let residency = auto.cuda.ledger().snapshot().weights_residency;
+    eprintln!("weights residency with Auto: {residency:?}");
+    assert_eq!(
+        copy.cuda.ledger().snapshot().weights_residency,
+        Some(WeightsResidency::DeviceCopy)
     );
+    // Which path Auto takes is the device's: the script that runs this says
+    // which device kind it emulates (or the GPU is).
+    if let Some(expected) = cuda_common::expected_residency() {
+        assert_eq!(residency, Some(expected), "weights residency with Auto");
+    }
     assert_eq!(outs[0], outs[1]);
 }
 

@@ -25,6 +25,7 @@ mod checkpoint_inspect;
 mod checkpoint_quant;
 mod cold_start;
 mod cuda_fallback;
+mod cuda_faults;
 mod cuda_fixtures;
 mod cuda_kernels;
 mod cuda_nvrtc;

@@ -47,7 +47,7 @@ fn nan_checkpoint() -> tempfile::TempDir {
 }
 
 /// Waits for `/ready` to be 503 with a reason containing `why`; its reason.
-fn wait_not_ready(server: &Server, why: &str) -> String {
+pub(crate) fn wait_not_ready(server: &Server, why: &str) -> String {
     let mut reason = String::new();
     server.wait_until("/ready turns 503", || {
         let reply = server.get("/ready");
@@ -62,7 +62,12 @@ fn wait_not_ready(server: &Server, why: &str) -> String {
 
 /// The server exits with status 1 within `limit`, not before `at_least`
 /// from `since`.
-fn exits_with_failure(server: &mut Server, since: Instant, at_least: Duration, limit: Duration) {
+pub(crate) fn exits_with_failure(
+    server: &mut Server,
+    since: Instant,
+    at_least: Duration,
+    limit: Duration,
+) {
     let status = server
         .wait_exit(limit)
         .unwrap_or_else(|| panic!("still running after {limit:?}: {}", server.log()));
@@ -141,6 +146,35 @@ fn an_engine_thread_that_dies_turns_ready_503_and_exits_1() {
     exits_with_failure(
         &mut server,
         died,
+        Duration::from_millis(1000),
+        Duration::from_secs(20),
+    );
+}
+
+#[test]
+fn a_lost_device_turns_ready_503_at_once_and_exits_1() {
+    // A sticky CUDA error (injected: the step fails as one does) ends the
+    // engine on the first failed step, not after three: every later step
+    // would fail the same way.
+    let mut server = Server::start(&[
+        "--fault-device-lost-after-steps",
+        "1",
+        "--engine-failure-grace-ms",
+        "1500",
+    ]);
+    let reply = server.post(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 4}),
+    );
+    assert_ne!(reply.status, 200, "{}", reply.body);
+    let lost = Instant::now();
+    let reason = wait_not_ready(&server, "the device is lost");
+    assert!(reason.contains("failed fatally"), "{reason}");
+    assert!(reason.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{reason}");
+    assert!(!reason.contains("consecutive"), "{reason}");
+    exits_with_failure(
+        &mut server,
+        lost,
         Duration::from_millis(1000),
         Duration::from_secs(20),
     );

@@ -7,11 +7,16 @@
 // machine without a GPU; scripts/cuda-emulator-check.sh builds and uses it.
 //
 // Environment: EMU_SM (compute capability, default 121), EMU_INTEGRATED and
-// EMU_PAGEABLE (0/1), EMU_NO_REGISTER (refuse cuMemHostRegister).
+// EMU_PAGEABLE (0/1), EMU_NO_REGISTER (refuse cuMemHostRegister),
+// EMU_FAULT_KERNEL (a kernel name: its first launch faults as an illegal
+// address does on a GPU: the launch itself succeeds, the kernel does not
+// run, and every later launch, copy and synchronisation fails with
+// CUDA_ERROR_ILLEGAL_ADDRESS: the context is dead).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -33,6 +38,10 @@ static const CUresult INVALID_VALUE = 1;
 static const CUresult OUT_OF_MEMORY = 2;
 static const CUresult NOT_FOUND = 500;
 static const CUresult NOT_SUPPORTED = 801;
+static const CUresult ILLEGAL_ADDRESS = 700;
+
+// The sticky error of EMU_FAULT_KERNEL, once its kernel has launched.
+static std::atomic<CUresult> sticky{OK};
 
 thread_local dim3 threadIdx;
 thread_local dim3 blockIdx;
@@ -308,7 +317,7 @@ API CUresult cuStreamCreate(CUstream* stream, unsigned) {
     *stream = &s;
     return OK;
 }
-API CUresult cuStreamSynchronize(CUstream) { return OK; }
+API CUresult cuStreamSynchronize(CUstream) { return sticky.load(); }
 API CUresult cuStreamDestroy_v2(CUstream) { return OK; }
 API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
     // The CUBIN (real, from NVRTC) must at least be an ELF file.
@@ -335,6 +344,13 @@ API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
         gy > 65535 || gz > 65535 || shared > 101376) {
         return INVALID_VALUE;
     }
+    if (sticky.load() != OK) return sticky.load();
+    const char* fault = std::getenv("EMU_FAULT_KERNEL");
+    if (fault && std::strcmp(fault, static_cast<EmuKernel*>(f)->name) == 0) {
+        // Reported later, as a GPU reports a fault: at the next call that waits.
+        sticky.store(ILLEGAL_ADDRESS);
+        return OK;
+    }
     // One launch at a time: the launch state above is process-wide (tests
     // run backends on several threads).
     static std::mutex one_at_a_time;
@@ -355,14 +371,17 @@ API CUresult cuMemFree_v2(CUdeviceptr p) {
     return OK;
 }
 API CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream) {
+    if (sticky.load() != OK) return sticky.load();
     std::memset(reinterpret_cast<void*>(p), v, n);
     return OK;
 }
 API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream) {
+    if (sticky.load() != OK) return sticky.load();
     std::memcpy(reinterpret_cast<void*>(dst), src, n);
     return OK;
 }
 API CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream) {
+    if (sticky.load() != OK) return sticky.load();
     std::memcpy(dst, reinterpret_cast<const void*>(src), n);
     return OK;
 }
@@ -385,6 +404,7 @@ API CUresult cuMemHostUnregister(void*) { return OK; }
 API CUresult cuGetErrorName(CUresult e, const char** s) {
     *s = e == OK ? "CUDA_SUCCESS" : e == OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY"
          : e == NOT_FOUND ? "CUDA_ERROR_NOT_FOUND" : e == NOT_SUPPORTED ? "CUDA_ERROR_NOT_SUPPORTED"
+         : e == ILLEGAL_ADDRESS ? "CUDA_ERROR_ILLEGAL_ADDRESS"
          : "CUDA_ERROR_INVALID_VALUE";
     return OK;
 }

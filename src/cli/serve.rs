@@ -78,6 +78,10 @@ pub struct ServeArgs {
     /// steps that ran the model.
     #[arg(long, hide = true, value_name = "N")]
     pub fault_engine_panic_after_steps: Option<u64>,
+    /// Fault injection (tests): after this many steps that ran the model,
+    /// the next step fails as a lost device does (a sticky CUDA error).
+    #[arg(long, hide = true, value_name = "N")]
+    pub fault_device_lost_after_steps: Option<u64>,
     /// How long answers in flight may finish after SIGTERM, in milliseconds (tests).
     #[arg(long, hide = true, default_value_t = listen::DRAIN_TIMEOUT.as_millis() as u64)]
     pub drain_timeout_ms: u64,
@@ -425,6 +429,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
     let loop_options = engine_loop::LoopOptions {
         max_queue,
         panic_after_steps: args.fault_engine_panic_after_steps,
+        device_lost_after_steps: args.fault_device_lost_after_steps,
     };
     let grace = Duration::from_millis(args.engine_failure_grace_ms);
     let handle = runtime.handle().clone();

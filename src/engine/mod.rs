@@ -63,6 +63,14 @@ pub enum EngineError {
     },
 }
 
+impl EngineError {
+    /// Whether no later step can succeed (the device is lost): the server
+    /// stops at once instead of failing every request that follows.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, EngineError::Model(e) if e.is_fatal())
+    }
+}
+
 /// Why a request was not admitted.
 #[derive(Debug, Error, PartialEq)]
 pub enum AdmissionError {

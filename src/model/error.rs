@@ -23,3 +23,10 @@ pub enum ModelError {
         max_seqs: usize,
     },
 }
+
+impl ModelError {
+    /// Whether nothing can run any more in this process (a lost device).
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, ModelError::Backend(e) if e.is_fatal())
+    }
+}

@@ -9,10 +9,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::latency::LatencyMetrics;
-use crate::engine::{AdmissionError, Engine, EventSink, Request, SeqId};
+use crate::backend::BackendError;
+use crate::engine::{AdmissionError, Engine, EngineError, EventSink, Request, SeqId};
+use crate::model::ModelError;
 
 /// Steps in a row that may fail (an executor error, or sampling refusing
-/// the model's NaN/infinite logits) before the engine is declared broken:
+/// the model's NaN/infinite logits) before the engine is declared broken
+/// (a fatal error, [`EngineError::is_fatal`], breaks it at once):
 /// one failing step can be a request's bad luck, three in a row with
 /// nothing working in between is the model or the device. The engine
 /// thread then ends, `/ready` answers 503 with the reason, and the process
@@ -94,6 +97,10 @@ pub struct LoopOptions {
     /// Test fault injection (the hidden `serve --fault-engine-panic-after-steps`):
     /// the loop panics after this many steps that did work.
     pub panic_after_steps: Option<u64>,
+    /// Test fault injection (the hidden `serve --fault-device-lost-after-steps`):
+    /// after this many steps that did work, the next step fails with the
+    /// error a sticky CUDA fault gives ([`BackendError::DeviceLost`]).
+    pub device_lost_after_steps: Option<u64>,
 }
 
 /// Runs until every command sender is gone and no work is left, or until
@@ -172,7 +179,19 @@ fn serve_commands(
             }
         }
         let started = Instant::now();
-        let failed = match engine.step() {
+        let result = if options
+            .device_lost_after_steps
+            .is_some_and(|n| steps_with_work >= n)
+        {
+            Err(EngineError::from(ModelError::from(
+                BackendError::DeviceLost(format!(
+                    "injected fault: CUDA_ERROR_ILLEGAL_ADDRESS after {steps_with_work} steps"
+                )),
+            )))
+        } else {
+            engine.step()
+        };
+        let failed = match result {
             Ok(report) => {
                 latency.observe_step(
                     started.elapsed().as_secs_f64(),
@@ -191,6 +210,15 @@ fn serve_commands(
                     // An empty step says nothing either way.
                     None => None,
                 }
+            }
+            Err(e) if e.is_fatal() => {
+                // Nothing can run any more (a lost device): stop now, so
+                // the process exits and is restarted, instead of failing
+                // every request that follows.
+                gauges.step_errors.fetch_add(1, Ordering::Relaxed);
+                let broken = format!("engine step failed fatally: {e}");
+                engine.fail_all(&broken);
+                return Err(broken);
             }
             Err(e) => {
                 engine.fail_all(&e.to_string());

@@ -95,7 +95,13 @@ impl Server {
 
     /// As [`Server::start`]; requests then send `Authorization: Bearer key`.
     pub fn start_with_key(args: &[&str], key: Option<&str>) -> Server {
+        Server::start_with_env(args, key, &[])
+    }
+
+    /// As [`Server::start_with_key`], the server run with `env` set too.
+    pub fn start_with_env(args: &[&str], key: Option<&str>, env: &[(&str, &str)]) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_sparkrt"));
+        command.envs(env.iter().copied());
         command.args(["serve", "--port", "0", "--threads", THREADS]);
         if !args.contains(&"--host-root") {
             command.arg("--host-root").arg(box24());

@@ -19,15 +19,55 @@ pub fn no_gpu() -> Option<String> {
     }
 }
 
-/// Prints why `test` is skipped and returns true when there is no GPU.
+/// Set (to 1) where the CUDA tests must run (scripts/cuda-emulator-check.sh,
+/// scripts/gpu-check.sh, `.ci/run`): a missing GPU then fails the test
+/// instead of skipping it, so a run without libcuda is never green.
+pub const REQUIRE_GPU: &str = "SPARKRT_REQUIRE_GPU";
+
+/// Whether [`REQUIRE_GPU`] is set to 1.
+pub fn gpu_required() -> bool {
+    std::env::var(REQUIRE_GPU).is_ok_and(|v| v == "1")
+}
+
+/// Prints why `test` is skipped and returns true when there is no GPU;
+/// under [`REQUIRE_GPU`] it fails the test with the reason instead.
 pub fn skip(test: &str) -> bool {
     match no_gpu() {
         Some(reason) => {
+            assert!(
+                !gpu_required(),
+                "{test}: no usable GPU ({reason}), and {REQUIRE_GPU}=1 requires one"
+            );
             eprintln!("skipping {test}: no usable GPU ({reason})");
             true
         }
         None => false,
     }
+}
+
+/// The weights residency this run must see with [`WeightsPolicy::Auto`]
+/// (`SPARKRT_EXPECT_RESIDENCY`: copy, registered or mapped, set by
+/// scripts/cuda-emulator-check.sh for each emulated device kind). None when
+/// unset; under [`REQUIRE_GPU`] an unset or unknown value fails the test,
+/// so no run leaves the weight path unchecked.
+pub fn expected_residency() -> Option<sparkrt::plan::ledger::WeightsResidency> {
+    use sparkrt::plan::ledger::WeightsResidency;
+    let value = std::env::var("SPARKRT_EXPECT_RESIDENCY").ok();
+    let expected = match value.as_deref() {
+        Some("copy") => Some(WeightsResidency::DeviceCopy),
+        Some("registered") => Some(WeightsResidency::HostRegistered),
+        Some("mapped") => Some(WeightsResidency::Mapped),
+        Some(other) => {
+            panic!("SPARKRT_EXPECT_RESIDENCY={other}: expected copy, registered or mapped")
+        }
+        None => None,
+    };
+    assert!(
+        expected.is_some() || !gpu_required(),
+        "{REQUIRE_GPU}=1 needs SPARKRT_EXPECT_RESIDENCY (copy, registered or mapped) \
+         saying which weight path this device takes"
+    );
+    expected
 }
 
 /// A ledger that admits anything (the kernel tests do not test the plan).

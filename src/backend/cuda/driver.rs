@@ -11,7 +11,7 @@ use std::sync::Arc;
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 
-use super::error::CudaError;
+use super::error::{CudaError, is_sticky};
 use crate::host::gpu::GpuInfo;
 
 /// Runs `f`, turning a panic of cudarc's loader (missing library or symbol)
@@ -31,7 +31,15 @@ pub fn driver(call: &'static str) -> impl Fn(DriverError) -> CudaError {
             .error_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|_| format!("{:?}", e.0));
-        CudaError::Driver { call, error: name }
+        if is_sticky(e.0) {
+            CudaError::Fault {
+                call,
+                error: name,
+                kernel: None,
+            }
+        } else {
+            CudaError::Driver { call, error: name }
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::cache::{CubinCache, key_hash};
 use super::constants;
 use super::driver::{Device, Handle, driver};
-use super::error::CudaError;
+use super::error::{CudaError, SYNC_ENV};
 use super::nvrtc::{self, Compiled, Source};
 
 /// The headers under `kernels/` every kernel file may include.
@@ -214,6 +214,8 @@ pub struct Kernels {
     modules: Vec<Handle<sys::CUmodule>>,
     functions: Vec<Handle<sys::CUfunction>>,
     launches: Vec<AtomicU64>,
+    /// [`SYNC_ENV`] is 1: wait for every launch, so a fault names its kernel.
+    sync_each_launch: bool,
     /// How each file was obtained: "cache" or "nvrtc".
     pub origins: Vec<(&'static str, &'static str)>,
 }
@@ -256,6 +258,7 @@ impl Kernels {
             modules: Vec::new(),
             functions: Vec::new(),
             launches: Kernel::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
+            sync_each_launch: std::env::var(SYNC_ENV).is_ok_and(|v| v == "1"),
             origins: Vec::new(),
         };
         for (file, result) in FILES.iter().zip(compiled) {
@@ -296,7 +299,9 @@ impl Kernels {
         .map_err(driver("cuFuncSetAttribute"))
     }
 
-    /// Launches `kernel` and counts it. Empty grids launch nothing.
+    /// Launches `kernel` and counts it. Empty grids launch nothing. With
+    /// [`SYNC_ENV`] set the launch is waited for, so a fault while it runs
+    /// names `kernel`; else it surfaces, unnamed, at a later call.
     pub fn launch<P>(
         &self,
         kernel: Kernel,
@@ -308,9 +313,16 @@ impl Kernels {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
+        // A sticky error from the launch call is an earlier launch's fault,
+        // surfacing here: it is not this kernel's to name.
         self.device
             .launch(self.function(kernel), grid, block, shared, params)?;
         self.launches[kernel as usize].fetch_add(1, Ordering::Relaxed);
+        if self.sync_each_launch {
+            self.device
+                .synchronize()
+                .map_err(|e| e.in_kernel(kernel.name()))?;
+        }
         Ok(())
     }
 
