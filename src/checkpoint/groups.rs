@@ -6,12 +6,14 @@ use std::collections::BTreeMap;
 use super::header_set::TensorInfo;
 use crate::geometry::{Architecture, WeightGroup};
 
-/// Parameters of a linear module: the weight and bias, and NVFP4's scales.
-const LINEAR_PARAMS: [&str; 5] = [
+/// Parameters of a linear module: the weight and bias, NVFP4's and FP8's
+/// scales.
+const LINEAR_PARAMS: [&str; 6] = [
     "weight",
     "bias",
     "weight_scale",
     "weight_scale_2",
+    "weight_scale_inv",
     "input_scale",
 ];
 
