@@ -3,8 +3,9 @@
 //! summation order: a chunk is 32 columns, 4 vectors of 8.
 //!
 //! E4M3 bytes become f32 by bit arithmetic rather than a gather from
-//! `crate::formats::E4M3` (8 loads per vector); the unit test below holds
-//! it to that table for all 256 bytes, NaN and subnormals included.
+//! `crate::formats::E4M3` (8 loads per vector); the unit tests below hold
+//! both paths to that table for all 256 bytes, NaN and subnormals
+//! included, and the kernel tests hold them to `fp8_value`.
 
 use std::arch::x86_64::*;
 
@@ -20,12 +21,24 @@ pub(super) struct Fp8Dec<'a> {
 }
 
 // A chunk never straddles two scale blocks: blocks start every 128 columns.
-const _: () = assert!(FP8_BLOCK % Fp8Dec::CHUNK == 0);
+const _: () = assert!(FP8_BLOCK.is_multiple_of(Fp8Dec::CHUNK));
+
+/// 2^120: an E4M3 byte whose bits are moved into an f32's top bits (sign
+/// to bit 31, exponent and mantissa below it) reads as its value × 2^-120.
+const REBIAS: f32 = f32::from_bits((127 + 120) << 23);
 
 impl Decoder for Fp8Dec<'_> {
     const CHUNK: usize = 32;
     /// [`Decoder::decode`] for FP8: 32 bytes widened to f32 and multiplied
     /// by the chunk's scale (one rounding, as `fp8_value`).
+    ///
+    /// The fast path moves each byte's bits to the top of an f32
+    /// (`S.EEEE.MMM` → `S.000EEEE.MMM0…`, an f32 of value × 2^-120,
+    /// subnormal bytes becoming f32 subnormals, exactly) and folds 2^120
+    /// into the scale,
+    /// whose product is exact: the one rounding is the multiply's, as in
+    /// `fp8_value`. A chunk holding a NaN byte, or a scale too large to
+    /// take the 2^120, goes through [`e4m3_lanes`] instead.
     ///
     /// # Safety
     ///
@@ -37,14 +50,36 @@ impl Decoder for Fp8Dec<'_> {
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) {
         let col = chunk * Self::CHUNK;
         let first = row * self.cols + col;
-        let scale = _mm256_set1_ps(self.scales.at(row, col, self.cols));
+        let scale = self.scales.at(row, col, self.cols);
+        // SAFETY: bytes first .. first + 32 are the chunk's.
+        let p = unsafe { self.values.as_ptr().add(first) };
+        // SAFETY: as above; loadu has no alignment need.
+        let raw = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+        // NaN bytes are S.1111.111: with the sign set, 0xFF.
+        let nan = _mm256_cmpeq_epi8(
+            _mm256_or_si256(raw, _mm256_set1_epi8(0x80u8 as i8)),
+            _mm256_set1_epi8(-1),
+        );
+        if _mm256_movemask_epi8(nan) != 0 || !(scale.abs() < 128.0) {
+            let scale = _mm256_set1_ps(scale);
+            for (v, lane) in out.iter_mut().enumerate().take(Self::VECS) {
+                // SAFETY: bytes 8v .. 8v + 8 of the chunk.
+                let bytes = unsafe { _mm_loadl_epi64(p.add(8 * v) as *const __m128i) };
+                // SAFETY: AVX2 is present (this function's contract).
+                *lane = _mm256_mul_ps(unsafe { e4m3_lanes(_mm256_cvtepu8_epi32(bytes)) }, scale);
+            }
+            return;
+        }
+        let scale = _mm256_set1_ps(scale * REBIAS);
+        // Sign-extended, a byte S.EEEE.MMM shifted left by 20 has S in bit
+        // 31 and EEEE.MMM in bits 23..=26 and 20..=22; the mask clears the
+        // sign's copies in between.
+        let keep = _mm256_set1_epi32(0x87F0_0000u32 as i32);
         for (v, lane) in out.iter_mut().enumerate().take(Self::VECS) {
-            // SAFETY: bytes first + 8v .. first + 8v + 8 lie inside the chunk.
-            let bytes = unsafe {
-                _mm_loadl_epi64(self.values.as_ptr().add(first + 8 * v) as *const __m128i)
-            };
-            // SAFETY: AVX2 is present (this function's contract).
-            *lane = _mm256_mul_ps(unsafe { e4m3_lanes(_mm256_cvtepu8_epi32(bytes)) }, scale);
+            // SAFETY: bytes 8v .. 8v + 8 of the chunk.
+            let bytes = unsafe { _mm_loadl_epi64(p.add(8 * v) as *const __m128i) };
+            let bits = _mm256_and_si256(_mm256_slli_epi32::<20>(_mm256_cvtepi8_epi32(bytes)), keep);
+            *lane = _mm256_mul_ps(_mm256_castsi256_ps(bits), scale);
         }
     }
     fn scalar(&self, row: usize, col: usize) -> f32 {
@@ -108,6 +143,43 @@ mod tests {
                     "byte {:#04x}: {got} vs {want}",
                     first + l
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn decoded_chunks_are_fp8_value_bit_for_bit() {
+        if !Isa::Avx2.is_available() {
+            eprintln!("skipped: no AVX2 on this CPU");
+            return;
+        }
+        // Every byte once: 8 rows of one chunk; rows 3 and 7 hold the NaNs.
+        let values: Vec<u8> = (0..=255u8).collect();
+        // Scales on the fast path, at its edge and past it (2^7 and more).
+        for scale in [1.0, 0.0371, 3.0e-30, 127.9, 128.0, 1.0e30, f32::NAN] {
+            let dec = Fp8Dec {
+                values: &values,
+                scales: Fp8Scales::Tensor(scale),
+                cols: 32,
+            };
+            for row in 0..8 {
+                let mut got = [0.0f32; 32];
+                // SAFETY: AVX2 is present; row < 8 and the chunk is the row.
+                unsafe {
+                    let mut out = [_mm256_setzero_ps(); 8];
+                    dec.decode(row, 0, &mut out);
+                    for v in 0..4 {
+                        _mm256_storeu_ps(got.as_mut_ptr().add(8 * v), out[v]);
+                    }
+                }
+                for (c, &g) in got.iter().enumerate() {
+                    let want = fp8_value(values[row * 32 + c], scale);
+                    assert!(
+                        g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                        "byte {:#04x} × {scale}: {g} vs {want}",
+                        row * 32 + c
+                    );
+                }
             }
         }
     }
