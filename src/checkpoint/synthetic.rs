@@ -197,7 +197,7 @@ fn fill(out: &mut Vec<u8>, n: usize, name: &str, dtype: Dtype, rng: &mut SplitMi
             // scale below), either sign.
             out.extend((0..n).map(|_| {
                 let r = rng.next_u64();
-                0x34 + (r % 12) as u8 | (r >> 8) as u8 & 0x80
+                (0x34 + (r % 12) as u8) | ((r >> 8) as u8 & 0x80)
             }));
         }
         Dtype::F8E4M3 => {

@@ -8,7 +8,7 @@
 //! bitwise the same alone or in a batch (see [`crate::backend::cpu::kernels`] for why that matters):
 //!
 //! 1. the columns of the whole chunks (8 values for F32, 16 for BF16, 64 for
-//!    NVFP4, 32 for FP8) are taken as vectors of 8 consecutive columns; lane
+//!    NVFP4 and FP8) are taken as vectors of 8 consecutive columns; lane
 //!    `l` of a single accumulator takes column `8u + l` of vector `u`, in
 //!    ascending `u`, by fused multiply-add;
 //! 2. the 8 lanes are reduced as `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`;

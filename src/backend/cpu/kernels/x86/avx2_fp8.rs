@@ -1,6 +1,6 @@
 //! The AVX2 decoder of FP8 E4M3 weights (ModelOpt per-tensor or block-wise
 //! scales) for the f32 matmul kernels of `avx2.rs`, which keep their one
-//! summation order: a chunk is 32 columns, 4 vectors of 8.
+//! summation order: a chunk is 64 columns, 8 vectors of 8.
 //!
 //! E4M3 bytes become f32 by bit arithmetic rather than a gather from
 //! `crate::formats::E4M3` (8 loads per vector); the unit tests below hold
@@ -28,8 +28,8 @@ const _: () = assert!(FP8_BLOCK.is_multiple_of(Fp8Dec::CHUNK));
 const REBIAS: f32 = f32::from_bits((127 + 120) << 23);
 
 impl Decoder for Fp8Dec<'_> {
-    const CHUNK: usize = 32;
-    /// [`Decoder::decode`] for FP8: 32 bytes widened to f32 and multiplied
+    const CHUNK: usize = 64;
+    /// [`Decoder::decode`] for FP8: 64 bytes widened to f32 and multiplied
     /// by the chunk's scale (one rounding, as `fp8_value`).
     ///
     /// The fast path moves each byte's bits to the top of an f32
@@ -43,7 +43,7 @@ impl Decoder for Fp8Dec<'_> {
     /// # Safety
     ///
     /// As [`Decoder::decode`]: AVX2 and FMA, and the chunk inside the matrix,
-    /// i.e. 32 readable bytes of `values` from byte `row · cols + 32 · chunk`
+    /// i.e. 64 readable bytes of `values` from byte `row · cols + 64 · chunk`
     /// (the block scale is read bounds-checked).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
@@ -51,16 +51,25 @@ impl Decoder for Fp8Dec<'_> {
         let col = chunk * Self::CHUNK;
         let first = row * self.cols + col;
         let scale = self.scales.at(row, col, self.cols);
-        // SAFETY: bytes first .. first + 32 are the chunk's.
+        // SAFETY: bytes first .. first + 64 are the chunk's.
         let p = unsafe { self.values.as_ptr().add(first) };
         // SAFETY: as above; loadu has no alignment need.
-        let raw = unsafe { _mm256_loadu_si256(p as *const __m256i) };
-        // NaN bytes are S.1111.111: with the sign set, 0xFF.
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_si256(p as *const __m256i),
+                _mm256_loadu_si256(p.add(32) as *const __m256i),
+            )
+        };
+        // NaN bytes are S.1111.111: with the sign set, 0xFF, the largest
+        // byte, so the two halves' lane-wise maximum is 0xFF where either is.
+        let sign = _mm256_set1_epi8(0x80u8 as i8);
         let nan = _mm256_cmpeq_epi8(
-            _mm256_or_si256(raw, _mm256_set1_epi8(0x80u8 as i8)),
+            _mm256_max_epu8(_mm256_or_si256(a, sign), _mm256_or_si256(b, sign)),
             _mm256_set1_epi8(-1),
         );
-        if _mm256_movemask_epi8(nan) != 0 || !(scale.abs() < 128.0) {
+        // The fast path needs scale × 2^120 finite (NaN scales included out).
+        let fast_scale = scale.abs() < 128.0;
+        if _mm256_movemask_epi8(nan) != 0 || !fast_scale {
             let scale = _mm256_set1_ps(scale);
             for (v, lane) in out.iter_mut().enumerate().take(Self::VECS) {
                 // SAFETY: bytes 8v .. 8v + 8 of the chunk.
@@ -153,31 +162,31 @@ mod tests {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
         }
-        // Every byte once: 8 rows of one chunk; rows 3 and 7 hold the NaNs.
+        // Every byte once: 4 rows of one chunk; rows 1 and 3 hold the NaNs.
         let values: Vec<u8> = (0..=255u8).collect();
         // Scales on the fast path, at its edge and past it (2^7 and more).
         for scale in [1.0, 0.0371, 3.0e-30, 127.9, 128.0, 1.0e30, f32::NAN] {
             let dec = Fp8Dec {
                 values: &values,
                 scales: Fp8Scales::Tensor(scale),
-                cols: 32,
+                cols: 64,
             };
-            for row in 0..8 {
-                let mut got = [0.0f32; 32];
+            for row in 0..4 {
+                let mut got = [0.0f32; 64];
                 // SAFETY: AVX2 is present; row < 8 and the chunk is the row.
                 unsafe {
                     let mut out = [_mm256_setzero_ps(); 8];
                     dec.decode(row, 0, &mut out);
-                    for v in 0..4 {
-                        _mm256_storeu_ps(got.as_mut_ptr().add(8 * v), out[v]);
+                    for (v, lane) in out.iter().enumerate() {
+                        _mm256_storeu_ps(got.as_mut_ptr().add(8 * v), *lane);
                     }
                 }
                 for (c, &g) in got.iter().enumerate() {
-                    let want = fp8_value(values[row * 32 + c], scale);
+                    let want = fp8_value(values[row * 64 + c], scale);
                     assert!(
                         g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
                         "byte {:#04x} × {scale}: {g} vs {want}",
-                        row * 32 + c
+                        row * 64 + c
                     );
                 }
             }
