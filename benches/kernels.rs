@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use sparkrt::backend::cpu::kernels::weights::weight_bytes;
 use sparkrt::backend::cpu::kernels::{GroupedProblem, Isa, matmul_grouped, measure_read_bandwidth};
-use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
-use sparkrt::formats::f32_to_bf16;
+use sparkrt::checkpoint::linear::{Fp8Scales, LinearWeight, WeightData};
+use sparkrt::formats::{ScaleType, f32_to_bf16};
 
 /// Bytes a working set must exceed to stay out of the last-level cache.
 const COLD_BYTES: usize = 192 << 20;
@@ -38,6 +38,10 @@ enum Format {
     Bf16,
     Nvfp4,
     Mxfp4,
+    /// FP8 E4M3, one per-tensor scale (ModelOpt).
+    Fp8,
+    /// FP8 E4M3, f32 scales per 128 × 128 block (Qwen's -FP8).
+    Fp8Block,
 }
 
 impl Format {
@@ -46,6 +50,8 @@ impl Format {
             Format::Bf16 => "BF16",
             Format::Nvfp4 => "NVFP4",
             Format::Mxfp4 => "MXFP4",
+            Format::Fp8 => "FP8",
+            Format::Fp8Block => "FP8-b",
         }
     }
 }
@@ -79,6 +85,18 @@ impl Owned {
                 (0..n / 2).map(|_| rng.next() as u8).collect(),
                 (0..n / 32).map(|_| 120 + (rng.next() % 8) as u8).collect(),
             ),
+            // Finite E4M3 values of either sign, scales around 0.01.
+            Format::Fp8 | Format::Fp8Block => (
+                (0..n)
+                    .map(|_| {
+                        let r = rng.next();
+                        (0x20 + (r % 0x50) as u8) | (r >> 8) as u8 & 0x80
+                    })
+                    .collect(),
+                (0..rows.div_ceil(128) * cols.div_ceil(128))
+                    .flat_map(|_| 0.01f32.to_le_bytes())
+                    .collect(),
+            ),
         };
         Owned {
             rows,
@@ -100,6 +118,17 @@ impl Owned {
             Format::Mxfp4 => WeightData::Mxfp4 {
                 blocks: &self.data,
                 scales: &self.scales,
+            },
+            Format::Fp8 => WeightData::Fp8 {
+                values: &self.data,
+                scales: Fp8Scales::Tensor(0.01),
+            },
+            Format::Fp8Block => WeightData::Fp8 {
+                values: &self.data,
+                scales: Fp8Scales::Block {
+                    bytes: &self.scales,
+                    dtype: ScaleType::F32,
+                },
             },
         };
         LinearWeight {
@@ -260,7 +289,7 @@ fn main() {
             "case", "format", "MB", "µs", "GB/s", "% bw", "GB/s cpu"
         );
         let mut gemv_cases = Vec::new();
-        for format in [Format::Bf16, Format::Nvfp4] {
+        for format in [Format::Bf16, Format::Nvfp4, Format::Fp8, Format::Fp8Block] {
             for (name, shapes) in [
                 (format!("q_proj {q}x{hidden}"), vec![(q, hidden)]),
                 (format!("o_proj {hidden}x{q}"), vec![(hidden, q)]),

@@ -141,6 +141,55 @@ pub fn f32_to_e4m3(value: f32) -> u8 {
     sign | ((exponent << 3) | mantissa) as u8
 }
 
+/// An FP8 weight element: `e4m3(byte) × scale`, with `scale` the tensor's
+/// `weight_scale` (ModelOpt FP8) or the element's block's `weight_scale_inv`
+/// (FP8 block-wise: despite the name it multiplies). One rounding: the
+/// product's.
+#[inline]
+pub fn fp8_value(byte: u8, scale: f32) -> f32 {
+    E4M3[usize::from(byte)] * scale
+}
+
+/// Index of the block scale of element `(row, col)` of a matrix with `cols`
+/// columns stored in square blocks of [`FP8_BLOCK`]: the scales are
+/// `[ceil(rows/128), ceil(cols/128)]` row-major, edge blocks ragged.
+#[inline]
+pub fn fp8_block_index(row: usize, col: usize, cols: usize) -> usize {
+    (row / FP8_BLOCK) * cols.div_ceil(FP8_BLOCK) + col / FP8_BLOCK
+}
+
+/// The element type of a tensor of scales that exporters write in more than
+/// one float type (FP8 block-wise `weight_scale_inv`: F32, but Qwen's
+/// `Qwen3-*-FP8` releases store BF16, some F16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleType {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl ScaleType {
+    /// Bytes per scale.
+    pub const fn bytes(self) -> usize {
+        match self {
+            ScaleType::F32 => 4,
+            ScaleType::Bf16 | ScaleType::F16 => 2,
+        }
+    }
+
+    /// Scale `index` of a little-endian slice of this type, as f32 (exact).
+    #[inline]
+    pub fn read(self, bytes: &[u8], index: usize) -> f32 {
+        match self {
+            ScaleType::F32 => read_f32(bytes, index),
+            ScaleType::Bf16 => read_bf16(bytes, index),
+            ScaleType::F16 => {
+                f16_to_f32(u16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]]))
+            }
+        }
+    }
+}
+
 // ---- E8M0 ---------------------------------------------------------------------------
 
 /// The E8M0 byte that is not a power of two: NaN (OCP Microscaling Formats (MX) v1.0).
@@ -202,6 +251,23 @@ pub fn f32_to_bf16(value: f32) -> u16 {
     }
     let rounding = 0x7FFF + ((bits >> 16) & 1);
     (bits.wrapping_add(rounding) >> 16) as u16
+}
+
+/// IEEE 754 binary16 bits → f32 (exact): 5 exponent bits (bias 15), 10
+/// mantissa bits, subnormals, infinities and NaN as the standard defines.
+pub fn f16_to_f32(bits: u16) -> f32 {
+    let sign = u32::from(bits >> 15) << 31;
+    let exponent = u32::from((bits >> 10) & 0x1F);
+    let mantissa = u32::from(bits & 0x3FF);
+    let magnitude = match exponent {
+        // Subnormal: mantissa × 2^-24, exact in f32.
+        0 => mantissa as f32 / 16_777_216.0,
+        0x1F if mantissa == 0 => f32::INFINITY,
+        0x1F => f32::NAN,
+        // Normal: rebias the exponent (−15 + 127) and widen the mantissa.
+        _ => f32::from_bits(((exponent + 112) << 23) | (mantissa << 13)),
+    };
+    f32::from_bits(magnitude.to_bits() | sign)
 }
 
 /// Little-endian bf16 at element `index` of a byte slice, as f32.

@@ -154,9 +154,18 @@ fn modelopt_ignore_list_spelling_is_accepted() {
 fn unsupported_quantizations_are_named() {
     for (q, expected) in [
         (json!({"quant_method": "awq", "bits": 4}), "awq"),
+        // ModelOpt FP8 is read; its block-scaled and AWQ variants are not.
         (
-            json!({"quant_method": "modelopt", "quant_algo": "FP8"}),
-            "modelopt FP8",
+            json!({"quant_method": "modelopt", "quant_algo": "FP8_BLOCK_SCALES"}),
+            "modelopt FP8_BLOCK_SCALES",
+        ),
+        (
+            json!({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}),
+            "modelopt W4A8_AWQ",
+        ),
+        (
+            json!({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}),
+            "e5m2",
         ),
         (
             json!({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32}),

@@ -1,7 +1,7 @@
 //! The case table of tests/format_cases against every CPU-side decoder:
 //! `sparkrt::formats` (functions and tables), the checkpoint's row decoders,
 //! the kernels' element definition and integer MXFP4 scale, and the matmul
-//! kernels of every instruction set of this CPU (tests/cuda_kernels.rs runs
+//! kernels of every instruction set of this CPU (FP8 weight values too) (tests/cuda_kernels.rs runs
 //! the same table on the CUDA kernels).
 
 use crate::format_cases;
@@ -11,9 +11,15 @@ use sparkrt::backend::cpu::kernels::quantize::code_scale;
 use sparkrt::backend::cpu::kernels::weights::weight_at;
 use sparkrt::backend::cpu::kernels::{GroupedProblem, Isa, matmul_grouped_on};
 use sparkrt::checkpoint::quant::{decode_mxfp4_row, decode_nvfp4_row};
-use sparkrt::formats::{E2M1, E4M3, E8M0, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32};
+use sparkrt::formats::{E2M1, E4M3, E8M0, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, fp8_value};
 
-const KINDS: [Kind; 3] = [Kind::E2M1, Kind::E4M3, Kind::E8M0];
+const KINDS: [Kind; 5] = [
+    Kind::E2M1,
+    Kind::E4M3,
+    Kind::E8M0,
+    Kind::Fp8,
+    Kind::Fp8Block,
+];
 
 fn check(what: &str, case: &Case, got: f32) {
     assert!(
@@ -33,6 +39,7 @@ fn the_scalar_decoders_and_tables_pass_the_table() {
             Kind::E2M1 => (e2m1_to_f32(case.byte), E2M1[usize::from(case.byte)]),
             Kind::E4M3 => (e4m3_to_f32(case.byte), E4M3[usize::from(case.byte)]),
             Kind::E8M0 => (e8m0_to_f32(case.byte), E8M0[usize::from(case.byte)]),
+            Kind::Fp8 | Kind::Fp8Block => (fp8_value(case.byte, 1.0), E4M3[usize::from(case.byte)]),
         };
         check("formats function", case, function);
         check("formats table", case, table);
@@ -49,7 +56,7 @@ fn the_scalar_decoders_and_tables_pass_the_table() {
 
 #[test]
 fn the_checkpoint_decoders_pass_the_table() {
-    for kind in KINDS {
+    for kind in [Kind::E2M1, Kind::E4M3, Kind::E8M0] {
         let weight = CaseWeight::new(kind);
         let view = weight.view();
         let groups = CASE_COLS / if kind == Kind::E8M0 { 32 } else { 16 };
@@ -62,6 +69,20 @@ fn the_checkpoint_decoders_pass_the_table() {
                 _ => decode_nvfp4_row(codes, scales, 1.0, &mut out).unwrap(),
             }
             check("checkpoint row decoder", case, out[0]);
+            view.decode_row(r, &mut out).unwrap();
+            check("LinearWeight::decode_row", case, out[0]);
+            check("kernels::weights::weight_at", case, weight_at(&view, r, 0));
+        }
+    }
+}
+
+#[test]
+fn fp8_weight_rows_pass_the_table() {
+    for kind in [Kind::Fp8, Kind::Fp8Block] {
+        let weight = CaseWeight::new(kind);
+        let view = weight.view();
+        let mut out = vec![0.0f32; CASE_COLS];
+        for (r, case) in weight.cases.iter().enumerate() {
             view.decode_row(r, &mut out).unwrap();
             check("LinearWeight::decode_row", case, out[0]);
             check("kernels::weights::weight_at", case, weight_at(&view, r, 0));

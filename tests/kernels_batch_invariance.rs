@@ -6,7 +6,7 @@
 
 use crate::kernels_common;
 
-use kernels_common::{FORMATS, Format, Rng, random_weight, random_x, run_grouped};
+use kernels_common::{FORMATS, FP8_FORMATS, Format, Rng, random_weight, random_x, run_grouped};
 use sparkrt::backend::cpu::kernels::{GroupedProblem, Isa, matmul_grouped_on};
 use sparkrt::checkpoint::linear::LinearWeight;
 
@@ -19,6 +19,7 @@ fn cols_for(format: Format) -> &'static [usize] {
         Format::Bf16 => &[3, 24, 100, 768, 2085, 8192, 8224],
         Format::Nvfp4 => &[16, 48, 80, 768, 2128],
         Format::Mxfp4 => &[32, 96, 160, 768, 2112],
+        Format::Fp8 | Format::Fp8Block(_) => &[5, 32, 100, 768, 2085],
     }
 }
 
@@ -53,7 +54,7 @@ fn row(values: &[f32], t: usize, width: usize) -> &[f32] {
 fn every_token_of_a_batch_equals_the_token_alone() {
     let mut rng = Rng::new(11);
     for isa in Isa::available() {
-        for format in FORMATS {
+        for format in FORMATS.into_iter().chain(FP8_FORMATS) {
             for &cols in cols_for(format) {
                 let rows = if cols > 4096 { 7 } else { 29 };
                 let w = random_weight(&mut rng, format, rows, cols, 1, false);

@@ -4,8 +4,8 @@
 use crate::kernels_common;
 
 use kernels_common::{
-    FORMATS, Format, OwnedWeight, Rng, quantization_bound, random_weight, random_x, run_grouped,
-    tolerance,
+    FORMATS, FP8_FORMATS, Format, OwnedWeight, Rng, quantization_bound, random_weight, random_x,
+    run_grouped, tolerance,
 };
 use sparkrt::backend::cpu::kernels::{
     GroupedProblem, Isa, KernelError, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_on,
@@ -22,6 +22,7 @@ fn awkward_cols(format: Format) -> &'static [usize] {
         Format::Bf16 => &[3, 24, 100, 2085],
         Format::Nvfp4 => &[16, 48, 80, 2128],
         Format::Mxfp4 => &[32, 96, 160, 2112],
+        Format::Fp8 | Format::Fp8Block(_) => &[1, 31, 33, 128, 200, 2085],
     }
 }
 
@@ -46,7 +47,7 @@ fn run_on(isa: Isa, x: &[f32], tokens: usize, w: &LinearWeight) -> Vec<f32> {
 fn exact_on_every_isa_shape_and_offset() {
     let mut rng = Rng::new(1);
     for isa in Isa::available() {
-        for format in FORMATS {
+        for format in FORMATS.into_iter().chain(FP8_FORMATS) {
             for &cols in awkward_cols(format) {
                 for rows in ROWS {
                     for offset in [0, 1, 2] {
@@ -76,7 +77,7 @@ fn exact_on_every_isa_shape_and_offset() {
 fn random_within_summation_tolerance() {
     let mut rng = Rng::new(2);
     for isa in Isa::available() {
-        for format in FORMATS {
+        for format in FORMATS.into_iter().chain(FP8_FORMATS) {
             for &cols in awkward_cols(format) {
                 let rows = 13;
                 let w = random_weight(&mut rng, format, rows, cols, 1, false);
@@ -99,6 +100,24 @@ fn random_within_summation_tolerance() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// FP8 block scales over several 128-row and 128-column blocks, ragged at
+/// both edges: each element takes its own block's scale, on every path.
+#[test]
+fn fp8_block_scales_apply_to_their_own_blocks() {
+    let mut rng = Rng::new(3);
+    for isa in Isa::available() {
+        for format in FP8_FORMATS {
+            let w = random_weight(&mut rng, format, 300, 290, 1, true);
+            for tokens in [1, 2, 9] {
+                let x = random_x(&mut rng, tokens * 290, true);
+                let (want, _) = reference::matmul(&x, tokens, &w.view());
+                let got = run_on(isa, &x, tokens, &w.view());
+                assert_eq!(got, want, "{isa:?} {format:?} tokens {tokens}");
             }
         }
     }

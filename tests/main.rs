@@ -31,6 +31,7 @@ mod cuda_kernels;
 mod cuda_nvrtc;
 mod cuda_sass;
 mod engine_fixtures;
+mod engine_fp8;
 mod engine_hybrid_cache;
 mod engine_logprobs;
 mod engine_output;

@@ -34,8 +34,9 @@ impl TensorCatalog for Checkpoint {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Expected {
     pub dtype: Dtype,
-    /// A second dtype the tensor may have (F32 gates of Gated DeltaNet).
-    pub or_dtype: Option<Dtype>,
+    /// Other dtypes the tensor may have (F32 gates of Gated DeltaNet, the
+    /// BF16 or F16 block scales of FP8).
+    pub or_dtypes: &'static [Dtype],
     pub shape: ExpectedShape,
     /// Optional tensors may be absent (NVFP4 `input_scale`, a tied `lm_head`).
     pub required: bool,
@@ -115,7 +116,7 @@ fn missing(name: &str, want: &Expected) -> Option<TensorProblem> {
 }
 
 fn mismatch(tensor: &TensorInfo, file: &Path, want: &Expected) -> Option<TensorProblem> {
-    if tensor.dtype != want.dtype && Some(tensor.dtype) != want.or_dtype {
+    if tensor.dtype != want.dtype && !want.or_dtypes.contains(&tensor.dtype) {
         return Some(TensorProblem::WrongDtype {
             tensor: tensor.name.clone(),
             file: file.to_path_buf(),
@@ -219,7 +220,7 @@ impl Expectations<'_> {
             name.to_string(),
             Expected {
                 dtype,
-                or_dtype: None,
+                or_dtypes: &[],
                 shape,
                 required,
             },
@@ -248,35 +249,75 @@ impl Expectations<'_> {
         self.add(name, Dtype::U8, ExpectedShape::Exact(shape.to_vec()), true);
     }
 
-    /// A `[rows, cols]` linear weight: BF16, or the NVFP4 triplet (plus the
-    /// optional `input_scale`) when the config quantizes `module`.
+    /// A `[rows, cols]` linear weight in the format the config gives
+    /// `module`: BF16, the NVFP4 triplet (plus the optional `input_scale`),
+    /// or FP8 ([`Self::fp8_linear`]).
     fn linear(&mut self, module: &str, rows: usize, cols: usize) {
-        let format = self.config.linear_format(module);
         let scheme = self.config.quantization.as_ref().map(|q| q.scheme);
-        if format == Quantization::Nvfp4 && scheme == Some(QuantScheme::CompressedTensors) {
-            self.compressed_tensors_nvfp4(module, rows, cols);
-        } else if format == Quantization::Nvfp4 {
-            self.u8(&format!("{module}.weight"), &[rows, cols / 2]);
+        match self.config.linear_format(module) {
+            Quantization::Nvfp4 if scheme == Some(QuantScheme::CompressedTensors) => {
+                self.compressed_tensors_nvfp4(module, rows, cols)
+            }
+            Quantization::Nvfp4 => self.nvfp4_linear(module, rows, cols),
+            format @ (Quantization::Fp8 | Quantization::Fp8Block) => {
+                self.fp8_linear(module, rows, cols, format)
+            }
+            _ => self.bf16(&format!("{module}.weight"), &[rows, cols]),
+        }
+    }
+
+    fn nvfp4_linear(&mut self, module: &str, rows: usize, cols: usize) {
+        self.u8(&format!("{module}.weight"), &[rows, cols / 2]);
+        self.add(
+            &format!("{module}.weight_scale"),
+            Dtype::F8E4M3,
+            ExpectedShape::Exact(vec![rows, cols / NVFP4_GROUP]),
+            true,
+        );
+        self.add(
+            &format!("{module}.weight_scale_2"),
+            Dtype::F32,
+            ExpectedShape::Scalar,
+            true,
+        );
+        self.add(
+            &format!("{module}.input_scale"),
+            Dtype::F32,
+            ExpectedShape::Scalar,
+            false,
+        );
+    }
+
+    /// FP8 E4M3 `weight` `[rows, cols]` and its scales: ModelOpt's f32
+    /// `weight_scale` (and the optional, unused `input_scale`), or the
+    /// block-wise `weight_scale_inv` `[ceil(rows/128), ceil(cols/128)]`.
+    fn fp8_linear(&mut self, module: &str, rows: usize, cols: usize, format: Quantization) {
+        self.add(
+            &format!("{module}.weight"),
+            Dtype::F8E4M3,
+            ExpectedShape::Exact(vec![rows, cols]),
+            true,
+        );
+        if format == Quantization::Fp8Block {
+            let [first, ..] = super::fp8::BLOCK_SCALE_DTYPES;
             self.add(
-                &format!("{module}.weight_scale"),
-                Dtype::F8E4M3,
-                ExpectedShape::Exact(vec![rows, cols / NVFP4_GROUP]),
+                &format!("{module}.weight_scale_inv"),
+                first,
+                ExpectedShape::Exact(super::fp8::block_scale_shape(rows, cols).to_vec()),
                 true,
             );
+            if let Some((_, last)) = self.tensors.last_mut() {
+                last.or_dtypes = &super::fp8::BLOCK_SCALE_DTYPES[1..];
+            }
+            return;
+        }
+        for (name, required) in [("weight_scale", true), ("input_scale", false)] {
             self.add(
-                &format!("{module}.weight_scale_2"),
+                &format!("{module}.{name}"),
                 Dtype::F32,
                 ExpectedShape::Scalar,
-                true,
+                required,
             );
-            self.add(
-                &format!("{module}.input_scale"),
-                Dtype::F32,
-                ExpectedShape::Scalar,
-                false,
-            );
-        } else {
-            self.bf16(&format!("{module}.weight"), &[rows, cols]);
         }
     }
 
@@ -309,7 +350,7 @@ impl Expectations<'_> {
     fn bf16_or_f32(&mut self, name: &str, len: usize) {
         self.bf16(name, &[len]);
         if let Some((_, last)) = self.tensors.last_mut() {
-            last.or_dtype = Some(Dtype::F32);
+            last.or_dtypes = &[Dtype::F32];
         }
     }
 
@@ -367,7 +408,7 @@ impl Expectations<'_> {
                 false,
             );
             if let Some((_, last)) = self.tensors.last_mut() {
-                last.or_dtype = Some(Dtype::Bf16);
+                last.or_dtypes = &[Dtype::Bf16];
             }
         }
     }

@@ -5,7 +5,9 @@
 //! every weight. Slices may be misaligned; readers use unaligned loads.
 
 use super::quant::{self, QuantError, check_len};
-use crate::formats::{MXFP4_GROUP, NVFP4_GROUP, read_bf16, read_f32};
+use crate::formats::{
+    FP8_BLOCK, MXFP4_GROUP, NVFP4_GROUP, ScaleType, fp8_block_index, fp8_value, read_bf16, read_f32,
+};
 
 /// Storage format and bytes of a `[rows, cols]` weight matrix (PyTorch layout:
 /// `y = x · Wᵀ`, one row per output feature, `cols` = input features).
@@ -25,6 +27,33 @@ pub enum WeightData<'a> {
     /// OCP MXFP4 (gpt-oss): `blocks` `[rows, cols/32, 16]` E2M1 codes (low
     /// nibble first), `scales` `[rows, cols/32]` E8M0 exponents (2^(s-127)).
     Mxfp4 { blocks: &'a [u8], scales: &'a [u8] },
+    /// FP8 E4M3: `values` `[rows, cols]`, one byte per element, times the
+    /// scale `scales` gives it (ModelOpt FP8 or FP8 block-wise).
+    Fp8 {
+        values: &'a [u8],
+        scales: Fp8Scales<'a>,
+    },
+}
+
+/// Where an FP8 weight's scales come from.
+#[derive(Clone, Copy, Debug)]
+pub enum Fp8Scales<'a> {
+    /// One scale for the whole tensor (ModelOpt `weight_scale`).
+    Tensor(f32),
+    /// One scale per 128 × 128 block (`weight_scale_inv`
+    /// `[ceil(rows/128), ceil(cols/128)]`, ragged edge blocks), stored as `dtype`.
+    Block { bytes: &'a [u8], dtype: ScaleType },
+}
+
+impl Fp8Scales<'_> {
+    /// The scale of element `(row, col)` of a matrix with `cols` columns.
+    #[inline]
+    pub fn at(&self, row: usize, col: usize, cols: usize) -> f32 {
+        match *self {
+            Fp8Scales::Tensor(scale) => scale,
+            Fp8Scales::Block { bytes, dtype } => dtype.read(bytes, fp8_block_index(row, col, cols)),
+        }
+    }
 }
 
 /// A `[rows, cols]` weight matrix borrowed from the checkpoint.
@@ -58,6 +87,13 @@ impl<'a> LinearWeight<'a> {
                 ensure_grouped(cols, MXFP4_GROUP)?;
                 check_len("MXFP4 blocks", elements / 2, blocks.len())?;
                 check_len("MXFP4 scales", elements / MXFP4_GROUP, scales.len())?;
+            }
+            WeightData::Fp8 { values, scales } => {
+                check_len("FP8 values", elements, values.len())?;
+                if let Fp8Scales::Block { bytes, dtype } = scales {
+                    let blocks = rows.div_ceil(FP8_BLOCK) * cols.div_ceil(FP8_BLOCK);
+                    check_len("FP8 block scales", blocks * dtype.bytes(), bytes.len())?;
+                }
             }
         }
         Ok(weight)
@@ -102,6 +138,12 @@ impl<'a> LinearWeight<'a> {
                 let blocks = row_slice(blocks, row, cols / 2, "MXFP4 blocks")?;
                 let scales = row_slice(scales, row, groups, "MXFP4 scales")?;
                 quant::decode_mxfp4_row(blocks, scales, out)?;
+            }
+            WeightData::Fp8 { values, scales } => {
+                let values = row_slice(values, row, cols, "FP8 values")?;
+                for (col, (value, &byte)) in out.iter_mut().zip(values).enumerate() {
+                    *value = fp8_value(byte, scales.at(row, col, cols));
+                }
             }
         }
         Ok(())

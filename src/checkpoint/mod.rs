@@ -17,6 +17,7 @@ pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod files;
+pub mod fp8;
 pub mod glob;
 pub mod groups;
 pub mod header;

@@ -8,17 +8,20 @@
 //! Every method sparkrt does not read (AWQ, bitsandbytes, GGUF, ...) is an
 //! error naming it: never a silent BF16 fallback.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Deserialize;
 
 use super::error::CheckpointError;
 use super::glob::glob_match;
-use crate::formats::NVFP4_GROUP;
+use crate::formats::{FP8_BLOCK, NVFP4_GROUP};
 use crate::geometry::Quantization;
 
 /// The quantizations `parse` reads, for error messages.
-pub const SUPPORTED: &str = "ModelOpt NVFP4, compressed-tensors nvfp4-pack-quantized, MXFP4";
+pub const SUPPORTED: &str = "ModelOpt NVFP4, ModelOpt FP8, ModelOpt MIXED_PRECISION (NVFP4 and \
+     FP8 layers), compressed-tensors nvfp4-pack-quantized, FP8 block-wise (quant_method fp8, \
+     e4m3, weight_block_size [128, 128]), MXFP4";
 
 /// The tool whose tensor layout the quantized modules follow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +36,9 @@ pub enum QuantScheme {
     /// llm-compressor): NVFP4 as `weight_packed` (U8 codes), `weight_scale`
     /// (E4M3 per 16) and `weight_global_scale` (f32), which *divides*.
     CompressedTensors,
+    /// Fine-grained FP8 (`quant_method: fp8`, Qwen's `-FP8` releases,
+    /// DeepSeek-V3): `weight` (E4M3) and `weight_scale_inv` per 128 × 128 block.
+    Fp8Block,
 }
 
 impl QuantScheme {
@@ -43,6 +49,7 @@ impl QuantScheme {
             QuantScheme::ModelOpt => &["modelopt", "modelopt_fp4", "modelopt_mixed"],
             QuantScheme::Mxfp4 => &["mxfp4"],
             QuantScheme::CompressedTensors => &["compressed-tensors"],
+            QuantScheme::Fp8Block => &["fp8"],
         }
     }
 
@@ -51,6 +58,7 @@ impl QuantScheme {
             QuantScheme::ModelOpt => "modelopt",
             QuantScheme::Mxfp4 => "mxfp4",
             QuantScheme::CompressedTensors => "compressed-tensors",
+            QuantScheme::Fp8Block => "fp8",
         }
     }
 }
@@ -217,6 +225,15 @@ pub(super) struct RawQuant {
     config_groups: Option<std::collections::BTreeMap<String, RawGroup>>,
     transform_config: Option<serde_json::Value>,
     sparsity_config: Option<serde_json::Value>,
+    /// ModelOpt MIXED_PRECISION: module path → its algorithm.
+    quantized_layers: Option<BTreeMap<String, RawLayerQuant>>,
+    /// FP8 block-wise: the element format (`e4m3`).
+    fmt: Option<String>,
+    /// FP8 block-wise: how activations are scaled (`dynamic`). sparkrt
+    /// multiplies with f32 activations, so only the weights' side matters.
+    activation_scheme: Option<String>,
+    /// FP8 block-wise: `[rows, cols]` of a scale's block.
+    weight_block_size: Option<Vec<usize>>,
 }
 
 /// One compressed-tensors config group.
@@ -237,6 +254,13 @@ struct RawWeightArgs {
     group_size: Option<usize>,
     strategy: Option<String>,
     symmetric: Option<bool>,
+}
+
+/// One entry of ModelOpt's `quantized_layers`.
+#[derive(Clone, Default, Deserialize)]
+pub(super) struct RawLayerQuant {
+    quant_algo: Option<String>,
+    group_size: Option<usize>,
 }
 
 /// `hf_quant_config.json`: ModelOpt's `quantization` object.
@@ -264,24 +288,7 @@ pub(super) fn parse(raw: &RawQuant, path: &Path) -> Result<QuantizationConfig, C
     .map(ModulePattern::glob)
     .collect();
     match method.to_ascii_lowercase().as_str() {
-        "modelopt" => {
-            let algo = raw.quant_algo.clone().unwrap_or_default();
-            if !algo.eq_ignore_ascii_case("NVFP4") {
-                return Err(unsupported(format!("modelopt {algo}")));
-            }
-            let group_size = raw.group_size.unwrap_or(NVFP4_GROUP);
-            if group_size != NVFP4_GROUP {
-                return Err(unsupported(format!("NVFP4 with group_size {group_size}")));
-            }
-            Ok(QuantizationConfig {
-                scheme: QuantScheme::ModelOpt,
-                method: Quantization::Nvfp4,
-                group_size,
-                excluded_modules: globs,
-                module_formats: Vec::new(),
-                unlisted: Quantization::Nvfp4,
-            })
-        }
+        "modelopt" => modelopt(raw, globs, &unsupported),
         "mxfp4" => Ok(QuantizationConfig {
             scheme: QuantScheme::Mxfp4,
             method: Quantization::Mxfp4,
@@ -291,6 +298,7 @@ pub(super) fn parse(raw: &RawQuant, path: &Path) -> Result<QuantizationConfig, C
             unlisted: Quantization::Mxfp4,
         }),
         "compressed-tensors" => compressed_tensors(raw).map_err(unsupported),
+        "fp8" => fp8_block(raw, globs, &unsupported),
         _ => Err(unsupported(method)),
     }
 }
@@ -369,6 +377,141 @@ fn compressed_tensors(raw: &RawQuant) -> Result<QuantizationConfig, String> {
     })
 }
 
+/// ModelOpt's `quant_algo`: uniform NVFP4 or FP8, or MIXED_PRECISION with a
+/// format per module. `input_scale` (static activation scales) is accepted
+/// and unused: sparkrt multiplies with f32 activations. `kv_cache_quant_algo`
+/// is the KV cache's business, not the weights'.
+fn modelopt(
+    raw: &RawQuant,
+    excluded_modules: Vec<ModulePattern>,
+    unsupported: &dyn Fn(String) -> CheckpointError,
+) -> Result<QuantizationConfig, CheckpointError> {
+    let algo = raw.quant_algo.clone().unwrap_or_default();
+    let uniform = |method, group_size| QuantizationConfig {
+        scheme: QuantScheme::ModelOpt,
+        method,
+        group_size,
+        excluded_modules: excluded_modules.clone(),
+        module_formats: Vec::new(),
+        unlisted: method,
+    };
+    match algo.to_ascii_uppercase().as_str() {
+        "NVFP4" => {
+            let group_size = raw.group_size.unwrap_or(NVFP4_GROUP);
+            if group_size != NVFP4_GROUP {
+                return Err(unsupported(format!("NVFP4 with group_size {group_size}")));
+            }
+            Ok(uniform(Quantization::Nvfp4, group_size))
+        }
+        "FP8" => Ok(uniform(Quantization::Fp8, 0)),
+        "MIXED_PRECISION" => modelopt_mixed(raw, excluded_modules, unsupported),
+        _ => Err(unsupported(format!("modelopt {algo}"))),
+    }
+}
+
+/// ModelOpt MIXED_PRECISION: `quantized_layers` names each quantized module
+/// (a projection, or a parent such as `model.layers.0.mlp.experts`) with its
+/// algorithm; a module it does not name is unquantized (as in vLLM):
+/// `unlisted` is bf16. `method` is the routed experts' format.
+fn modelopt_mixed(
+    raw: &RawQuant,
+    excluded_modules: Vec<ModulePattern>,
+    unsupported: &dyn Fn(String) -> CheckpointError,
+) -> Result<QuantizationConfig, CheckpointError> {
+    let Some(layers) = raw.quantized_layers.as_ref().filter(|l| !l.is_empty()) else {
+        return Err(unsupported(
+            "modelopt MIXED_PRECISION without `quantized_layers`".to_string(),
+        ));
+    };
+    let mut module_formats = Vec::with_capacity(layers.len() + 1);
+    for (module, layer) in layers {
+        let algo = layer.quant_algo.clone().unwrap_or_default();
+        let format = match algo.to_ascii_uppercase().as_str() {
+            "NVFP4" => match layer.group_size.unwrap_or(NVFP4_GROUP) {
+                NVFP4_GROUP => Quantization::Nvfp4,
+                group => {
+                    return Err(unsupported(format!(
+                        "modelopt MIXED_PRECISION layer {module}: NVFP4 with group_size {group}"
+                    )));
+                }
+            },
+            "FP8" => Quantization::Fp8,
+            _ => {
+                return Err(unsupported(format!(
+                    "modelopt MIXED_PRECISION layer {module}: quant_algo {algo:?}"
+                )));
+            }
+        };
+        module_formats.push(ModuleFormat {
+            pattern: ModulePattern::glob(module.clone()),
+            format,
+        });
+    }
+    let experts = module_formats
+        .iter()
+        .find(|rule| rule.pattern.source().contains(".experts"))
+        .or_else(|| {
+            module_formats
+                .iter()
+                .find(|rule| rule.format == Quantization::Nvfp4)
+        })
+        .map_or(Quantization::Fp8, |rule| rule.format);
+    Ok(QuantizationConfig {
+        scheme: QuantScheme::ModelOpt,
+        method: experts,
+        group_size: if experts == Quantization::Nvfp4 {
+            NVFP4_GROUP
+        } else {
+            0
+        },
+        excluded_modules,
+        module_formats,
+        unlisted: Quantization::Bf16,
+    })
+}
+
+/// Fine-grained FP8 (`quant_method: fp8`): E4M3 weights with one scale per
+/// 128 × 128 block. Another element format, block shape or a static
+/// activation scheme (which adds activation scales) is refused by name.
+fn fp8_block(
+    raw: &RawQuant,
+    excluded_modules: Vec<ModulePattern>,
+    unsupported: &dyn Fn(String) -> CheckpointError,
+) -> Result<QuantizationConfig, CheckpointError> {
+    let fmt = raw.fmt.clone().unwrap_or_else(|| "e4m3".to_string());
+    if !fmt.eq_ignore_ascii_case("e4m3") {
+        return Err(unsupported(format!("fp8 with fmt {fmt:?}")));
+    }
+    let activations = raw
+        .activation_scheme
+        .clone()
+        .unwrap_or_else(|| "dynamic".to_string());
+    if !activations.eq_ignore_ascii_case("dynamic") {
+        return Err(unsupported(format!(
+            "fp8 with activation_scheme {activations:?}"
+        )));
+    }
+    match raw.weight_block_size.as_deref() {
+        Some([FP8_BLOCK, FP8_BLOCK]) => {}
+        Some(other) => {
+            return Err(unsupported(format!("fp8 with weight_block_size {other:?}")));
+        }
+        None => {
+            return Err(unsupported(
+                "fp8 per-tensor (no weight_block_size)".to_string(),
+            ));
+        }
+    }
+    Ok(QuantizationConfig {
+        scheme: QuantScheme::Fp8Block,
+        method: Quantization::Fp8Block,
+        group_size: FP8_BLOCK,
+        excluded_modules,
+        module_formats: Vec::new(),
+        unlisted: Quantization::Fp8Block,
+    })
+}
+
 /// Whether the pattern covers `module` itself or one of its parent modules
 /// (matching at `.` boundaries).
 pub(super) fn module_matches(pattern: &str, module: &str) -> bool {
@@ -442,5 +585,127 @@ mod tests {
         assert!(class.contains("module class"), "{class}");
         let bad = ModulePattern::compressed_tensors("re:(?<=x)y").unwrap_err();
         assert!(bad.contains("re:(?<=x)y"), "{bad}");
+    }
+
+    fn parsed(json: &str) -> Result<QuantizationConfig, CheckpointError> {
+        let raw: RawQuant =
+            serde_json::from_str(json).map_err(|source| CheckpointError::ConfigJson {
+                path: "config.json".into(),
+                source,
+            })?;
+        parse(&raw, Path::new("config.json"))
+    }
+
+    fn refusal(json: &str) -> String {
+        match parsed(json) {
+            Err(CheckpointError::UnsupportedQuantization { method, .. }) => method,
+            other => panic!("{json}: expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn modelopt_fp8_is_per_tensor_fp8() {
+        let q = parsed(
+            r#"{"quant_method": "modelopt", "quant_algo": "FP8",
+                "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}"#,
+        )
+        .unwrap();
+        assert_eq!(q.scheme, QuantScheme::ModelOpt);
+        assert_eq!(
+            q.format_of("model.layers.0.self_attn.q_proj"),
+            Quantization::Fp8
+        );
+        assert_eq!(q.format_of("lm_head"), Quantization::Bf16);
+    }
+
+    #[test]
+    fn modelopt_mixed_precision_takes_each_module_from_quantized_layers() {
+        let q = parsed(
+            r#"{"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+                "kv_cache_quant_algo": "FP8",
+                "exclude_modules": ["lm_head", "model.layers.*.mlp.gate"],
+                "quantized_layers": {
+                    "model.layers.0.self_attn.q_proj": {"quant_algo": "FP8"},
+                    "model.layers.0.linear_attn.in_proj_qkv": {"quant_algo": "FP8"},
+                    "model.layers.0.mlp.experts": {"quant_algo": "NVFP4", "group_size": 16},
+                    "model.layers.0.mlp.shared_expert.up_proj": {"quant_algo": "NVFP4", "group_size": 16}
+                }}"#,
+        )
+        .unwrap();
+        assert_eq!(q.method, Quantization::Nvfp4, "the experts' format");
+        let f = |m: &str| q.format_of(m);
+        assert_eq!(f("model.layers.0.self_attn.q_proj"), Quantization::Fp8);
+        assert_eq!(
+            f("model.layers.0.linear_attn.in_proj_qkv"),
+            Quantization::Fp8
+        );
+        // A parent module's entry covers its experts.
+        assert_eq!(
+            f("model.layers.0.mlp.experts.5.down_proj"),
+            Quantization::Nvfp4
+        );
+        assert_eq!(
+            f("model.layers.0.mlp.shared_expert.up_proj"),
+            Quantization::Nvfp4
+        );
+        // Named nowhere: unquantized, as are the exclusions.
+        assert_eq!(f("model.layers.0.self_attn.k_proj"), Quantization::Bf16);
+        assert_eq!(
+            f("model.layers.1.mlp.experts.0.up_proj"),
+            Quantization::Bf16
+        );
+        assert_eq!(f("model.layers.0.mlp.gate"), Quantization::Bf16);
+        assert_eq!(f("lm_head"), Quantization::Bf16);
+    }
+
+    #[test]
+    fn fp8_block_wise_is_read_and_its_variants_refused_by_name() {
+        let q = parsed(
+            r#"{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": [128, 128],
+                "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate"]}"#,
+        )
+        .unwrap();
+        assert_eq!(q.scheme, QuantScheme::Fp8Block);
+        assert_eq!(
+            q.format_of("model.layers.3.mlp.experts.1.up_proj"),
+            Quantization::Fp8Block
+        );
+        assert_eq!(q.format_of("model.layers.0.mlp.gate"), Quantization::Bf16);
+        assert!(
+            refusal(r#"{"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}"#)
+                .contains("e5m2")
+        );
+        assert!(
+            refusal(r#"{"quant_method": "fp8", "weight_block_size": [64, 64]}"#)
+                .contains("[64, 64]")
+        );
+        assert!(refusal(r#"{"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]}"#).contains("static"));
+        assert!(refusal(r#"{"quant_method": "fp8"}"#).contains("per-tensor"));
+    }
+
+    #[test]
+    fn modelopt_algorithms_sparkrt_does_not_read_are_refused_by_name() {
+        assert!(
+            refusal(r#"{"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}"#)
+                .contains("W4A8_AWQ")
+        );
+        assert!(
+            refusal(r#"{"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}"#)
+                .contains("quantized_layers")
+        );
+        let m = refusal(
+            r#"{"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+                "quantized_layers": {"model.layers.0.mlp.experts": {"quant_algo": "W4A16_AWQ"}}}"#,
+        );
+        assert!(
+            m.contains("model.layers.0.mlp.experts") && m.contains("W4A16_AWQ"),
+            "{m}"
+        );
+        let m = refusal(
+            r#"{"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+                "quantized_layers": {"x": {"quant_algo": "NVFP4", "group_size": 32}}}"#,
+        );
+        assert!(m.contains("group_size 32"), "{m}");
     }
 }

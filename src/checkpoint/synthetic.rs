@@ -186,10 +186,19 @@ fn fill(out: &mut Vec<u8>, n: usize, name: &str, dtype: Dtype, rng: &mut SplitMi
             }
         }
         Dtype::F32 => {
-            // NVFP4 global scales (weight_scale_2, input_scale).
+            // NVFP4 global scales (weight_scale_2, input_scale), FP8
+            // scales (weight_scale, weight_scale_inv).
             for _ in 0..n / 4 {
                 out.extend_from_slice(&0.005f32.to_le_bytes());
             }
+        }
+        Dtype::F8E4M3 if name.ends_with(".weight") => {
+            // FP8 weight values of magnitude 0.75..1.9 (times the f32
+            // scale below), either sign.
+            out.extend((0..n).map(|_| {
+                let r = rng.next_u64();
+                (0x34 + (r % 12) as u8) | ((r >> 8) as u8 & 0x80)
+            }));
         }
         Dtype::F8E4M3 => {
             // Block scales near 1.0 (0x38) in E4M3.

@@ -42,6 +42,16 @@ impl Checkpoint {
                 return self.nvfp4(module, weight);
             }
             (Quantization::Nvfp4, Some(QuantScheme::ModelOpt)) => {}
+            (Quantization::Fp8, Some(QuantScheme::ModelOpt)) if weight.dtype() != Dtype::Bf16 => {
+                return self.fp8_tensor(module, weight);
+            }
+            (Quantization::Fp8Block, Some(QuantScheme::Fp8Block))
+                if weight.dtype() != Dtype::Bf16 =>
+            {
+                return self.fp8_block(module, weight);
+            }
+            (Quantization::Fp8, Some(QuantScheme::ModelOpt))
+            | (Quantization::Fp8Block, Some(QuantScheme::Fp8Block)) => {}
             // MXFP4 covers gpt-oss's stacked experts only ([`Self::mxfp4_expert`]):
             // any other module its config does not exclude is stored as is.
             (Quantization::Mxfp4, _) => {}
@@ -191,7 +201,7 @@ fn matrix(view: &TensorView<'_>, expected: &str) -> Result<[usize; 2], Checkpoin
 
 /// Builds the weight, turning any length disagreement into an error naming
 /// the tensor.
-fn checked<'a>(
+pub(super) fn checked<'a>(
     view: &TensorView<'a>,
     rows: usize,
     cols: usize,

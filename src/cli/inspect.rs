@@ -190,12 +190,14 @@ fn matrix_format(config: &ModelConfig, tensor: &TensorInfo) -> Option<&'static s
     })
 }
 
-/// Parameters a tensor stands for: packed FP4 bytes hold two, scales none.
+/// Parameters a tensor stands for: packed FP4 bytes hold two, FP8 bytes
+/// one, scales none.
 fn parameters(config: &ModelConfig, tensor: &TensorInfo) -> u64 {
     let name = tensor.name.as_str();
     let is_scale = [
         ".weight_scale",
         ".weight_scale_2",
+        ".weight_scale_inv",
         ".input_scale",
         ".weight_global_scale",
         ".input_global_scale",

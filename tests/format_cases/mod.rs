@@ -4,10 +4,12 @@
 //! tests/cuda_kernels.rs the CUDA side. Values by hand from the definitions
 //! (docs/FORMATS.md): E2M1 codes, FP8 E4M3 (`float8_e4m3fn`) with its
 //! zeros, subnormals, largest value and NaN, and E8M0 with both ends and
-//! its NaN byte.
+//! its NaN byte. The E4M3 cases serve twice more as FP8 weight values
+//! (ModelOpt per-tensor and block-wise scales).
 #![allow(dead_code)]
 
-use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
+use sparkrt::checkpoint::linear::{Fp8Scales, LinearWeight, WeightData};
+use sparkrt::formats::ScaleType;
 
 /// The format a case's byte is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,6 +17,10 @@ pub enum Kind {
     E2M1,
     E4M3,
     E8M0,
+    /// E4M3 bytes as FP8 weight values, one per-tensor scale of 1.
+    Fp8,
+    /// E4M3 bytes as FP8 weight values, f32 block scales of 1.
+    Fp8Block,
 }
 
 /// A byte and the f32 it decodes to (NaN: any NaN).
@@ -29,7 +35,7 @@ const fn case(kind: Kind, byte: u8, value: f32) -> Case {
     Case { kind, byte, value }
 }
 
-use Kind::{E2M1, E4M3, E8M0};
+use Kind::{E2M1, E4M3, E8M0, Fp8, Fp8Block};
 
 pub const CASES: &[Case] = &[
     // E2M1: every code; bit 3 is the sign, so code 8 is −0.
@@ -79,7 +85,16 @@ pub const CASES: &[Case] = &[
 
 /// The cases of one format, in table order.
 pub fn cases(kind: Kind) -> Vec<Case> {
-    CASES.iter().copied().filter(|c| c.kind == kind).collect()
+    let table = if matches!(kind, Fp8 | Fp8Block) {
+        E4M3
+    } else {
+        kind
+    };
+    CASES
+        .iter()
+        .filter(|c| c.kind == table)
+        .map(|c| Case { kind, ..*c })
+        .collect()
 }
 
 /// Whether a decoder's `got` is the case's value: the same bits (so −0 is
@@ -101,7 +116,8 @@ pub const CASE_COLS: usize = 256;
 /// (all other elements are code 0):
 /// - E2M1: NVFP4, code = the case's byte, every scale 1.0 (E4M3 0x38);
 /// - E4M3: NVFP4, code 2 (1.0), every scale of the row the case's byte;
-/// - E8M0: MXFP4, code 2 (1.0), every scale of the row the case's byte.
+/// - E8M0: MXFP4, code 2 (1.0), every scale of the row the case's byte;
+/// - Fp8 / Fp8Block: FP8, value = the case's byte, every scale 1.0.
 ///
 /// The global scale is 1, so element 0 of row r is exactly the case's value.
 pub struct CaseWeight {
@@ -114,6 +130,9 @@ pub struct CaseWeight {
 impl CaseWeight {
     pub fn new(kind: Kind) -> CaseWeight {
         let cases = cases(kind);
+        if matches!(kind, Fp8 | Fp8Block) {
+            return CaseWeight::fp8(kind, cases);
+        }
         let group = if kind == E8M0 { 32 } else { 16 };
         let mut codes = Vec::new();
         let mut scales = Vec::new();
@@ -133,6 +152,28 @@ impl CaseWeight {
         }
     }
 
+    fn fp8(kind: Kind, cases: Vec<Case>) -> CaseWeight {
+        let mut codes = Vec::new();
+        for c in &cases {
+            let mut row = vec![0u8; CASE_COLS];
+            row[0] = c.byte;
+            codes.extend(row);
+        }
+        // f32 1.0 for each of the [⌈rows/128⌉, ⌈256/128⌉] blocks.
+        let blocks = cases.len().div_ceil(128) * CASE_COLS.div_ceil(128);
+        let scales = if kind == Fp8Block {
+            1.0f32.to_le_bytes().repeat(blocks)
+        } else {
+            Vec::new()
+        };
+        CaseWeight {
+            kind,
+            cases,
+            codes,
+            scales,
+        }
+    }
+
     pub fn rows(&self) -> usize {
         self.cases.len()
     }
@@ -142,6 +183,17 @@ impl CaseWeight {
             E8M0 => WeightData::Mxfp4 {
                 blocks: &self.codes,
                 scales: &self.scales,
+            },
+            Fp8 => WeightData::Fp8 {
+                values: &self.codes,
+                scales: Fp8Scales::Tensor(1.0),
+            },
+            Fp8Block => WeightData::Fp8 {
+                values: &self.codes,
+                scales: Fp8Scales::Block {
+                    bytes: &self.scales,
+                    dtype: ScaleType::F32,
+                },
             },
             _ => WeightData::Nvfp4 {
                 packed: &self.codes,

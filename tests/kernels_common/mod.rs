@@ -3,8 +3,8 @@
 //! kernels see misaligned slices like the ones a memory map hands out.
 #![allow(dead_code)]
 
-use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
-use sparkrt::formats::f32_to_bf16;
+use sparkrt::checkpoint::linear::{Fp8Scales, LinearWeight, WeightData};
+use sparkrt::formats::{ScaleType, f32_to_bf16};
 
 /// SplitMix64: small, seeded, good enough for test data.
 pub struct Rng(u64);
@@ -42,9 +42,21 @@ pub enum Format {
     Bf16,
     Nvfp4,
     Mxfp4,
+    /// FP8 E4M3 with one per-tensor scale (`global`).
+    Fp8,
+    /// FP8 E4M3 with 128 × 128 block scales stored as the given type.
+    Fp8Block(ScaleType),
 }
 
 pub const FORMATS: [Format; 4] = [Format::F32, Format::Bf16, Format::Nvfp4, Format::Mxfp4];
+
+/// The FP8 formats (the CPU backend's only: CUDA refuses them).
+pub const FP8_FORMATS: [Format; 4] = [
+    Format::Fp8,
+    Format::Fp8Block(ScaleType::F32),
+    Format::Fp8Block(ScaleType::Bf16),
+    Format::Fp8Block(ScaleType::F16),
+];
 
 /// A weight matrix that owns its bytes; `data` and `scales` start at `offset`.
 pub struct OwnedWeight {
@@ -72,6 +84,17 @@ impl OwnedWeight {
             Format::Mxfp4 => WeightData::Mxfp4 {
                 blocks: data,
                 scales,
+            },
+            Format::Fp8 => WeightData::Fp8 {
+                values: data,
+                scales: Fp8Scales::Tensor(self.global),
+            },
+            Format::Fp8Block(dtype) => WeightData::Fp8 {
+                values: data,
+                scales: Fp8Scales::Block {
+                    bytes: scales,
+                    dtype,
+                },
             },
         };
         LinearWeight {
@@ -161,6 +184,45 @@ pub fn random_weight(
                 })
                 .collect();
             (codes, scales, 1.0)
+        }
+        Format::Fp8 | Format::Fp8Block(_) => {
+            let values: Vec<u8> = (0..n)
+                .map(|_| {
+                    if exact {
+                        // ±2^-2..2^2 × (1 + m/8): exponent field 5..9.
+                        (rng.int(5, 9) as u8) << 3 | (rng.byte() & 0x87)
+                    } else {
+                        // Any finite e4m3 (subnormals and zeros included), not NaN.
+                        let b = rng.byte();
+                        if b & 0x7F == 0x7F { b & 0xF8 } else { b }
+                    }
+                })
+                .collect();
+            let blocks = rows.div_ceil(128) * cols.div_ceil(128);
+            let scales: Vec<f32> = (0..blocks)
+                .map(|_| {
+                    if exact {
+                        2f32.powi(rng.int(-1, 1) as i32)
+                    } else {
+                        rng.uniform(0.001, 0.05)
+                    }
+                })
+                .collect();
+            let scales = match format {
+                Format::Fp8Block(ScaleType::F32) => {
+                    scales.iter().flat_map(|v| v.to_le_bytes()).collect()
+                }
+                Format::Fp8Block(ScaleType::Bf16) => scales
+                    .iter()
+                    .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
+                    .collect(),
+                Format::Fp8Block(ScaleType::F16) => scales
+                    .iter()
+                    .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
+                    .collect(),
+                _ => vec![],
+            };
+            (values, scales, if exact { 0.5 } else { 0.0371 })
         }
     };
     OwnedWeight {

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use super::job::Job;
 use crate::checkpoint::linear::{LinearWeight, WeightData};
-use crate::formats::{E2M1, E4M3, E8M0, MXFP4_GROUP, NVFP4_GROUP, read_bf16, read_f32};
+use crate::formats::{E2M1, E4M3, E8M0, MXFP4_GROUP, NVFP4_GROUP, fp8_value, read_bf16, read_f32};
 
 /// Columns decoded at a time into a stack buffer.
 const BLOCK: usize = 256;
@@ -68,6 +68,11 @@ pub fn decode_row(w: &LinearWeight, row: usize, start: usize, out: &mut [f32]) {
         WeightData::Mxfp4 { blocks, scales } => decode_fp4(blocks, base, out, |c| {
             E8M0[scales[row * (w.cols / MXFP4_GROUP) + (start + c) / MXFP4_GROUP] as usize]
         }),
+        WeightData::Fp8 { values, scales } => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = fp8_value(values[base + i], scales.at(row, start + i, w.cols));
+            }
+        }
     }
 }
 

@@ -3,9 +3,10 @@
 //! `crate::formats`), which the tests hold every kernel to.
 
 use super::error::KernelError;
-use crate::checkpoint::linear::{LinearWeight, WeightData};
+use crate::checkpoint::linear::{Fp8Scales, LinearWeight, WeightData};
 use crate::formats::{
-    MXFP4_GROUP, NVFP4_GROUP, mxfp4_value, nvfp4_value, read_bf16, read_f32, read_nibble,
+    FP8_BLOCK, MXFP4_GROUP, NVFP4_GROUP, fp8_value, mxfp4_value, nvfp4_value, read_bf16, read_f32,
+    read_nibble,
 };
 
 /// Weight element `W[row, col]` as f32, straight from the format's definition.
@@ -26,6 +27,7 @@ pub fn weight_at(w: &LinearWeight, row: usize, col: usize) -> f32 {
             let scale = scales[row * (w.cols / MXFP4_GROUP) + col / MXFP4_GROUP];
             mxfp4_value(read_nibble(blocks, index) as u8, scale)
         }
+        WeightData::Fp8 { values, scales } => fp8_value(values[index], scales.at(row, col, w.cols)),
     }
 }
 
@@ -36,6 +38,14 @@ pub fn format_name(data: &WeightData) -> &'static str {
         WeightData::Bf16(_) => "BF16",
         WeightData::Nvfp4 { .. } => "NVFP4",
         WeightData::Mxfp4 { .. } => "MXFP4",
+        WeightData::Fp8 {
+            scales: Fp8Scales::Tensor(_),
+            ..
+        } => "FP8",
+        WeightData::Fp8 {
+            scales: Fp8Scales::Block { .. },
+            ..
+        } => "FP8-block",
     }
 }
 
@@ -45,6 +55,13 @@ pub fn weight_bytes(w: &LinearWeight) -> usize {
         WeightData::F32(b) | WeightData::Bf16(b) => b.len(),
         WeightData::Nvfp4 { packed, scales, .. } => packed.len() + scales.len(),
         WeightData::Mxfp4 { blocks, scales } => blocks.len() + scales.len(),
+        WeightData::Fp8 { values, scales } => {
+            values.len()
+                + match scales {
+                    Fp8Scales::Tensor(_) => 4,
+                    Fp8Scales::Block { bytes, .. } => bytes.len(),
+                }
+        }
     }
 }
 
@@ -108,6 +125,20 @@ pub fn check_weight(w: &LinearWeight) -> Result<(), KernelError> {
             block(MXFP4_GROUP)?;
             expect("blocks", elements / 2, blocks.len())?;
             expect("scales", elements / MXFP4_GROUP, scales.len())
+        }
+        WeightData::Fp8 { values, scales } => {
+            expect("values", elements, values.len())?;
+            match scales {
+                Fp8Scales::Tensor(_) => Ok(()),
+                Fp8Scales::Block { bytes, dtype } => {
+                    let blocks = w.rows.div_ceil(FP8_BLOCK) * w.cols.div_ceil(FP8_BLOCK);
+                    expect(
+                        "block scales",
+                        blocks.checked_mul(dtype.bytes()).ok_or(overflow)?,
+                        bytes.len(),
+                    )
+                }
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
-//! x86-64 AVX2 + FMA matmul kernels for F32, BF16 and NVFP4 (MXFP4 has its
-//! integer kernels in `avx2_mxfp4.rs`).
+//! x86-64 AVX2 + FMA matmul kernels for F32, BF16, NVFP4 and FP8 (whose
+//! decoder is in `avx2_fp8.rs`; MXFP4 has its integer kernels in
+//! `avx2_mxfp4.rs`).
 //!
 //! **One summation order.** Every output `Σ_c W[r, c] · x[t, c]` is summed
 //! the same way whatever path computes it, however many tokens share the
@@ -7,7 +8,7 @@
 //! bitwise the same alone or in a batch (see [`crate::backend::cpu::kernels`] for why that matters):
 //!
 //! 1. the columns of the whole chunks (8 values for F32, 16 for BF16, 64 for
-//!    NVFP4) are taken as vectors of 8 consecutive columns; lane
+//!    NVFP4 and FP8) are taken as vectors of 8 consecutive columns; lane
 //!    `l` of a single accumulator takes column `8u + l` of vector `u`, in
 //!    ascending `u`, by fused multiply-add;
 //! 2. the 8 lanes are reduced as `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`;
@@ -85,12 +86,13 @@ fn whole_columns(w: &LinearWeight) -> usize {
         WeightData::F32(_) => F32Dec::CHUNK,
         WeightData::Bf16(_) => Bf16Dec::CHUNK,
         WeightData::Nvfp4 { .. } => Nvfp4Dec::CHUNK,
+        WeightData::Fp8 { .. } => super::avx2_fp8::Fp8Dec::CHUNK,
         WeightData::Mxfp4 { .. } => unreachable!("MXFP4 has its own kernels"),
     };
     w.cols / chunk * chunk
 }
 
-/// Rows `rows` of a job in F32, BF16 or NVFP4.
+/// Rows `rows` of a job in F32, BF16, NVFP4 or FP8.
 pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
     let w = &job.weight;
     let cols = w.cols;
@@ -114,6 +116,14 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
                     scales,
                     cols,
                     table,
+                };
+                run_format(&dec, job, rows)
+            }
+            WeightData::Fp8 { values, scales } => {
+                let dec = super::avx2_fp8::Fp8Dec {
+                    values,
+                    scales,
+                    cols,
                 };
                 run_format(&dec, job, rows)
             }
@@ -142,7 +152,7 @@ unsafe fn run_format<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
 }
 
 /// Turns weight chunks into f32 vectors of 8 consecutive columns.
-trait Decoder {
+pub(super) trait Decoder {
     /// Values per chunk (a multiple of 8).
     const CHUNK: usize;
     /// Vectors per chunk.

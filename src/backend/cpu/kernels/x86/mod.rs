@@ -1,11 +1,13 @@
 //! x86-64 kernels: AVX2 + FMA, entered only through `Isa::Avx2` (which
 //! exists only after run-time detection). `avx2.rs` holds the f32-decoding
-//! matmul kernels (F32, BF16, NVFP4), `avx2_mxfp4.rs` the integer MXFP4
+//! matmul kernels (F32, BF16, NVFP4, and FP8 with the decoder of
+//! `avx2_fp8.rs`), `avx2_mxfp4.rs` the integer MXFP4
 //! kernels and the activation quantizer, `avx2_ops.rs` the small ops;
 //! `lanes.rs` what the two matmul files share. This file sends each format
 //! to its kernels.
 
 mod avx2;
+mod avx2_fp8;
 mod avx2_mxfp4;
 pub(super) mod avx2_ops;
 mod lanes;
