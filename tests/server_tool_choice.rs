@@ -49,10 +49,6 @@ fn forced_tool_choice_refuses_what_it_cannot_do_by_name() {
             json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}, "foo": 1}}),
             "tool_choice.foo",
         ),
-        (
-            json!({"tools": tools, "parallel_tool_calls": false}),
-            "parallel_tool_calls",
-        ),
     ] {
         let reply = server.post("/v1/chat/completions", &body(extra.clone()));
         let error = reply.assert_error(400);
