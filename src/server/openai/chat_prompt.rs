@@ -11,8 +11,9 @@
 //! - `tool_choice: "none"` hides the tools from the template (and the output
 //!   is not parsed for calls).
 //!
-//! What cannot be honoured is a 400 naming the field: `tool_choice`
-//! content parts other than text. `parallel_tool_calls: false` keeps the
+//! What cannot be honoured is a 400 naming the field: content parts other
+//! than text. `tool_choice` `required` / a named function is held to the
+//! tool-call format by a grammar (`tool_grammar`). `parallel_tool_calls: false` keeps the
 //! answer's first tool call (a forced choice's grammar admits only one).
 
 use std::borrow::Cow;
