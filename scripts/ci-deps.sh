@@ -16,6 +16,8 @@ readonly TOOLS=(
 readonly PYTHON_PACKAGES=(
 	"openai openai" # tests/server_openai_client.rs and server_responses.rs run scripts/openai_*_check.py
 	"langchain_openai langchain-openai" # tests/chat_parsers.rs: bind_tools(...).invoke; tests/server_tool_choice.rs: with_structured_output
+	"instructor instructor" # tests/server_tool_choice.rs: Mode.TOOLS (named tool_choice)
+	"pydantic_ai pydantic-ai-slim[openai]" # tests/server_tool_choice.rs: output_type=Model (tool_choice required)
 	"numpy numpy"                       # tests/chat_parsers.rs: scripts/scripted_reference.py
 	"transformers transformers"         # (no torch: config, tokenizer and template only)
 	"jsonschema jsonschema" # tests/server_sampling.rs runs scripts/structured_output_check.py

@@ -11,8 +11,9 @@ answers exactly one call to an offered tool and a named function a call to
 it, blocking and streamed alike, with arguments valid against the tool's
 schema (jsonschema, an independent validator); and through langchain-openai
 that `with_structured_output(Model, method="function_calling", strict=True)`, which sends
-a named tool_choice, returns a parsed object. Exits non-zero on the first
-failure.
+a named tool_choice, returns a parsed object, as do instructor's Mode.TOOLS
+(a named tool_choice) and pydantic-ai's `output_type=Model` (an output tool
+under tool_choice "required"). Exits non-zero on the first failure.
 """
 
 import json
@@ -127,6 +128,37 @@ def main():
     structured = llm.with_structured_output(Add, method="function_calling", strict=True)
     result = structured.invoke("Add 2 and 3")
     check(isinstance(result, Add), f"langchain function_calling returns an Add: {result!r}")
+
+    # Closed (additionalProperties false): the schema instructor and
+    # pydantic-ai send is pydantic's, open unless the model forbids extras.
+    from pydantic import ConfigDict
+
+    class ClosedAdd(Add):
+        model_config = ConfigDict(extra="forbid")
+
+    # instructor's default mode (Mode.TOOLS) sends a named tool_choice.
+    import instructor
+
+    patched = instructor.from_openai(client, mode=instructor.Mode.TOOLS)
+    result = patched.chat.completions.create(
+        model=model, response_model=ClosedAdd, messages=[{"role": "user", "content": "Add 2 and 3"}],
+        max_tokens=200, temperature=0, max_retries=1,
+    )
+    check(isinstance(result, ClosedAdd), f"instructor Mode.TOOLS returns an Add: {result!r}")
+
+    # pydantic-ai's output_type=Model answers through an output tool with
+    # tool_choice "required" (text is not an allowed output).
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    agent = Agent(
+        OpenAIChatModel(model, provider=OpenAIProvider(base_url=base_url, api_key="unused")),
+        output_type=ClosedAdd,
+        retries=0,
+    )
+    run = agent.run_sync("Add 2 and 3", model_settings={"temperature": 0, "max_tokens": 200})
+    check(isinstance(run.output, ClosedAdd), f"pydantic-ai output_type=Add returns an Add: {run.output!r}")
     print("tool choice check passed")
 
 

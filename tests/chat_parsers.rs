@@ -379,6 +379,21 @@ fn qwen3_6_xml_tool_calls_blocking_streamed_and_as_content_without_tools() {
     assert_eq!(streamed.finish.as_deref(), Some("tool_calls"));
     assert_no_markup(&streamed);
 
+    // `parallel_tool_calls: false` under "auto" (vLLM's meaning): the
+    // answer keeps its first call, blocking and streamed.
+    let single = xml_chat(json!({"parallel_tool_calls": false}));
+    let answer = server.post("/v1/chat/completions", &single).json();
+    let choice = &answer["choices"][0];
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{answer}");
+    assert_eq!(calls[0]["function"]["arguments"], want_args[0]);
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    let streamed = stream(&server, &single);
+    assert_eq!(streamed.calls.len(), 1);
+    assert_eq!(streamed.calls[0].2, want_args[0]);
+    assert_eq!(streamed.finish.as_deref(), Some("tool_calls"));
+    assert_no_markup(&streamed);
+
     // Without tools the answer is not parsed for calls: the XML is content.
     let mut plain = xml_chat(json!({}));
     plain.as_object_mut().unwrap().remove("tools");
@@ -606,6 +621,84 @@ fn gpt_oss_harmony_tool_calls_with_and_without_reasoning() {
         "get_weather"
     );
     assert_eq!(choice["finish_reason"], "tool_calls");
+}
+
+/// `tool_choice` required / named on gpt-oss: a grammar of harmony calls
+/// over its special tokens. The call the model writes (reasoning first,
+/// then `commentary to=functions.N <|constrain|>json`) passes through
+/// untouched; arguments off the schema are held to it.
+#[test]
+fn gptoss_forced_tool_choice_is_held_to_a_harmony_call() {
+    let call = [
+        "<|channel|>",
+        "analysis",
+        "<|message|>",
+        "Need the weather.",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        "<|channel|>",
+        "commentary to=functions.get_weather ",
+        "<|constrain|>",
+        "json",
+        "<|message|>",
+        "{\"city\": \"Paris\"}",
+        "<|call|>",
+    ];
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let dir = scripted(Family::GptOss, GPTOSS_TEMPLATE, &call);
+    let server = serve(dir.path());
+    for choice in [named.clone(), json!("required")] {
+        let body = chat(json!({"tool_choice": choice}));
+        let answer = server.post("/v1/chat/completions", &body).json();
+        let first = &answer["choices"][0];
+        let message = &first["message"];
+        assert_eq!(
+            message["reasoning_content"], "Need the weather.",
+            "{answer}"
+        );
+        assert_eq!(message["content"], Value::Null, "{answer}");
+        let calls = message["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{answer}");
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        assert_eq!(calls[0]["function"]["arguments"], "{\"city\": \"Paris\"}");
+        assert_eq!(first["finish_reason"], "tool_calls");
+        let streamed = stream(&server, &body);
+        assert_eq!(streamed.calls.len(), 1);
+        assert_eq!(streamed.calls[0].2, "{\"city\": \"Paris\"}");
+        assert_no_markup(&streamed);
+    }
+    drop(server);
+
+    // Arguments off the schema (a city outside its `enum`): unconstrained
+    // they come back as written; under the grammar they follow the schema.
+    let mut off_schema = call;
+    off_schema[12] = "{\"city\": \"Berlin\"}";
+    let dir = scripted(Family::GptOss, GPTOSS_TEMPLATE, &off_schema);
+    let server = serve(dir.path());
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                       "required": ["city"], "additionalProperties": false}}}]);
+    let free = chat(json!({"tools": tools, "max_tokens": 64}));
+    let answer = server.post("/v1/chat/completions", &free).json();
+    let arguments = &answer["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"];
+    assert_eq!(arguments, "{\"city\": \"Berlin\"}", "{answer}");
+    let body = chat(json!({"tools": tools, "tool_choice": named, "max_tokens": 64}));
+    let answer = server.post("/v1/chat/completions", &body).json();
+    let first = &answer["choices"][0];
+    let calls = first["message"]["tool_calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{answer}"));
+    assert_eq!(calls.len(), 1, "{answer}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let arguments: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        arguments == json!({"city": "Paris"}) || arguments == json!({"city": "Rome"}),
+        "{arguments}"
+    );
+    assert_eq!(first["finish_reason"], "tool_calls");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! `tool_choice` `required` and a named function, constrained by a grammar
 //! of the hermes tool-call format on the tiny random fixture (which never
 //! writes a call by itself): `scripts/tool_choice_check.py` through the
-//! openai client and langchain-openai, and the refusals by name.
+//! openai client, langchain-openai, instructor and pydantic-ai, and the
+//! refusals by name.
 
 use crate::common;
 use crate::server;
@@ -10,12 +11,15 @@ use serde_json::json;
 use server::Server;
 
 fn missing_clients() -> Option<String> {
-    common::missing_python_modules("openai, jsonschema, langchain_openai")
+    common::missing_python_modules("openai, jsonschema, langchain_openai, instructor, pydantic_ai")
 }
 
 #[test]
 fn required_and_named_tool_choice_answer_valid_calls_through_the_clients() {
-    if !common::tool_present("openai, jsonschema, langchain-openai", missing_clients()) {
+    if !common::tool_present(
+        "openai, jsonschema, langchain-openai, instructor, pydantic-ai-slim[openai]",
+        missing_clients(),
+    ) {
         return;
     }
     let server = Server::start(&[]);
@@ -48,10 +52,6 @@ fn forced_tool_choice_refuses_what_it_cannot_do_by_name() {
         (
             json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}, "foo": 1}}),
             "tool_choice.foo",
-        ),
-        (
-            json!({"tools": tools, "parallel_tool_calls": false}),
-            "parallel_tool_calls",
         ),
     ] {
         let reply = server.post("/v1/chat/completions", &body(extra.clone()));

@@ -11,9 +11,10 @@
 //! - `tool_choice: "none"` hides the tools from the template (and the output
 //!   is not parsed for calls).
 //!
-//! What cannot be honoured is a 400 naming the field: `tool_choice`
-//! `"required"` or a named function (both need constrained decoding),
-//! `parallel_tool_calls: false`, content parts other than text.
+//! What cannot be honoured is a 400 naming the field: content parts other
+//! than text. `tool_choice` `required` / a named function is held to the
+//! tool-call format by a grammar (`tool_grammar`). `parallel_tool_calls: false` keeps the
+//! answer's first tool call (a forced choice's grammar admits only one).
 
 use std::borrow::Cow;
 
@@ -39,6 +40,9 @@ pub struct PreparedChat {
     /// `tool_choice` `required` or a named function: the calls the answer
     /// must make (constrained by a grammar, see `tool_grammar`).
     pub forced: Option<ForcedTools>,
+    /// `parallel_tool_calls: false` without a forced choice: the answer's
+    /// parser keeps its first tool call only.
+    pub first_call_only: bool,
 }
 
 /// Checks and converts a chat request's messages and template fields. The
@@ -85,14 +89,9 @@ pub fn with_template_params(
         ToolChoice::None => false,
         ToolChoice::Required | ToolChoice::Named(_) => true,
     };
-    if params.parallel_tool_calls == Some(false) && forced.is_none() {
-        return Err(ApiError::invalid(
-            "parallel_tool_calls = false is supported with tool_choice \"required\" or a named \
-             function (a grammar then admits one call); with \"auto\" the model may answer \
-             several calls",
-            Some("parallel_tool_calls"),
-        ));
-    }
+    // `false` under "auto": the answer keeps its first call (vLLM's
+    // meaning); under "required" / a named function the grammar admits one.
+    let first_call_only = params.parallel_tool_calls == Some(false) && forced.is_none();
     if let Some(documents) = &params.documents
         && documents.iter().any(|d| d.kind() != ValueKind::Map)
     {
@@ -138,6 +137,7 @@ pub fn with_template_params(
         },
         tools_offered,
         forced,
+        first_call_only,
     })
 }
 
@@ -387,6 +387,25 @@ mod tests {
         prepare(body.messages, body.template)
     }
 
+    #[test]
+    fn parallel_tool_calls_false_keeps_one_call_under_auto_only() {
+        let tools = r#"[{"type": "function", "function": {"name": "f"}}]"#;
+        let hi = r#"[{"role": "user", "content": "hi"}]"#;
+        let auto = prepare_json(&format!(
+            r#"{{"messages": {hi}, "tools": {tools}, "parallel_tool_calls": false}}"#
+        ))
+        .unwrap();
+        assert!(auto.first_call_only);
+        let required = prepare_json(&format!(
+            r#"{{"messages": {hi}, "tools": {tools}, "tool_choice": "required", "parallel_tool_calls": false}}"#
+        ))
+        .unwrap();
+        assert!(!required.first_call_only);
+        assert!(!required.forced.unwrap().parallel);
+        let default = prepare_json(&format!(r#"{{"messages": {hi}, "tools": {tools}}}"#)).unwrap();
+        assert!(!default.first_call_only);
+    }
+
     fn param(error: &ApiError) -> Option<&str> {
         error.param.as_deref()
     }
@@ -453,7 +472,6 @@ mod tests {
                 "tool_choice.function.name",
             ),
             (format!(r#"{{"messages": {hi}, "tool_choice": 3}}"#), "tool_choice"),
-            (format!(r#"{{"messages": {hi}, "parallel_tool_calls": false}}"#), "parallel_tool_calls"),
             (format!(r#"{{"messages": {hi}, "reasoning_effort": "minimal"}}"#), "reasoning_effort"),
             (format!(r#"{{"messages": {hi}, "tools": [{{"type": "web_search"}}]}}"#), "tools[0].type"),
             (format!(r#"{{"messages": {hi}, "tools": [{{"type": "function"}}]}}"#), "tools[0].function.name"),

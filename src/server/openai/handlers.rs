@@ -537,7 +537,14 @@ fn render_chat_choices(
         .filter(|_| prepared.tools_offered);
     let parsers = &state.config.output_parsers;
     let started = (0..choices)
-        .map(|_| parsers.start(&rendered, tools))
+        .map(|_| {
+            let parser = parsers.start(&rendered, tools);
+            if prepared.first_call_only {
+                parser.first_call_only()
+            } else {
+                parser
+            }
+        })
         .collect();
     Ok((prompt, started))
 }

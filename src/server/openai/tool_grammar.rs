@@ -6,7 +6,8 @@
 //! grammar is complete.
 //!
 //! Built for the hermes format (`<tool_call>\n{"name", "arguments"}\n</tool_call>`,
-//! Qwen3's) and the Qwen3.5 / 3.6 XML one (`qwen3_coder`); with harmony the
+//! Qwen3's), the Qwen3.5 / 3.6 XML one (`qwen3_coder`) and harmony
+//! (gpt-oss, over its special tokens); without a tool-call format the
 //! request is refused naming `tool_choice`, never served unconstrained.
 
 use serde_json::{Value, json};
@@ -37,13 +38,14 @@ pub fn grammar(parsers: &OutputParsers, forced: &ForcedTools) -> Result<GrammarS
             tools: Some(TextTools::Qwen3Coder),
             ..
         } => Ok(qwen3_coder(forced)),
+        OutputParsers::Harmony { tools: true, .. } => Ok(harmony(forced)),
         other => Err(ApiError::invalid(
             format!(
-                "tool_choice \"required\" or a named function is built for the hermes and \
-                 qwen3_coder tool-call formats; this server's is {}",
+                "tool_choice \"required\" or a named function needs the server's tool-call \
+                 format; this server parses no tool calls ({})",
                 match other {
-                    OutputParsers::Harmony { .. } => "openai_gptoss (harmony)",
-                    _ => "none (start with --tool-call-parser hermes)",
+                    OutputParsers::Harmony { .. } => "start with --tool-call-parser openai_gptoss",
+                    _ => "start with --tool-call-parser hermes",
                 }
             ),
             Some("tool_choice"),
@@ -129,6 +131,43 @@ fn qwen3_coder(forced: &ForcedTools) -> GrammarSpec {
         "{}\ncall: {}\n{rules}",
         start_rule(forced),
         calls.join(" | ")
+    ))
+}
+
+/// Harmony (gpt-oss), after the generation prompt's `<|start|>assistant`:
+/// an optional analysis message, then one call as the model writes it,
+/// `<|channel|>commentary to=functions.N <|constrain|>json<|message|>ARGS<|call|>`
+/// (the form `text::parsers::harmony` reads; `<|…|>` in the grammar is the
+/// special token itself, never its text). A harmony turn ends at
+/// `<|call|>`, so the answer makes one call whatever `parallel_tool_calls` says.
+fn harmony(forced: &ForcedTools) -> GrammarSpec {
+    let calls: Vec<String> = selected(forced)
+        .map(|f| {
+            let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+            let parameters = f
+                .get("parameters")
+                .filter(|p| p.is_object())
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object"}));
+            // JSON as the model writes it (`", "`, `": "`), no free whitespace.
+            let mut parameters = parameters;
+            if let Some(object) = parameters.as_object_mut() {
+                object.insert(
+                    "x-guidance".into(),
+                    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+                );
+            }
+            format!(
+                "<|channel|> {} <|constrain|> \"json\" <|message|> %json {parameters} <|call|>",
+                literal(&format!("commentary to=functions.{name} "))
+            )
+        })
+        .collect();
+    GrammarSpec::Lark(format!(
+        "start: analysis? call\n\
+         analysis: <|channel|> \"analysis\" <|message|> /(.|\\n)*/ <|end|> <|start|> \"assistant\"\n\
+         call: {}\n",
+        calls.join("\n    | ")
     ))
 }
 

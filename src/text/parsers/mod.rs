@@ -302,7 +302,10 @@ impl OutputParsers {
                 *harmony_tools && tools.is_some(),
             )),
         };
-        OutputParser { inner }
+        OutputParser {
+            inner,
+            first_call_only: false,
+        }
     }
 
     /// Whether any parser runs (answers may carry reasoning or tool calls).
@@ -315,6 +318,8 @@ impl OutputParsers {
 #[derive(Debug)]
 pub struct OutputParser {
     inner: Inner,
+    /// `parallel_tool_calls: false`: calls after the first are dropped.
+    first_call_only: bool,
 }
 
 #[derive(Debug)]
@@ -353,7 +358,32 @@ impl ToolCalls {
 impl OutputParser {
     /// A parser that passes everything through as content.
     pub fn off() -> OutputParser {
-        OutputParser { inner: Inner::Off }
+        OutputParser {
+            inner: Inner::Off,
+            first_call_only: false,
+        }
+    }
+
+    /// Keeps the answer's first tool call only (`parallel_tool_calls:
+    /// false` under `tool_choice: "auto"`, as vLLM does): the deltas of
+    /// later calls are dropped, so a stream and a blocking answer both
+    /// carry one call.
+    pub fn first_call_only(mut self) -> OutputParser {
+        self.first_call_only = true;
+        self
+    }
+
+    /// `out` less the later calls' deltas when only the first is kept.
+    fn kept(&self, mut out: Vec<Delta>) -> Vec<Delta> {
+        if self.first_call_only {
+            out.retain(|d| match d {
+                Delta::ToolCallStart { index, .. } | Delta::ToolCallArguments { index, .. } => {
+                    *index == 0
+                }
+                Delta::Reasoning(_) | Delta::Content(_) => true,
+            });
+        }
+        out
     }
 
     /// Feeds one generated token.
@@ -369,7 +399,7 @@ impl OutputParser {
             }
             Inner::Harmony(parser) => parser.push(piece, &mut out),
         }
-        out
+        self.kept(out)
     }
 
     /// Feeds text that belongs to no token (released at the end).
@@ -382,7 +412,7 @@ impl OutputParser {
             }
             Inner::Harmony(parser) => parser.push_text(text, &mut out),
         }
-        out
+        self.kept(out)
     }
 
     /// Ends the answer: whatever was held back.
@@ -402,7 +432,7 @@ impl OutputParser {
             }
             Inner::Harmony(parser) => parser.finish(&mut out),
         }
-        out
+        self.kept(out)
     }
 }
 
@@ -475,6 +505,26 @@ mod tests {
             assert_eq!(m.content, None, "cut {cut}");
             assert_eq!(m.tool_calls.len(), 1);
             assert_eq!(m.tool_calls[0].arguments, "{\"c\": 1}");
+        }
+    }
+
+    /// `parallel_tool_calls: false`: of two hermes calls only the first
+    /// reaches the message, however the text is cut; without the flag both do.
+    #[test]
+    fn first_call_only_keeps_the_first_of_two_calls() {
+        let parsers = OutputParsers::Text {
+            reasoning: false,
+            tools: Some(TextTools::Hermes),
+        };
+        let text = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {\"y\": 2}}\n</tool_call>";
+        for cut in 1..text.len() {
+            let pieces = [&text[..cut], &text[cut..]];
+            let both = message(&mut parsers.start("", Some(&[])), &pieces);
+            assert_eq!(both.tool_calls.len(), 2, "cut {cut}");
+            let m = message(&mut parsers.start("", Some(&[])).first_call_only(), &pieces);
+            assert_eq!(m.tool_calls.len(), 1, "cut {cut}");
+            assert_eq!(m.tool_calls[0].name, "a");
+            assert_eq!(m.tool_calls[0].arguments, "{\"x\": 1}");
         }
     }
 
