@@ -71,7 +71,7 @@ fn main() -> ExitCode {
         Command::Kernels(a) => cli::kernels::run(a),
         Command::Profile(a) => cli::profile::run(a),
         Command::RenderWorker { memory_bytes } => {
-            sparkrt::text::render_worker::serve_stdio(*memory_bytes)
+            sparkrt::text::render_worker_main::serve_stdio(*memory_bytes)
                 .map(|()| ExitCode::SUCCESS)
                 .map_err(anyhow::Error::from)
         }

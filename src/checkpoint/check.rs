@@ -12,6 +12,30 @@ use super::quant_config::QuantScheme;
 use crate::formats::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
 use crate::geometry::{Architecture, LayerAttention, Quantization};
 
+/// The names an NVFP4 layout gives a module's codes, global scale and
+/// activation scale (the E4M3 group scales are `weight_scale` in both).
+#[derive(Clone, Copy)]
+struct Nvfp4Names {
+    codes: &'static str,
+    global: &'static str,
+    input: &'static str,
+}
+
+/// ModelOpt: `weight`, `weight_scale_2`, `input_scale`.
+const MODELOPT_NVFP4: Nvfp4Names = Nvfp4Names {
+    codes: "weight",
+    global: "weight_scale_2",
+    input: "input_scale",
+};
+
+/// compressed-tensors: `weight_packed`, `weight_global_scale` (which
+/// divides), `input_global_scale`.
+const COMPRESSED_TENSORS_NVFP4: Nvfp4Names = Nvfp4Names {
+    codes: "weight_packed",
+    global: "weight_global_scale",
+    input: "input_global_scale",
+};
+
 /// Anything that can list a checkpoint's tensors: the headers alone or an
 /// open checkpoint.
 pub trait TensorCatalog {
@@ -267,25 +291,28 @@ impl Expectations<'_> {
     }
 
     fn nvfp4_linear(&mut self, module: &str, rows: usize, cols: usize) {
-        self.u8(&format!("{module}.weight"), &[rows, cols / 2]);
+        self.nvfp4_tensors(module, rows, cols, MODELOPT_NVFP4);
+    }
+
+    /// An NVFP4 triplet in either layout's names: the packed codes, the
+    /// E4M3 group scales, the f32 global scale and the optional activation
+    /// scale.
+    fn nvfp4_tensors(&mut self, module: &str, rows: usize, cols: usize, names: Nvfp4Names) {
+        self.u8(&format!("{module}.{}", names.codes), &[rows, cols / 2]);
         self.add(
             &format!("{module}.weight_scale"),
             Dtype::F8E4M3,
             ExpectedShape::Exact(vec![rows, cols / NVFP4_GROUP]),
             true,
         );
-        self.add(
-            &format!("{module}.weight_scale_2"),
-            Dtype::F32,
-            ExpectedShape::Scalar,
-            true,
-        );
-        self.add(
-            &format!("{module}.input_scale"),
-            Dtype::F32,
-            ExpectedShape::Scalar,
-            false,
-        );
+        for (name, required) in [(names.global, true), (names.input, false)] {
+            self.add(
+                &format!("{module}.{name}"),
+                Dtype::F32,
+                ExpectedShape::Scalar,
+                required,
+            );
+        }
     }
 
     /// FP8 E4M3 `weight` `[rows, cols]` and its scales: ModelOpt's f32
@@ -321,29 +348,9 @@ impl Expectations<'_> {
         }
     }
 
-    /// compressed-tensors' NVFP4 tensors of `module` (`nvfp4-pack-quantized`):
-    /// the packed codes, the E4M3 group scales, the f32 global scale (a
-    /// `[1]` tensor) and, for static activation scales, `input_global_scale`.
+    /// compressed-tensors' NVFP4 tensors of `module` (`nvfp4-pack-quantized`).
     fn compressed_tensors_nvfp4(&mut self, module: &str, rows: usize, cols: usize) {
-        self.u8(&format!("{module}.weight_packed"), &[rows, cols / 2]);
-        self.add(
-            &format!("{module}.weight_scale"),
-            Dtype::F8E4M3,
-            ExpectedShape::Exact(vec![rows, cols / NVFP4_GROUP]),
-            true,
-        );
-        self.add(
-            &format!("{module}.weight_global_scale"),
-            Dtype::F32,
-            ExpectedShape::Scalar,
-            true,
-        );
-        self.add(
-            &format!("{module}.input_global_scale"),
-            Dtype::F32,
-            ExpectedShape::Scalar,
-            false,
-        );
+        self.nvfp4_tensors(module, rows, cols, COMPRESSED_TENSORS_NVFP4);
     }
 
     /// A BF16 (or F32) vector of `len`.

@@ -113,8 +113,13 @@ pub enum CheckpointError {
     },
     #[error("{}: model_type `{model_type}` is not supported (qwen3_moe, gpt_oss, qwen3_5_moe, qwen3_5, qwen3_next)", path.display())]
     UnsupportedArchitecture { path: PathBuf, model_type: String },
-    #[error("{}: quantization `{method}` is not supported ({})", path.display(), super::quant_config::SUPPORTED)]
-    UnsupportedQuantization { path: PathBuf, method: String },
+    /// `supported` lists what sparkrt reads (`quant_config::SUPPORTED`).
+    #[error("{}: quantization `{method}` is not supported ({supported})", path.display())]
+    UnsupportedQuantization {
+        path: PathBuf,
+        method: String,
+        supported: &'static str,
+    },
     /// A scale whose value no format allows (zero, negative, not finite).
     #[error("{}: tensor `{tensor}` holds {value}, not a positive finite scale", path.display())]
     BadScale {

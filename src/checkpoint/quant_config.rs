@@ -275,6 +275,7 @@ pub(super) fn parse(raw: &RawQuant, path: &Path) -> Result<QuantizationConfig, C
     let unsupported = |method: String| CheckpointError::UnsupportedQuantization {
         path: path.to_path_buf(),
         method,
+        supported: SUPPORTED,
     };
     let method = raw.quant_method.clone().unwrap_or_default();
     let globs: Vec<ModulePattern> = [

@@ -21,6 +21,7 @@ pub mod parsers;
 mod python_json;
 pub mod render_limits;
 pub mod render_worker;
+pub mod render_worker_main;
 mod stop;
 mod stream;
 pub mod tokenizer;

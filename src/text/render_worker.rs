@@ -13,7 +13,7 @@
 //! (the variables the template sees, as `ChatTemplate` builds them), to
 //! which the worker answers `{"text": ...}`, `{"over": LIMIT}` or
 //! `{"failed": MESSAGE}`. At most `workers` run at once; idle ones are kept
-//! for the next rendering.
+//! for the next rendering. The worker's side is `render_worker_main`.
 
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
@@ -25,8 +25,6 @@ use std::time::Duration;
 use minijinja::Value;
 use serde::{Deserialize, Serialize};
 
-use super::chat::ChatTemplate;
-use super::config_files::SpecialTokens;
 use super::error::TextError;
 use super::render_limits::{RenderLimits, TemplateLimit};
 
@@ -39,12 +37,12 @@ pub const DEFAULT_WORKERS: usize = 4;
 /// The subcommand a worker runs.
 pub const WORKER_COMMAND: &str = "render-worker";
 /// What a worker says once it is capped and its template compiled.
-const READY: &str = "ready";
+pub(super) const READY: &str = "ready";
 /// Longest line of the protocol that is not a rendering's reply.
 const MAX_CONTROL_LINE: u64 = 4096;
 /// Longest error message a worker sends (a template may raise an exception
 /// holding a huge value).
-const MAX_MESSAGE_BYTES: usize = 4096;
+pub(super) const MAX_MESSAGE_BYTES: usize = 4096;
 
 /// The pool of workers of one template.
 pub struct RenderWorkers {
@@ -87,8 +85,8 @@ impl Drop for Worker {
 }
 
 #[derive(Serialize, Deserialize)]
-struct Init {
-    source: String,
+pub(super) struct Init {
+    pub(super) source: String,
 }
 
 #[derive(Serialize)]
@@ -98,13 +96,13 @@ struct Request<'a> {
 }
 
 #[derive(Deserialize)]
-struct OwnedRequest {
-    context: Value,
-    limits: WireLimits,
+pub(super) struct OwnedRequest {
+    pub(super) context: Value,
+    pub(super) limits: WireLimits,
 }
 
 #[derive(Clone, Copy, Serialize, Deserialize)]
-struct WireLimits {
+pub(super) struct WireLimits {
     fuel: u64,
     max_output_bytes: usize,
     max_time_us: u64,
@@ -112,7 +110,7 @@ struct WireLimits {
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Reply {
+pub(super) enum Reply {
     Text(String),
     Over(WireLimit),
     Failed(String),
@@ -120,13 +118,13 @@ enum Reply {
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum WireLimit {
+pub(super) enum WireLimit {
     Fuel(u64),
     OutputBytes(usize),
     TimeUs(u64),
 }
 
-fn micros(d: Duration) -> u64 {
+pub(super) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
@@ -376,7 +374,7 @@ fn died(status: Option<ExitStatus>, memory_bytes: u64) -> TextError {
     ))
 }
 
-fn write_line(out: &mut impl Write, line: &[u8]) -> io::Result<()> {
+pub(super) fn write_line(out: &mut impl Write, line: &[u8]) -> io::Result<()> {
     out.write_all(line)?;
     out.write_all(b"\n")?;
     out.flush()
@@ -388,89 +386,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The worker's side (`sparkrt render-worker BYTES`): caps its own address
-/// space at BYTES, reads the template, says it is ready, then renders each
-/// request from stdin onto stdout until stdin closes.
-pub fn serve_stdio(memory_bytes: u64) -> io::Result<()> {
-    cap_address_space(memory_bytes)?;
-    let stdin = io::stdin();
-    let mut input = stdin.lock();
-    let mut stdout = BufWriter::new(io::stdout().lock());
-    let mut line = String::new();
-    input.read_line(&mut line)?;
-    let init: Init = serde_json::from_str(&line).map_err(io::Error::other)?;
-    // The parent compiled the same source already; an error here is its bug.
-    let mut template = ChatTemplate::from_source(init.source, SpecialTokens::default())
-        .map_err(|e| io::Error::other(e.to_string()))?;
-    write_line(&mut stdout, READY.as_bytes())?;
-    loop {
-        line.clear();
-        if input.read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        let request: OwnedRequest = serde_json::from_str(&line).map_err(io::Error::other)?;
-        template.set_limits(request.limits.into());
-        let reply = match template.render_here(&request.context) {
-            Ok(text) => Reply::Text(text),
-            Err(TextError::TemplateOverLimit { limit }) => match limit {
-                TemplateLimit::Fuel(n) => Reply::Over(WireLimit::Fuel(n)),
-                TemplateLimit::OutputBytes(n) => Reply::Over(WireLimit::OutputBytes(n)),
-                TemplateLimit::Time(t) => Reply::Over(WireLimit::TimeUs(micros(t))),
-                // Only the parent sees a worker run out of memory.
-                other @ TemplateLimit::MemoryBytes(_) => Reply::Failed(cut(other.to_string())),
-            },
-            Err(other) => Reply::Failed(cut(other.to_string())),
-        };
-        let reply = serde_json::to_vec(&reply).map_err(io::Error::other)?;
-        write_line(&mut stdout, &reply)?;
-    }
-}
-
-/// An error message cut to [`MAX_MESSAGE_BYTES`] at a character boundary.
-fn cut(mut message: String) -> String {
-    if message.len() > MAX_MESSAGE_BYTES {
-        let mut end = MAX_MESSAGE_BYTES;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
-        message.push_str(" …");
-    }
-    message
-}
-
-/// Caps this process's address space (`RLIMIT_AS`).
-#[cfg(unix)]
-fn cap_address_space(bytes: u64) -> io::Result<()> {
-    let limit = libc::rlimit {
-        rlim_cur: bytes as libc::rlim_t,
-        rlim_max: bytes as libc::rlim_t,
-    };
-    // SAFETY: setrlimit only reads the struct it is given.
-    if unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-#[cfg(not(unix))]
-fn cap_address_space(_bytes: u64) -> io::Result<()> {
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn long_messages_are_cut_at_a_character_boundary() {
-        let message = "é".repeat(MAX_MESSAGE_BYTES);
-        let cut = cut(message);
-        assert!(cut.len() <= MAX_MESSAGE_BYTES + " …".len());
-        assert!(cut.ends_with(" …"));
-        assert_eq!(super::cut("short".into()), "short");
-    }
 
     #[test]
     fn a_worker_that_cannot_start_is_a_server_fault_and_frees_its_slot() {
