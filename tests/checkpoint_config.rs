@@ -137,6 +137,7 @@ fn modelopt_ignore_list_spelling_is_accepted() {
             group_size: 16,
             excluded_modules: vec!["lm_head".into(), "model.layers.*.self_attn*".into()],
             module_formats: Vec::new(),
+            quantized_blocks: Vec::new(),
         })
     );
     assert!(!c.is_quantized("model.layers.0.self_attn.k_proj"));

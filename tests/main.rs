@@ -30,6 +30,7 @@ mod cuda_nvrtc;
 mod cuda_sass;
 mod engine_fixtures;
 mod engine_hybrid_cache;
+mod engine_int4;
 mod engine_logprobs;
 mod engine_output;
 mod engine_plans;

@@ -8,7 +8,8 @@ use super::dtype::Dtype;
 use super::error::{CheckpointError, TensorProblem};
 use super::header_set::{HeaderSet, TensorInfo};
 use super::mapped::Checkpoint;
-use crate::formats::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
+use super::quant_config::QuantScheme;
+use crate::formats::{INT4_PER_WORD, MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
 use crate::geometry::{Architecture, LayerAttention, Quantization};
 
 /// Anything that can list a checkpoint's tensors: the headers alone or an
@@ -250,8 +251,14 @@ impl Expectations<'_> {
     /// A `[rows, cols]` linear weight: BF16, or the NVFP4 triplet (plus the
     /// optional `input_scale`) when the config quantizes `module`.
     fn linear(&mut self, module: &str, rows: usize, cols: usize) {
-        let nvfp4 = self.config.linear_format(module) == Quantization::Nvfp4;
-        if nvfp4 {
+        let format = self.config.linear_format(module);
+        let gptq = matches!(
+            self.config.quantization.as_ref().map(|q| q.scheme),
+            Some(QuantScheme::Gptq { .. })
+        );
+        if format == Quantization::Int4 && gptq {
+            self.int4(module, rows, cols);
+        } else if format == Quantization::Nvfp4 {
             self.u8(&format!("{module}.weight"), &[rows, cols / 2]);
             self.add(
                 &format!("{module}.weight_scale"),
@@ -274,6 +281,45 @@ impl Expectations<'_> {
         } else {
             self.bf16(&format!("{module}.weight"), &[rows, cols]);
         }
+    }
+
+    /// A GPTQ INT4 `[rows, cols]` linear: `qweight` I32 `[cols/8, rows]`,
+    /// `qzeros` I32 `[cols/group, rows/8]`, `scales` F16 `[cols/group,
+    /// rows]`, optional `g_idx` I32 `[cols]`. Shapes that do not divide are
+    /// listed as is (the floor), so the tensor's real shape fails the check
+    /// and names it; the reader (`weights_int4`) repeats the divisibility test.
+    fn int4(&mut self, module: &str, rows: usize, cols: usize) {
+        let group = self
+            .config
+            .quantization
+            .as_ref()
+            .map_or(1, |q| q.group_size.max(1));
+        let groups = cols / group;
+        let exact = |shape: Vec<usize>| ExpectedShape::Exact(shape);
+        self.add(
+            &format!("{module}.qweight"),
+            Dtype::I32,
+            exact(vec![cols / INT4_PER_WORD, rows]),
+            true,
+        );
+        self.add(
+            &format!("{module}.qzeros"),
+            Dtype::I32,
+            exact(vec![groups, rows / INT4_PER_WORD]),
+            true,
+        );
+        self.add(
+            &format!("{module}.scales"),
+            Dtype::F16,
+            exact(vec![groups, rows]),
+            true,
+        );
+        self.add(
+            &format!("{module}.g_idx"),
+            Dtype::I32,
+            exact(vec![cols]),
+            false,
+        );
     }
 
     /// A BF16 (or F32) vector of `len`.

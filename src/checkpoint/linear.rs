@@ -5,7 +5,10 @@
 //! every weight. Slices may be misaligned; readers use unaligned loads.
 
 use super::quant::{self, QuantError, check_len};
-use crate::formats::{MXFP4_GROUP, NVFP4_GROUP, read_bf16, read_f32};
+use crate::formats::{
+    INT4_PER_WORD, MXFP4_GROUP, NVFP4_GROUP, int4_code, int4_value, int4_zero, read_bf16, read_f16,
+    read_f32, read_u32,
+};
 
 /// Storage format and bytes of a `[rows, cols]` weight matrix (PyTorch layout:
 /// `y = x · Wᵀ`, one row per output feature, `cols` = input features).
@@ -25,6 +28,41 @@ pub enum WeightData<'a> {
     /// OCP MXFP4 (gpt-oss): `blocks` `[rows, cols/32, 16]` E2M1 codes (low
     /// nibble first), `scales` `[rows, cols/32]` E8M0 exponents (2^(s-127)).
     Mxfp4 { blocks: &'a [u8], scales: &'a [u8] },
+    /// GPTQ INT4, stored transposed (input-major), as the checkpoint has it:
+    /// `qweight` `[cols/8, rows]` little-endian u32 words, word `(k, r)`
+    /// holding `W[r, 8k..8k+8]` low nibble first; `qzeros` `[cols/group,
+    /// rows/8]` words, word `(g, j)` holding the stored zero codes of rows
+    /// `8j..8j+8`; `scales` `[cols/group, rows]` f16. Element `(r, c)` is
+    /// `(code − (stored zero + zero_offset)) × scale` (`formats::int4_value`).
+    /// `group` is a multiple of 8 dividing `cols`; `rows` a multiple of 8.
+    Int4 {
+        qweight: &'a [u8],
+        qzeros: &'a [u8],
+        scales: &'a [u8],
+        group: usize,
+        zero_offset: u8,
+    },
+}
+
+/// Element `(row, col)` of a GPTQ INT4 matrix with `rows` output rows (the
+/// layout of [`WeightData::Int4`]); indices must be in range.
+#[allow(clippy::too_many_arguments)]
+pub fn int4_element(
+    qweight: &[u8],
+    qzeros: &[u8],
+    scales: &[u8],
+    group: usize,
+    zero_offset: u8,
+    rows: usize,
+    row: usize,
+    col: usize,
+) -> f32 {
+    let word = read_u32(qweight, (col / INT4_PER_WORD) * rows + row);
+    let g = col / group;
+    let zeros = read_u32(qzeros, g * (rows / INT4_PER_WORD) + row / INT4_PER_WORD);
+    let zero = int4_zero(int4_code(zeros, row % INT4_PER_WORD), zero_offset);
+    let scale = read_f16(scales, g * rows + row);
+    int4_value(int4_code(word, col % INT4_PER_WORD), zero, scale)
 }
 
 /// A `[rows, cols]` weight matrix borrowed from the checkpoint.
@@ -58,6 +96,25 @@ impl<'a> LinearWeight<'a> {
                 ensure_grouped(cols, MXFP4_GROUP)?;
                 check_len("MXFP4 blocks", elements / 2, blocks.len())?;
                 check_len("MXFP4 scales", elements / MXFP4_GROUP, scales.len())?;
+            }
+            WeightData::Int4 {
+                qweight,
+                qzeros,
+                scales,
+                group,
+                ..
+            } => {
+                if group == 0 || !group.is_multiple_of(INT4_PER_WORD) {
+                    return Err(QuantError::Ungrouped {
+                        cols: group,
+                        group: INT4_PER_WORD,
+                    });
+                }
+                ensure_grouped(cols, group)?;
+                ensure_grouped(rows, INT4_PER_WORD)?;
+                check_len("INT4 qweight", elements / 2, qweight.len())?;
+                check_len("INT4 qzeros", elements / group / 2, qzeros.len())?;
+                check_len("INT4 scales", elements / group * 2, scales.len())?;
             }
         }
         Ok(weight)
@@ -102,6 +159,26 @@ impl<'a> LinearWeight<'a> {
                 let blocks = row_slice(blocks, row, cols / 2, "MXFP4 blocks")?;
                 let scales = row_slice(scales, row, groups, "MXFP4 scales")?;
                 quant::decode_mxfp4_row(blocks, scales, out)?;
+            }
+            WeightData::Int4 {
+                qweight,
+                qzeros,
+                scales,
+                group,
+                zero_offset,
+            } => {
+                for (col, value) in out.iter_mut().enumerate() {
+                    *value = int4_element(
+                        qweight,
+                        qzeros,
+                        scales,
+                        group,
+                        zero_offset,
+                        self.rows,
+                        row,
+                        col,
+                    );
+                }
             }
         }
         Ok(())

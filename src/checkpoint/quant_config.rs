@@ -18,7 +18,7 @@ use crate::formats::NVFP4_GROUP;
 use crate::geometry::Quantization;
 
 /// The quantizations `parse` reads, for error messages.
-pub const SUPPORTED: &str = "ModelOpt NVFP4, MXFP4";
+pub const SUPPORTED: &str = "ModelOpt NVFP4, MXFP4, GPTQ / AutoRound INT4 (auto_round:auto_gptq)";
 
 /// The tool whose tensor layout the quantized modules follow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +29,11 @@ pub enum QuantScheme {
     ModelOpt,
     /// gpt-oss's OCP MXFP4 experts: `_blocks` and `_scales`.
     Mxfp4,
+    /// GPTQ-layout INT4 (`quant_method` `gptq` or `auto-round`): `qweight`,
+    /// `qzeros`, `scales`, optional `g_idx` (see `quant_gptq`). `sym`: every
+    /// zero point must be 8; `zero_offset`: added to a stored zero (1 for
+    /// GPTQ v1, which stores zero − 1).
+    Gptq { sym: bool, zero_offset: u8 },
 }
 
 impl QuantScheme {
@@ -36,6 +41,7 @@ impl QuantScheme {
         match self {
             QuantScheme::ModelOpt => "modelopt",
             QuantScheme::Mxfp4 => "mxfp4",
+            QuantScheme::Gptq { .. } => "gptq",
         }
     }
 }
@@ -56,6 +62,9 @@ pub struct QuantizationConfig {
     /// Per-module formats (mixed precision), first match wins; a module
     /// matched here takes its format from the rule, not from `method`.
     pub module_formats: Vec<ModuleFormat>,
+    /// Module prefixes the tool quantized (AutoRound's
+    /// `block_name_to_quantize`); empty: every module not excluded.
+    pub quantized_blocks: Vec<String>,
 }
 
 /// One rule of a mixed-precision checkpoint: modules matching `pattern`
@@ -73,10 +82,16 @@ impl QuantizationConfig {
     /// (`model.layers.*.self_attn` excludes `model.layers.0.self_attn.q_proj`),
     /// else the first matching mixed-precision rule's, else `method`.
     pub fn format_of(&self, module: &str) -> Quantization {
-        if self
-            .excluded_modules
-            .iter()
-            .any(|pattern| module_matches(pattern, module))
+        let outside_blocks = !self.quantized_blocks.is_empty()
+            && !self
+                .quantized_blocks
+                .iter()
+                .any(|block| module_matches(block, module));
+        if outside_blocks
+            || self
+                .excluded_modules
+                .iter()
+                .any(|pattern| module_matches(pattern, module))
         {
             return Quantization::Bf16;
         }
@@ -92,10 +107,12 @@ impl QuantizationConfig {
 pub(super) struct RawQuant {
     pub quant_method: Option<String>,
     quant_algo: Option<String>,
-    group_size: Option<usize>,
+    pub(super) group_size: Option<i64>,
     exclude_modules: Option<Vec<String>>,
     ignore: Option<Vec<String>>,
     modules_to_not_convert: Option<Vec<String>>,
+    #[serde(flatten)]
+    pub(super) gptq: super::quant_gptq::RawGptq,
 }
 
 /// `hf_quant_config.json`: ModelOpt's `quantization` object.
@@ -128,16 +145,17 @@ pub(super) fn parse(raw: &RawQuant, path: &Path) -> Result<QuantizationConfig, C
             if !algo.eq_ignore_ascii_case("NVFP4") {
                 return Err(unsupported(format!("modelopt {algo}")));
             }
-            let group_size = raw.group_size.unwrap_or(NVFP4_GROUP);
-            if group_size != NVFP4_GROUP {
+            let group_size = raw.group_size.unwrap_or(NVFP4_GROUP as i64);
+            if group_size != NVFP4_GROUP as i64 {
                 return Err(unsupported(format!("NVFP4 with group_size {group_size}")));
             }
             Ok(QuantizationConfig {
                 scheme: QuantScheme::ModelOpt,
                 method: Quantization::Nvfp4,
-                group_size,
+                group_size: NVFP4_GROUP,
                 excluded_modules,
                 module_formats: Vec::new(),
+                quantized_blocks: Vec::new(),
             })
         }
         "mxfp4" => Ok(QuantizationConfig {
@@ -146,7 +164,16 @@ pub(super) fn parse(raw: &RawQuant, path: &Path) -> Result<QuantizationConfig, C
             group_size: crate::formats::MXFP4_GROUP,
             excluded_modules,
             module_formats: Vec::new(),
+            quantized_blocks: Vec::new(),
         }),
+        lower @ ("gptq" | "auto-round" | "auto_round") => {
+            let lower = if lower == "gptq" {
+                "gptq"
+            } else {
+                "auto-round"
+            };
+            super::quant_gptq::parse(lower, raw, &raw.gptq, excluded_modules, path)
+        }
         _ => Err(unsupported(method)),
     }
 }
@@ -177,6 +204,7 @@ mod tests {
                 pattern: "model.layers.*.self_attn".into(),
                 format: Quantization::Fp8,
             }],
+            quantized_blocks: Vec::new(),
         };
         let format = |m: &str| config.format_of(m);
         assert_eq!(format("lm_head"), Quantization::Bf16);

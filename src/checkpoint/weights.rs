@@ -21,9 +21,19 @@ impl Checkpoint {
         config: &ModelConfig,
         module: &str,
     ) -> Result<LinearWeight<'_>, CheckpointError> {
-        let weight = self.tensor(&format!("{module}.weight"))?;
         let format = config.linear_format(module);
         let scheme = config.quantization.as_ref().map(|q| q.scheme);
+        // GPTQ modules have no `X.weight`: their own tensor names. As for
+        // NVFP4, an embedding the config's rules cover is still a float
+        // `X.weight` (the checker lists `qweight` for every linear layer).
+        if let (Quantization::Int4, Some(QuantScheme::Gptq { sym, zero_offset })) = (format, scheme)
+            && (self.contains(&format!("{module}.qweight"))
+                || !self.contains(&format!("{module}.weight")))
+        {
+            let group = config.quantization.as_ref().map_or(0, |q| q.group_size);
+            return self.int4(module, group, sym, zero_offset);
+        }
+        let weight = self.tensor(&format!("{module}.weight"))?;
         match (format, scheme) {
             (Quantization::Bf16, _) => {}
             // Only linear layers are quantized: an embedding matched by the
@@ -35,6 +45,7 @@ impl Checkpoint {
             // MXFP4 covers gpt-oss's stacked experts only ([`Self::mxfp4_expert`]):
             // any other module its config does not exclude is stored as is.
             (Quantization::Mxfp4, _) => {}
+            (Quantization::Int4, Some(QuantScheme::Gptq { .. })) => {}
             (format, scheme) => {
                 return Err(CheckpointError::UnreadFormat {
                     module: module.to_string(),
@@ -133,7 +144,7 @@ fn expert_slice(bytes: &[u8], expert: usize, len: usize) -> &[u8] {
 }
 
 /// The `[rows, cols]` of a 2-D tensor.
-fn matrix(view: &TensorView<'_>, expected: &str) -> Result<[usize; 2], CheckpointError> {
+pub(super) fn matrix(view: &TensorView<'_>, expected: &str) -> Result<[usize; 2], CheckpointError> {
     match *view.shape() {
         [rows, cols] => Ok([rows, cols]),
         _ => Err(view.wrong_shape(expected)),
@@ -142,7 +153,7 @@ fn matrix(view: &TensorView<'_>, expected: &str) -> Result<[usize; 2], Checkpoin
 
 /// Builds the weight, turning any length disagreement into an error naming
 /// the tensor.
-fn checked<'a>(
+pub(super) fn checked<'a>(
     view: &TensorView<'a>,
     rows: usize,
     cols: usize,

@@ -163,6 +163,11 @@ fn matrix_format(config: &ModelConfig, tensor: &TensorInfo) -> Option<&'static s
     if name.ends_with("_blocks") {
         return Some(Quantization::Mxfp4.name());
     }
+    // GPTQ's packed INT4 weight (its qzeros and scales are 2-D too, but not
+    // the matrix).
+    if name.ends_with(".qweight") {
+        return Some(Quantization::Int4.name());
+    }
     let module = name.strip_suffix(".weight")?;
     Some(match tensor.dtype {
         Dtype::Bf16 => "bf16",
@@ -180,6 +185,9 @@ fn parameters(config: &ModelConfig, tensor: &TensorInfo) -> u64 {
         ".weight_scale_2",
         ".input_scale",
         "_scales",
+        ".scales",
+        ".qzeros",
+        ".g_idx",
     ]
     .iter()
     .any(|suffix| name.ends_with(suffix));
@@ -190,6 +198,9 @@ fn parameters(config: &ModelConfig, tensor: &TensorInfo) -> u64 {
                 .is_some_and(|module| config.linear_format(module) == Quantization::Nvfp4));
     if is_scale {
         0
+    } else if tensor.dtype == Dtype::I32 && name.ends_with(".qweight") {
+        // 8 INT4 codes per int32.
+        crate::formats::INT4_PER_WORD as u64 * tensor.numel()
     } else if packed_fp4 {
         2 * tensor.numel()
     } else {

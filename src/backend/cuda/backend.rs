@@ -255,6 +255,12 @@ impl CudaBackend {
                 check("MXFP4 scales", w.rows * w.cols / MXFP4_GROUP, scales.len())?;
                 (FMT_MXFP4, blocks, scales, 1.0)
             }
+            WeightData::Int4 { .. } => {
+                return Err(BackendError::NotSupported {
+                    backend: "cuda",
+                    what: "INT4 (GPTQ) weights",
+                });
+            }
         };
         Ok(p::Weight {
             data: self.weights.translate(data)?,

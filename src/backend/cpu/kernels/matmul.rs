@@ -375,6 +375,11 @@ fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => super::x86::run_rows(job, rows),
+        // INT4 has no NEON kernel yet: the portable one (correct, slower).
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon if matches!(job.weight.data, WeightData::Int4 { .. }) => {
+            portable::run_rows(job, rows)
+        }
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => super::arm::run_rows(job, rows),
         _ => portable::run_rows(job, rows),

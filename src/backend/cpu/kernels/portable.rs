@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use super::job::Job;
-use crate::checkpoint::linear::{LinearWeight, WeightData};
+use crate::checkpoint::linear::{LinearWeight, WeightData, int4_element};
 use crate::formats::{E2M1, E4M3, E8M0, MXFP4_GROUP, NVFP4_GROUP, read_bf16, read_f32};
 
 /// Columns decoded at a time into a stack buffer.
@@ -68,6 +68,28 @@ pub fn decode_row(w: &LinearWeight, row: usize, start: usize, out: &mut [f32]) {
         WeightData::Mxfp4 { blocks, scales } => decode_fp4(blocks, base, out, |c| {
             E8M0[scales[row * (w.cols / MXFP4_GROUP) + (start + c) / MXFP4_GROUP] as usize]
         }),
+        // GPTQ stores the matrix input-major: a row is gathered word by word
+        // (slow, but this is the reference-shaped fallback; AVX2 has its own).
+        WeightData::Int4 {
+            qweight,
+            qzeros,
+            scales,
+            group,
+            zero_offset,
+        } => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = int4_element(
+                    qweight,
+                    qzeros,
+                    scales,
+                    group,
+                    zero_offset,
+                    w.rows,
+                    row,
+                    start + i,
+                );
+            }
+        }
     }
 }
 

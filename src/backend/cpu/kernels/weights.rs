@@ -3,9 +3,10 @@
 //! `crate::formats`), which the tests hold every kernel to.
 
 use super::error::KernelError;
-use crate::checkpoint::linear::{LinearWeight, WeightData};
+use crate::checkpoint::linear::{LinearWeight, WeightData, int4_element};
 use crate::formats::{
-    MXFP4_GROUP, NVFP4_GROUP, mxfp4_value, nvfp4_value, read_bf16, read_f32, read_nibble,
+    INT4_PER_WORD, MXFP4_GROUP, NVFP4_GROUP, mxfp4_value, nvfp4_value, read_bf16, read_f32,
+    read_nibble,
 };
 
 /// Weight element `W[row, col]` as f32, straight from the format's definition.
@@ -26,6 +27,22 @@ pub fn weight_at(w: &LinearWeight, row: usize, col: usize) -> f32 {
             let scale = scales[row * (w.cols / MXFP4_GROUP) + col / MXFP4_GROUP];
             mxfp4_value(read_nibble(blocks, index) as u8, scale)
         }
+        WeightData::Int4 {
+            qweight,
+            qzeros,
+            scales,
+            group,
+            zero_offset,
+        } => int4_element(
+            qweight,
+            qzeros,
+            scales,
+            group,
+            zero_offset,
+            w.rows,
+            row,
+            col,
+        ),
     }
 }
 
@@ -36,6 +53,7 @@ pub fn format_name(data: &WeightData) -> &'static str {
         WeightData::Bf16(_) => "BF16",
         WeightData::Nvfp4 { .. } => "NVFP4",
         WeightData::Mxfp4 { .. } => "MXFP4",
+        WeightData::Int4 { .. } => "INT4",
     }
 }
 
@@ -45,6 +63,12 @@ pub fn weight_bytes(w: &LinearWeight) -> usize {
         WeightData::F32(b) | WeightData::Bf16(b) => b.len(),
         WeightData::Nvfp4 { packed, scales, .. } => packed.len() + scales.len(),
         WeightData::Mxfp4 { blocks, scales } => blocks.len() + scales.len(),
+        WeightData::Int4 {
+            qweight,
+            qzeros,
+            scales,
+            ..
+        } => qweight.len() + qzeros.len() + scales.len(),
     }
 }
 
@@ -108,6 +132,32 @@ pub fn check_weight(w: &LinearWeight) -> Result<(), KernelError> {
             block(MXFP4_GROUP)?;
             expect("blocks", elements / 2, blocks.len())?;
             expect("scales", elements / MXFP4_GROUP, scales.len())
+        }
+        WeightData::Int4 {
+            qweight,
+            qzeros,
+            scales,
+            group,
+            ..
+        } => {
+            if group == 0 || !group.is_multiple_of(INT4_PER_WORD) {
+                return Err(KernelError::ColsNotBlockMultiple {
+                    format,
+                    multiple: INT4_PER_WORD,
+                    cols: group,
+                });
+            }
+            block(group)?;
+            if !w.rows.is_multiple_of(INT4_PER_WORD) {
+                return Err(KernelError::ColsNotBlockMultiple {
+                    format: "INT4 rows",
+                    multiple: INT4_PER_WORD,
+                    cols: w.rows,
+                });
+            }
+            expect("qweight", elements / 2, qweight.len())?;
+            expect("qzeros", elements / group / 2, qzeros.len())?;
+            expect("scales", elements / group * 2, scales.len())
         }
     }
 }

@@ -62,7 +62,9 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
                 };
                 gemv_rows(&dec, job, rows)
             }
-            WeightData::Mxfp4 { .. } => unreachable!("arm::run_rows sends MXFP4 to neon_mxfp4"),
+            WeightData::Mxfp4 { .. } | WeightData::Int4 { .. } => {
+                unreachable!("MXFP4 goes to neon_mxfp4, INT4 to the portable kernel")
+            }
         }
     }
 }
