@@ -7,12 +7,17 @@ use super::header_set::TensorInfo;
 use crate::geometry::{Architecture, WeightGroup};
 
 /// Parameters of a linear module: the weight and bias, and NVFP4's scales.
-const LINEAR_PARAMS: [&str; 5] = [
+const LINEAR_PARAMS: [&str; 9] = [
     "weight",
     "bias",
     "weight_scale",
     "weight_scale_2",
     "input_scale",
+    // GPTQ INT4.
+    "qweight",
+    "qzeros",
+    "scales",
+    "g_idx",
 ];
 
 /// The group of tensor `name`, or `None` if the architecture has no such
