@@ -132,13 +132,21 @@ fn the_int4_cases_pass_every_decoder_on_every_instruction_set() {
         let what = format!("INT4 case {i} {case:?}");
         let zero = int4_zero(case.stored_zero, case.zero_offset);
         let scalar = int4_value(case.code, zero, f16_to_f32(case.scale));
-        assert_eq!(scalar.to_bits(), case.value.to_bits(), "{what}: formats gave {scalar}");
+        assert_eq!(
+            scalar.to_bits(),
+            case.value.to_bits(),
+            "{what}: formats gave {scalar}"
+        );
         let weight = Int4CaseWeight::new(i);
         let view = weight.view();
         let mut row = vec![0.0f32; INT4_CASE_COLS];
         view.decode_row(weight.row, &mut row).unwrap();
         assert_eq!(row[weight.col], case.value, "{what}: decode_row");
-        assert_eq!(weight_at(&view, weight.row, weight.col), case.value, "{what}: weight_at");
+        assert_eq!(
+            weight_at(&view, weight.row, weight.col),
+            case.value,
+            "{what}: weight_at"
+        );
         for isa in Isa::available() {
             for tokens in [1, 3] {
                 let mut x = vec![0.0f32; tokens * INT4_CASE_COLS];

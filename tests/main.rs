@@ -10,6 +10,7 @@ mod cuda_common;
 mod fixture_runs;
 mod format_cases;
 mod kernels_common;
+mod kernels_int4;
 #[path = "common/server.rs"]
 mod server;
 

@@ -181,14 +181,14 @@ const fn int4(code: u8, stored_zero: u8, zero_offset: u8, scale: u16, value: f32
 
 /// By hand from the definition (docs/FORMATS.md, INT4).
 pub const INT4_CASES: &[Int4Case] = &[
-    int4(0x0, 7, 1, 0x3C00, -8.0),     // v1: stored 7 is zero 8; scale 1
-    int4(0xF, 7, 1, 0x3800, 3.5),      // (15 − 8) × 0.5
-    int4(0x9, 8, 0, 0x4000, 2.0),      // v2: stored 8 is zero 8; × 2
-    int4(0x3, 15, 1, 0x3C00, -13.0),   // v1 zero 16: (3 − 16) × 1
-    int4(0xF, 0, 0, 0x3400, 3.75),     // v2 zero 0: 15 × 0.25
-    int4(0xC, 7, 1, 0xBE00, -6.0),     // a negative scale: 4 × −1.5
+    int4(0x0, 7, 1, 0x3C00, -8.0),   // v1: stored 7 is zero 8; scale 1
+    int4(0xF, 7, 1, 0x3800, 3.5),    // (15 − 8) × 0.5
+    int4(0x9, 8, 0, 0x4000, 2.0),    // v2: stored 8 is zero 8; × 2
+    int4(0x3, 15, 1, 0x3C00, -13.0), // v1 zero 16: (3 − 16) × 1
+    int4(0xF, 0, 0, 0x3400, 3.75),   // v2 zero 0: 15 × 0.25
+    int4(0xC, 7, 1, 0xBE00, -6.0),   // a negative scale: 4 × −1.5
     int4(0xA, 7, 1, 0x0001, 1.192_092_9e-7), // f16 subnormal 2^-24: 2 × 2^-24
-    int4(0x9, 7, 1, 0x7BFF, 65504.0),  // the largest f16: 1 × 65504
+    int4(0x9, 7, 1, 0x7BFF, 65504.0), // the largest f16: 1 × 65504
     int4(0x1, 3, 0, 0x3555, -0.666_503_9), // (1 − 3) × 0.33325195 (f16 0x3555)
 ];
 
