@@ -233,6 +233,67 @@ pub fn mxfp4_value(code: u8, scale: u8) -> f32 {
     e2m1_to_f32(code) * E8M0[usize::from(scale)]
 }
 
+// ---- INT4 (GPTQ) ---------------------------------------------------------------------
+
+/// INT4 code `nibble` (0..8) of a packed 32-bit GPTQ word (`qweight` along
+/// the input dimension, `qzeros` along the output one): nibble `j` is bits
+/// `4j..4j+4`, so the low nibble is the first of the word's 8 elements.
+#[inline]
+pub fn int4_code(word: u32, nibble: usize) -> u8 {
+    ((word >> (4 * nibble)) & 0x0F) as u8
+}
+
+/// The zero point a stored 4-bit `qzeros` code means: GPTQ v1 checkpoints
+/// (`checkpoint_format: gptq`, AutoGPTQ's layout, AutoRound's
+/// `auto_round:auto_gptq`) store `zero − 1`, so `offset` is 1 and zero
+/// points lie in 1..=16; GPTQ v2 stores the zero itself (`offset` 0).
+#[inline]
+pub fn int4_zero(stored: u8, offset: u8) -> i32 {
+    i32::from(stored & 0x0F) + i32::from(offset)
+}
+
+/// An INT4 element: `(code − zero) × scale`, `scale` the group's f16 value.
+/// The difference is a small integer, so the product is the one rounding.
+#[inline]
+pub fn int4_value(code: u8, zero: i32, scale: f32) -> f32 {
+    (i32::from(code & 0x0F) - zero) as f32 * scale
+}
+
+/// Little-endian 32-bit word at element `index` of a byte slice.
+#[inline]
+pub fn read_u32(bytes: &[u8], index: usize) -> u32 {
+    let b = &bytes[4 * index..4 * index + 4];
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+// ---- f16 ------------------------------------------------------------------------------
+
+/// IEEE binary16 bits → f32, exact (subnormals, infinities and NaN kept).
+pub const fn f16_to_f32(bits: u16) -> f32 {
+    let sign = ((bits as u32) & 0x8000) << 16;
+    let exponent = ((bits >> 10) & 0x1F) as u32;
+    let mantissa = (bits & 0x03FF) as u32;
+    let magnitude = if exponent == 0 {
+        // Subnormal (or zero): mantissa × 2^-24, exact in f32.
+        return if sign != 0 {
+            -(mantissa as f32 / 16_777_216.0)
+        } else {
+            mantissa as f32 / 16_777_216.0
+        };
+    } else if exponent == 0x1F {
+        0x7F80_0000 | (mantissa << 13)
+    } else {
+        ((exponent + 112) << 23) | (mantissa << 13)
+    };
+    f32::from_bits(sign | magnitude)
+}
+
+/// Little-endian f16 at element `index` of a byte slice, as f32.
+#[inline]
+pub fn read_f16(bytes: &[u8], index: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]]))
+}
+
 // ---- bf16 and f32 -------------------------------------------------------------------
 
 /// bf16 bits → f32 (exact: bf16 is the top half of an f32).
@@ -251,23 +312,6 @@ pub fn f32_to_bf16(value: f32) -> u16 {
     }
     let rounding = 0x7FFF + ((bits >> 16) & 1);
     (bits.wrapping_add(rounding) >> 16) as u16
-}
-
-/// IEEE 754 binary16 bits → f32 (exact): 5 exponent bits (bias 15), 10
-/// mantissa bits, subnormals, infinities and NaN as the standard defines.
-pub fn f16_to_f32(bits: u16) -> f32 {
-    let sign = u32::from(bits >> 15) << 31;
-    let exponent = u32::from((bits >> 10) & 0x1F);
-    let mantissa = u32::from(bits & 0x3FF);
-    let magnitude = match exponent {
-        // Subnormal: mantissa × 2^-24, exact in f32.
-        0 => mantissa as f32 / 16_777_216.0,
-        0x1F if mantissa == 0 => f32::INFINITY,
-        0x1F => f32::NAN,
-        // Normal: rebias the exponent (−15 + 127) and widen the mantissa.
-        _ => f32::from_bits(((exponent + 112) << 23) | (mantissa << 13)),
-    };
-    f32::from_bits(magnitude.to_bits() | sign)
 }
 
 /// Little-endian bf16 at element `index` of a byte slice, as f32.

@@ -141,3 +141,56 @@ fn the_matmul_kernels_pass_the_table_on_every_instruction_set() {
         }
     }
 }
+
+/// The INT4 cases through `sparkrt::formats`, the checkpoint's row decoder,
+/// the kernels' element definition, and the matmul of every instruction
+/// set (1 token, and 3: a pair and a single in AVX2's token blocks).
+#[test]
+fn the_int4_cases_pass_every_decoder_on_every_instruction_set() {
+    use format_cases::{INT4_CASE_COLS, INT4_CASES, Int4CaseWeight};
+    use sparkrt::formats::{f16_to_f32, int4_value, int4_zero};
+    for (i, case) in INT4_CASES.iter().enumerate() {
+        let what = format!("INT4 case {i} {case:?}");
+        let zero = int4_zero(case.stored_zero, case.zero_offset);
+        let scalar = int4_value(case.code, zero, f16_to_f32(case.scale));
+        assert_eq!(
+            scalar.to_bits(),
+            case.value.to_bits(),
+            "{what}: formats gave {scalar}"
+        );
+        let weight = Int4CaseWeight::new(i);
+        let view = weight.view();
+        let mut row = vec![0.0f32; INT4_CASE_COLS];
+        view.decode_row(weight.row, &mut row).unwrap();
+        assert_eq!(row[weight.col], case.value, "{what}: decode_row");
+        assert_eq!(
+            weight_at(&view, weight.row, weight.col),
+            case.value,
+            "{what}: weight_at"
+        );
+        for isa in Isa::available() {
+            for tokens in [1, 3] {
+                let mut x = vec![0.0f32; tokens * INT4_CASE_COLS];
+                for t in 0..tokens {
+                    x[t * INT4_CASE_COLS + weight.col] = 1.0;
+                }
+                let rows = Int4CaseWeight::ROWS;
+                let mut out = vec![0.0f32; tokens * rows];
+                matmul_grouped_on(
+                    isa,
+                    &mut [GroupedProblem {
+                        x: &x,
+                        tokens,
+                        weight: view,
+                        out: &mut out,
+                    }],
+                )
+                .unwrap();
+                for t in 0..tokens {
+                    let got = out[t * rows + weight.row];
+                    assert_eq!(got, case.value, "{what}: {isa:?} {tokens} tokens");
+                }
+            }
+        }
+    }
+}

@@ -10,6 +10,7 @@ mod cuda_common;
 mod fixture_runs;
 mod format_cases;
 mod kernels_common;
+mod kernels_int4;
 #[path = "common/server.rs"]
 mod server;
 
@@ -33,6 +34,7 @@ mod cuda_sass;
 mod engine_fixtures;
 mod engine_fp8;
 mod engine_hybrid_cache;
+mod engine_int4;
 mod engine_logprobs;
 mod engine_output;
 mod engine_plans;

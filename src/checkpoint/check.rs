@@ -9,7 +9,7 @@ use super::error::{CheckpointError, TensorProblem};
 use super::header_set::{HeaderSet, TensorInfo};
 use super::mapped::Checkpoint;
 use super::quant_config::QuantScheme;
-use crate::formats::{MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
+use crate::formats::{INT4_PER_WORD, MXFP4_BLOCK_BYTES, MXFP4_GROUP, NVFP4_GROUP};
 use crate::geometry::{Architecture, LayerAttention, Quantization};
 
 /// The names an NVFP4 layout gives a module's codes, global scale and
@@ -275,10 +275,13 @@ impl Expectations<'_> {
 
     /// A `[rows, cols]` linear weight in the format the config gives
     /// `module`: BF16, the NVFP4 triplet (plus the optional `input_scale`),
-    /// or FP8 ([`Self::fp8_linear`]).
+    /// FP8 ([`Self::fp8_linear`]) or GPTQ INT4 ([`Self::int4`]).
     fn linear(&mut self, module: &str, rows: usize, cols: usize) {
         let scheme = self.config.quantization.as_ref().map(|q| q.scheme);
         match self.config.linear_format(module) {
+            Quantization::Int4 if matches!(scheme, Some(QuantScheme::Gptq { .. })) => {
+                self.int4(module, rows, cols)
+            }
             Quantization::Nvfp4 if scheme == Some(QuantScheme::CompressedTensors) => {
                 self.compressed_tensors_nvfp4(module, rows, cols)
             }
@@ -351,6 +354,45 @@ impl Expectations<'_> {
     /// compressed-tensors' NVFP4 tensors of `module` (`nvfp4-pack-quantized`).
     fn compressed_tensors_nvfp4(&mut self, module: &str, rows: usize, cols: usize) {
         self.nvfp4_tensors(module, rows, cols, COMPRESSED_TENSORS_NVFP4);
+    }
+
+    /// A GPTQ INT4 `[rows, cols]` linear: `qweight` I32 `[cols/8, rows]`,
+    /// `qzeros` I32 `[cols/group, rows/8]`, `scales` F16 `[cols/group,
+    /// rows]`, optional `g_idx` I32 `[cols]`. Shapes that do not divide are
+    /// listed as is (the floor), so the tensor's real shape fails the check
+    /// and names it; the reader (`weights_int4`) repeats the divisibility test.
+    fn int4(&mut self, module: &str, rows: usize, cols: usize) {
+        let group = self
+            .config
+            .quantization
+            .as_ref()
+            .map_or(1, |q| q.group_size.max(1));
+        let groups = cols / group;
+        let exact = |shape: Vec<usize>| ExpectedShape::Exact(shape);
+        self.add(
+            &format!("{module}.qweight"),
+            Dtype::I32,
+            exact(vec![cols / INT4_PER_WORD, rows]),
+            true,
+        );
+        self.add(
+            &format!("{module}.qzeros"),
+            Dtype::I32,
+            exact(vec![groups, rows / INT4_PER_WORD]),
+            true,
+        );
+        self.add(
+            &format!("{module}.scales"),
+            Dtype::F16,
+            exact(vec![groups, rows]),
+            true,
+        );
+        self.add(
+            &format!("{module}.g_idx"),
+            Dtype::I32,
+            exact(vec![cols]),
+            false,
+        );
     }
 
     /// A BF16 (or F32) vector of `len`.

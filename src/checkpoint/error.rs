@@ -65,6 +65,14 @@ pub enum CheckpointError {
         first: PathBuf,
         second: PathBuf,
     },
+    /// A tensor whose values break its format's rules (an INT4 zero point
+    /// of a symmetric checkpoint other than 8, a permuting `g_idx`).
+    #[error("{}: tensor `{tensor}`: {reason}", path.display())]
+    BadValues {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
+    },
     #[error("no tensor named `{0}` in the checkpoint")]
     NoSuchTensor(String),
     #[error("{}: tensor `{tensor}` is {found}, expected {expected}", path.display())]

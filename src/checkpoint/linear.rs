@@ -6,7 +6,8 @@
 
 use super::quant::{self, QuantError, check_len};
 use crate::formats::{
-    FP8_BLOCK, MXFP4_GROUP, NVFP4_GROUP, ScaleType, fp8_block_index, fp8_value, read_bf16, read_f32,
+    FP8_BLOCK, INT4_PER_WORD, MXFP4_GROUP, NVFP4_GROUP, ScaleType, fp8_block_index, fp8_value,
+    int4_code, int4_value, int4_zero, read_bf16, read_f16, read_f32, read_u32,
 };
 
 /// Storage format and bytes of a `[rows, cols]` weight matrix (PyTorch layout:
@@ -33,6 +34,41 @@ pub enum WeightData<'a> {
         values: &'a [u8],
         scales: Fp8Scales<'a>,
     },
+    /// GPTQ INT4, stored transposed (input-major), as the checkpoint has it:
+    /// `qweight` `[cols/8, rows]` little-endian u32 words, word `(k, r)`
+    /// holding `W[r, 8k..8k+8]` low nibble first; `qzeros` `[cols/group,
+    /// rows/8]` words, word `(g, j)` holding the stored zero codes of rows
+    /// `8j..8j+8`; `scales` `[cols/group, rows]` f16. Element `(r, c)` is
+    /// `(code − (stored zero + zero_offset)) × scale` (`formats::int4_value`).
+    /// `group` is a multiple of 8 dividing `cols`; `rows` a multiple of 8.
+    Int4 {
+        qweight: &'a [u8],
+        qzeros: &'a [u8],
+        scales: &'a [u8],
+        group: usize,
+        zero_offset: u8,
+    },
+}
+
+/// Element `(row, col)` of a GPTQ INT4 matrix with `rows` output rows (the
+/// layout of [`WeightData::Int4`]); indices must be in range.
+#[allow(clippy::too_many_arguments)]
+pub fn int4_element(
+    qweight: &[u8],
+    qzeros: &[u8],
+    scales: &[u8],
+    group: usize,
+    zero_offset: u8,
+    rows: usize,
+    row: usize,
+    col: usize,
+) -> f32 {
+    let word = read_u32(qweight, (col / INT4_PER_WORD) * rows + row);
+    let g = col / group;
+    let zeros = read_u32(qzeros, g * (rows / INT4_PER_WORD) + row / INT4_PER_WORD);
+    let zero = int4_zero(int4_code(zeros, row % INT4_PER_WORD), zero_offset);
+    let scale = read_f16(scales, g * rows + row);
+    int4_value(int4_code(word, col % INT4_PER_WORD), zero, scale)
 }
 
 /// Where an FP8 weight's scales come from.
@@ -95,6 +131,25 @@ impl<'a> LinearWeight<'a> {
                     check_len("FP8 block scales", blocks * dtype.bytes(), bytes.len())?;
                 }
             }
+            WeightData::Int4 {
+                qweight,
+                qzeros,
+                scales,
+                group,
+                ..
+            } => {
+                if group == 0 || !group.is_multiple_of(INT4_PER_WORD) {
+                    return Err(QuantError::Ungrouped {
+                        cols: group,
+                        group: INT4_PER_WORD,
+                    });
+                }
+                ensure_grouped(cols, group)?;
+                ensure_grouped(rows, INT4_PER_WORD)?;
+                check_len("INT4 qweight", elements / 2, qweight.len())?;
+                check_len("INT4 qzeros", elements / group / 2, qzeros.len())?;
+                check_len("INT4 scales", elements / group * 2, scales.len())?;
+            }
         }
         Ok(weight)
     }
@@ -143,6 +198,26 @@ impl<'a> LinearWeight<'a> {
                 let values = row_slice(values, row, cols, "FP8 values")?;
                 for (col, (value, &byte)) in out.iter_mut().zip(values).enumerate() {
                     *value = fp8_value(byte, scales.at(row, col, cols));
+                }
+            }
+            WeightData::Int4 {
+                qweight,
+                qzeros,
+                scales,
+                group,
+                zero_offset,
+            } => {
+                for (col, value) in out.iter_mut().enumerate() {
+                    *value = int4_element(
+                        qweight,
+                        qzeros,
+                        scales,
+                        group,
+                        zero_offset,
+                        self.rows,
+                        row,
+                        col,
+                    );
                 }
             }
         }

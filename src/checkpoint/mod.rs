@@ -30,11 +30,13 @@ mod mapped;
 pub mod page_cache;
 pub mod quant;
 pub mod quant_config;
+mod quant_gptq;
 pub mod residency;
 pub mod scripted;
 pub mod synthetic;
 pub mod view;
 mod weights;
+mod weights_int4;
 
 use std::path::Path;
 

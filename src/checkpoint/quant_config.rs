@@ -21,7 +21,8 @@ use crate::geometry::Quantization;
 /// The quantizations `parse` reads, for error messages.
 pub const SUPPORTED: &str = "ModelOpt NVFP4, ModelOpt FP8, ModelOpt MIXED_PRECISION (NVFP4 and \
      FP8 layers), compressed-tensors nvfp4-pack-quantized, FP8 block-wise (quant_method fp8, \
-     e4m3, weight_block_size [128, 128]), MXFP4";
+     e4m3, weight_block_size [128, 128]), MXFP4, GPTQ / AutoRound INT4 (gptq, auto-round with \
+     auto_round:auto_gptq packing)";
 
 /// The tool whose tensor layout the quantized modules follow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +40,11 @@ pub enum QuantScheme {
     /// Fine-grained FP8 (`quant_method: fp8`, Qwen's `-FP8` releases,
     /// DeepSeek-V3): `weight` (E4M3) and `weight_scale_inv` per 128 × 128 block.
     Fp8Block,
+    /// GPTQ-layout INT4 (`quant_method` `gptq` or `auto-round`): `qweight`,
+    /// `qzeros`, `scales`, optional `g_idx` (see `quant_gptq`). `sym`: every
+    /// zero point must be 8; `zero_offset`: added to a stored zero (1 for
+    /// GPTQ v1, which stores zero − 1).
+    Gptq { sym: bool, zero_offset: u8 },
 }
 
 impl QuantScheme {
@@ -50,6 +56,7 @@ impl QuantScheme {
             QuantScheme::Mxfp4 => &["mxfp4"],
             QuantScheme::CompressedTensors => &["compressed-tensors"],
             QuantScheme::Fp8Block => &["fp8"],
+            QuantScheme::Gptq { .. } => &["gptq", "gptq_marlin", "auto-round"],
         }
     }
 
@@ -59,6 +66,7 @@ impl QuantScheme {
             QuantScheme::Mxfp4 => "mxfp4",
             QuantScheme::CompressedTensors => "compressed-tensors",
             QuantScheme::Fp8Block => "fp8",
+            QuantScheme::Gptq { .. } => "gptq",
         }
     }
 }
@@ -215,7 +223,7 @@ impl QuantizationConfig {
 pub(super) struct RawQuant {
     pub quant_method: Option<String>,
     quant_algo: Option<String>,
-    group_size: Option<usize>,
+    pub(super) group_size: Option<i64>,
     exclude_modules: Option<Vec<String>>,
     ignore: Option<Vec<String>>,
     modules_to_not_convert: Option<Vec<String>>,
@@ -234,6 +242,9 @@ pub(super) struct RawQuant {
     activation_scheme: Option<String>,
     /// FP8 block-wise: `[rows, cols]` of a scale's block.
     weight_block_size: Option<Vec<usize>>,
+    /// GPTQ / AutoRound INT4 keys.
+    #[serde(flatten)]
+    pub(super) gptq: super::quant_gptq::RawGptq,
 }
 
 /// One compressed-tensors config group.
@@ -300,6 +311,14 @@ pub(super) fn parse(raw: &RawQuant, path: &Path) -> Result<QuantizationConfig, C
         }),
         "compressed-tensors" => compressed_tensors(raw).map_err(unsupported),
         "fp8" => fp8_block(raw, globs, &unsupported),
+        lower @ ("gptq" | "auto-round" | "auto_round") => {
+            let lower = if lower == "gptq" {
+                "gptq"
+            } else {
+                "auto-round"
+            };
+            super::quant_gptq::parse(lower, raw, &raw.gptq, globs, path)
+        }
         _ => Err(unsupported(method)),
     }
 }
@@ -398,11 +417,11 @@ fn modelopt(
     };
     match algo.to_ascii_uppercase().as_str() {
         "NVFP4" => {
-            let group_size = raw.group_size.unwrap_or(NVFP4_GROUP);
-            if group_size != NVFP4_GROUP {
+            let group_size = raw.group_size.unwrap_or(NVFP4_GROUP as i64);
+            if group_size != NVFP4_GROUP as i64 {
                 return Err(unsupported(format!("NVFP4 with group_size {group_size}")));
             }
-            Ok(uniform(Quantization::Nvfp4, group_size))
+            Ok(uniform(Quantization::Nvfp4, NVFP4_GROUP))
         }
         "FP8" => Ok(uniform(Quantization::Fp8, 0)),
         "MIXED_PRECISION" => modelopt_mixed(raw, excluded_modules, unsupported),

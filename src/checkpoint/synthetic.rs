@@ -204,6 +204,18 @@ fn fill(out: &mut Vec<u8>, n: usize, name: &str, dtype: Dtype, rng: &mut SplitMi
             // Block scales near 1.0 (0x38) in E4M3.
             out.extend((0..n).map(|_| 0x34 + (rng.next_u64() % 8) as u8));
         }
+        Dtype::F16 => {
+            // GPTQ INT4 scales: (code − 8) × 0.004 spans ±0.03, as the bf16 weights do.
+            for _ in 0..n / 2 {
+                let v = 0.003 + 0.002 * rng.next_f64() as f32;
+                out.extend_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
+            }
+        }
+        Dtype::I32 if name.ends_with(".qzeros") => {
+            // Every stored zero 7: the zero point 8 of a symmetric GPTQ v1
+            // checkpoint (AutoRound's auto_gptq packing).
+            out.extend(std::iter::repeat_n(0x77u8, n));
+        }
         Dtype::U8 if name.ends_with("_scales") => {
             // MXFP4 exponents near 2^-6.
             out.extend((0..n).map(|_| 120 + (rng.next_u64() % 3) as u8));

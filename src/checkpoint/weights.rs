@@ -33,6 +33,16 @@ impl Checkpoint {
             }
             return self.plain(self.tensor(&format!("{module}.weight"))?);
         }
+        // GPTQ modules have no `X.weight`: their own tensor names. As for
+        // NVFP4, an embedding the config's rules cover is still a float
+        // `X.weight` (the checker lists `qweight` for every linear layer).
+        if let (Quantization::Int4, Some(QuantScheme::Gptq { sym, zero_offset })) = (format, scheme)
+            && (self.contains(&format!("{module}.qweight"))
+                || !self.contains(&format!("{module}.weight")))
+        {
+            let group = config.quantization.as_ref().map_or(0, |q| q.group_size);
+            return self.int4(module, group, sym, zero_offset);
+        }
         let weight = self.tensor(&format!("{module}.weight"))?;
         match (format, scheme) {
             (Quantization::Bf16, _) => {}
@@ -55,6 +65,7 @@ impl Checkpoint {
             // MXFP4 covers gpt-oss's stacked experts only ([`Self::mxfp4_expert`]):
             // any other module its config does not exclude is stored as is.
             (Quantization::Mxfp4, _) => {}
+            (Quantization::Int4, Some(QuantScheme::Gptq { .. })) => {}
             (format, scheme) => {
                 return Err(CheckpointError::UnreadFormat {
                     module: module.to_string(),
@@ -192,7 +203,7 @@ fn expert_slice(bytes: &[u8], expert: usize, len: usize) -> &[u8] {
 }
 
 /// The `[rows, cols]` of a 2-D tensor.
-fn matrix(view: &TensorView<'_>, expected: &str) -> Result<[usize; 2], CheckpointError> {
+pub(super) fn matrix(view: &TensorView<'_>, expected: &str) -> Result<[usize; 2], CheckpointError> {
     match *view.shape() {
         [rows, cols] => Ok([rows, cols]),
         _ => Err(view.wrong_shape(expected)),

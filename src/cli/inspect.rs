@@ -168,6 +168,11 @@ fn matrix_format(config: &ModelConfig, tensor: &TensorInfo) -> Option<&'static s
     if name.ends_with("_blocks") {
         return Some(Quantization::Mxfp4.name());
     }
+    // GPTQ's packed INT4 weight (its qzeros and scales are 2-D too, but not
+    // the matrix).
+    if name.ends_with(".qweight") {
+        return Some(Quantization::Int4.name());
+    }
     // Stacked experts (`experts.gate_up_proj`, `[E, rows, cols]`) are
     // matrices too; a convolution's `[channels, 1, kernel]` weight is not.
     let stacked = tensor.shape.len() == 3
@@ -202,6 +207,9 @@ fn parameters(config: &ModelConfig, tensor: &TensorInfo) -> u64 {
         ".weight_global_scale",
         ".input_global_scale",
         "_scales",
+        ".scales",
+        ".qzeros",
+        ".g_idx",
     ]
     .iter()
     .any(|suffix| name.ends_with(suffix));
@@ -213,6 +221,9 @@ fn parameters(config: &ModelConfig, tensor: &TensorInfo) -> u64 {
                 .is_some_and(|module| config.linear_format(module) == Quantization::Nvfp4));
     if is_scale {
         0
+    } else if tensor.dtype == Dtype::I32 && name.ends_with(".qweight") {
+        // 8 INT4 codes per int32.
+        crate::formats::INT4_PER_WORD as u64 * tensor.numel()
     } else if packed_fp4 {
         2 * tensor.numel()
     } else {

@@ -239,3 +239,115 @@ pub const E4M3_ENCODE: &[(f32, u8)] = &[
     (1.0e-10, 0x00),
     (-1.0e-10, 0x80),
 ];
+/// A GPTQ INT4 element: a 4-bit code, the stored 4-bit zero point and the
+/// offset the checkpoint adds to it (1 for GPTQ v1, 0 for v2), the f16
+/// scale's bits, and the value `(code − (stored + offset)) × scale`.
+#[derive(Clone, Copy, Debug)]
+pub struct Int4Case {
+    pub code: u8,
+    pub stored_zero: u8,
+    pub zero_offset: u8,
+    pub scale: u16,
+    pub value: f32,
+}
+
+const fn int4(code: u8, stored_zero: u8, zero_offset: u8, scale: u16, value: f32) -> Int4Case {
+    Int4Case {
+        code,
+        stored_zero,
+        zero_offset,
+        scale,
+        value,
+    }
+}
+
+/// By hand from the definition (docs/FORMATS.md, INT4).
+pub const INT4_CASES: &[Int4Case] = &[
+    int4(0x0, 7, 1, 0x3C00, -8.0),   // v1: stored 7 is zero 8; scale 1
+    int4(0xF, 7, 1, 0x3800, 3.5),    // (15 − 8) × 0.5
+    int4(0x9, 8, 0, 0x4000, 2.0),    // v2: stored 8 is zero 8; × 2
+    int4(0x3, 15, 1, 0x3C00, -13.0), // v1 zero 16: (3 − 16) × 1
+    int4(0xF, 0, 0, 0x3400, 3.75),   // v2 zero 0: 15 × 0.25
+    int4(0xC, 7, 1, 0xBE00, -6.0),   // a negative scale: 4 × −1.5
+    int4(0xA, 7, 1, 0x0001, 1.192_092_9e-7), // f16 subnormal 2^-24: 2 × 2^-24
+    int4(0x9, 7, 1, 0x7BFF, 65504.0), // the largest f16: 1 × 65504
+    int4(0x1, 3, 0, 0x3555, -0.666_503_9), // (1 − 3) × 0.33325195 (f16 0x3555)
+];
+
+/// Columns and group of an INT4 case weight: two groups of 32.
+pub const INT4_CASE_COLS: usize = 64;
+pub const INT4_CASE_GROUP: usize = 32;
+
+/// An 8 × 64 GPTQ INT4 weight showing case `index` at one element (row and
+/// column vary with `index` so every nibble position of `qweight` and
+/// `qzeros` is exercised); every other element has its row's zero point as
+/// its code, so it is 0.
+pub struct Int4CaseWeight {
+    pub case: Int4Case,
+    pub row: usize,
+    pub col: usize,
+    pub qweight: Vec<u8>,
+    pub qzeros: Vec<u8>,
+    pub scales: Vec<u8>,
+}
+
+impl Int4CaseWeight {
+    pub const ROWS: usize = 8;
+
+    pub fn new(index: usize) -> Int4CaseWeight {
+        let case = INT4_CASES[index];
+        let (rows, cols, group) = (Self::ROWS, INT4_CASE_COLS, INT4_CASE_GROUP);
+        let row = (index * 3) % rows;
+        let col = 8 * (index % 8) + (index + 5) % 8;
+        let groups = cols / group;
+        // Every row stores the case's zero point (and offset) in every group.
+        let zero = case.stored_zero & 0x0F;
+        let code_of = |r: usize, c: usize| -> u32 {
+            if (r, c) == (row, col) {
+                u32::from(case.code)
+            } else {
+                // code = zero point: (z − z) × s = 0, when the zero fits 4 bits.
+                u32::from((zero + case.zero_offset).min(15))
+            }
+        };
+        let mut qweight = Vec::new();
+        for k in 0..cols / 8 {
+            for r in 0..rows {
+                let word = (0..8).fold(0u32, |w, j| w | (code_of(r, 8 * k + j) << (4 * j)));
+                qweight.extend(word.to_le_bytes());
+            }
+        }
+        let mut qzeros = Vec::new();
+        for _ in 0..groups {
+            let word = (0..8).fold(0u32, |w, j| w | (u32::from(zero) << (4 * j)));
+            qzeros.extend(word.to_le_bytes());
+        }
+        let mut scales = Vec::new();
+        for _ in 0..groups * rows {
+            scales.extend(case.scale.to_le_bytes());
+        }
+        Int4CaseWeight {
+            case,
+            row,
+            col,
+            qweight,
+            qzeros,
+            scales,
+        }
+    }
+
+    pub fn view(&self) -> LinearWeight<'_> {
+        LinearWeight::new(
+            Self::ROWS,
+            INT4_CASE_COLS,
+            WeightData::Int4 {
+                qweight: &self.qweight,
+                qzeros: &self.qzeros,
+                scales: &self.scales,
+                group: INT4_CASE_GROUP,
+                zero_offset: self.case.zero_offset,
+            },
+        )
+        .unwrap()
+    }
+}

@@ -255,9 +255,9 @@ impl CudaBackend {
                 check("MXFP4 scales", w.rows * w.cols / MXFP4_GROUP, scales.len())?;
                 (FMT_MXFP4, blocks, scales, 1.0)
             }
-            // No FP8 weight kernel on CUDA yet: refused by name, never
-            // dequantized behind the caller's back.
-            WeightData::Fp8 { .. } => {
+            // No FP8 or INT4 weight kernel on CUDA yet: refused by name,
+            // never dequantized behind the caller's back.
+            WeightData::Fp8 { .. } | WeightData::Int4 { .. } => {
                 return Err(BackendError::NotSupported {
                     backend: "cuda",
                     what: crate::backend::cpu::kernels::weights::format_name(&w.data),

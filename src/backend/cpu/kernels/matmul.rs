@@ -375,10 +375,15 @@ fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => super::x86::run_rows(job, rows),
-        // FP8 has no NEON kernel yet: the portable one is correct (and
-        // batch-invariant) everywhere.
+        // FP8 and INT4 have no NEON kernel yet: the portable one is correct
+        // (and batch-invariant) everywhere.
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon if matches!(job.weight.data, WeightData::Fp8 { .. }) => {
+        Isa::Neon
+            if matches!(
+                job.weight.data,
+                WeightData::Fp8 { .. } | WeightData::Int4 { .. }
+            ) =>
+        {
             portable::run_rows(job, rows)
         }
         #[cfg(target_arch = "aarch64")]

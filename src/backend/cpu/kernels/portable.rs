@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use super::job::Job;
-use crate::checkpoint::linear::{LinearWeight, WeightData};
+use crate::checkpoint::linear::{LinearWeight, WeightData, int4_element};
 use crate::formats::{E2M1, E4M3, E8M0, MXFP4_GROUP, NVFP4_GROUP, fp8_value, read_bf16, read_f32};
 
 /// Columns decoded at a time into a stack buffer.
@@ -71,6 +71,28 @@ pub fn decode_row(w: &LinearWeight, row: usize, start: usize, out: &mut [f32]) {
         WeightData::Fp8 { values, scales } => {
             for (i, o) in out.iter_mut().enumerate() {
                 *o = fp8_value(values[base + i], scales.at(row, start + i, w.cols));
+            }
+        }
+        // GPTQ stores the matrix input-major: a row is gathered word by word
+        // (slow, but this is the reference-shaped fallback; AVX2 has its own).
+        WeightData::Int4 {
+            qweight,
+            qzeros,
+            scales,
+            group,
+            zero_offset,
+        } => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = int4_element(
+                    qweight,
+                    qzeros,
+                    scales,
+                    group,
+                    zero_offset,
+                    w.rows,
+                    row,
+                    start + i,
+                );
             }
         }
     }

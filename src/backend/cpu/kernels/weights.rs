@@ -3,10 +3,10 @@
 //! `crate::formats`), which the tests hold every kernel to.
 
 use super::error::KernelError;
-use crate::checkpoint::linear::{Fp8Scales, LinearWeight, WeightData};
+use crate::checkpoint::linear::{Fp8Scales, LinearWeight, WeightData, int4_element};
 use crate::formats::{
-    FP8_BLOCK, MXFP4_GROUP, NVFP4_GROUP, fp8_value, mxfp4_value, nvfp4_value, read_bf16, read_f32,
-    read_nibble,
+    FP8_BLOCK, INT4_PER_WORD, MXFP4_GROUP, NVFP4_GROUP, fp8_value, mxfp4_value, nvfp4_value,
+    read_bf16, read_f32, read_nibble,
 };
 
 /// Weight element `W[row, col]` as f32, straight from the format's definition.
@@ -28,6 +28,22 @@ pub fn weight_at(w: &LinearWeight, row: usize, col: usize) -> f32 {
             mxfp4_value(read_nibble(blocks, index) as u8, scale)
         }
         WeightData::Fp8 { values, scales } => fp8_value(values[index], scales.at(row, col, w.cols)),
+        WeightData::Int4 {
+            qweight,
+            qzeros,
+            scales,
+            group,
+            zero_offset,
+        } => int4_element(
+            qweight,
+            qzeros,
+            scales,
+            group,
+            zero_offset,
+            w.rows,
+            row,
+            col,
+        ),
     }
 }
 
@@ -46,6 +62,7 @@ pub fn format_name(data: &WeightData) -> &'static str {
             scales: Fp8Scales::Block { .. },
             ..
         } => "FP8-block",
+        WeightData::Int4 { .. } => "INT4",
     }
 }
 
@@ -62,6 +79,12 @@ pub fn weight_bytes(w: &LinearWeight) -> usize {
                     Fp8Scales::Block { bytes, .. } => bytes.len(),
                 }
         }
+        WeightData::Int4 {
+            qweight,
+            qzeros,
+            scales,
+            ..
+        } => qweight.len() + qzeros.len() + scales.len(),
     }
 }
 
@@ -139,6 +162,32 @@ pub fn check_weight(w: &LinearWeight) -> Result<(), KernelError> {
                     )
                 }
             }
+        }
+        WeightData::Int4 {
+            qweight,
+            qzeros,
+            scales,
+            group,
+            ..
+        } => {
+            if group == 0 || !group.is_multiple_of(INT4_PER_WORD) {
+                return Err(KernelError::ColsNotBlockMultiple {
+                    format,
+                    multiple: INT4_PER_WORD,
+                    cols: group,
+                });
+            }
+            block(group)?;
+            if !w.rows.is_multiple_of(INT4_PER_WORD) {
+                return Err(KernelError::ColsNotBlockMultiple {
+                    format: "INT4 rows",
+                    multiple: INT4_PER_WORD,
+                    cols: w.rows,
+                });
+            }
+            expect("qweight", elements / 2, qweight.len())?;
+            expect("qzeros", elements / group / 2, qzeros.len())?;
+            expect("scales", elements / group * 2, scales.len())
         }
     }
 }

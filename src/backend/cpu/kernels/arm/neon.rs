@@ -63,8 +63,8 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
                 gemv_rows(&dec, job, rows)
             }
             WeightData::Mxfp4 { .. } => unreachable!("arm::run_rows sends MXFP4 to neon_mxfp4"),
-            WeightData::Fp8 { .. } => {
-                unreachable!("matmul sends FP8 on NEON to the portable kernel")
+            WeightData::Fp8 { .. } | WeightData::Int4 { .. } => {
+                unreachable!("matmul sends FP8 and INT4 on NEON to the portable kernel")
             }
         }
     }

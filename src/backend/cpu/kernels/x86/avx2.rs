@@ -87,7 +87,9 @@ fn whole_columns(w: &LinearWeight) -> usize {
         WeightData::Bf16(_) => Bf16Dec::CHUNK,
         WeightData::Nvfp4 { .. } => Nvfp4Dec::CHUNK,
         WeightData::Fp8 { .. } => super::avx2_fp8::Fp8Dec::CHUNK,
-        WeightData::Mxfp4 { .. } => unreachable!("MXFP4 has its own kernels"),
+        WeightData::Mxfp4 { .. } | WeightData::Int4 { .. } => {
+            unreachable!("MXFP4 and INT4 have their own kernels")
+        }
     };
     w.cols / chunk * chunk
 }
@@ -127,7 +129,9 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
                 };
                 run_format(&dec, job, rows)
             }
-            WeightData::Mxfp4 { .. } => unreachable!("x86::run_rows sends MXFP4 to avx2_mxfp4"),
+            WeightData::Mxfp4 { .. } | WeightData::Int4 { .. } => {
+                unreachable!("x86::run_rows sends MXFP4 and INT4 to their kernels")
+            }
         }
     }
 }

@@ -1,13 +1,15 @@
 //! x86-64 kernels: AVX2 + FMA, entered only through `Isa::Avx2` (which
 //! exists only after run-time detection). `avx2.rs` holds the f32-decoding
 //! matmul kernels (F32, BF16, NVFP4, and FP8 with the decoder of
-//! `avx2_fp8.rs`), `avx2_mxfp4.rs` the integer MXFP4
-//! kernels and the activation quantizer, `avx2_ops.rs` the small ops;
+//! `avx2_fp8.rs`), `avx2_mxfp4.rs` the integer MXFP4 kernels and the
+//! activation quantizer, `avx2_int4.rs` the GPTQ INT4 kernel, `avx2_ops.rs`
+//! the small ops;
 //! `lanes.rs` what the two matmul files share. This file sends each format
 //! to its kernels.
 
 mod avx2;
 mod avx2_fp8;
+mod avx2_int4;
 mod avx2_mxfp4;
 pub(super) mod avx2_ops;
 mod lanes;
@@ -23,6 +25,8 @@ pub(super) use avx2_mxfp4::quantize_row;
 pub(super) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
     match w.data {
         WeightData::Mxfp4 { .. } => avx2_mxfp4::choose_path(w.cols, tokens),
+        // One kernel for every token count (`avx2_int4`).
+        WeightData::Int4 { .. } => Path::Gemv,
         _ => avx2::choose_path(w, tokens),
     }
 }
@@ -38,6 +42,10 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
         }
         (WeightData::Mxfp4 { .. }, None) => {
             unreachable!("matmul quantizes the activations of MXFP4 on AVX2")
+        }
+        (WeightData::Int4 { .. }, _) => {
+            // SAFETY: as above: shapes checked, AVX2 and FMA present.
+            unsafe { avx2_int4::run_rows(job, rows) }
         }
         _ => avx2::run_rows(job, rows),
     }

@@ -1,0 +1,155 @@
+//! The AVX2 kernel for GPTQ INT4 weights, read in the checkpoint's own
+//! input-major layout (no repacking at load).
+//!
+//! `qweight` holds, per packed input row `k` (8 input columns), one 32-bit
+//! word per output row: the words of 8 consecutive output rows are one
+//! contiguous 32-byte load. So a block of 8 output rows is computed with
+//! its 8 outputs in the 8 lanes of a vector: for each of the word's 8
+//! nibbles, the 8 rows' weights for one input column are decoded as
+//! `(code − zero) × scale` (the rule of `formats::int4_value`) and
+//! multiplied by that column's activation, broadcast.
+//!
+//! Up to 32 such blocks (256 rows) are computed together, so each packed
+//! input row is one contiguous kilobyte read.
+//!
+//! Summation order (batch invariance): every output sums its products in
+//! input-column order into 4 partial sums (column mod 4), added as
+//! `(s0 + s1) + (s2 + s3)` at the end, for every token count and row
+//! chunk: tokens are computed in pairs only to share the decoded weights,
+//! each with its own sums.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::super::job::Job;
+use crate::checkpoint::linear::WeightData;
+use crate::formats::{INT4_PER_WORD, read_f16, read_u32};
+
+/// Tokens sharing one decode of the weights.
+const TOKEN_BLOCK: usize = 2;
+/// 8-row blocks computed together: each packed input row is then read as
+/// `CHUNK_BLOCKS × 32` contiguous bytes (the qweight layout is input-major:
+/// 8 rows alone would read 32 bytes per page-sized stride and starve the
+/// prefetchers).
+const CHUNK_BLOCKS: usize = 32;
+
+/// Rows `rows` (multiples of 8, as the dispatcher's units are) of an INT4 job.
+///
+/// # Safety
+/// AVX2 and FMA are present; the job's shapes were checked by
+/// `check_problem` (rows and group multiples of 8, slices of exact length).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn run_rows(job: &Job, rows: Range<usize>) {
+    let WeightData::Int4 { .. } = job.weight.data else {
+        unreachable!("x86::run_rows sends only INT4 here")
+    };
+    let mut r0 = rows.start;
+    while r0 + INT4_PER_WORD <= rows.end {
+        let blocks = ((rows.end - r0) / INT4_PER_WORD).min(CHUNK_BLOCKS);
+        let mut t0 = 0;
+        while t0 < job.tokens {
+            if job.tokens - t0 >= TOKEN_BLOCK {
+                // SAFETY: r0 + 8·blocks ≤ rows and t0 + 2 ≤ tokens.
+                unsafe { row_chunk::<TOKEN_BLOCK>(job, r0, blocks, t0) };
+                t0 += TOKEN_BLOCK;
+            } else {
+                // SAFETY: r0 + 8·blocks ≤ rows and t0 < tokens.
+                unsafe { row_chunk::<1>(job, r0, blocks, t0) };
+                t0 += 1;
+            }
+        }
+        r0 += blocks * INT4_PER_WORD;
+    }
+}
+
+/// Output rows `r0..r0 + 8·blocks` of tokens `t0..t0 + T`.
+///
+/// # Safety
+/// As [`run_rows`], with `r0 + 8·blocks ≤ rows`, `blocks ≤ CHUNK_BLOCKS`
+/// and `t0 + T ≤ tokens`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row_chunk<const T: usize>(job: &Job, r0: usize, blocks: usize, t0: usize) {
+    let w = &job.weight;
+    let WeightData::Int4 {
+        qweight,
+        qzeros,
+        scales,
+        group,
+        zero_offset,
+    } = w.data
+    else {
+        return;
+    };
+    let (n_rows, cols) = (w.rows, w.cols);
+    let nibble = _mm256_set1_epi32(0x0F);
+    let offset = _mm256_set1_epi32(i32::from(zero_offset));
+    let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    // Per block and token, the 4 partial sums (input column mod 4).
+    let mut acc = [[[_mm256_setzero_ps(); 4]; T]; CHUNK_BLOCKS];
+    let mut zero = [_mm256_setzero_si256(); CHUNK_BLOCKS];
+    let mut scale = [_mm256_setzero_ps(); CHUNK_BLOCKS];
+    let words_per_group = group / INT4_PER_WORD;
+    for g in 0..cols / group {
+        for b in 0..blocks {
+            let r = r0 + b * INT4_PER_WORD;
+            // The 8 rows' zero points: one qzeros word, a nibble per row.
+            let zeros = read_u32(qzeros, g * (n_rows / INT4_PER_WORD) + r / INT4_PER_WORD);
+            zero[b] = _mm256_add_epi32(
+                _mm256_and_si256(
+                    _mm256_srlv_epi32(_mm256_set1_epi32(zeros as i32), shifts),
+                    nibble,
+                ),
+                offset,
+            );
+            let mut s = [0.0f32; INT4_PER_WORD];
+            for (i, s) in s.iter_mut().enumerate() {
+                *s = read_f16(scales, g * n_rows + r + i);
+            }
+            // SAFETY: an 8-float stack array.
+            scale[b] = unsafe { _mm256_loadu_ps(s.as_ptr()) };
+        }
+        for k in g * words_per_group..(g + 1) * words_per_group {
+            let col = k * INT4_PER_WORD;
+            let mut x = [[0.0f32; INT4_PER_WORD]; T];
+            for (t, xt) in x.iter_mut().enumerate() {
+                // SAFETY: t0 + t < tokens and col + 8 ≤ cols: inside x.
+                xt.copy_from_slice(unsafe {
+                    job.x
+                        .get_unchecked((t0 + t) * cols + col..(t0 + t) * cols + col + INT4_PER_WORD)
+                });
+            }
+            for b in 0..blocks {
+                let at = (k * n_rows + r0 + b * INT4_PER_WORD) * 4;
+                // SAFETY: words (k, r0 + 8b .. + 8) lie inside qweight, whose
+                // length check_problem verified (cols/8 × rows words).
+                let mut codes =
+                    unsafe { _mm256_loadu_si256(qweight.as_ptr().add(at).cast::<__m256i>()) };
+                let mut sums = acc[b];
+                for j in 0..INT4_PER_WORD {
+                    let code = _mm256_and_si256(codes, nibble);
+                    codes = _mm256_srli_epi32::<4>(codes);
+                    let weight = _mm256_mul_ps(
+                        _mm256_cvtepi32_ps(_mm256_sub_epi32(code, zero[b])),
+                        scale[b],
+                    );
+                    for t in 0..T {
+                        sums[t][j % 4] =
+                            _mm256_fmadd_ps(weight, _mm256_set1_ps(x[t][j]), sums[t][j % 4]);
+                    }
+                }
+                acc[b] = sums;
+            }
+        }
+    }
+    for (b, block) in acc.iter().enumerate().take(blocks) {
+        for (t, sums) in block.iter().enumerate() {
+            let total = _mm256_add_ps(
+                _mm256_add_ps(sums[0], sums[1]),
+                _mm256_add_ps(sums[2], sums[3]),
+            );
+            let r = r0 + b * INT4_PER_WORD;
+            // SAFETY: out is [tokens, rows]; this unit owns rows r..r + 8.
+            unsafe { _mm256_storeu_ps(job.out.get().add((t0 + t) * n_rows + r), total) };
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! The INT4 (GPTQ) matmul on every instruction set: against an f64 sum of
+//! the element definition (`weights::weight_at`), and batch invariant —
+//! each token's outputs bitwise the same alone, in any batch, and on any
+//! number of threads.
+
+use sparkrt::backend::cpu::kernels::weights::weight_at;
+use sparkrt::backend::cpu::kernels::{GroupedProblem, Isa, matmul_grouped_on};
+use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
+
+use crate::kernels_common::{Rng, random_x};
+
+struct Int4 {
+    rows: usize,
+    cols: usize,
+    group: usize,
+    zero_offset: u8,
+    qweight: Vec<u8>,
+    qzeros: Vec<u8>,
+    scales: Vec<u8>,
+}
+
+impl Int4 {
+    fn random(rng: &mut Rng, rows: usize, cols: usize, group: usize, zero_offset: u8) -> Int4 {
+        let words =
+            |n: usize, rng: &mut Rng| -> Vec<u8> { (0..4 * n).map(|_| rng.byte()).collect() };
+        let groups = cols / group;
+        let qweight = words(cols / 8 * rows, rng);
+        let qzeros = words(groups * rows / 8, rng);
+        let scales = (0..groups * rows)
+            .flat_map(|_| {
+                half::f16::from_f32(rng.uniform(-0.05, 0.05))
+                    .to_bits()
+                    .to_le_bytes()
+            })
+            .collect();
+        Int4 {
+            rows,
+            cols,
+            group,
+            zero_offset,
+            qweight,
+            qzeros,
+            scales,
+        }
+    }
+
+    fn view(&self) -> LinearWeight<'_> {
+        LinearWeight::new(
+            self.rows,
+            self.cols,
+            WeightData::Int4 {
+                qweight: &self.qweight,
+                qzeros: &self.qzeros,
+                scales: &self.scales,
+                group: self.group,
+                zero_offset: self.zero_offset,
+            },
+        )
+        .unwrap()
+    }
+}
+
+fn run(isa: Isa, x: &[f32], tokens: usize, w: &LinearWeight) -> Vec<f32> {
+    let mut out = vec![f32::NAN; tokens * w.rows];
+    matmul_grouped_on(
+        isa,
+        &mut [GroupedProblem {
+            x,
+            tokens,
+            weight: *w,
+            out: &mut out,
+        }],
+    )
+    .unwrap();
+    out
+}
+
+#[test]
+fn int4_matmul_matches_the_element_definition_and_is_batch_invariant() {
+    let mut rng = Rng::new(28);
+    for (rows, cols, group, offset) in [(8, 64, 32, 1), (48, 256, 128, 0), (72, 768, 32, 1)] {
+        let w = Int4::random(&mut rng, rows, cols, group, offset);
+        let view = w.view();
+        let tokens = 5;
+        let x = random_x(&mut rng, tokens * cols, false);
+        for isa in Isa::available() {
+            let all = run(isa, &x, tokens, &view);
+            for t in 0..tokens {
+                let xt = &x[t * cols..(t + 1) * cols];
+                let alone = run(isa, xt, 1, &view);
+                for r in 0..rows {
+                    let want: f64 = (0..cols)
+                        .map(|c| f64::from(weight_at(&view, r, c)) * f64::from(xt[c]))
+                        .sum();
+                    let magnitude: f64 = (0..cols)
+                        .map(|c| (f64::from(weight_at(&view, r, c)) * f64::from(xt[c])).abs())
+                        .sum();
+                    let got = f64::from(all[t * rows + r]);
+                    assert!(
+                        (got - want).abs() <= 1e-5 * magnitude.max(1e-3),
+                        "{isa:?} {rows}x{cols}/{group} token {t} row {r}: {got} vs {want}"
+                    );
+                    assert_eq!(
+                        all[t * rows + r].to_bits(),
+                        alone[r].to_bits(),
+                        "{isa:?} {rows}x{cols}: token {t} row {r} differs alone and in a batch"
+                    );
+                }
+            }
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let out = pool.install(|| run(isa, &x, tokens, &view));
+                let same = out
+                    .iter()
+                    .zip(&all)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{isa:?} {rows}x{cols}: {threads} threads differ");
+            }
+        }
+    }
+}
