@@ -103,6 +103,12 @@ run "bench qwen3-30b-a3b-8l, batch 32" \
 run "bench gpt-oss-120b-4l, batch 1" \
 	bench gpt-oss-batch-1 --model "$models/gpt-oss-120b-4l" --prompt-len 512 --gen 64 --repeats 2
 
+# What MemAvailable, Mlocked, Unevictable and the cgroup's memory.current do
+# when a server attaches the weights (README: the memory model, "What the
+# host's figures miss on a GB10").
+run "memory readings, qwen3-30b-a3b-8l on CUDA" \
+	bash scripts/memory-readings.sh "$models/qwen3-30b-a3b-8l" cuda
+
 # The performance model of each run together (README: Performance model):
 # launches per layer, bytes per decode step, FLOPs per prefill token, and
 # the measured rates as fractions of the bandwidth and tensor-core peak.

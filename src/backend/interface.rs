@@ -374,6 +374,23 @@ pub trait Backend: Sync + Sized {
     fn launches(&self) -> Option<u64> {
         None
     }
+
+    /// Where this backend's buffers live, for the memory guard.
+    fn buffer_memory(&self) -> BufferMemory {
+        BufferMemory::Process
+    }
+}
+
+/// Where a backend's buffers live, which decides what the host's memory
+/// figures show of them (`server::hidden_footprint`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferMemory {
+    /// Process memory (CPU backend): in MemAvailable and the cgroup.
+    Process,
+    /// Driver allocations of a GPU sharing the host's pool (a GB10).
+    IntegratedGpu,
+    /// A GPU's own memory.
+    DiscreteGpu,
 }
 
 /// One `out = x · Wᵀ (+ bias)` of a [`Backend::matmul`] call, over rows

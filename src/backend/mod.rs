@@ -27,5 +27,5 @@ pub use crate::plan::memory::{KvLayout, StepMetadataPlan};
 pub use charges::f32_bytes;
 pub use error::BackendError;
 pub use experts::{ExpertActivation, ExpertsSpec, GateUp, RouterKind};
-pub use interface::{Backend, DeltaRuleGates, Matmul};
+pub use interface::{Backend, BufferMemory, DeltaRuleGates, Matmul};
 pub use shapes::{AttentionShape, DeltaNetShape};

@@ -345,6 +345,7 @@ fn serve<B: Backend>(job: Serve<'_>, loaded: &Loaded<B>) -> Result<ExitCode> {
         loaded.plan.host.eviction_hard,
         loaded.plan.host.safety_margin,
     );
+    guard.account_for(Arc::clone(&loaded.ledger), loaded.backend.buffer_memory());
     guard.check();
     let stop_guard = Arc::new(AtomicBool::new(false));
     let guard_thread = guard.spawn(

@@ -19,6 +19,13 @@ pub struct MemInfo {
     pub shmem: u64,
     pub swap_total: u64,
     pub swap_free: u64,
+    /// Pages the kernel cannot reclaim (mlocked, ramfs, ...), left out of
+    /// MemAvailable; 0 where the kernel does not report it.
+    #[serde(default)]
+    pub unevictable: u64,
+    /// Of those, mlocked; 0 where not reported.
+    #[serde(default)]
+    pub mlocked: u64,
 }
 
 impl MemInfo {
@@ -57,7 +64,7 @@ impl MemInfo {
 
     /// Parses the text of `/proc/meminfo`. `source` names the file in errors.
     pub fn parse(text: &str, source: &str) -> Result<MemInfo, HostError> {
-        let mut fields: [Option<u64>; 8] = [None; 8];
+        let mut fields: [Option<u64>; FIELDS.len()] = [None; FIELDS.len()];
         for (index, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
@@ -101,6 +108,8 @@ impl MemInfo {
             shmem: get(5)?,
             swap_total: get(6)?,
             swap_free: get(7)?,
+            unevictable: fields[8].unwrap_or(0),
+            mlocked: fields[9].unwrap_or(0),
         };
         if info.mem_available > info.mem_total || info.mem_free > info.mem_total {
             return Err(HostError::Inconsistent {
@@ -112,7 +121,8 @@ impl MemInfo {
     }
 }
 
-const FIELDS: [&str; 8] = [
+/// The required fields, then the optional ones (`Unevictable`, `Mlocked`).
+const FIELDS: [&str; 10] = [
     "MemTotal",
     "MemAvailable",
     "MemFree",
@@ -121,6 +131,8 @@ const FIELDS: [&str; 8] = [
     "Shmem",
     "SwapTotal",
     "SwapFree",
+    "Unevictable",
+    "Mlocked",
 ];
 
 #[cfg(test)]
@@ -139,6 +151,15 @@ mod tests {
         assert_eq!(info.cached, 2_048_000 * 1024);
         assert_eq!(info.shmem, 10_000 * 1024);
         assert_eq!(info.in_use(), (127_629_360 - 120_000_000) * 1024);
+    }
+
+    #[test]
+    fn unevictable_and_mlocked_are_read_when_present_and_zero_when_not() {
+        let info = MemInfo::parse(SAMPLE, "meminfo").unwrap();
+        assert_eq!((info.unevictable, info.mlocked), (0, 0));
+        let text = format!("{SAMPLE}Unevictable:     2048 kB\nMlocked:          512 kB\n");
+        let info = MemInfo::parse(&text, "meminfo").unwrap();
+        assert_eq!((info.unevictable, info.mlocked), (2048 * 1024, 512 * 1024));
     }
 
     #[test]

@@ -10,8 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::hidden_footprint::{BufferMemory, HiddenFootprint};
 use crate::host::cgroup::{self, OwnCgroup};
 use crate::host::{self, MemInfo};
+use crate::plan::ledger::Ledger;
 use crate::plan::memory::guard_threshold;
 pub use sparkrt_wire::GuardState;
 
@@ -27,6 +29,9 @@ pub struct MemoryGuard {
     tripped: AtomicBool,
     latest: Mutex<Option<MemInfo>>,
     detail: Mutex<Detail>,
+    /// The ledger whose buffers the host's figures may not show, and where
+    /// they live (`hidden_footprint`); none until the backend is loaded.
+    accounting: Mutex<Option<(Arc<Ledger>, BufferMemory)>>,
 }
 
 /// What the last reading found, for `/v1/memory`.
@@ -49,7 +54,27 @@ impl MemoryGuard {
             tripped: AtomicBool::new(false),
             latest: Mutex::new(None),
             detail: Mutex::new(Detail::default()),
+            accounting: Mutex::new(None),
         })
+    }
+
+    /// From now on, adds back what `ledger`'s buffers hide from MemAvailable
+    /// and the cgroup (see `hidden_footprint`).
+    pub fn account_for(&self, ledger: Arc<Ledger>, memory: BufferMemory) {
+        if let Ok(mut accounting) = self.accounting.lock() {
+            *accounting = Some((ledger, memory));
+        }
+    }
+
+    fn hidden(&self) -> HiddenFootprint {
+        self.accounting
+            .lock()
+            .ok()
+            .and_then(|a| {
+                a.as_ref()
+                    .map(|(ledger, memory)| HiddenFootprint::of(&ledger.snapshot(), *memory))
+            })
+            .unwrap_or_default()
     }
 
     pub fn tripped(&self) -> bool {
@@ -79,6 +104,7 @@ impl MemoryGuard {
     /// One reading: updates the latest figures and the tripped state.
     pub fn check(&self) {
         let was = self.tripped();
+        let hidden = self.hidden();
         let mut reasons = Vec::new();
         match host::read_meminfo(&self.root) {
             Ok(info) => {
@@ -87,9 +113,18 @@ impl MemoryGuard {
                 } else {
                     self.threshold_bytes
                 };
-                if info.mem_available < line {
+                let available = hidden.available(&info);
+                if available < line {
+                    let pinned = if available == info.mem_available {
+                        String::new()
+                    } else {
+                        format!(
+                            " (less {} of registered weights it counts as reclaimable)",
+                            info.mem_available - available
+                        )
+                    };
                     reasons.push(format!(
-                        "MemAvailable {} is below {line}",
+                        "MemAvailable {}{pinned} is below {line}",
                         info.mem_available
                     ));
                 }
@@ -114,10 +149,21 @@ impl MemoryGuard {
             } else {
                 self.safety_margin
             };
-            let in_use = own.in_use();
+            // The driver's allocations from the host pool are not charged
+            // to the cgroup: count them from the ledger, so the footprint
+            // stays within the limit the pod was scheduled by.
+            let in_use = own.in_use().saturating_add(hidden.driver_allocations);
             if in_use.saturating_add(margin) > max {
+                let driver = if hidden.driver_allocations > 0 {
+                    format!(
+                        " ({} of it GPU driver allocations outside the cgroup)",
+                        hidden.driver_allocations
+                    )
+                } else {
+                    String::new()
+                };
                 reasons.push(format!(
-                    "cgroup {} uses {in_use} of its memory.max {max} (margin {margin})",
+                    "cgroup {} uses {in_use}{driver} of its memory.max {max} (margin {margin})",
                     own.memory.path.display()
                 ));
             }
@@ -187,6 +233,59 @@ mod tests {
         std::fs::write(root.path().join("proc/meminfo"), MEMINFO).unwrap();
         guard.check();
         assert!(!guard.tripped());
+    }
+
+    #[test]
+    fn registered_weights_and_driver_allocations_are_counted_on_an_integrated_gpu() {
+        use crate::plan::ledger::{Category, WeightsResidency};
+        // MemAvailable 12000000 kB ≈ 11.44 GiB still counts 4 GiB of
+        // registered weights as reclaimable page cache.
+        let root = host(MEMINFO);
+        std::fs::write(root.path().join("proc/self/cgroup"), "0::/pod\n").unwrap();
+        let dir = root.path().join("sys/fs/cgroup/pod");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memory.max"), format!("{}\n", 16u64 << 30)).unwrap();
+        std::fs::write(dir.join("memory.current"), format!("{}\n", 1u64 << 30)).unwrap();
+        let gib = 1u64 << 30;
+        let ledger = Arc::new(Ledger::with_budgets([4 * gib, 0, 0, 6 * gib, 0, 0]));
+        let _weights = ledger
+            .charge(Category::Weights, 4 * gib, "weights")
+            .unwrap();
+        let _kv = ledger.charge(Category::KvCache, 6 * gib, "kv").unwrap();
+        ledger.set_weights_residency(WeightsResidency::HostRegistered);
+        // Line 8 GiB: 11.44 GiB clears it, 11.44 − 4 does not.
+        let guard = MemoryGuard::new(root.path().to_path_buf(), 7 * gib, gib);
+        guard.check();
+        assert!(!guard.tripped(), "{:?}", guard.state().reason);
+        guard.account_for(Arc::clone(&ledger), BufferMemory::DiscreteGpu);
+        guard.check();
+        assert!(!guard.tripped(), "a discrete GPU hides nothing");
+        guard.account_for(Arc::clone(&ledger), BufferMemory::IntegratedGpu);
+        guard.check();
+        let reason = guard.state().reason.unwrap_or_default();
+        assert!(guard.tripped());
+        assert!(
+            reason.contains(&format!("less {} of registered weights", 4 * gib)),
+            "{reason}"
+        );
+        // The kernel reporting them unevictable (so MemAvailable already
+        // left them out) clears it; the cgroup then sees 1 GiB + the 6 GiB
+        // of KV the driver allocated, within 16 GiB less the margin.
+        std::fs::write(
+            root.path().join("proc/meminfo"),
+            format!("{MEMINFO}Unevictable: {} kB\n", 4 << 20),
+        )
+        .unwrap();
+        guard.check();
+        guard.check();
+        assert!(!guard.tripped(), "{:?}", guard.state().reason);
+        std::fs::write(dir.join("memory.max"), format!("{}\n", 15u64 << 29)).unwrap();
+        guard.check();
+        let reason = guard.state().reason.unwrap_or_default();
+        assert!(
+            reason.contains(&format!("{} of it GPU driver allocations", 6 * gib)),
+            "{reason}"
+        );
     }
 
     #[test]

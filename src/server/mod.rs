@@ -15,6 +15,7 @@ pub mod errors;
 pub mod expose;
 pub mod fds;
 pub mod guard;
+pub mod hidden_footprint;
 pub mod latency;
 pub mod limits;
 pub mod listen;

@@ -669,4 +669,12 @@ impl Backend for CudaBackend {
     fn launches(&self) -> Option<u64> {
         Some(self.kernels.total_launches())
     }
+
+    fn buffer_memory(&self) -> crate::backend::BufferMemory {
+        if self.info().integrated {
+            crate::backend::BufferMemory::IntegratedGpu
+        } else {
+            crate::backend::BufferMemory::DiscreteGpu
+        }
+    }
 }
