@@ -173,6 +173,50 @@ fn spark_plan_for_qwen3_30b_nvfp4_uses_the_headroom_rule() {
 }
 
 #[test]
+fn the_cuda_plan_holds_only_the_workspace_buffers_the_cuda_kernels_use() {
+    // The same profile on CUDA: no gathered input and no gate/up output
+    // (the CUDA experts read rows in place and fuse gate/up with the
+    // activation), a 4-byte route counter and 1,024 attention partials of
+    // head_dim 128 + 2 f32.
+    let text = std::fs::read_to_string(profile("qwen3-30b-a3b-nvfp4")).unwrap();
+    let cuda = text.replace("device = \"auto\"", "device = \"cuda\"");
+    assert_ne!(cuda, text, "the profile names its device");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cuda.toml");
+    std::fs::write(&path, cuda).unwrap();
+    let (v, _) = plan_json(&path.display().to_string(), &spark_root());
+    assert_eq!(v["device"], "cuda");
+    let ws = &v["moe_workspace"];
+    let rows: i64 = 8192 * 8;
+    let expected = rows * 4 * 3 // ids, weights, sorted rows
+        + 129 * 4 // expert offsets
+        + 1024 * (128 + 2) * 4 // attention partials
+        + 4 // route counter
+        + rows * 768 * 4 // activation
+        + rows * 2048 * 4; // down output
+    assert_eq!(ws["bytes"], expected);
+    let names: Vec<&str> = ws["buffers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "topk_ids",
+            "topk_weights",
+            "expert_offsets",
+            "sorted_rows",
+            "attention_partials",
+            "route_counter",
+            "activation",
+            "down_output"
+        ]
+    );
+}
+
+#[test]
 fn box24_without_kubelet_binds_on_the_host() {
     let (v, code) = plan_json(
         &profile("qwen3-moe-tiny").display().to_string(),

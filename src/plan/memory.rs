@@ -368,11 +368,30 @@ pub fn moe_workspace(
         buffer("topk_weights", rows * ACTIVATION_BYTES),
         buffer("expert_offsets", (g.num_experts as u64 + 1) * INDEX_BYTES),
         buffer("sorted_rows", rows * INDEX_BYTES),
-        buffer("gathered_input", rows * h * ACTIVATION_BYTES),
-        buffer("gate_up_output", rows * 2 * i * ACTIVATION_BYTES),
-        buffer("activation", rows * i * ACTIVATION_BYTES),
-        buffer("down_output", rows * h * ACTIVATION_BYTES),
     ];
+    match device {
+        // The CPU experts gather their rows, run gate/up, the activation and
+        // down one after the other.
+        PlanDevice::Cpu => buffers.extend([
+            buffer("gathered_input", rows * h * ACTIVATION_BYTES),
+            buffer("gate_up_output", rows * 2 * i * ACTIVATION_BYTES),
+            buffer("activation", rows * i * ACTIVATION_BYTES),
+            buffer("down_output", rows * h * ACTIVATION_BYTES),
+        ]),
+        // The CUDA experts read their rows in place and fuse gate/up with
+        // the activation: no gathered input, no gate/up output. The route
+        // kernel needs one completion counter, and the attention's split
+        // partials use the workspace while no expert runs.
+        PlanDevice::Cuda => buffers.extend([
+            buffer(
+                ATTENTION_PARTIALS,
+                CUDA_ATTENTION_PARTIAL_SLOTS * (g.head_dim as u64 + 2) * ACTIVATION_BYTES,
+            ),
+            buffer(ROUTE_COUNTER, INDEX_BYTES),
+            buffer("activation", rows * i * ACTIVATION_BYTES),
+            buffer("down_output", rows * h * ACTIVATION_BYTES),
+        ]),
+    }
     if g.shared_expert_intermediate_size > 0 {
         // The shared expert runs on every token: its gate and up
         // projections, its output and the logit of its gate.
@@ -412,6 +431,18 @@ pub fn moe_workspace(
         buffers,
     }
 }
+
+/// The CUDA workspace's buffers besides the experts': the attention's split
+/// partials and the route kernel's completion counter.
+pub const ATTENTION_PARTIALS: &str = "attention_partials";
+pub const ROUTE_COUNTER: &str = "route_counter";
+/// (row, query head, split) partials the CUDA attention may keep, each
+/// `head_dim + 2` f32 (the partial output, its running max and sum). A
+/// decode step splits its keys only until about two blocks per
+/// multiprocessor run, so rows × heads × splits stays near twice the
+/// multiprocessors: 1,024 covers 512 of them (a GB10 has 48, an H200 132);
+/// fewer slots only mean fewer splits.
+pub const CUDA_ATTENTION_PARTIAL_SLOTS: u64 = 1024;
 
 /// The shared expert's buffers in the MoE workspace (allocated by the model
 /// as f32 buffers, not by the backend's routed-expert workspace).

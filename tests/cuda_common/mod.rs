@@ -183,6 +183,11 @@ pub fn workspace_plan(
         ("sorted_rows", rows * 4),
         ("gathered_input", rows * h * 4),
         ("gate_up_output", rows * 2 * i * 4),
+        // CUDA's: the attention's split partials (room for 1,024
+        // (row, head, split) partials of head_dim 256 + 2) and the route
+        // kernel's counter; the CPU backend leaves them unused.
+        ("attention_partials", 1024 * 258 * 4),
+        ("route_counter", 4),
         ("activation", rows * i * 4),
         ("down_output", rows * h * 4),
         // The CPU backend's MXFP4 experts quantize their inputs here (an

@@ -65,7 +65,7 @@ impl CudaBackend {
             )));
         }
 
-        let (splits, split_len) = self.splits(step, shape, heads, ws.gathered_input.elements);
+        let (splits, split_len) = self.splits(step, shape, heads, ws.attention_partials.elements);
         let params = p::AttnParams {
             q: q.ptr(),
             k: k.ptr(),
@@ -75,7 +75,7 @@ impl CudaBackend {
             meta: step.meta(),
             sinks: sinks.map_or(0, |s| s.ptr),
             out: out.ptr(),
-            partial: ws.gathered_input.ptr(),
+            partial: ws.attention_partials.ptr(),
             max_tokens: u32_of("tokens", step.max_tokens)?,
             max_seqs: u32_of("sequences", step.max_seqs)?,
             num_seqs: u32_of("sequences", step.num_seqs)?,
@@ -113,7 +113,7 @@ impl CudaBackend {
     /// Splits of the keys and keys per split. A decode step (one row per
     /// sequence) with a long context splits it so that about two blocks per
     /// multiprocessor run; a prefill has enough query tiles. The partials
-    /// live in the workspace's `gathered_input`, which bounds the splits.
+    /// live in the workspace's `attention_partials`, which bounds the splits.
     fn splits(
         &self,
         step: &CudaStep,

@@ -12,8 +12,8 @@ use crate::backend::charges::charge_workspace_buffer;
 use crate::backend::error::BackendError;
 use crate::plan::ledger::{Category, Charge, KV_CACHE, Ledger};
 use crate::plan::memory::{
-    ACTIVATION_BYTES, KvLayout, MoeWorkspace as MoeWorkspacePlan, Placement, STEP_METADATA,
-    StepMetadataPlan,
+    ACTIVATION_BYTES, ATTENTION_PARTIALS, KvLayout, MoeWorkspace as MoeWorkspacePlan, Placement,
+    ROUTE_COUNTER, STEP_METADATA, StepMetadataPlan,
 };
 use crate::plan::profile::KvCacheDtype;
 use crate::step::{NO_BLOCK, StepBatch};
@@ -459,19 +459,18 @@ impl WorkspaceBuffer {
     }
 }
 
-/// The MoE workspace: exactly the plan's buffers. Besides their MoE use,
-/// `gathered_input` holds the attention's split partials (attention and
-/// the experts never run at the same time) and the first word of
-/// `gate_up_output` (unused: gate/up and the activation are fused) is the
-/// route kernel's completion counter.
+/// The MoE workspace: exactly the plan's CUDA buffers (`plan::memory::
+/// moe_workspace`), with the attention's split partials (attention and the
+/// experts never run at the same time) and the route kernel's completion
+/// counter.
 #[derive(Debug)]
 pub struct CudaWorkspace {
     pub(crate) topk_ids: WorkspaceBuffer,
     pub(crate) topk_weights: WorkspaceBuffer,
     pub(crate) expert_offsets: WorkspaceBuffer,
     pub(crate) sorted_rows: WorkspaceBuffer,
-    pub(crate) gathered_input: WorkspaceBuffer,
-    pub(crate) gate_up_output: WorkspaceBuffer,
+    pub(crate) attention_partials: WorkspaceBuffer,
+    pub(crate) route_counter: WorkspaceBuffer,
     pub(crate) activation: WorkspaceBuffer,
     pub(crate) down_output: WorkspaceBuffer,
     /// Rows routed by the last `route`, its k and its number of experts.
@@ -501,8 +500,8 @@ impl CudaWorkspace {
             topk_weights: buffer("topk_weights")?,
             expert_offsets: buffer("expert_offsets")?,
             sorted_rows: buffer("sorted_rows")?,
-            gathered_input: buffer("gathered_input")?,
-            gate_up_output: buffer("gate_up_output")?,
+            attention_partials: buffer(ATTENTION_PARTIALS)?,
+            route_counter: buffer(ROUTE_COUNTER)?,
             activation: buffer("activation")?,
             down_output: buffer("down_output")?,
             routed: 0,
@@ -510,7 +509,7 @@ impl CudaWorkspace {
             experts: 0,
             _charges: Vec::new(),
         };
-        if ws.gate_up_output.elements == 0 {
+        if ws.route_counter.elements == 0 {
             return Err(BackendError::Shape(
                 "the MoE workspace has no room for the route counter".to_string(),
             ));
@@ -523,6 +522,6 @@ impl CudaWorkspace {
 
     /// The route kernel's completion counter (zero between launches).
     pub(crate) fn counter(&self) -> u64 {
-        self.gate_up_output.ptr()
+        self.route_counter.ptr()
     }
 }
