@@ -88,6 +88,8 @@ pub struct DeviceOptions {
     pub device: Option<DeviceKind>,
     /// CUBIN cache directory (`--cache-dir`; see `backend::cuda::cache`).
     pub cache_dir: Option<PathBuf>,
+    /// How the CUDA backend reaches the weights (`--weights-policy`).
+    pub weights_policy: WeightsPolicy,
 }
 
 /// Whether a CUDA device is there to try, or why not.
@@ -310,7 +312,16 @@ impl LoadedModel {
             .device
             .or(profile.map(|p| p.backend.device))
             .unwrap_or(DeviceKind::Auto);
+        // A weights policy other than auto is a CUDA request: never
+        // quietly dropped by running on the CPU.
+        let policy = options.weights_policy;
         let cpu = || {
+            if policy != WeightsPolicy::Auto {
+                return Err(RuntimeError::Backend(BackendError::Unavailable(format!(
+                    "--weights-policy {} applies to the CUDA backend, and this model would run on the CPU",
+                    policy.name()
+                ))));
+            }
             Loaded::start_cpu(dir, profile, host, startup)
                 .map(|loaded| LoadedModel::Cpu(Box::new(loaded)))
         };
@@ -331,7 +342,7 @@ impl LoadedModel {
                     return cpu();
                 }
                 match cuda() {
-                    Err(RuntimeError::Backend(why)) => {
+                    Err(RuntimeError::Backend(why)) if policy == WeightsPolicy::Auto => {
                         tracing::info!(
                             "backend auto: running on the CPU (CUDA did not start: {why})"
                         );
@@ -530,10 +541,19 @@ impl Loaded<CudaBackend> {
             LoadPhase::Device,
             regions.iter().map(|r| r.len() as u64).sum(),
         );
-        let residency =
-            backend.attach_weights(&regions, WeightsPolicy::Auto, &mut |done, total| {
-                progress.set_done(done, total);
-            })?;
+        // A copy drops each chunk's pages once the device has it, so the
+        // host never holds the checkpoint twice.
+        let mut release = |chunk: &[u8]| {
+            if let Err(e) = checkpoint.release_range(chunk) {
+                tracing::warn!("weights: releasing copied pages failed: {e}");
+            }
+        };
+        let residency = backend.attach_weights(
+            &regions,
+            options.weights_policy,
+            &mut |done, total| progress.set_done(done, total),
+            &mut release,
+        )?;
         if residency == WeightsResidency::DeviceCopy {
             // The device has its copy: the page cache would hold it twice.
             checkpoint.release()?;

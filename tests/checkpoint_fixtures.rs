@@ -588,6 +588,26 @@ fn mxfp4_experts_are_zero_copy_slices_of_the_stacked_tensors() {
 }
 
 #[test]
+fn released_ranges_read_back_the_same_and_foreign_slices_are_left_alone() {
+    let checkpoint = Checkpoint::open(&fixture("qwen3-moe-tiny")).unwrap();
+    let regions = checkpoint.tensor_regions().unwrap();
+    let before: Vec<Vec<u8>> = regions.iter().map(|r| r.to_vec()).collect();
+    // Chunks as a device copy takes them, some not page-aligned.
+    for region in &regions {
+        for chunk in region.chunks(10_000) {
+            assert!(checkpoint.release_range(chunk).unwrap());
+        }
+    }
+    for (region, bytes) in regions.iter().zip(&before) {
+        assert_eq!(*region, bytes.as_slice());
+    }
+    let elsewhere = vec![0u8; 8192];
+    assert!(!checkpoint.release_range(&elsewhere).unwrap());
+    // Policy unchanged: only `release` records one.
+    assert_eq!(checkpoint.page_cache_policy(), PageCachePolicy::Keep);
+}
+
+#[test]
 fn page_cache_policy_is_recorded_and_views_survive_release() {
     let checkpoint = Checkpoint::open(&fixture("qwen3-moe-tiny")).unwrap();
     assert_eq!(checkpoint.page_cache_policy(), PageCachePolicy::Keep);

@@ -6,7 +6,12 @@
 use crate::common;
 
 fn generate(backend: &str) -> std::process::Output {
-    common::sparkrt(&[
+    generate_with(backend, &[])
+}
+
+fn generate_with(backend: &str, extra: &[&str]) -> std::process::Output {
+    let host = common::fixture("hosts/box24");
+    let mut args = vec![
         "generate",
         "--profile",
         "qwen3-moe-tiny",
@@ -18,8 +23,10 @@ fn generate(backend: &str) -> std::process::Output {
         "--backend",
         backend,
         "--host-root",
-        common::fixture("hosts/box24").to_str().unwrap(),
-    ])
+        host.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    common::sparkrt(&args)
 }
 
 fn token_ids(out: &std::process::Output) -> Vec<u64> {
@@ -69,6 +76,37 @@ fn cuda_without_a_gpu_is_a_clear_error() {
     );
     assert!(stderr.contains("CUDA backend cannot start"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn a_weights_policy_is_a_cuda_request_never_dropped_on_the_cpu() {
+    let refused = |out: &std::process::Output, policy: &str| {
+        let stderr = common::stderr(out);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "--weights-policy {policy} applies to the CUDA backend"
+            )),
+            "{stderr}"
+        );
+    };
+    for policy in ["copy", "register", "map"] {
+        refused(&generate_with("cpu", &["--weights-policy", policy]), policy);
+    }
+    // `auto` on a host without a GPU would run on the CPU: refused too.
+    let auto = generate_with("auto", &["--weights-policy", "copy"]);
+    match cuda_gpu() {
+        None => refused(&auto, "copy"),
+        Some(name) => {
+            assert!(auto.status.success(), "{name}: {}", common::stderr(&auto));
+            assert_eq!(token_ids(&auto), token_ids(&generate("cpu")));
+        }
+    }
+    assert!(
+        generate_with("cpu", &["--weights-policy", "auto"])
+            .status
+            .success()
+    );
 }
 
 fn cuda_gpu() -> Option<String> {

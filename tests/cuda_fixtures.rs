@@ -34,6 +34,7 @@ fn run(
     let options = DeviceOptions {
         device: Some(device),
         cache_dir: cuda_common::cuda_options().cache_dir,
+        ..DeviceOptions::default()
     };
     let loaded = LoadedModel::open_with(
         &common::fixture(name),
@@ -349,6 +350,7 @@ fn cuda_cache_hits_and_forked_choices_give_the_cold_greedy_tokens() {
         let options = DeviceOptions {
             device: Some(DeviceKind::Cuda),
             cache_dir: cuda_common::cuda_options().cache_dir,
+            ..DeviceOptions::default()
         };
         let loaded = LoadedModel::open_with(
             &common::fixture(name),

@@ -1404,6 +1404,55 @@ fn weights_attached_in_place_read_the_same_as_a_copy() {
         assert_eq!(residency, Some(expected), "weights residency with Auto");
     }
     assert_eq!(outs[0], outs[1]);
+
+    // The explicit policies: each reads the same, or is refused naming
+    // why. Registration is refused only where the device kind says so
+    // (the emulator's `mapped` kind); pageable reads need the device to
+    // have them.
+    let expected = cuda_common::expected_residency();
+    let pageable = auto.cuda.info().pageable_memory_access;
+    for (policy, residency) in [
+        (WeightsPolicy::Register, WeightsResidency::HostRegistered),
+        (WeightsPolicy::Map, WeightsResidency::Mapped),
+    ] {
+        let Some(attached) = Both::try_new("weights in place", &regions, policy) else {
+            return;
+        };
+        let allowed = match policy {
+            WeightsPolicy::Register => expected.map(|e| e != WeightsResidency::Mapped),
+            _ => Some(pageable),
+        };
+        match attached {
+            Ok(b) => {
+                assert_ne!(allowed, Some(false), "{policy:?} attached where it cannot");
+                assert_eq!(
+                    b.cuda.ledger().snapshot().weights_residency,
+                    Some(residency)
+                );
+                let wg = b.cuda.linear(w.view()).unwrap();
+                let (_, xg) = b.buffers(&x, x.len());
+                let (_, mut og) = b.zeros(3 * 40);
+                b.cuda
+                    .matmul(&mut [Matmul {
+                        x: &xg,
+                        x_row: 0,
+                        rows: 3,
+                        w: &wg,
+                        bias: None,
+                        out: &mut og,
+                    }])
+                    .unwrap();
+                assert_eq!(b.read_cuda(&og, 3 * 40), outs[0], "{policy:?}");
+            }
+            Err(e) => {
+                assert_ne!(allowed, Some(true), "{policy:?} refused: {e}");
+                assert!(
+                    e.contains(&format!("--weights-policy {}", policy.name())),
+                    "{e}"
+                );
+            }
+        }
+    }
 }
 
 /// The emulator's mma.sync (kernels/emu/mma.h) against a scalar A·B + C, in

@@ -24,6 +24,15 @@ fn policy_from_u8(value: u8) -> PageCachePolicy {
         .unwrap_or(PageCachePolicy::Keep)
 }
 
+/// The system's page size (4 KiB where it cannot be read).
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .ok()
+        .filter(|&p| p > 0)
+        .unwrap_or(4096)
+}
+
 /// Prefetching advises this many bytes at a time, so the progress bar moves.
 const PREFETCH_CHUNK: usize = 64 << 20;
 /// Loads smaller than this finish too fast for a progress bar to help.
@@ -69,6 +78,55 @@ impl Checkpoint {
         self.policy
             .store(PageCachePolicy::WillNeed as u8, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Drops the whole pages under `bytes` (a slice of this checkpoint's
+    /// mappings, e.g. a chunk the device has copied) from this process and
+    /// from the page cache, as [`Self::release`] does for everything. A
+    /// slice outside every mapping is left alone (`Ok(false)`).
+    pub fn release_range(&self, bytes: &[u8]) -> Result<bool, CheckpointError> {
+        let page = page_size();
+        let start = bytes.as_ptr() as usize;
+        for (shard, info) in self.shards.iter().zip(self.files()) {
+            let base = shard.map.as_ptr() as usize;
+            if start < base || start + bytes.len() > base + shard.map.len() {
+                continue;
+            }
+            // Whole pages only: the pages at either end may hold bytes
+            // another chunk still needs.
+            let first = (start - base).div_ceil(page) * page;
+            let end = (start - base + bytes.len()) / page * page;
+            if end <= first {
+                return Ok(true);
+            }
+            let io_error = |source| CheckpointError::Io {
+                path: info.path.clone(),
+                source,
+            };
+            // SAFETY: as in `release`: a read-only shared file mapping, whose
+            // dropped pages fault the same file contents back in.
+            unsafe {
+                shard
+                    .map
+                    .unchecked_advise_range(UncheckedAdvice::DontNeed, first, end - first)
+            }
+            .map_err(io_error)?;
+            // SAFETY: plain FFI call on a file descriptor this struct owns;
+            // it reads no memory of ours.
+            let rc = unsafe {
+                libc::posix_fadvise(
+                    shard.file.as_raw_fd(),
+                    first as libc::off_t,
+                    (end - first) as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                )
+            };
+            if rc != 0 {
+                return Err(io_error(std::io::Error::from_raw_os_error(rc)));
+            }
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// Drops the checkpoint's pages from this process and from the page cache

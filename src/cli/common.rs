@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use super::find_profile;
+use crate::backend::cuda::WeightsPolicy;
 use crate::geometry::Architecture;
 use crate::host::HostReading;
 use crate::plan::profile::{
@@ -53,6 +54,25 @@ pub struct ModelArgs {
     /// $XDG_CACHE_HOME/sparkrt, else ~/.cache/sparkrt].
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// How the CUDA backend reaches the weights: auto (in place on an
+    /// integrated GPU such as a GB10 when the driver allows, else one
+    /// device copy), copy (always one device copy, the page cache dropped
+    /// chunk by chunk as it goes), register (the mapping registered with
+    /// the driver and read in place; an error where refused), map (the
+    /// device reads the pageable mapping directly; an error where it
+    /// cannot). Anything but auto is an error on the CPU backend.
+    #[arg(long, value_enum, value_name = "POLICY", default_value = "auto")]
+    pub weights_policy: WeightsPolicyChoice,
+}
+
+/// `--weights-policy`: [`WeightsPolicy`]'s values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightsPolicyChoice {
+    #[default]
+    Auto,
+    Copy,
+    Register,
+    Map,
 }
 
 /// How chat answers are parsed into reasoning and tool calls (`serve`), by
@@ -118,6 +138,12 @@ impl ModelArgs {
                 BackendChoice::Cuda => DeviceKind::Cuda,
             }),
             cache_dir: self.cache_dir.clone(),
+            weights_policy: match self.weights_policy {
+                WeightsPolicyChoice::Auto => WeightsPolicy::Auto,
+                WeightsPolicyChoice::Copy => WeightsPolicy::Copy,
+                WeightsPolicyChoice::Register => WeightsPolicy::Register,
+                WeightsPolicyChoice::Map => WeightsPolicy::Map,
+            },
         }
     }
 }

@@ -97,17 +97,29 @@ impl Both {
     /// None (after printing why) when there is no GPU. With a GPU, a CUDA
     /// backend that fails to start fails the test.
     pub fn new(test: &str, regions: &[&[u8]], policy: WeightsPolicy) -> Option<Both> {
+        Both::try_new(test, regions, policy)
+            .map(|both| both.unwrap_or_else(|e| panic!("{test}: attaching weights: {e}")))
+    }
+
+    /// [`Both::new`], with the error of attaching the weights returned.
+    pub fn try_new(
+        test: &str,
+        regions: &[&[u8]],
+        policy: WeightsPolicy,
+    ) -> Option<Result<Both, String>> {
         if skip(test) {
             return None;
         }
         let mut cuda = CudaBackend::new(open_ledger(), &cuda_options())
             .unwrap_or_else(|e| panic!("{test}: the CUDA backend did not start: {e}"));
-        cuda.attach_weights(regions, policy, &mut |_, _| {})
-            .unwrap_or_else(|e| panic!("{test}: attaching weights: {e}"));
-        Some(Both {
-            cpu: CpuBackend::new(open_ledger()),
-            cuda,
-        })
+        Some(
+            cuda.attach_weights(regions, policy, &mut |_, _| {}, &mut |_| {})
+                .map(|_| Both {
+                    cpu: CpuBackend::new(open_ledger()),
+                    cuda,
+                })
+                .map_err(|e| e.to_string()),
+        )
     }
 
     /// The same values in a buffer of each backend (`capacity` ≥ len).

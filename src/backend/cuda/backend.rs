@@ -151,14 +151,22 @@ impl CudaBackend {
         regions: &[&[u8]],
         policy: WeightsPolicy,
         progress: &mut dyn FnMut(u64, u64),
+        release: &mut dyn FnMut(&[u8]),
     ) -> Result<WeightsResidency, BackendError> {
         if self.weights.residency().is_some() {
             return Err(BackendError::Shape("weights are attached once".to_string()));
         }
         self.device.bind()?;
         self.weights = guarded("attaching the weights", || {
-            weights::WeightStore::attach(&self.device, &self.ledger, regions, policy, progress)
-                .map_err(|e| CudaError::Bounds(e.to_string()))
+            weights::WeightStore::attach(
+                &self.device,
+                &self.ledger,
+                regions,
+                policy,
+                progress,
+                release,
+            )
+            .map_err(|e| CudaError::Bounds(e.to_string()))
         })?;
         let residency = self
             .weights

@@ -14,13 +14,31 @@ use super::error::CudaError;
 use crate::backend::error::BackendError;
 use crate::plan::ledger::{Category, Charge, Ledger, WeightsResidency};
 
-/// How the weights may reach the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the weights may reach the device (`--weights-policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightsPolicy {
-    /// In place on an integrated GPU when the driver allows, else a copy.
+    /// In place on an integrated GPU when the driver allows (registered,
+    /// else pageable memory read directly), else a copy.
+    #[default]
     Auto,
     /// Always one device copy.
     Copy,
+    /// The mapping registered with the driver and read in place; refused
+    /// where the driver will not register it.
+    Register,
+    /// The pageable mapping read directly; refused on a device that cannot.
+    Map,
+}
+
+impl WeightsPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightsPolicy::Auto => "auto",
+            WeightsPolicy::Copy => "copy",
+            WeightsPolicy::Register => "register",
+            WeightsPolicy::Map => "map",
+        }
+    }
 }
 
 /// Bytes per copy call (and per progress step).
@@ -49,13 +67,16 @@ impl WeightStore {
     }
 
     /// Attaches `regions` (host byte ranges every weight lies in), charging
-    /// their total to the ledger's weights.
+    /// their total to the ledger's weights. A copy hands each chunk to
+    /// `release` once the device has it, so the caller can drop its pages
+    /// and the host never holds the checkpoint twice.
     pub fn attach(
         device: &Arc<Device>,
         ledger: &Arc<Ledger>,
         regions: &[&[u8]],
         policy: WeightsPolicy,
         progress: &mut dyn FnMut(u64, u64),
+        release: &mut dyn FnMut(&[u8]),
     ) -> Result<WeightStore, BackendError> {
         let total: usize = regions.iter().map(|r| r.len()).sum();
         let charge = ledger.charge(
@@ -73,39 +94,63 @@ impl WeightStore {
         }
 
         let info = &device.info;
-        if policy == WeightsPolicy::Auto && info.integrated {
-            if device.read_only_register {
-                match register(device, &sorted) {
-                    Ok((regions, registrations)) => {
-                        return Ok(WeightStore {
-                            regions,
-                            residency: Some(WeightsResidency::HostRegistered),
-                            _copy: None,
-                            _registrations: registrations,
-                            _charge: Some(charge),
-                        });
+        let refused = |why: String| {
+            BackendError::Unavailable(format!("--weights-policy {}: {why}", policy.name()))
+        };
+        match policy {
+            WeightsPolicy::Register => {
+                if !device.read_only_register {
+                    return Err(refused(
+                        "the driver cannot register read-only memory (the checkpoint's mapping)"
+                            .to_string(),
+                    ));
+                }
+                let (regions, registrations) = register(device, &sorted)
+                    .map_err(|e| refused(format!("registering the mapping failed: {e}")))?;
+                return Ok(WeightStore::in_place(
+                    regions,
+                    WeightsResidency::HostRegistered,
+                    registrations,
+                    charge,
+                ));
+            }
+            WeightsPolicy::Map => {
+                if !info.pageable_memory_access {
+                    return Err(refused(
+                        "this device does not read pageable host memory".to_string(),
+                    ));
+                }
+                return Ok(WeightStore::in_place(
+                    pageable(&sorted),
+                    WeightsResidency::Mapped,
+                    Vec::new(),
+                    charge,
+                ));
+            }
+            WeightsPolicy::Auto if info.integrated => {
+                if device.read_only_register {
+                    match register(device, &sorted) {
+                        Ok((regions, registrations)) => {
+                            return Ok(WeightStore::in_place(
+                                regions,
+                                WeightsResidency::HostRegistered,
+                                registrations,
+                                charge,
+                            ));
+                        }
+                        Err(e) => tracing::info!("weights: registering the mapping failed ({e})"),
                     }
-                    Err(e) => tracing::info!("weights: registering the mapping failed ({e})"),
+                }
+                if info.pageable_memory_access {
+                    return Ok(WeightStore::in_place(
+                        pageable(&sorted),
+                        WeightsResidency::Mapped,
+                        Vec::new(),
+                        charge,
+                    ));
                 }
             }
-            if info.pageable_memory_access {
-                // The device reads the process's pageable memory directly.
-                let regions = sorted
-                    .iter()
-                    .map(|r| Region {
-                        host: r.as_ptr() as usize,
-                        len: r.len(),
-                        device: r.as_ptr() as u64,
-                    })
-                    .collect();
-                return Ok(WeightStore {
-                    regions,
-                    residency: Some(WeightsResidency::Mapped),
-                    _copy: None,
-                    _registrations: Vec::new(),
-                    _charge: Some(charge),
-                });
-            }
+            WeightsPolicy::Auto | WeightsPolicy::Copy => {}
         }
 
         let copy = DeviceMemory::uninit(device, total)?;
@@ -116,6 +161,9 @@ impl WeightStore {
         for region in &sorted {
             for (i, chunk) in region.chunks(COPY_CHUNK).enumerate() {
                 copy.upload_at(offset + i * COPY_CHUNK, chunk)?;
+                // The upload of pageable memory has returned: the device
+                // holds the chunk.
+                release(chunk);
                 done += chunk.len() as u64;
                 progress(done, total as u64);
             }
@@ -134,6 +182,22 @@ impl WeightStore {
             _registrations: Vec::new(),
             _charge: Some(charge),
         })
+    }
+
+    /// Weights the device reads where they are.
+    fn in_place(
+        regions: Vec<Region>,
+        residency: WeightsResidency,
+        registrations: Vec<Registration>,
+        charge: Charge,
+    ) -> WeightStore {
+        WeightStore {
+            regions,
+            residency: Some(residency),
+            _copy: None,
+            _registrations: registrations,
+            _charge: Some(charge),
+        }
     }
 
     /// The device address of `bytes`' first byte (0 for an empty slice).
@@ -155,6 +219,19 @@ impl WeightStore {
             })?;
         Ok(region.device + (start - region.host) as u64)
     }
+}
+
+/// `regions` read by the device at their host addresses (pageable memory
+/// access).
+fn pageable(regions: &[&[u8]]) -> Vec<Region> {
+    regions
+        .iter()
+        .map(|r| Region {
+            host: r.as_ptr() as usize,
+            len: r.len(),
+            device: r.as_ptr() as u64,
+        })
+        .collect()
 }
 
 /// Registers the pages under `regions` (merged where they share pages).
