@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # The CUDA backend's check on a machine with an NVIDIA GPU (issue 5), in one
-# go and in under 8 minutes: a release build; the kernels compiled for this
+# go (meant to fit 15 minutes on an H200 or a GB10): a release build; the kernels compiled for this
 # GPU with their registers, spills and SASS counts (HMMA, LDL/STL, by
 # cuobjdump); the CUDA tests (every kernel against the CPU backend, the
 # fixtures against the transformers references, the SASS proof for sm_90
 # and sm_121); then `sparkrt bench` on CUDA for the bench models (written
 # once with `sparkrt make-checkpoint` into $SPARKRT_BENCH_DIR, default
 # target/gpu-check-models, and reused on a rerun), and their performance
-# models side by side. Prints every figure and exits non-zero if any step
-# failed.
+# models side by side; compute-sanitizer memcheck and racecheck on the
+# attention and MoE tests; the host's memory readings around a CUDA server's
+# load. Prints every figure, keeps all of it in one report file
+# ($SPARKRT_GPU_REPORT, default target/gpu-check-report.txt) and exits
+# non-zero if any step failed (a missing tool included).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+mkdir -p target
+report="${SPARKRT_GPU_REPORT:-target/gpu-check-report.txt}"
+exec > >(tee "$report") 2>&1
 
 start=$SECONDS
 failed=()
@@ -80,6 +86,34 @@ print("1" if d[0].get("integrated") else "0")')" || integrated=0
 }
 run "CUDA tests" cuda_test_run
 
+# compute-sanitizer over the attention and MoE kernels' tests (the kernels
+# with shared memory, atomics and split partials): memcheck for out-of-bounds
+# and misaligned accesses, racecheck for shared-memory hazards. The test
+# binary is the integration target just built.
+sanitizer_tests=(cuda_kernels::attention_over_full_and_sliding_tables_matches_the_cpu cuda_kernels::routed_experts_match_the_cpu)
+sanitize() {
+	local tool="$1" sanitizer binary
+	sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)"
+	if [[ -z "$sanitizer" ]]; then
+		echo "compute-sanitizer not found (CUDA toolkit): $tool not run" >&2
+		return 1
+	fi
+	binary="$(cargo test --release --no-run --test integration --message-format=json 2>/dev/null |
+		python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "integration" and m.get("executable"):
+        print(m["executable"])')"
+	if [[ -z "$binary" ]]; then
+		echo "the integration test binary was not found" >&2
+		return 1
+	fi
+	SPARKRT_REQUIRE_GPU=1 "$sanitizer" --tool "$tool" --error-exitcode 1 \
+		"$binary" "${sanitizer_tests[@]}" --exact --test-threads 1
+}
+run "compute-sanitizer memcheck (attention, MoE)" sanitize memcheck
+run "compute-sanitizer racecheck (attention, MoE)" sanitize racecheck
+
 for model in qwen3-30b-a3b-8l gpt-oss-120b-4l; do
 	if [[ ! -f "$models/$model/model.safetensors" && ! -f "$models/$model/model.safetensors.index.json" ]]; then
 		rm -rf "${models:?}/$model"
@@ -126,6 +160,8 @@ run "performance model" perf_summary
 step "done"
 if ((${#failed[@]} > 0)); then
 	printf 'FAILED: %s\n' "${failed[@]}"
+	echo "report: $report"
 	exit 1
 fi
 echo "all steps passed"
+echo "report: $report"
