@@ -9,7 +9,7 @@
 #
 #   scripts/format-bench.sh [--rounds N] [--layers L] [--gen M] [--formats "bf16 nvfp4 ..."] [--keep DIR]
 #
-# Formats: bf16, nvfp4 (ModelOpt: experts in NVFP4), ct-nvfp4
+# Formats: bf16, nvfp4 (ModelOpt: experts in NVFP4), int4 (GPTQ), fp8-block, ct-nvfp4
 # (compressed-tensors nvfp4-pack-quantized: every linear but the router and
 # lm_head), and whatever scripts/format-configs.py knows (it writes each
 # format's quantization_config). The checkpoints take about

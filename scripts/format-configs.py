@@ -41,6 +41,25 @@ FORMATS = {
         "ignore": ["lm_head", "re:.*mlp.gate$"],
         "quantization_status": "compressed",
     },
+    # GPTQ INT4 (AutoGPTQ v1 zeros, symmetric, groups of 128): experts
+    # INT4, attention, router and lm_head bf16 (as the nvfp4 case).
+    "int4": {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": 128,
+        "sym": True,
+        "desc_act": False,
+        "checkpoint_format": "gptq",
+        "modules_to_not_convert": ["lm_head", "model.layers.*.self_attn*", "model.layers.*.mlp.gate"],
+    },
+    # FP8 block-128 (Qwen's -FP8 releases): experts FP8, the rest bf16.
+    "fp8-block": {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["lm_head", "model.layers.*.self_attn*", "model.layers.*.mlp.gate"],
+    },
 }
 
 
