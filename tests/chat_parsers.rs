@@ -380,9 +380,23 @@ fn qwen3_6_xml_tool_calls_blocking_streamed_and_as_content_without_tools() {
     assert_no_markup(&streamed);
 
     // `parallel_tool_calls: false` under "auto" (vLLM's meaning): the
-    // answer keeps its first call, blocking and streamed.
+    // answer keeps its first call, blocking and streamed, and generation
+    // ends with that call's `</tool_call>` (one token per scripted piece).
+    let everything = server
+        .post("/v1/chat/completions", &xml_chat(json!({})))
+        .json();
+    assert_eq!(
+        everything["usage"]["completion_tokens"],
+        output.len(),
+        "{everything}"
+    );
+    let first_close = output.iter().position(|p| *p == "</tool_call>").unwrap() + 1;
     let single = xml_chat(json!({"parallel_tool_calls": false}));
     let answer = server.post("/v1/chat/completions", &single).json();
+    assert_eq!(
+        answer["usage"]["completion_tokens"], first_close,
+        "{answer}"
+    );
     let choice = &answer["choices"][0];
     let calls = choice["message"]["tool_calls"].as_array().unwrap();
     assert_eq!(calls.len(), 1, "{answer}");

@@ -54,6 +54,10 @@ pub struct SamplingParams {
     pub max_tokens: usize,
     /// Generation ends before any of these strings.
     pub stop: Vec<String>,
+    /// Strings after which the sequence ends, kept in the output: the
+    /// server's own (the closing marker of the one tool call
+    /// `parallel_tool_calls: false` allows), never a request field.
+    pub end_after: Vec<String>,
     /// Also emit the stop string (or stop token's text) that ended the text.
     pub include_stop_str_in_output: bool,
     /// Generation ends at any of these token ids (besides end-of-sequence).
@@ -94,6 +98,7 @@ impl Default for SamplingParams {
             seed: None,
             max_tokens: 16,
             stop: Vec::new(),
+            end_after: Vec::new(),
             include_stop_str_in_output: false,
             stop_token_ids: Vec::new(),
             min_tokens: 0,

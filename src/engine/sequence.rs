@@ -20,7 +20,8 @@ impl TextState {
         TextState {
             decoder: StreamDecoder::new(skip_special_tokens),
             stops: StopMatcher::new(params.stop.iter().cloned())
-                .with_stop_in_output(params.include_stop_str_in_output),
+                .with_stop_in_output(params.include_stop_str_in_output)
+                .with_kept_stops(params.stop.len(), params.end_after.iter().cloned()),
         }
     }
 

@@ -27,6 +27,10 @@ pub struct StopMatcher {
     /// Whether the stop string itself is emitted (vLLM's
     /// `include_stop_str_in_output`).
     include_stop: bool,
+    /// Stop strings from this index on are always emitted (the server's
+    /// own: the end of the one tool call `parallel_tool_calls: false`
+    /// allows).
+    kept_from: usize,
     /// Text received but not yet emitted: always a possible start of a stop
     /// string, except transiently inside `push`.
     held: String,
@@ -43,8 +47,28 @@ impl StopMatcher {
                 .filter(|(_, stop)| !stop.is_empty())
                 .collect(),
             include_stop: false,
+            kept_from: usize::MAX,
             held: String::new(),
         }
+    }
+
+    /// Adds stop strings that end the text *after* themselves (they are
+    /// emitted whatever `include_stop_str_in_output` says); their indices
+    /// follow the list given to [`StopMatcher::new`].
+    pub fn with_kept_stops<S: Into<String>>(
+        mut self,
+        first_index: usize,
+        kept: impl IntoIterator<Item = S>,
+    ) -> StopMatcher {
+        self.kept_from = first_index;
+        self.stops.extend(
+            kept.into_iter()
+                .map(Into::into)
+                .enumerate()
+                .map(|(i, stop)| (first_index + i, stop))
+                .filter(|(_, stop)| !stop.is_empty()),
+        );
+        self
     }
 
     /// Emits the stop string too, not only the text before it.
@@ -57,7 +81,8 @@ impl StopMatcher {
     pub fn push(&mut self, text: &str) -> StopStep {
         self.held.push_str(text);
         if let Some((start, end, stop_index)) = self.earliest_stop() {
-            let emit = self.held[..if self.include_stop { end } else { start }].to_owned();
+            let keep = self.include_stop || stop_index >= self.kept_from;
+            let emit = self.held[..if keep { end } else { start }].to_owned();
             self.held.clear();
             return StopStep::Stopped { emit, stop_index };
         }
@@ -114,6 +139,27 @@ impl StopMatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kept_stops_end_the_text_after_themselves() {
+        let mut m = StopMatcher::new(["END"]).with_kept_stops(1, ["</c>"]);
+        assert_eq!(m.push("a</"), StopStep::Continue { emit: "a".into() });
+        assert_eq!(
+            m.push("c> more"),
+            StopStep::Stopped {
+                emit: "</c>".into(),
+                stop_index: 1
+            }
+        );
+        let mut m = StopMatcher::new(["END"]).with_kept_stops(1, ["</c>"]);
+        assert_eq!(
+            m.push("xEND</c>"),
+            StopStep::Stopped {
+                emit: "x".into(),
+                stop_index: 0
+            }
+        );
+    }
 
     #[test]
     fn holds_back_only_a_possible_stop_prefix() {

@@ -285,6 +285,7 @@ fn prepare(state: &ServerState, bytes: &[u8], route: Route) -> Result<Prepared, 
             tool_spec = forced_tool_grammar(state, &prepared)?;
             let (ids, parsers) = render_chat_choices(state, &prepared, fanout.best_of)?;
             let prompt = PreparedPrompt { ids, text: None };
+            body.common.end_after = first_call_end(&parsers);
             Prepared {
                 common: body.common,
                 prompts: vec![prompt],
@@ -297,6 +298,19 @@ fn prepare(state: &ServerState, bytes: &[u8], route: Route) -> Result<Prepared, 
     };
     prepared.common.constraint = compile_grammar(state, &prepared.common, tool_spec)?;
     Ok(prepared)
+}
+
+/// Where the answer ends under `parallel_tool_calls: false` (its parsers
+/// keep the first call only): right after that call's closing marker, so
+/// no tokens are spent on calls that would be dropped. Formats whose calls
+/// end generation anyway (harmony's `<|call|>`) need none.
+pub(super) fn first_call_end(parsers: &[OutputParser]) -> Vec<String> {
+    parsers
+        .first()
+        .and_then(OutputParser::first_call_end)
+        .map(str::to_string)
+        .into_iter()
+        .collect()
 }
 
 /// The grammar of `tool_choice` `required` or a named function, if asked.
@@ -699,6 +713,7 @@ fn sampling(
         seed: common.seed,
         max_tokens,
         stop,
+        end_after: common.end_after.clone(),
         constraint: common.constraint.clone(),
         ..SamplingParams::default()
     };

@@ -83,6 +83,10 @@ pub struct CommonParams {
     /// preparation pool.
     #[serde(skip)]
     pub constraint: Option<Constraint>,
+    /// Where the server ends the answer itself, keeping the marker: the
+    /// closing of the first tool call under `parallel_tool_calls: false`.
+    #[serde(skip)]
+    pub end_after: Vec<String>,
 }
 
 #[derive(Deserialize)]

@@ -373,6 +373,17 @@ impl OutputParser {
         self
     }
 
+    /// The text after which the answer may end when it keeps its first tool
+    /// call only: the text formats' `</tool_call>`. `None` when every call
+    /// is kept, without a text tool-call parser, and for harmony (a call
+    /// ends the message with `<|call|>`, which ends generation).
+    pub fn first_call_end(&self) -> Option<&'static str> {
+        match &self.inner {
+            Inner::Text { tools: Some(_), .. } if self.first_call_only => Some(calls::CLOSE),
+            _ => None,
+        }
+    }
+
     /// `out` less the later calls' deltas when only the first is kept.
     fn kept(&self, mut out: Vec<Delta>) -> Vec<Delta> {
         if self.first_call_only {
@@ -526,6 +537,17 @@ mod tests {
             assert_eq!(m.tool_calls[0].name, "a");
             assert_eq!(m.tool_calls[0].arguments, "{\"x\": 1}");
         }
+        // Where the answer may end: after the first call, only when the
+        // first call alone is kept and a text tool format is parsed.
+        let start = || parsers.start("", Some(&[]));
+        assert_eq!(
+            start().first_call_only().first_call_end(),
+            Some("</tool_call>")
+        );
+        assert_eq!(start().first_call_end(), None);
+        let no_tools = parsers.start("", None).first_call_only();
+        assert_eq!(no_tools.first_call_end(), None);
+        assert_eq!(OutputParser::off().first_call_only().first_call_end(), None);
     }
 
     /// Qwen3.5 / Qwen3.6: the template opens `<think>`, the model closes it

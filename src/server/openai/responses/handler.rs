@@ -85,6 +85,7 @@ async fn prepare_and_submit(
             let tool_spec = handlers::forced_tool_grammar(&job_state, &chat)?;
             let (ids, parser) = handlers::render_chat(&job_state, &chat)?;
             let mut common = common;
+            common.end_after = handlers::first_call_end(std::slice::from_ref(&parser));
             common.constraint = handlers::compile_grammar(&job_state, &common, tool_spec)?;
             let prepared = Prepared {
                 common,
