@@ -31,6 +31,7 @@ pub mod page_cache;
 pub mod quant;
 pub mod quant_config;
 mod quant_gptq;
+pub mod quant_types;
 pub mod residency;
 pub mod scripted;
 pub mod synthetic;

@@ -16,7 +16,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::error::CheckpointError;
-use super::quant_config::{ModuleFormat, ModulePattern, QuantScheme, QuantizationConfig, RawQuant};
+use super::quant_types::{ModuleFormat, ModulePattern, QuantScheme, QuantizationConfig, SUPPORTED};
 use crate::geometry::Quantization;
 
 /// Bit widths at or above which AutoRound leaves a layer unquantized.
@@ -40,7 +40,7 @@ pub(super) struct RawGptq {
 /// Interprets a `gptq` / `auto-round` config; `method` is `quant_method`.
 pub(super) fn parse(
     method: &str,
-    raw: &RawQuant,
+    group_size: Option<i64>,
     gptq: &RawGptq,
     excluded_modules: Vec<ModulePattern>,
     path: &Path,
@@ -48,13 +48,13 @@ pub(super) fn parse(
     let unsupported = |what: String| CheckpointError::UnsupportedQuantization {
         path: path.to_path_buf(),
         method: format!("{method} {what}"),
-        supported: super::quant_config::SUPPORTED,
+        supported: SUPPORTED,
     };
     let bits = gptq.bits.unwrap_or(4);
     if bits != 4 {
         return Err(unsupported(format!("with bits {bits} (INT4 only)")));
     }
-    let group_size = match raw.group_size {
+    let group_size = match group_size {
         Some(g) if g > 0 => g as usize,
         Some(g) => {
             return Err(unsupported(format!(

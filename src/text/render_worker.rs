@@ -290,13 +290,27 @@ impl RenderWorkers {
 enum Gone {
     /// The worker was dead before it read the request (a broken pipe).
     BeforeRequest,
-    /// It died while rendering, or answered what cannot be a reply.
+    /// It closed its output while rendering: it is exiting.
+    Closed,
+    /// It answered what cannot be a reply.
     During,
 }
+
+/// How long a worker that closed its output may take to finish exiting:
+/// the kernel closes a dying process's files before it reports its exit.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 impl Gone {
     /// The request's error; a worker that still runs is stopped.
     fn error(self, worker: &mut Worker, memory_bytes: u64) -> TextError {
+        if matches!(self, Gone::Closed) {
+            let deadline = std::time::Instant::now() + EXIT_GRACE;
+            while matches!(worker.child.try_wait(), Ok(None))
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         match worker.child.try_wait() {
             Ok(Some(status)) => died(Some(status), memory_bytes),
             Ok(None) => {
@@ -339,6 +353,8 @@ fn exchange(
     let mut line = String::new();
     match (&mut worker.stdout).take(bound).read_line(&mut line) {
         Ok(_) if line.ends_with('\n') => {}
+        // End of file short of the bound: the worker closed its output.
+        Ok(n) if (n as u64) < bound => return Err(Gone::Closed),
         _ => return Err(Gone::During),
     }
     let reply: Reply = serde_json::from_str(&line).map_err(|_| Gone::During)?;

@@ -39,7 +39,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::lanes::{in_lockstep, reduce};
+use super::lanes::{Decoder, in_lockstep, reduce};
 use crate::backend::cpu::kernels::job::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
 use crate::formats::{E2M1, E4M3, NVFP4_GROUP, read_bf16, read_f32, read_nibble};
@@ -153,26 +153,6 @@ unsafe fn run_format<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
             Path::Panel => panel_rows(dec, job, rows),
         }
     }
-}
-
-/// Turns weight chunks into f32 vectors of 8 consecutive columns.
-pub(super) trait Decoder {
-    /// Values per chunk (a multiple of 8).
-    const CHUNK: usize;
-    /// Vectors per chunk.
-    const VECS: usize = Self::CHUNK / 8;
-    /// Decodes chunk `chunk` of row `row` into `out[..VECS]`, columns in order.
-    ///
-    /// # Safety
-    ///
-    /// The CPU supports AVX2 and FMA (callers are reached only through
-    /// `Isa::Avx2`, which exists only after runtime detection). Chunk `chunk`
-    /// of row `row` lies inside the matrix the decoder reads: `row < rows`,
-    /// `(chunk + 1) · CHUNK ≤ cols`, and the data holds `rows × cols` values
-    /// (as `check_problem` verified).
-    unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]);
-    /// `W[row, col]`, for the columns after the last whole chunk.
-    fn scalar(&self, row: usize, col: usize) -> f32;
 }
 
 struct F32Dec<'a> {

@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::Decoder;
+use super::lanes::Decoder;
 use crate::checkpoint::linear::Fp8Scales;
 use crate::formats::{FP8_BLOCK, fp8_value};
 

@@ -1,6 +1,7 @@
-//! Helpers shared by the AVX2 matmul kernels (`avx2.rs` and `avx2_mxfp4.rs`):
-//! the fixed lane reduction of their summation order, and the lockstep walk
-//! over a work unit's rows.
+//! Helpers shared by the AVX2 matmul kernels (`avx2.rs`, `avx2_fp8.rs` and
+//! `avx2_mxfp4.rs`): the fixed lane reduction of their summation order, the
+//! lockstep walk over a work unit's rows, and the `Decoder` each f32-decoding
+//! format implements.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -33,4 +34,24 @@ pub(super) fn in_lockstep<const R: usize>(
     for r in rows.start + R * share..rows.end {
         single(r);
     }
+}
+
+/// Turns weight chunks into f32 vectors of 8 consecutive columns.
+pub(super) trait Decoder {
+    /// Values per chunk (a multiple of 8).
+    const CHUNK: usize;
+    /// Vectors per chunk.
+    const VECS: usize = Self::CHUNK / 8;
+    /// Decodes chunk `chunk` of row `row` into `out[..VECS]`, columns in order.
+    ///
+    /// # Safety
+    ///
+    /// The CPU supports AVX2 and FMA (callers are reached only through
+    /// `Isa::Avx2`, which exists only after runtime detection). Chunk `chunk`
+    /// of row `row` lies inside the matrix the decoder reads: `row < rows`,
+    /// `(chunk + 1) · CHUNK ≤ cols`, and the data holds `rows × cols` values
+    /// (as `check_problem` verified).
+    unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]);
+    /// `W[row, col]`, for the columns after the last whole chunk.
+    fn scalar(&self, row: usize, col: usize) -> f32;
 }
