@@ -523,13 +523,11 @@ impl Loaded<CudaBackend> {
         // Also before a context, so `auto` runs an FP8 KV cache on the CPU.
         crate::backend::cuda::check_kv_dtype(mapped.plan.serving.kv_cache_dtype)?;
         let (ledger, plan) = (&mapped.ledger, &mapped.plan);
-        let max_seqs = plan.serving.max_num_seqs;
         let mut backend = CudaBackend::new(
             Arc::clone(ledger),
             &CudaOptions {
                 ordinal: 0,
                 cache_dir: options.cache_dir.clone(),
-                max_sample_rows: max_seqs,
             },
         )
         .map_err(BackendError::from)?;

@@ -428,6 +428,61 @@ fn qwen3_6_xml_tool_calls_blocking_streamed_and_as_content_without_tools() {
     );
 }
 
+/// `strict: true` under `"auto"`: the calls the answer makes are held to
+/// the schema (a grammar of free text, then calls), and an answer the
+/// schema admits passes through unchanged. The script calls
+/// `get_weather(city="New York", days=3)`.
+#[test]
+fn strict_functions_under_auto_hold_the_calls_to_their_schema() {
+    let output = [
+        "I need the weather.\n",
+        "</think>",
+        "\n\n",
+        "<tool_call>",
+        "\n<function=get_",
+        "weather>\n<param",
+        "eter=city>\nNew York\n</para",
+        "meter>\n<parameter=days>\n3\n</parameter>\n</func",
+        "tion>\n",
+        "</tool_call>",
+        "<|im_end|>",
+    ];
+    let dir = scripted(Family::Qwen3, QWEN36_TEMPLATE, &output);
+    let server = serve(dir.path());
+    let ask = |days: Value, strict: bool| {
+        let tools = json!([{"type": "function", "function": {"name": "get_weather",
+            "strict": strict,
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                           "days": days},
+                           "required": ["city", "days"]}}}]);
+        // One call: off its script the model would call again and again
+        // (and spells what the grammar forces a byte a token).
+        let body =
+            xml_chat(json!({"tools": tools, "max_tokens": 200, "parallel_tool_calls": false}));
+        let answer = server.post("/v1/chat/completions", &body).json();
+        let choice = answer["choices"][0].clone();
+        assert_eq!(choice["finish_reason"], "tool_calls", "{answer}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap().clone();
+        assert_eq!(calls.len(), 1, "{answer}");
+        let arguments: Value =
+            serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        arguments
+    };
+    let written = json!({"city": "New York", "days": 3});
+    // What the schema admits is what the model wrote, strict or not.
+    let days = json!({"type": "integer", "minimum": 1, "maximum": 9});
+    assert_eq!(ask(days.clone(), false), written);
+    assert_eq!(ask(days, true), written);
+    // `days` at most 2: without `strict` the model's 3 stands; with it the
+    // grammar refused that token and the call is the schema's.
+    let days = json!({"type": "integer", "minimum": 1, "maximum": 2});
+    assert_eq!(ask(days.clone(), false), written);
+    let held = ask(days, true);
+    let n = held["days"].as_i64().unwrap_or_else(|| panic!("{held}"));
+    assert!((1..=2).contains(&n), "{held}");
+    assert!(held["city"].is_string(), "{held}");
+}
+
 #[test]
 fn qwen3_6_xml_call_that_is_not_one_is_content() {
     // Hermes JSON where the template taught XML: content, never an error.

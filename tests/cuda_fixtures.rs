@@ -228,34 +228,6 @@ fn cuda_bf16_kv_cache_matches_the_cpu_one() {
     assert_eq!(cuda[0].tokens, cpu[0].tokens);
 }
 
-#[test]
-fn device_argmax_picks_the_greedy_ids_of_the_reference() {
-    if cuda_common::skip("cuda argmax") {
-        return;
-    }
-    // The reference's prompt logits, argmaxed on the device, give the ids
-    // the CPU picks from the same rows.
-    let name = "qwen3-moe-tiny";
-    let r = reference(name);
-    let vocab = r.logits.len() / r.input_ids.len();
-    let Some(b) = cuda_common::Both::new(
-        "cuda argmax",
-        &[],
-        sparkrt::backend::cuda::WeightsPolicy::Copy,
-    ) else {
-        return;
-    };
-    let rows = r.input_ids.len().min(64);
-    let (cpu, cuda) = b.buffers(&r.logits[..rows * vocab], rows * vocab);
-    let mut ids_cpu = vec![0u32; rows];
-    let mut ids_cuda = vec![0u32; rows];
-    b.cpu.argmax(&cpu, rows, vocab, &mut ids_cpu).unwrap();
-    b.cuda.argmax(&cuda, rows, vocab, &mut ids_cuda).unwrap();
-    assert_eq!(ids_cpu, ids_cuda);
-    // The last prompt row's argmax is the first greedy token.
-    assert_eq!(ids_cuda[rows - 1], r.greedy_ids[0]);
-}
-
 /// What one greedy request (or choice) of [`HitsAndForks`] sampled.
 #[derive(Debug, PartialEq)]
 struct Choice {

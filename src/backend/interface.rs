@@ -359,17 +359,6 @@ pub trait Backend: Sync + Sized {
         f: &mut dyn FnMut(&[f32]),
     ) -> Result<(), BackendError>;
 
-    /// Greedy sampling where the logits are: `ids[r]` = index of the
-    /// largest of row `r` of the first `rows` rows of `logits` (rows of
-    /// `vocab`), ties to the lowest index. Only the ids reach the host.
-    fn argmax(
-        &self,
-        logits: &Self::Buffer,
-        rows: usize,
-        vocab: usize,
-        ids: &mut [u32],
-    ) -> Result<(), BackendError>;
-
     /// Kernel launches so far, on backends that launch kernels.
     fn launches(&self) -> Option<u64> {
         None

@@ -939,14 +939,13 @@ pub const CUDA_EXPERT_TABLE_ENTRY_BYTES: u64 = 112;
 
 /// Names of the runtime overhead's buffers.
 pub const EXPERT_TABLES: &str = "expert_tables";
-pub const SAMPLED_IDS: &str = "sampled_ids";
 /// What the process itself takes (CPU: process, tokenizer, allocator slack;
 /// CUDA: context, NVRTC modules, tokenizer, allocator slack).
 pub const PROCESS: &str = "process";
 
 /// The runtime overhead: the profile's (or the device's default) figure,
 /// split into the buffers the runtime charges. On CUDA the backend's
-/// device tables (an expert table per MoE layer, the sampled ids) come out
+/// device tables (an expert table per MoE layer) come out
 /// of it and the process takes the rest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RuntimeOverhead {
@@ -954,23 +953,15 @@ pub struct RuntimeOverhead {
     pub buffers: Vec<Buffer>,
 }
 
-pub fn runtime_overhead(
-    g: &ModelGeometry,
-    max_num_seqs: usize,
-    device: PlanDevice,
-    bytes: u64,
-) -> RuntimeOverhead {
+pub fn runtime_overhead(g: &ModelGeometry, device: PlanDevice, bytes: u64) -> RuntimeOverhead {
     let buffers = match device {
         PlanDevice::Cpu => vec![buffer(PROCESS, bytes)],
         PlanDevice::Cuda => {
             let tables =
                 g.num_moe_layers() as u64 * g.num_experts as u64 * CUDA_EXPERT_TABLE_ENTRY_BYTES;
-            // argmax writes one id per sampled row, at least one row.
-            let sampled = max_num_seqs.max(1) as u64 * INDEX_BYTES;
             vec![
                 buffer(EXPERT_TABLES, tables),
-                buffer(SAMPLED_IDS, sampled),
-                buffer(PROCESS, bytes.saturating_sub(tables + sampled)),
+                buffer(PROCESS, bytes.saturating_sub(tables)),
             ]
         }
     };

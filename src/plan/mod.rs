@@ -321,7 +321,7 @@ pub fn compute(
             speculative.logit_rows,
         ),
         activations,
-        runtime_overhead: memory::runtime_overhead(g, s.max_num_seqs, device, overhead),
+        runtime_overhead: memory::runtime_overhead(g, device, overhead),
         kv_cache: KvPlan {
             dtype: s.kv_cache_dtype,
             block_size: s.kv_block_size,

@@ -87,6 +87,7 @@ impl MemoryGuard {
             .lock()
             .map(|d| (d.reason.clone(), d.cgroup.clone()))
             .unwrap_or_default();
+        let hidden = self.hidden();
         GuardState {
             tripped: self.tripped(),
             threshold_bytes: self.threshold_bytes,
@@ -94,6 +95,8 @@ impl MemoryGuard {
             reason,
             cgroup_in_use: cgroup.as_ref().map(OwnCgroup::in_use),
             cgroup_max: cgroup.and_then(|c| c.memory.max),
+            pinned_weights_bytes: hidden.pinned_weights,
+            driver_allocations_bytes: hidden.driver_allocations,
         }
     }
 

@@ -83,7 +83,6 @@ pub fn cuda_options() -> CudaOptions {
         cache_dir: Some(
             std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sparkrt-cache"),
         ),
-        max_sample_rows: 64,
     }
 }
 

@@ -533,3 +533,27 @@ fn without_a_recurrent_state_the_legend_has_no_empty_item() {
     assert!(!text.contains("gdn state"), "{text}");
     assert!(!text.contains("snapshots"), "{text}");
 }
+
+/// On a GB10 the guard adds back what the host's figures miss: the
+/// registered (pinned) weights and the driver's allocations outside the
+/// cgroup. The serving panel names both, scaled; elsewhere nothing shows.
+#[test]
+fn a_gb10s_hidden_footprint_is_shown_beside_the_guard() {
+    let quiet = screen(&render(&app_with(connected_sample()), 160, 44));
+    assert!(
+        !quiet.contains("hidden"),
+        "nothing hidden, no line:\n{quiet}"
+    );
+    let mut json: serde_json::Value =
+        serde_json::from_str(common::MEMORY_OK).expect("canned JSON parses");
+    json["guard"]["pinned_weights_bytes"] = serde_json::json!(17u64 * GIB + 200 * (1 << 20));
+    json["guard"]["driver_allocations_bytes"] = serde_json::json!(700u64 << 20);
+    let mut sample = connected_sample();
+    sample.server = Some(sparkrt_tui::memory::parse(&json.to_string()).expect("parses"));
+    let text = screen(&render(&app_with(sample), 160, 44));
+    // 17 GiB + 200 MiB = 17.195 GiB; 700 MiB.
+    assert!(
+        text.contains("hidden    pinned weights 17.2 GiB · driver allocs 700 MiB"),
+        "{text}"
+    );
+}

@@ -334,6 +334,16 @@ pub struct GuardState {
     pub cgroup_in_use: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup_max: Option<u64>,
+    /// Weights registered with the GPU driver (pinned file pages, an
+    /// integrated GPU only): MemAvailable may count them as reclaimable,
+    /// and the guard takes off what `Unevictable` does not already hold.
+    #[serde(default)]
+    pub pinned_weights_bytes: u64,
+    /// Buffers the GPU driver allocates from the host pool (an integrated
+    /// GPU only), from the ledger: `memory.current` misses them, and the
+    /// guard adds them to `cgroup_in_use`'s check.
+    #[serde(default)]
+    pub driver_allocations_bytes: u64,
 }
 
 /// One reading of the host's memory, in bytes: the `host` object of

@@ -596,32 +596,4 @@ impl Backend for CpuBackend {
         f(&buf.data[..n]);
         Ok(())
     }
-
-    fn argmax(
-        &self,
-        logits: &CpuBuffer,
-        rows: usize,
-        vocab: usize,
-        ids: &mut [u32],
-    ) -> Result<(), BackendError> {
-        check_len("logits", rows * vocab, logits.data.len())?;
-        check_len("sampled ids", rows, ids.len())?;
-        if vocab == 0 {
-            return Err(shape_error("argmax over an empty vocabulary".to_string()));
-        }
-        for (id, row) in ids
-            .iter_mut()
-            .zip(logits.data[..rows * vocab].chunks(vocab))
-        {
-            // The first of the largest: strictly greater replaces.
-            let mut best = 0;
-            for (j, &v) in row.iter().enumerate() {
-                if v > row[best] {
-                    best = j;
-                }
-            }
-            *id = best as u32;
-        }
-        Ok(())
-    }
 }

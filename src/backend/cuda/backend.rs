@@ -18,16 +18,13 @@ use super::{cache, params as p};
 use crate::backend::error::BackendError;
 use crate::checkpoint::linear::{LinearWeight, WeightData};
 use crate::host::gpu::GpuInfo;
-use crate::plan::ledger::{Category, Charge, Ledger, WeightsResidency};
-use crate::plan::memory::SAMPLED_IDS;
+use crate::plan::ledger::{Ledger, WeightsResidency};
 
 pub struct CudaBackend {
     pub(super) device: Arc<Device>,
     pub(super) kernels: Kernels,
     pub(super) ledger: Arc<Ledger>,
     pub(super) weights: weights::WeightStore,
-    pub(super) sampled_ids: DeviceMemory,
-    pub(super) max_sample_rows: usize,
     /// Keys per attention split, 0 = chosen per step (tests force splits).
     pub(super) split_len: AtomicU32,
     /// Dynamic shared memory the attention kernel may use.
@@ -36,7 +33,6 @@ pub struct CudaBackend {
     pub(super) tensor_cores: bool,
     /// A [`MatmulPath`] forced by tests (0 = auto, 1 = GEMV, 2 = tensor cores).
     pub(super) matmul_path: AtomicU32,
-    pub(super) _sampled_charge: Charge,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -81,24 +77,15 @@ impl CudaBackend {
             let wanted = p::attention_shared_bytes(MAX_HEAD_DIM as u32);
             let attention_shared = wanted.min(device.shared_optin_bytes.max(48 << 10));
             kernels.allow_shared(Kernel::Attention, attention_shared)?;
-            let rows = options.max_sample_rows.max(1);
-            let bytes = rows * std::mem::size_of::<u32>();
-            let sampled_charge = ledger
-                .charge(Category::RuntimeOverhead, bytes as u64, SAMPLED_IDS)
-                .map_err(|e| CudaError::Bounds(e.to_string()))?;
-            let sampled_ids = DeviceMemory::zeroed(&device, bytes)?;
             let backend = CudaBackend {
                 device: Arc::clone(&device),
                 kernels,
                 ledger,
                 weights: weights::WeightStore::default(),
-                sampled_ids,
-                max_sample_rows: rows,
                 split_len: AtomicU32::new(0),
                 attention_shared,
                 tensor_cores: device.info.compute_capability.0 >= 8,
                 matmul_path: AtomicU32::new(0),
-                _sampled_charge: sampled_charge,
             };
             backend.smoke_test()?;
             Ok(backend)
@@ -109,16 +96,18 @@ impl CudaBackend {
     /// backend uses is resolved here, where a missing one is caught.
     fn smoke_test(&self) -> Result<(), CudaError> {
         let mapped = driver::HostMapped::zeroed(&self.device, 16)?;
-        self.sampled_ids.upload(&[0u32])?;
+        // 4 bytes for the test's life only: not a plan buffer.
+        let probe = DeviceMemory::zeroed(&self.device, 4)?;
+        probe.upload(&[0u32])?;
         let params = p::PairParams {
             a: mapped.device_ptr(),
-            b: self.sampled_ids.ptr(),
+            b: probe.ptr(),
             n: 1,
         };
         self.kernels
             .launch(Kernel::Add, (1, 1, 1), WARP, 0, &params)?;
         let mut back = [0u32; 1];
-        self.sampled_ids.download(&mut back)?;
+        probe.download(&mut back)?;
         let sum = mapped.read_f32(1)?;
         if sum[0] != 0.0 {
             return Err(CudaError::Unavailable(format!(

@@ -47,7 +47,7 @@ kernel_constants! {
     int WARP: u32 = 32;
 
     // ---- block sizes of the kernels that loop over a row or a range ----
-    /// Threads of `embed`, `silu_mul`, `add`, `compact_rows`, `argmax`,
+    /// Threads of `embed`, `silu_mul`, `add`, `compact_rows`,
     /// `moe_combine` and `kv_copy_blocks`.
     int BLOCK_THREADS: u32 = 256;
     /// Threads of `rmsnorm` (one block per row).

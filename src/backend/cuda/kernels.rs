@@ -110,7 +110,6 @@ pub enum Kernel {
     SiluMul,
     Add,
     CompactRows,
-    Argmax,
     Matmul,
     MatmulMma,
     RouteGroup,
@@ -126,7 +125,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 20] = [
+    pub const ALL: [Kernel; 19] = [
         Kernel::RmsNorm,
         Kernel::RopeTable,
         Kernel::QkNormRope,
@@ -134,7 +133,6 @@ impl Kernel {
         Kernel::SiluMul,
         Kernel::Add,
         Kernel::CompactRows,
-        Kernel::Argmax,
         Kernel::Matmul,
         Kernel::MatmulMma,
         Kernel::RouteGroup,
@@ -159,7 +157,6 @@ impl Kernel {
             Kernel::SiluMul => "silu_mul",
             Kernel::Add => "add",
             Kernel::CompactRows => "compact_rows",
-            Kernel::Argmax => "argmax",
             Kernel::Matmul => "matmul",
             Kernel::MatmulMma => "matmul_mma",
             Kernel::RouteGroup => "route_group",
@@ -187,11 +184,7 @@ impl Kernel {
     fn file(self) -> usize {
         match self {
             Kernel::RmsNorm | Kernel::RopeTable | Kernel::QkNormRope => 0,
-            Kernel::Embed
-            | Kernel::SiluMul
-            | Kernel::Add
-            | Kernel::CompactRows
-            | Kernel::Argmax => 1,
+            Kernel::Embed | Kernel::SiluMul | Kernel::Add | Kernel::CompactRows => 1,
             Kernel::Matmul | Kernel::MatmulMma => 2,
             Kernel::RouteGroup
             | Kernel::ExpertGateUp

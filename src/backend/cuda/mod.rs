@@ -6,7 +6,7 @@
 //!   cache dtype the same way; the router breaks ties the same way; every
 //!   formula is the CPU backend's, so results agree up to summation order.
 //! - No host synchronisation inside a step: only [`Backend::read`] (the
-//!   logits, host-mapped) and [`Backend::argmax`] wait for the stream.
+//!   logits, host-mapped) waits for the stream.
 //! - Memory is exactly the plan: the activation set, the step metadata, the
 //!   KV cache and the MoE workspace are allocated once and charged to the
 //!   ledger; the weights are attached once ([`CudaBackend::attach_weights`]):
@@ -635,35 +635,6 @@ impl Backend for CudaBackend {
     ) -> Result<(), BackendError> {
         self.device.bind()?;
         buf.read(n, f)
-    }
-
-    fn argmax(
-        &self,
-        logits: &CudaBuffer,
-        rows: usize,
-        vocab: usize,
-        ids: &mut [u32],
-    ) -> Result<(), BackendError> {
-        self.device.bind()?;
-        check("sampled rows", rows, self.max_sample_rows.min(ids.len()))?;
-        check("logits", rows * vocab, logits.len())?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let params = p::ArgmaxParams {
-            logits: logits.ptr(),
-            ids: self.sampled_ids.ptr(),
-            rows: u32_of("rows", rows)?,
-            vocab: u32_of("vocab", vocab)?,
-        };
-        self.launch(
-            Kernel::Argmax,
-            (params.rows, 1, 1),
-            BLOCK_THREADS,
-            0,
-            &params,
-        )?;
-        Ok(self.sampled_ids.download(&mut ids[..rows])?)
     }
 
     fn launches(&self) -> Option<u64> {

@@ -41,6 +41,4 @@ pub struct CudaOptions {
     pub ordinal: i32,
     /// CUBIN cache directory (see [`cache::cache_dir`](super::cache::cache_dir)).
     pub cache_dir: Option<PathBuf>,
-    /// Most rows [`Backend::argmax`](crate::backend::Backend::argmax) samples at once (the plan's max_num_seqs).
-    pub max_sample_rows: usize,
 }

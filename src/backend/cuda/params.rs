@@ -98,15 +98,6 @@ pub struct CompactParams {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct ArgmaxParams {
-    pub logits: u64,
-    pub ids: u64,
-    pub rows: u32,
-    pub vocab: u32,
-}
-
-#[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MatmulJob {
     pub w: Weight,
@@ -267,7 +258,6 @@ const _: () = {
     assert!(size_of::<EmbedParams>() == 56);
     assert!(size_of::<PairParams>() == 24);
     assert!(size_of::<CompactParams>() == 32);
-    assert!(size_of::<ArgmaxParams>() == 24);
     assert!(size_of::<MatmulJob>() == 72);
     assert!(size_of::<MatmulParams>() == 72 * MAX_JOBS + 8);
     assert!(size_of::<RouteParams>() == 64);

@@ -13,7 +13,8 @@
 //!
 //! What cannot be honoured is a 400 naming the field: content parts other
 //! than text. `tool_choice` `required` / a named function is held to the
-//! tool-call format by a grammar (`tool_grammar`). `parallel_tool_calls: false` keeps the
+//! tool-call format by a grammar (`tool_grammar`), and so are the calls of
+//! `strict` functions under `"auto"`. `parallel_tool_calls: false` keeps the
 //! answer's first tool call (a forced choice's grammar admits only one).
 
 use std::borrow::Cow;
@@ -38,7 +39,8 @@ pub struct PreparedChat {
     /// (false without tools and with `tool_choice: "none"`).
     pub tools_offered: bool,
     /// `tool_choice` `required` or a named function: the calls the answer
-    /// must make (constrained by a grammar, see `tool_grammar`).
+    /// must make; under `"auto"` with a `strict` function, the calls it may
+    /// make (constrained by a grammar, see `tool_grammar`).
     pub forced: Option<ForcedTools>,
     /// `parallel_tool_calls: false` without a forced choice: the answer's
     /// parser keeps its first tool call only.
@@ -76,13 +78,14 @@ pub fn with_template_params(
     }
     let has_tools = params.tools.as_ref().is_some_and(|t| !t.is_empty());
     let choice = tool_choice(params.tool_choice.as_ref())?;
+    let parallel = params.parallel_tool_calls != Some(false);
+    let tools = params.tools.as_deref().unwrap_or_default();
     let forced = match &choice {
-        ToolChoice::Auto | ToolChoice::None => None,
-        ToolChoice::Required | ToolChoice::Named(_) => Some(forced_tools(
-            params.tools.as_deref().unwrap_or_default(),
-            &choice,
-            params.parallel_tool_calls != Some(false),
-        )?),
+        ToolChoice::None => None,
+        ToolChoice::Auto => ForcedTools::strict_under_auto(offered_functions(tools), parallel),
+        ToolChoice::Required | ToolChoice::Named(_) => {
+            Some(forced_tools(tools, &choice, parallel)?)
+        }
     };
     let tools_offered = match choice {
         ToolChoice::Auto => has_tools,
@@ -91,7 +94,7 @@ pub fn with_template_params(
     };
     // `false` under "auto": the answer keeps its first call (vLLM's
     // meaning); under "required" / a named function the grammar admits one.
-    let first_call_only = params.parallel_tool_calls == Some(false) && forced.is_none();
+    let first_call_only = !parallel && forced.as_ref().is_none_or(|f| f.optional);
     if let Some(documents) = &params.documents
         && documents.iter().any(|d| d.kind() != ValueKind::Map)
     {
@@ -215,11 +218,7 @@ fn forced_tools(
     choice: &ToolChoice,
     parallel: bool,
 ) -> Result<ForcedTools, ApiError> {
-    let functions: Vec<serde_json::Value> = tools
-        .iter()
-        .filter_map(|tool| tool.get_attr("function").ok())
-        .filter_map(|function| serde_json::to_value(&function).ok())
-        .collect();
+    let functions = offered_functions(tools);
     if functions.is_empty() {
         return Err(ApiError::invalid(
             "tool_choice \"required\" or a named function needs `tools`",
@@ -245,7 +244,17 @@ fn forced_tools(
         functions,
         name,
         parallel,
+        optional: false,
     })
+}
+
+/// Each offered tool's `function` object (checked before).
+fn offered_functions(tools: &[Value]) -> Vec<serde_json::Value> {
+    tools
+        .iter()
+        .filter_map(|tool| tool.get_attr("function").ok())
+        .filter_map(|function| serde_json::to_value(&function).ok())
+        .collect()
 }
 
 /// A tool definition must be `{"type": "function", "function": {"name": ...}}`.

@@ -340,8 +340,8 @@ pub(super) fn compile_grammar(
         (Some((_, field)), Some(_)) => {
             return Err(ApiError::invalid(
                 format!(
-                    "{field} and tool_choice \"required\" (or a named function) cannot both \
-                     constrain the answer"
+                    "{field} and tool_choice \"required\" (or a named function, or a \
+                     function with `strict: true`) cannot both constrain the answer"
                 ),
                 Some(field),
             ));

@@ -93,6 +93,9 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
             memory.guard.resume_bytes,
             app.units,
         ));
+        if let Some(line) = hidden_line(&memory.guard, app.units) {
+            lines.push(line);
+        }
     }
     frame.render_widget(
         Paragraph::new(lines).wrap(Wrap { trim: true }).block(block),
@@ -133,6 +136,26 @@ fn kv_line(used: u64, cached: u64, free: u64) -> String {
         String::new()
     };
     format!("kv blocks used {used} · cached {cached} · free {free}{share}")
+}
+
+/// What the host's figures miss and the guard adds back (a GB10's pinned
+/// weights and driver allocations); nothing where nothing is hidden.
+fn hidden_line(guard: &sparkrt_wire::GuardState, units: Units) -> Option<Line<'static>> {
+    let (pinned, driver) = (guard.pinned_weights_bytes, guard.driver_allocations_bytes);
+    if pinned == 0 && driver == 0 {
+        return None;
+    }
+    let mut parts = Vec::new();
+    if pinned > 0 {
+        parts.push(format!("pinned weights {}", units.format(pinned)));
+    }
+    if driver > 0 {
+        parts.push(format!("driver allocs {}", units.format(driver)));
+    }
+    Some(Line::from(vec![
+        Span::raw("hidden    "),
+        Span::raw(parts.join(" · ")),
+    ]))
 }
 
 fn guard_line(tripped: bool, threshold: u64, resume: u64, units: Units) -> Line<'static> {
