@@ -56,6 +56,16 @@ enum Command {
 fn main() -> ExitCode {
     let args = Cli::parse();
     cli::summary::init_logging(args.log_format);
+    // A kernel tier forced by SPARKRT_ISA that this CPU cannot run is a
+    // usage error before any model is read, never a silent fallback.
+    if matches!(
+        args.command,
+        Command::Generate(_) | Command::Bench(_) | Command::Serve(_)
+    ) && let Err(error) = sparkrt::backend::cpu::kernels::Isa::choice()
+    {
+        eprintln!("error: {error}");
+        return ExitCode::from(2);
+    }
     let result = match &args.command {
         Command::Probe(a) => cli::probe::run(a),
         Command::Plan(a) => cli::plan::run(a),

@@ -170,3 +170,47 @@ fn bad_requests_are_exit_2_with_a_message() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// `SPARKRT_ISA` forces a kernel tier: one this CPU lacks, or a name with
+/// no kernels, is exit 2 naming the variable (never a silent fallback);
+/// a tier it has runs.
+#[test]
+fn a_forced_kernel_tier_is_honoured_or_refused_by_name() {
+    let with_isa = |isa: &str| {
+        let root = fixture("hosts/box24").display().to_string();
+        std::process::Command::new(env!("CARGO_BIN_EXE_sparkrt"))
+            .args([
+                "generate",
+                "--host-root",
+                &root,
+                "--prompt",
+                "Hi",
+                "--max-tokens",
+                "3",
+            ])
+            .env("SPARKRT_ISA", isa)
+            .output()
+            .expect("the sparkrt binary runs")
+    };
+    let out = with_isa("sse9");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("SPARKRT_ISA=\"sse9\""),
+        "{}",
+        stderr(&out)
+    );
+    let foreign = if cfg!(target_arch = "x86_64") {
+        "neon"
+    } else {
+        "avx2"
+    };
+    let out = with_isa(foreign);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("SPARKRT_ISA={foreign}: this CPU lacks")),
+        "{}",
+        stderr(&out)
+    );
+    let out = with_isa("scalar");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}

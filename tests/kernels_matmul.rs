@@ -4,12 +4,12 @@
 use crate::kernels_common;
 
 use kernels_common::{
-    FORMATS, FP8_FORMATS, Format, OwnedWeight, Rng, quantization_bound, random_weight, random_x,
-    run_grouped, tolerance,
+    FORMATS, FP8_FORMATS, Format, OwnedWeight, Rng, bf16_rounding_bound, quantization_bound,
+    random_weight, random_x, run_grouped, tolerance,
 };
 use sparkrt::backend::cpu::kernels::{
     GroupedProblem, Isa, KernelError, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_on,
-    quantizes_activations, reference,
+    quantizes_activations, reference, rounds_activations_to_bf16,
 };
 use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
 use sparkrt::formats::{E2M1, E4M3, E8M0, bf16_to_f32, f32_to_bf16};
@@ -86,11 +86,15 @@ fn random_within_summation_tolerance() {
                     let (want, magnitude) = reference::matmul(&x, tokens, &w.view());
                     let got = run_on(isa, &x, tokens, &w.view());
                     let quantized = quantizes_activations(isa, &w.view());
+                    let rounded = rounds_activations_to_bf16(isa, &w.view());
                     for i in 0..got.len() {
                         let (t, r) = (i / rows, i % rows);
                         let mut tol = tolerance(cols, magnitude[i]);
                         if quantized {
                             tol += quantization_bound(&x[t * cols..(t + 1) * cols], &w.view(), r);
+                        }
+                        if rounded {
+                            tol += bf16_rounding_bound(&x[t * cols..(t + 1) * cols], &w.view(), r);
                         }
                         assert!(
                             (got[i] - want[i]).abs() <= tol,
@@ -353,12 +357,22 @@ fn bias_is_added_to_every_token() {
     assert_eq!(out, vec![1.0, -2.5, 0.25]);
 }
 
-/// The SIMD path this CPU should get is the one picked.
+/// The SIMD path this CPU should get is the one picked (unless SPARKRT_ISA
+/// chose another).
 #[test]
 fn best_isa_is_the_simd_one_this_cpu_has() {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        assert_eq!(Isa::best(), Isa::Avx2);
+    if std::env::var("SPARKRT_ISA").is_err() {
+        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        let bf16 = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512bf16");
+        // The AVX-512 BF16 tier rounds activations: available, never the default.
+        if avx2 {
+            assert_eq!(Isa::best(), Isa::Avx2);
+        }
+        assert_eq!(Isa::available().contains(&Isa::Avx512Bf16), avx2 && bf16);
     }
     #[cfg(target_arch = "aarch64")]
     assert_eq!(Isa::best(), Isa::Neon);

@@ -128,6 +128,8 @@ struct BenchReport {
     repeats: usize,
     batch: usize,
     backend: &'static str,
+    /// The CPU kernels' instruction set (`SPARKRT_ISA` or the default).
+    cpu_isa: &'static str,
     /// Kernel launches per decode step (CUDA), and that ÷ layers.
     launches_per_decode_step: Option<f64>,
     launches_per_layer: Option<f64>,
@@ -562,6 +564,7 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
         repeats: args.repeats,
         batch: args.batch,
         backend: loaded.backend.name(),
+        cpu_isa: crate::backend::cpu::kernels::Isa::best().name(),
         launches_per_decode_step,
         launches_per_layer: launches_per_decode_step.map(|n| n / layers),
         launches_by_kernel: decode_launches
@@ -580,9 +583,10 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
                 loaded.dir.display(),
             ),
             None => println!(
-                "sparkrt bench: {} (cpu, {} threads)",
+                "sparkrt bench: {} (cpu, {} threads, kernels {})",
                 loaded.dir.display(),
-                threads
+                threads,
+                report.cpu_isa
             ),
         }
         println!(

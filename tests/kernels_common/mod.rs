@@ -275,6 +275,19 @@ pub fn quantization_bound(x: &[f32], w: &LinearWeight, row: usize) -> f32 {
         .sum()
 }
 
+/// How far rounding the activations to bf16 (the AVX-512 BF16 tier's BF16
+/// kernels) moves `W[row] · x`: Σ |w| · |x − bf16(x)|, exactly.
+pub fn bf16_rounding_bound(x: &[f32], w: &LinearWeight, row: usize) -> f32 {
+    x.iter()
+        .enumerate()
+        .map(|(c, &v)| {
+            let rounded = sparkrt::formats::bf16_to_f32(sparkrt::formats::f32_to_bf16(v));
+            sparkrt::backend::cpu::kernels::weights::weight_at(w, row, c).abs()
+                * (v - rounded).abs()
+        })
+        .sum()
+}
+
 /// Summation-order error bound: a few √n·ε of the sum of |terms|.
 pub fn tolerance(cols: usize, magnitude: f32) -> f32 {
     4.0 * (cols as f32).sqrt() * f32::EPSILON * magnitude + 1e-30

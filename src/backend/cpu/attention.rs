@@ -160,6 +160,11 @@ pub(crate) fn attention(
     Ok(())
 }
 
+// Never inlined: its scratch arrays (~400 KiB) must live in this frame
+// only. Inlined into rayon's splitting helper (thin LTO did), every level of
+// the split reserved them, and with a few hundred prompt tokens the nested
+// levels of a worker that steals while it waits overflowed its 2 MiB stack.
+#[inline(never)]
 fn run_task(inputs: &Inputs, task: &Task, out: OutPtr) {
     let shape = inputs.shape;
     let hd = shape.head_dim;

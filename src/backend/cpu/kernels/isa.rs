@@ -1,6 +1,10 @@
-//! The instruction sets the kernels run on, detected once at run time.
+//! The instruction sets the kernels run on, detected once at run time, and
+//! `SPARKRT_ISA`, which forces one (tests and A/B runs).
 
 use std::sync::OnceLock;
+
+/// The variable that forces a tier.
+pub const ISA_VARIABLE: &str = "SPARKRT_ISA";
 
 /// An instruction set the kernels can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -9,14 +13,85 @@ pub enum Isa {
     Scalar,
     /// x86-64 with AVX2 and FMA.
     Avx2,
+    /// x86-64 with AVX2, FMA, AVX-512F/BW/VL and AVX-512 BF16: BF16 weights
+    /// by `vdpbf16ps` (activations rounded to bf16, `x86/avx512_bf16.rs`),
+    /// every other format by the AVX2 kernels. Never the default (see
+    /// [`Isa::rounds_activations`]): `SPARKRT_ISA=avx512bf16` chooses it.
+    Avx512Bf16,
     /// aarch64 Advanced SIMD.
     Neon,
 }
 
+/// Why `SPARKRT_ISA` cannot be honoured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IsaChoiceError {
+    #[error(
+        "{ISA_VARIABLE}={0:?} is not an instruction set sparkrt has kernels for (scalar, avx2, avx512bf16, neon)"
+    )]
+    Unknown(String),
+    #[error("{ISA_VARIABLE}={name}: this CPU lacks {missing}")]
+    Missing { name: &'static str, missing: String },
+}
+
 impl Isa {
-    /// The fastest instruction set this CPU supports (detected once).
+    /// The name `SPARKRT_ISA` and `sparkrt bench` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Bf16 => "avx512bf16",
+            Isa::Neon => "neon",
+        }
+    }
+
+    /// The instruction set the kernels use: `SPARKRT_ISA`'s when it names
+    /// one this CPU has, else the fastest detected that keeps the
+    /// activations in f32. A value that cannot be honoured is
+    /// [`Isa::choice`]'s error, which start-up reports (exit 2).
     pub fn best() -> Isa {
-        *Isa::detected().last().unwrap_or(&Isa::Scalar)
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            Isa::choice().ok().flatten().unwrap_or_else(|| {
+                let mut exact = Isa::detected()
+                    .iter()
+                    .filter(|isa| !isa.rounds_activations());
+                exact.next_back().copied().unwrap_or(Isa::Scalar)
+            })
+        })
+    }
+
+    /// Whether the tier rounds activations to bf16 for some format (BF16
+    /// weights on `Avx512Bf16`): faster (1.4–2.4× BF16 prefill on a Zen 4
+    /// EPYC, `benches/kernels.rs`), but the tiny fixtures' logits then move
+    /// by up to 0.65 against transformers' f32 reference, where every other
+    /// tier stays within 2e-3, so it is a choice, never the default.
+    pub fn rounds_activations(self) -> bool {
+        self == Isa::Avx512Bf16
+    }
+
+    /// The tier `SPARKRT_ISA` forces, `None` when it is unset or empty.
+    pub fn choice() -> Result<Option<Isa>, IsaChoiceError> {
+        match std::env::var(ISA_VARIABLE) {
+            Ok(value) if !value.trim().is_empty() => Isa::named(value.trim()).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The tier named `name`, if this CPU has it.
+    pub fn named(name: &str) -> Result<Isa, IsaChoiceError> {
+        let isa = [Isa::Scalar, Isa::Avx2, Isa::Avx512Bf16, Isa::Neon]
+            .into_iter()
+            .find(|isa| isa.name() == name.to_ascii_lowercase())
+            .ok_or_else(|| IsaChoiceError::Unknown(name.to_string()))?;
+        let missing = isa.missing_features();
+        if missing.is_empty() {
+            Ok(isa)
+        } else {
+            Err(IsaChoiceError::Missing {
+                name: isa.name(),
+                missing: missing.join(", "),
+            })
+        }
     }
 
     /// Every instruction set usable here, slowest first (always has `Scalar`).
@@ -29,19 +104,65 @@ impl Isa {
         Isa::detected().contains(&self)
     }
 
+    /// Whether the AVX2 kernels (and the small AVX2 ops) run on this tier.
+    pub fn runs_avx2(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512Bf16)
+    }
+
+    /// The CPU features the tier needs that this CPU lacks.
+    fn missing_features(self) -> Vec<&'static str> {
+        let wanted: &[&'static str] = match self {
+            Isa::Scalar => &[],
+            Isa::Avx2 => &["avx2", "fma"],
+            Isa::Avx512Bf16 => &[
+                "avx2",
+                "fma",
+                "avx512f",
+                "avx512bw",
+                "avx512vl",
+                "avx512bf16",
+            ],
+            Isa::Neon => &["neon"],
+        };
+        wanted
+            .iter()
+            .copied()
+            .filter(|feature| !has_feature(feature))
+            .collect()
+    }
+
     fn detected() -> &'static [Isa] {
         static DETECTED: OnceLock<Vec<Isa>> = OnceLock::new();
         DETECTED.get_or_init(|| {
-            let mut isas = vec![Isa::Scalar];
-            #[cfg(target_arch = "x86_64")]
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                isas.push(Isa::Avx2);
-            }
-            #[cfg(target_arch = "aarch64")]
-            if std::arch::is_aarch64_feature_detected!("neon") {
-                isas.push(Isa::Neon);
-            }
-            isas
+            [Isa::Scalar, Isa::Avx2, Isa::Avx512Bf16, Isa::Neon]
+                .into_iter()
+                .filter(|isa| isa.missing_features().is_empty())
+                .collect()
         })
+    }
+}
+
+/// Run-time detection of one feature by its `target_feature` name.
+fn has_feature(feature: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match feature {
+            "avx2" => is_x86_feature_detected!("avx2"),
+            "fma" => is_x86_feature_detected!("fma"),
+            "avx512f" => is_x86_feature_detected!("avx512f"),
+            "avx512bw" => is_x86_feature_detected!("avx512bw"),
+            "avx512vl" => is_x86_feature_detected!("avx512vl"),
+            "avx512bf16" => is_x86_feature_detected!("avx512bf16"),
+            _ => false,
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        feature == "neon" && std::arch::is_aarch64_feature_detected!("neon")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = feature;
+        false
     }
 }

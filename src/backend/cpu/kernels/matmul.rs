@@ -76,9 +76,17 @@ pub fn matmul_grouped_on(isa: Isa, problems: &mut [GroupedProblem]) -> Result<()
 }
 
 /// Whether `isa` multiplies this weight with quantized activations (and so
-/// needs an activation scratch): MXFP4 on AVX2 and NEON.
+/// needs an activation scratch): MXFP4 on AVX2 (and the tiers that run its
+/// kernels) and NEON.
 pub fn quantizes_activations(isa: Isa, weight: &LinearWeight) -> bool {
-    matches!(isa, Isa::Avx2 | Isa::Neon) && matches!(weight.data, WeightData::Mxfp4 { .. })
+    (isa.runs_avx2() || isa == Isa::Neon) && matches!(weight.data, WeightData::Mxfp4 { .. })
+}
+
+/// Whether `isa` rounds the activations of this weight to bf16 before it
+/// multiplies (BF16 weights on the AVX-512 BF16 tier): what a tolerance
+/// against an f32 reference has to allow for.
+pub fn rounds_activations_to_bf16(isa: Isa, weight: &LinearWeight) -> bool {
+    isa == Isa::Avx512Bf16 && matches!(weight.data, WeightData::Bf16(_))
 }
 
 fn run_checked(
@@ -364,6 +372,8 @@ fn choose_path(isa: Isa, w: &LinearWeight, tokens: usize) -> Path {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => super::x86::choose_path(w, tokens),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Bf16 => super::x86::choose_path_avx512_bf16(w, tokens),
         _ => {
             let _ = (w, tokens);
             Path::Gemv
@@ -375,6 +385,8 @@ fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => super::x86::run_rows(job, rows),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Bf16 => super::x86::run_rows_avx512_bf16(job, rows),
         // FP8 and INT4 have no NEON kernel yet: the portable one is correct
         // (and batch-invariant) everywhere.
         #[cfg(target_arch = "aarch64")]

@@ -63,6 +63,6 @@ pub use error::KernelError;
 pub use isa::Isa;
 pub use matmul::{
     GroupedProblem, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_in, matmul_grouped_on,
-    quantize_rows, quantizes_activations,
+    quantize_rows, quantizes_activations, rounds_activations_to_bf16,
 };
 pub use quantize::ActivationScratch;

@@ -17,7 +17,7 @@ use crate::formats::{bf16_to_f32, f32_to_bf16, read_bf16};
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn avx2() -> bool {
-    Isa::best() == Isa::Avx2
+    Isa::best().runs_avx2()
 }
 
 /// Runs `$simd` (an `unsafe` AVX2 call) when AVX2 is the best ISA, else `$portable`.
@@ -25,7 +25,7 @@ macro_rules! dispatch {
     ($simd:expr, $portable:expr) => {{
         #[cfg(target_arch = "x86_64")]
         if avx2() {
-            // SAFETY: Isa::best() is Avx2 only when AVX2 and FMA were detected.
+            // SAFETY: Isa::best() runs AVX2 only when AVX2 and FMA were detected.
             return unsafe { $simd };
         }
         $portable

@@ -1,5 +1,7 @@
-//! x86-64 kernels: AVX2 + FMA, entered only through `Isa::Avx2` (which
-//! exists only after run-time detection). `avx2.rs` holds the f32-decoding
+//! x86-64 kernels: AVX2 + FMA, entered only through `Isa::Avx2` or
+//! `Isa::Avx512Bf16` (which exist only after run-time detection);
+//! `avx512_bf16.rs` holds the BF16 kernels of the AVX-512 BF16 tier, which
+//! runs every other format on the AVX2 ones. `avx2.rs` holds the f32-decoding
 //! matmul kernels (F32, BF16, NVFP4, and FP8 with the decoder of
 //! `avx2_fp8.rs`), `avx2_mxfp4.rs` the integer MXFP4 kernels and the
 //! activation quantizer, `avx2_int4.rs` the GPTQ INT4 kernel, `avx2_ops.rs`
@@ -12,6 +14,7 @@ mod avx2_fp8;
 mod avx2_int4;
 mod avx2_mxfp4;
 pub(super) mod avx2_ops;
+mod avx512_bf16;
 mod lanes;
 
 use std::ops::Range;
@@ -20,6 +23,25 @@ use super::job::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
 
 pub(super) use avx2_mxfp4::quantize_row;
+
+/// Which path a problem takes on the AVX-512 BF16 tier.
+pub(super) fn choose_path_avx512_bf16(w: &LinearWeight, tokens: usize) -> Path {
+    match w.data {
+        WeightData::Bf16(_) => avx512_bf16::choose_path(tokens),
+        _ => choose_path(w, tokens),
+    }
+}
+
+/// Computes rows `rows` of a job on the AVX-512 BF16 tier.
+pub(super) fn run_rows_avx512_bf16(job: &Job, rows: Range<usize>) {
+    match job.weight.data {
+        // SAFETY: Job shapes were checked by `check_problem`, and this is
+        // only reached through Isa::Avx512Bf16, i.e. with AVX2, FMA,
+        // AVX-512F/BW/VL and AVX-512 BF16 detected.
+        WeightData::Bf16(bytes) => unsafe { avx512_bf16::run_rows(bytes, job, rows) },
+        _ => run_rows(job, rows),
+    }
+}
 
 /// Which path a problem takes on AVX2.
 pub(super) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
