@@ -316,29 +316,38 @@ fn xml_chat(extra: Value) -> Value {
     body
 }
 
+/// What the scripted Qwen3.6 model writes first: its reasoning closed, then
+/// `get_weather(city="New York", days=3)` in XML, the tags split across
+/// tokens.
+const FIRST_WEATHER_CALL: [&str; 10] = [
+    "I need the weather.\n",
+    "</think>",
+    "\n\n",
+    "<tool_call>",
+    "\n<function=get_",
+    "weather>\n<param",
+    "eter=city>\nNew York\n</para",
+    "meter>\n<parameter=days>\n3\n</parameter>\n</func",
+    "tion>\n",
+    "</tool_call>",
+];
+
 /// Qwen3.6's official template opens `<think>` in the generation prompt;
 /// the model closes it and calls two tools in XML, the tags split across
 /// tokens. Its checkpoint is `qwen3_moe` (the scripted family), so the XML
 /// parser is chosen by the template, not the family: no flag.
 #[test]
 fn qwen3_6_xml_tool_calls_blocking_streamed_and_as_content_without_tools() {
-    let output = [
-        "I need the weather.\n",
-        "</think>",
-        "\n\n",
-        "<tool_call>",
-        "\n<function=get_",
-        "weather>\n<param",
-        "eter=city>\nNew York\n</para",
-        "meter>\n<parameter=days>\n3\n</parameter>\n</func",
-        "tion>\n",
-        "</tool_call>",
-        "\n<tool",
-        "_call>\n",
-        "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool",
-        "_call>",
-        "<|im_end|>",
-    ];
+    let output: Vec<&str> = FIRST_WEATHER_CALL
+        .into_iter()
+        .chain([
+            "\n<tool",
+            "_call>\n",
+            "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool",
+            "_call>",
+            "<|im_end|>",
+        ])
+        .collect();
     let dir = scripted(Family::Qwen3, QWEN36_TEMPLATE, &output);
     let server = serve(dir.path());
     let want_args = [r#"{"city": "New York", "days": 3}"#, r#"{"city": "Paris"}"#];
@@ -434,19 +443,10 @@ fn qwen3_6_xml_tool_calls_blocking_streamed_and_as_content_without_tools() {
 /// `get_weather(city="New York", days=3)`.
 #[test]
 fn strict_functions_under_auto_hold_the_calls_to_their_schema() {
-    let output = [
-        "I need the weather.\n",
-        "</think>",
-        "\n\n",
-        "<tool_call>",
-        "\n<function=get_",
-        "weather>\n<param",
-        "eter=city>\nNew York\n</para",
-        "meter>\n<parameter=days>\n3\n</parameter>\n</func",
-        "tion>\n",
-        "</tool_call>",
-        "<|im_end|>",
-    ];
+    let output: Vec<&str> = FIRST_WEATHER_CALL
+        .into_iter()
+        .chain(["<|im_end|>"])
+        .collect();
     let dir = scripted(Family::Qwen3, QWEN36_TEMPLATE, &output);
     let server = serve(dir.path());
     let ask = |days: Value, strict: bool| {
