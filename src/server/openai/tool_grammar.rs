@@ -169,10 +169,12 @@ fn qwen3_coder(forced: &ForcedTools) -> GrammarSpec {
             // does not backtrack, so a `[^<]*` lexeme of its own would take
             // the tag's leading newline and leave `<` matching nothing.
             let value = if schema.get("type").and_then(Value::as_str) == Some("string") {
-                // `maxLength` bounds it (characters), as JSON Schema's does.
-                let text = match schema.get("maxLength").and_then(Value::as_u64) {
-                    Some(most) => format!("[^<]{{0,{most}}}"),
-                    None => "[^<]*".to_string(),
+                // `enum` / `const` list its values; else `maxLength` bounds
+                // it (characters), as JSON Schema's does.
+                let text = match (string_choices(schema), schema.get("maxLength")) {
+                    (Some(choices), _) => format!("(?:{})", choices.join("|")),
+                    (None, Some(most)) if most.is_u64() => format!("[^<]{{0,{most}}}"),
+                    _ => "[^<]*".to_string(),
                 };
                 format!("/{text}\\n<\\/parameter>\\n/")
             } else {
@@ -202,6 +204,21 @@ fn qwen3_coder(forced: &ForcedTools) -> GrammarSpec {
         start_rules(forced),
         calls.join(" | ")
     ))
+}
+
+/// A string schema's `enum` (every value a string) or `const`, each
+/// escaped for a Lark regex; `None` when it has neither.
+fn string_choices(schema: &Value) -> Option<Vec<String>> {
+    let escaped = |text: &str| regex::escape(text).replace('/', "\\/");
+    if let Some(value) = schema.get("const").and_then(Value::as_str) {
+        return Some(vec![escaped(value)]);
+    }
+    let values = schema.get("enum")?.as_array()?;
+    values
+        .iter()
+        .map(|v| v.as_str().map(escaped))
+        .collect::<Option<Vec<_>>>()
+        .filter(|choices| !choices.is_empty())
 }
 
 /// Harmony (gpt-oss), after the generation prompt's `<|start|>assistant`:
@@ -391,6 +408,23 @@ mod walks {
             ]
         ));
         assert!(!admits(&spec, &[&call.replace(">\n2\n<", ">\n3\n<")]));
+    }
+
+    #[test]
+    fn xml_string_enums_hold_their_values() {
+        let mut forced = weather(true, false);
+        forced.functions[0]["parameters"]["properties"]["city"] =
+            json!({"type": "string", "enum": ["Rome", "San José/Costa Rica"]});
+        let spec = qwen3_coder(&forced);
+        let call = |city: &str| {
+            format!(
+                "<tool_call>\n<function=get_weather>\n<parameter=city>\n{city}\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
+            )
+        };
+        assert!(admits(&spec, &[&call("Rome")]));
+        assert!(admits(&spec, &[&call("San José/Costa Rica")]));
+        assert!(!admits(&spec, &[&call("Oslo")]));
+        assert!(!admits(&spec, &[&call("Romeo")]));
     }
 
     #[test]
