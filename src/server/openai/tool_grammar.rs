@@ -228,7 +228,7 @@ fn string_choices(schema: &Value) -> Option<Vec<String>> {
 /// special token itself, never its text). A harmony turn ends at
 /// `<|call|>`, so the answer makes one call whatever `parallel_tool_calls` says.
 /// Under `"auto"` a final message (`<|channel|>final<|message|>…<|return|>`)
-/// may take the call's place.
+/// may take the call's place, and commentary preambles may precede either.
 fn harmony(forced: &ForcedTools) -> GrammarSpec {
     let calls: Vec<String> = selected(forced)
         .map(|(name, parameters)| {
@@ -247,8 +247,11 @@ fn harmony(forced: &ForcedTools) -> GrammarSpec {
         })
         .collect();
     let answer = if forced.optional {
-        "start: analysis? (call | final)\n\
-         final: <|channel|> \"final\" <|message|> /(.|\\n)*/ <|return|>\n"
+        // A preamble (a commentary message for the user) may come before
+        // the call, as gpt-oss writes them.
+        "start: analysis? preamble* (call | final)\n\
+         final: <|channel|> \"final\" <|message|> /(.|\\n)*/ <|return|>\n\
+         preamble: <|channel|> \"commentary\" <|message|> /(.|\\n)*/ <|end|> <|start|> \"assistant\"\n"
     } else {
         "start: analysis? call\n"
     };
@@ -466,6 +469,9 @@ mod walks {
         ]));
         let call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Rome\", \"days\": 2}<|call|>";
         assert!(admits(&[think, call]));
+        let preamble =
+            "<|channel|>commentary<|message|>Checking the forecast.<|end|><|start|>assistant";
+        assert!(admits(&[think, preamble, call]));
         assert!(!admits(&[think, &call.replace(": 2}", ": 3}")]));
         let forced = harmony(&weather(true, false));
         assert!(!admits_in(
