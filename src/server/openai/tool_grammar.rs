@@ -125,7 +125,7 @@ fn start_rules(forced: &ForcedTools) -> String {
     } else {
         ""
     };
-    let marker = regex::escape(CALL_MARKER);
+    let marker = regex_text(CALL_MARKER);
     let first = if forced.optional {
         format!(
             "start: TEXT | CALL_START rest{more}\n\
@@ -176,7 +176,7 @@ fn qwen3_coder(forced: &ForcedTools) -> GrammarSpec {
                     (None, Some(most)) if most.is_u64() => format!("[^<]{{0,{most}}}"),
                     _ => "[^<]*".to_string(),
                 };
-                format!("/{text}\\n<\\/parameter>\\n/")
+                format!("/{text}{}/", regex_text(close))
             } else {
                 format!("%json {schema} {}", literal(close))
             };
@@ -206,17 +206,22 @@ fn qwen3_coder(forced: &ForcedTools) -> GrammarSpec {
     ))
 }
 
+/// `text` matched literally inside a Lark `/…/` regex: regex syntax
+/// escaped, the delimiter and newlines written as escapes.
+fn regex_text(text: &str) -> String {
+    regex::escape(text).replace('/', "\\/").replace('\n', "\\n")
+}
+
 /// A string schema's `enum` (every value a string) or `const`, each
 /// escaped for a Lark regex; `None` when it has neither.
 fn string_choices(schema: &Value) -> Option<Vec<String>> {
-    let escaped = |text: &str| regex::escape(text).replace('/', "\\/");
     if let Some(value) = schema.get("const").and_then(Value::as_str) {
-        return Some(vec![escaped(value)]);
+        return Some(vec![regex_text(value)]);
     }
     let values = schema.get("enum")?.as_array()?;
     values
         .iter()
-        .map(|v| v.as_str().map(escaped))
+        .map(|v| v.as_str().map(regex_text))
         .collect::<Option<Vec<_>>>()
         .filter(|choices| !choices.is_empty())
 }

@@ -34,6 +34,9 @@ pub enum IsaChoiceError {
 }
 
 impl Isa {
+    /// Every tier, slowest first within an architecture.
+    const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Bf16, Isa::Neon];
+
     /// The name `SPARKRT_ISA` and `sparkrt bench` use.
     pub fn name(self) -> &'static str {
         match self {
@@ -79,9 +82,10 @@ impl Isa {
 
     /// The tier named `name`, if this CPU has it.
     pub fn named(name: &str) -> Result<Isa, IsaChoiceError> {
-        let isa = [Isa::Scalar, Isa::Avx2, Isa::Avx512Bf16, Isa::Neon]
+        let wanted = name.to_ascii_lowercase();
+        let isa = Isa::ALL
             .into_iter()
-            .find(|isa| isa.name() == name.to_ascii_lowercase())
+            .find(|isa| isa.name() == wanted)
             .ok_or_else(|| IsaChoiceError::Unknown(name.to_string()))?;
         let missing = isa.missing_features();
         if missing.is_empty() {
@@ -134,7 +138,7 @@ impl Isa {
     fn detected() -> &'static [Isa] {
         static DETECTED: OnceLock<Vec<Isa>> = OnceLock::new();
         DETECTED.get_or_init(|| {
-            [Isa::Scalar, Isa::Avx2, Isa::Avx512Bf16, Isa::Neon]
+            Isa::ALL
                 .into_iter()
                 .filter(|isa| isa.missing_features().is_empty())
                 .collect()

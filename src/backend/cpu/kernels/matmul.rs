@@ -86,7 +86,7 @@ pub fn quantizes_activations(isa: Isa, weight: &LinearWeight) -> bool {
 /// multiplies (BF16 weights on the AVX-512 BF16 tier): what a tolerance
 /// against an f32 reference has to allow for.
 pub fn rounds_activations_to_bf16(isa: Isa, weight: &LinearWeight) -> bool {
-    isa == Isa::Avx512Bf16 && matches!(weight.data, WeightData::Bf16(_))
+    isa.rounds_activations() && matches!(weight.data, WeightData::Bf16(_))
 }
 
 fn run_checked(

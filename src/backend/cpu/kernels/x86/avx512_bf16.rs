@@ -148,46 +148,44 @@ unsafe fn finish(w: &Bf16Rows, acc: __m512, row: usize, x: *const f32) -> f32 {
     sum
 }
 
-/// GEMV path with `R` rows in lockstep, tokens in tiles of at most 4.
+/// GEMV path with `R` rows in lockstep (see [`in_lockstep`]).
 ///
 /// # Safety
 ///
 /// The module's features; the job contract for `job` and `rows`.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn gemv_streams<const R: usize>(w: &Bf16Rows, job: &Job, rows: Range<usize>) {
-    let set = |rows: [usize; R]| {
-        let mut t0 = 0;
-        while t0 < job.tokens {
-            let tn = (job.tokens - t0).min(GEMV_MAX_TOKENS);
-            // SAFETY: tokens t0..t0+tn exist; the unit owns the rows.
-            unsafe {
-                match tn {
-                    1 => gemv_tile::<R, 1>(w, job, rows, t0),
-                    2 => gemv_tile::<R, 2>(w, job, rows, t0),
-                    3 => gemv_tile::<R, 3>(w, job, rows, t0),
-                    _ => gemv_tile::<R, 4>(w, job, rows, t0),
-                }
+    // SAFETY: the rows are inside the unit, which owns their outputs.
+    in_lockstep::<R>(
+        rows,
+        |set| unsafe { gemv_set(w, job, set) },
+        |row| unsafe { gemv_set(w, job, [row]) },
+    );
+}
+
+/// One set of rows against every token, in tiles of at most 4 tokens.
+///
+/// # Safety
+///
+/// The module's features; the job contract for `job` and every row of
+/// `rows` (inside `0..rows`, its outputs owned by the caller's unit).
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
+#[inline]
+unsafe fn gemv_set<const R: usize>(w: &Bf16Rows, job: &Job, rows: [usize; R]) {
+    let mut t0 = 0;
+    while t0 < job.tokens {
+        let tn = (job.tokens - t0).min(GEMV_MAX_TOKENS);
+        // SAFETY: tokens t0..t0+tn exist; the rows are the caller's.
+        unsafe {
+            match tn {
+                1 => gemv_tile::<R, 1>(w, job, rows, t0),
+                2 => gemv_tile::<R, 2>(w, job, rows, t0),
+                3 => gemv_tile::<R, 3>(w, job, rows, t0),
+                _ => gemv_tile::<R, 4>(w, job, rows, t0),
             }
-            t0 += tn;
         }
-    };
-    let single = |row: usize| {
-        let mut t0 = 0;
-        while t0 < job.tokens {
-            let tn = (job.tokens - t0).min(GEMV_MAX_TOKENS);
-            // SAFETY: as above.
-            unsafe {
-                match tn {
-                    1 => gemv_tile::<1, 1>(w, job, [row], t0),
-                    2 => gemv_tile::<1, 2>(w, job, [row], t0),
-                    3 => gemv_tile::<1, 3>(w, job, [row], t0),
-                    _ => gemv_tile::<1, 4>(w, job, [row], t0),
-                }
-            }
-            t0 += tn;
-        }
-    };
-    in_lockstep::<R>(rows, set, single);
+        t0 += tn;
+    }
 }
 
 /// `R` rows × `T` tokens from `t0`, every column.
