@@ -59,8 +59,10 @@ impl Architecture {
     /// prediction layers): mapped, not planned as resident weights.
     pub fn unused_prefixes(self) -> &'static [&'static str] {
         match self {
-            Architecture::Qwen35Moe | Architecture::Qwen35 => &["model.visual.", "mtp."],
-            Architecture::Qwen3Next => &["mtp."],
+            Architecture::Qwen35Moe | Architecture::Qwen35 => {
+                &["model.visual.", crate::checkpoint::groups::MTP_PREFIX]
+            }
+            Architecture::Qwen3Next => &[crate::checkpoint::groups::MTP_PREFIX],
             _ => &[],
         }
     }
@@ -174,6 +176,12 @@ macro_rules! with_geometry_fields {
             /// Qwen3-Next); 0 without one.
             #[serde(default)]
             shared_expert_intermediate_size: usize = (0),
+            /// MTP layers the served model runs: the checkpoint's MTP head
+            /// (`mtp.*`, one full-attention layer) when speculative decoding
+            /// drafts with it (`method = "mtp"`), else 0. Each has a KV
+            /// layer after the decoder's and resident weights.
+            #[serde(default, skip_serializing_if = "crate::geometry::is_zero")]
+            mtp_layers: usize = (0),
         }
     };
 }
@@ -189,6 +197,11 @@ macro_rules! define_model_geometry {
     };
 }
 with_geometry_fields!(define_model_geometry);
+
+/// serde's `skip_serializing_if` for counts that are usually absent.
+pub(crate) fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
 
 impl ModelGeometry {
     /// Whether layer `i` has experts (the rule of transformers' Qwen3MoeDecoderLayer;
@@ -220,8 +233,14 @@ impl ModelGeometry {
             .unwrap_or(LayerAttention::FullAttention)
     }
 
-    /// Layers with a KV cache (full or sliding-window attention).
+    /// Layers with a KV cache (full or sliding-window attention), the
+    /// served MTP layers last.
     pub fn num_kv_layers(&self) -> usize {
+        self.num_decoder_kv_layers() + self.mtp_layers
+    }
+
+    /// The decoder's layers with a KV cache (MTP layers not counted).
+    pub fn num_decoder_kv_layers(&self) -> usize {
         (0..self.num_layers)
             .filter(|&i| self.layer_attention(i) != LayerAttention::LinearAttention)
             .count()
@@ -229,7 +248,7 @@ impl ModelGeometry {
 
     /// Gated DeltaNet layers (a recurrent state per sequence each).
     pub fn num_linear_layers(&self) -> usize {
-        self.num_layers - self.num_kv_layers()
+        self.num_layers - self.num_decoder_kv_layers()
     }
 
     /// The Gated DeltaNet shape, when the model has such layers.
@@ -310,6 +329,9 @@ pub enum WeightGroup {
     LinearAttention,
     /// The shared expert and its gate: read for every token.
     SharedExpert,
+    /// The MTP head (`mtp.*`) when it drafts: its layer, `fc` and norms.
+    /// Not in [`WeightGroup::ALL`]: a plan lists it only when it is served.
+    Mtp,
 }
 
 impl WeightGroup {
@@ -336,6 +358,7 @@ impl WeightGroup {
             WeightGroup::LmHead => "lm_head",
             WeightGroup::LinearAttention => "linear_attention",
             WeightGroup::SharedExpert => "shared_expert",
+            WeightGroup::Mtp => "mtp",
         }
     }
 }

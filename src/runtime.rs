@@ -23,7 +23,9 @@ use crate::model::source::CheckpointSource;
 use crate::model::{Buffers, ModelError, Transformer};
 use crate::plan::ledger::{self, Category, Charge, Ledger, WeightsResidency};
 use crate::plan::memory::{self, WeightBytes};
-use crate::plan::profile::{CheckpointFacts, DeviceKind, KubeletMode, KvCacheDtype, Profile};
+use crate::plan::profile::{
+    CheckpointFacts, DeviceKind, KubeletMode, KvCacheDtype, Profile, ServingSection,
+};
 use crate::plan::{self, Plan, PlanDevice, PlanError};
 use crate::text::{TextError, Tokenizer};
 use sparkrt_wire::LoadPhase;
@@ -53,6 +55,9 @@ pub enum RuntimeError {
     Ledger(#[from] crate::plan::ledger::LedgerError),
     #[error(transparent)]
     KvScales(#[from] KvScaleError),
+    /// A serving setting this checkpoint cannot have.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// A model folder, planned and mapped, on backend `B`: everything an
@@ -148,11 +153,47 @@ impl HostSource<'_> {
     }
 }
 
-/// Exact weight bytes by group from a checkpoint's headers.
+/// The MTP layers `serving` runs of the checkpoint `config` describes:
+/// its one-layer MTP head when speculative decoding drafts with it.
+fn served_mtp_layers(
+    config: &ModelConfig,
+    serving: &ServingSection,
+) -> Result<usize, RuntimeError> {
+    let wanted = serving.mtp_layers();
+    if wanted == 0 {
+        return Ok(0);
+    }
+    let arch = config.geometry.architecture;
+    let reason = if !arch.is_hybrid() {
+        Some(format!("{} checkpoints have no MTP head", arch.name()))
+    } else if config.mtp_num_hidden_layers == 0 {
+        Some("the checkpoint has no MTP head (its config has no mtp_num_hidden_layers)".to_string())
+    } else if config.mtp_num_hidden_layers != wanted {
+        Some(format!(
+            "the checkpoint's MTP head has {} layers; sparkrt serves one-layer heads",
+            config.mtp_num_hidden_layers
+        ))
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(RuntimeError::Unsupported(format!(
+            "speculative config \"mtp\": {reason}; draft with \"ngram\" instead"
+        ))),
+        None => Ok(wanted),
+    }
+}
+
+/// Exact weight bytes by group from a checkpoint's headers (a served MTP
+/// head's `mtp.*` tensors in [`WeightGroup::Mtp`]).
 pub fn header_weight_bytes(config: &ModelConfig, headers: &checkpoint::HeaderSet) -> WeightBytes {
     let mut bytes = WeightBytes::zero();
     for t in &headers.tensors {
         let arch = config.geometry.architecture;
+        if config.geometry.mtp_layers > 0 && t.name.starts_with(checkpoint::groups::MTP_PREFIX) {
+            bytes.add(WeightGroup::Mtp, t.byte_len);
+            continue;
+        }
         if let Some(prefix) = checkpoint::groups::unused_prefix(arch, &t.name) {
             bytes.add_unused(prefix, t.byte_len);
             continue;
@@ -181,10 +222,11 @@ pub fn plan_checkpoint(
     host: &HostSource<'_>,
     device: PlanDevice,
 ) -> Result<Planned, RuntimeError> {
-    let config = ModelConfig::load(dir)?;
+    let mut config = ModelConfig::load(dir)?;
     let profile = match profile {
         Some(p) => {
             plan::check_geometry(&p.model.geometry, &config.geometry)?;
+            config.geometry.mtp_layers = served_mtp_layers(&config, &p.serving)?;
             p.clone()
         }
         None => Profile::for_checkpoint(

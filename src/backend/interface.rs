@@ -342,6 +342,18 @@ pub trait Backend: Sync + Sized {
         n: usize,
     ) -> Result<(), BackendError>;
 
+    /// `out[r] = left[r] ‖ right[r]` over `rows` rows of `width` values
+    /// each (`out` rows of `2 × width`): an MTP head's `fc` input,
+    /// `[embedding | hidden]`.
+    fn concat_rows(
+        &self,
+        left: &Self::Buffer,
+        right: &Self::Buffer,
+        rows: usize,
+        width: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
     /// Moves row `rows[i]` of `buf` (rows of `width`) to row `i`, in order
     /// (`rows` ascending, so no row is overwritten before it is read).
     fn compact_rows(

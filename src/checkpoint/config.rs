@@ -43,6 +43,10 @@ pub struct ModelConfig {
     pub quantization: Option<QuantizationConfig>,
     /// Share of each head RoPE rotates: its first `head_dim × factor` dims.
     pub partial_rotary_factor: f64,
+    /// Layers of the checkpoint's MTP head (`mtp_num_hidden_layers`, Qwen3.5
+    /// and Qwen3-Next); 0 without one. Served only when speculative
+    /// decoding drafts with it (`ModelGeometry::mtp_layers`).
+    pub mtp_num_hidden_layers: usize,
 }
 
 /// YaRN RoPE parameters (see docs/FORMATS.md, "RoPE of gpt_oss").
@@ -400,6 +404,7 @@ struct RawConfig {
     full_attention_interval: Option<usize>,
     /// Qwen3-Next's legacy spelling (newer files: `rope_parameters`).
     partial_rotary_factor: Option<f64>,
+    mtp_num_hidden_layers: Option<usize>,
 }
 
 impl RawConfig {
@@ -457,6 +462,11 @@ impl RawConfig {
         limits::check(
             "full_attention_interval",
             given(self.full_attention_interval),
+            limits::MAX_LAYERS,
+        )?;
+        limits::check(
+            "mtp_num_hidden_layers",
+            given(self.mtp_num_hidden_layers),
             limits::MAX_LAYERS,
         )?;
         if let Some(text) = &self.text_config {
@@ -672,6 +682,7 @@ impl Keys<'_> {
             linear_value_head_dim: 0,
             linear_conv_kernel_dim: 0,
             shared_expert_intermediate_size: 0,
+            mtp_layers: 0,
         };
         Ok(ModelConfig {
             geometry,
@@ -684,6 +695,7 @@ impl Keys<'_> {
             quantization,
             // Plain RoPE over the whole head.
             partial_rotary_factor: 1.0,
+            mtp_num_hidden_layers: 0,
         })
     }
 
@@ -744,6 +756,7 @@ impl Keys<'_> {
             linear_value_head_dim: 0,
             linear_conv_kernel_dim: 0,
             shared_expert_intermediate_size: 0,
+            mtp_layers: 0,
         };
         Ok(ModelConfig {
             geometry,
@@ -756,6 +769,7 @@ impl Keys<'_> {
             quantization,
             // Plain RoPE over the whole head.
             partial_rotary_factor: 1.0,
+            mtp_num_hidden_layers: 0,
         })
     }
 }
@@ -880,6 +894,7 @@ impl Keys<'_> {
             } else {
                 0
             },
+            mtp_layers: 0,
         };
         Ok(ModelConfig {
             geometry,
@@ -895,6 +910,7 @@ impl Keys<'_> {
             swiglu_limit: None,
             quantization,
             partial_rotary_factor,
+            mtp_num_hidden_layers: raw.mtp_num_hidden_layers.unwrap_or(0),
         })
     }
 

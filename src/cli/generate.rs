@@ -137,7 +137,12 @@ fn size_kv_to_request(profile: &mut Profile, tokens: usize) {
     if length > s.max_model_len {
         return;
     }
-    let per_token = memory::kv_bytes_per_token(&profile.model.geometry, s.kv_cache_dtype.bytes());
+    // The geometry as served: an MTP head that drafts has a KV layer too.
+    let served = crate::geometry::ModelGeometry {
+        mtp_layers: s.mtp_layers(),
+        ..profile.model.geometry.clone()
+    };
+    let per_token = memory::kv_bytes_per_token(&served, s.kv_cache_dtype.bytes());
     s.max_model_len = length;
     s.kv_cache = KvCacheSize::Bytes(length as u64 * per_token);
     for key in ["kv_cache", "max_model_len"] {

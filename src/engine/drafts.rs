@@ -12,7 +12,62 @@
 //! target's distribution without it, which is the standard rejection rule
 //! for such a draft.
 
-use crate::plan::speculative::SpeculativeConfig;
+use crate::plan::speculative::{DraftMethod, SpeculativeConfig};
+
+/// Where a sequence's drafts come from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Proposer {
+    Ngram(NgramProposer),
+    /// The model's MTP head: its drafts are made after each step (see
+    /// `engine::mtp`) and kept in [`Drafts::head`] for the next.
+    Head {
+        k: usize,
+    },
+}
+
+impl Proposer {
+    pub fn new(config: &SpeculativeConfig) -> Proposer {
+        match config.method {
+            DraftMethod::Ngram => Proposer::Ngram(NgramProposer::new(config)),
+            DraftMethod::Mtp => Proposer::Head {
+                k: config.num_speculative_tokens,
+            },
+        }
+    }
+
+    /// Draft tokens per sequence and step at most.
+    pub fn k(&self) -> usize {
+        match self {
+            Proposer::Ngram(p) => p.k,
+            Proposer::Head { k } => *k,
+        }
+    }
+
+    /// KV positions a sequence needs past its step's rows for the head's
+    /// later passes (each recursive draft writes the position after the
+    /// one before): `k − 1` for a head, none for prompt lookup.
+    pub fn lookahead(&self) -> usize {
+        match self {
+            Proposer::Ngram(_) => 0,
+            Proposer::Head { k } => k.saturating_sub(1),
+        }
+    }
+
+    /// Puts at most `limit` drafts for a sequence of `tokens` into
+    /// `drafts.tokens`: prompt lookup's, or those the head made when the
+    /// sequence had exactly these tokens.
+    pub fn propose(&self, tokens: &[u32], limit: usize, drafts: &mut Drafts) {
+        match self {
+            Proposer::Ngram(p) => p.propose(tokens, limit, &mut drafts.tokens),
+            Proposer::Head { .. } => {
+                if drafts.head_len == tokens.len() {
+                    let n = limit.min(drafts.head.len());
+                    drafts.tokens.extend_from_slice(&drafts.head[..n]);
+                }
+            }
+        }
+    }
+}
 
 /// Prompt lookup (vLLM's `ngram`): the tokens that followed the latest
 /// earlier occurrence of the longest suffix of the sequence, of
@@ -117,6 +172,10 @@ pub(crate) struct Drafts {
     /// sampled, or the sequence finished.
     pub open: bool,
     pub backoff: Backoff,
+    /// The MTP head's drafts for the step after the one that made them,
+    /// made when the sequence had `head_len` tokens (stale otherwise).
+    pub head: Vec<u32>,
+    pub head_len: usize,
 }
 
 impl Drafts {

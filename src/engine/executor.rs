@@ -5,6 +5,7 @@
 use super::step_plan::StepPlan;
 use crate::backend::Backend;
 use crate::model::{Buffers, ModelError, Transformer};
+use crate::step::StepBatch;
 
 /// Runs planned steps. The engine's one way to a model: tests put a
 /// scripted executor here to drive the scheduler and the output stage
@@ -27,6 +28,22 @@ pub trait Executor: Send {
     /// output was sampled (`plan.state_settles`: speculative decoding's
     /// roll-backs).
     fn copy_states(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError>;
+
+    /// Runs the model's MTP head over `batch`, handing the logits of
+    /// `batch.logit_rows` to `logits` as [`execute`](Self::execute) does
+    /// (see `Transformer::mtp_forward`; `first`: the pass right after the
+    /// step, fed its hidden states). Models without a head refuse.
+    fn draft(
+        &mut self,
+        batch: &StepBatch,
+        first: bool,
+        logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        let _ = (batch, first, logits);
+        Err(ModelError::Unsupported(
+            "MTP drafts from an executor without a model head".to_string(),
+        ))
+    }
 }
 
 /// The executor of a loaded model.
@@ -76,6 +93,21 @@ impl<'w, B: Backend + 'w> Executor for ModelExecutor<'w, B> {
             self.copy_states(&plan.state_copies)?;
         }
         Ok(())
+    }
+
+    fn draft(
+        &mut self,
+        batch: &StepBatch,
+        first: bool,
+        logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        self.model.mtp_forward(
+            self.backend,
+            batch,
+            first,
+            &mut self.buffers,
+            &mut |first, _count, values| logits(first, values),
+        )
     }
 
     fn copy_states(&mut self, pairs: &[(u32, u32)]) -> Result<(), ModelError> {

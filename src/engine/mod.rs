@@ -23,6 +23,7 @@ pub mod executor;
 pub mod grammar;
 pub mod kv_blocks;
 pub mod logprobs;
+mod mtp;
 pub mod output;
 pub mod processors;
 pub mod request;
@@ -44,12 +45,14 @@ pub use output::StepOutcome;
 pub use request::{Event, EventSink, FinishReason, Request, SeqId};
 pub use step_plan::StepPlan;
 
+use mtp::MtpDrafter;
 use output::OutputStage;
 use sampling::SamplingError;
 use scheduler::Scheduler;
 use sequence::Sequence;
 
 use crate::model::ModelError;
+use crate::plan::speculative::DraftMethod;
 use crate::text::Tokenizer;
 
 #[derive(Debug, Error)]
@@ -115,6 +118,8 @@ pub struct Engine<'w> {
     output: OutputStage,
     /// The current step's plan (its capacity kept between steps).
     plan: StepPlan,
+    /// Drafts from the model's MTP head (speculative `method = "mtp"`).
+    drafter: Option<MtpDrafter>,
     next_id: SeqId,
     pub counters: Arc<EngineCounters>,
 }
@@ -130,11 +135,17 @@ impl<'w> Engine<'w> {
     ) -> Result<Self, EngineError> {
         let counters = Arc::new(EngineCounters::default());
         let blocks = limits.kv_blocks;
+        let (speculative, block_size) = (limits.speculative, limits.kv_block_size);
         let output = OutputStage::new(executor.vocab_size(), tokenizer, eos, limits.max_model_len);
         let scheduler = Scheduler::new(limits, Arc::clone(&counters))
             .map_err(|source| EngineError::KvBlocks { blocks, source })?;
+        let plan = scheduler.plan_capacity();
+        let drafter = speculative
+            .filter(|c| c.method == DraftMethod::Mtp)
+            .map(|c| MtpDrafter::new(c.num_speculative_tokens, block_size, &plan.batch));
         Ok(Engine {
-            plan: scheduler.plan_capacity(),
+            plan,
+            drafter,
             scheduler,
             executor: Box::new(executor),
             output,
@@ -262,6 +273,7 @@ impl<'w> Engine<'w> {
             executor,
             output,
             plan,
+            drafter,
             ..
         } = self;
         let outcome = output.process(plan, scheduler.running_mut(), |logits| {
@@ -280,6 +292,16 @@ impl<'w> Engine<'w> {
             }
         };
         scheduler.settle_drafts(plan);
+        if let Some(drafter) = drafter.as_mut()
+            && let Err(e) = drafter.draft(plan, scheduler.running_mut(), executor.as_mut())
+        {
+            if e.is_fatal() {
+                scheduler.abandon(plan);
+                return Err(e.into());
+            }
+            // Drafts only save time: the step stands without them.
+            tracing::warn!("MTP drafts failed, the step goes on without them: {e}");
+        }
         if !plan.state_settles.is_empty()
             && let Err(e) = executor.copy_states(&plan.state_settles)
         {

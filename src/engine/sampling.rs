@@ -571,7 +571,7 @@ fn fill_weights(
 /// scanned (`benches/sampling.rs`: 1.2–2.2× the one-pass loop with early
 /// exits on this project's 2-core EPYC). Only a broken row takes the slow
 /// scan that names the first bad index.
-fn checked_argmax(logits: &[f32]) -> Result<(u32, f32), SamplingError> {
+pub(crate) fn checked_argmax(logits: &[f32]) -> Result<(u32, f32), SamplingError> {
     // NaN or +inf, without a branch (`|`, not `||`), so the loop vectorizes.
     let breaks_the_row = |v: f32| v.is_nan() | (v == f32::INFINITY);
     const LANES: usize = 16;

@@ -53,7 +53,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::counters::{EngineCounters, EngineLimits};
-use super::drafts::NgramProposer;
+use super::drafts::Proposer;
 use super::kv_blocks::{BlockAllocator, KvBlocksError, PrefixHit};
 use super::request::{FinishReason, SeqId};
 use super::sequence::{Rolling, Sequence};
@@ -72,7 +72,7 @@ pub(crate) struct Scheduler {
     running: Vec<Sequence>,
     counters: Arc<EngineCounters>,
     /// Speculative decoding's proposer (`None`: off).
-    proposer: Option<NgramProposer>,
+    proposer: Option<Proposer>,
     /// The first of the recurrent-state pool's verify slots (after the live
     /// and snapshot slots; `k` per live slot).
     verify_base: u32,
@@ -99,7 +99,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             counters,
-            proposer: limits.speculative.map(|c| NgramProposer::new(&c)),
+            proposer: limits.speculative.map(|c| Proposer::new(&c)),
             verify_base: (limits.state_slots + limits.snapshot_slots) as u32,
             draft_rows: Vec::with_capacity(1 + crate::plan::speculative::MAX_SPECULATIVE_TOKENS),
             limits,
@@ -325,6 +325,7 @@ impl Scheduler {
                 }
                 continue;
             }
+            self.reserve_lookahead(index, computed + chunk + drafts);
             self.push_chunk(plan, index, chunk);
             if drafts > 0 {
                 self.plan_verify_saves(plan, index, drafts);
@@ -446,18 +447,40 @@ impl Scheduler {
         let room = (seq.params.max_tokens.saturating_sub(seq.generated()))
             .min(max_model_len.saturating_sub(seq.tokens.len()))
             .saturating_sub(1);
-        let limit = proposer.k.min(budget.saturating_sub(1)).min(room);
+        let limit = proposer.k().min(budget.saturating_sub(1)).min(room);
         if limit == 0 || !seq.drafts.backoff.allows() {
             return 0;
         }
-        proposer.propose(&seq.tokens, limit, &mut seq.drafts.tokens);
+        proposer.propose(&seq.tokens, limit, &mut seq.drafts);
         seq.drafts.begin();
         seq.drafts.tokens.len()
     }
 
+    /// Blocks for the positions an MTP head's later passes write after a
+    /// chunk that ends at `end` tokens and reaches the sequence's known end
+    /// (`Proposer::lookahead`), within `max_model_len`; best effort: where
+    /// there are none, that step's drafts stop short (`engine::mtp`).
+    fn reserve_lookahead(&mut self, index: usize, end: usize) {
+        let Some(proposer) = self.proposer else {
+            return;
+        };
+        let seq = &self.running[index];
+        let extra = proposer.lookahead();
+        if extra == 0 || end < seq.tokens.len() {
+            return;
+        }
+        let total = (end + extra).min(self.limits.max_model_len);
+        // Taken only with a block to spare for every running sequence's
+        // next token: not having them costs drafts, never a preemption.
+        let needed = self.blocks.blocks_needed(seq.id, total);
+        if needed > 0 && needed + self.running.len() <= self.blocks.available_blocks() {
+            let _ = self.blocks.allocate_for(seq.id, total);
+        }
+    }
+
     /// Slot `j` of the verify slots of live slot `live`.
     fn verify_slot(&self, live: u32, j: usize) -> u32 {
-        let k = self.proposer.map_or(0, |p| p.k) as u32;
+        let k = self.proposer.map_or(0, |p| p.k()) as u32;
         self.verify_base + live * k + j as u32
     }
 

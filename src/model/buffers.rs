@@ -41,6 +41,15 @@ pub struct Buffers<B: Backend> {
     pub shared: Option<SharedExpertBuffers<B>>,
     /// The Gated DeltaNet layers' recurrent states, one slot per sequence.
     pub state: Option<B::RecurrentState>,
+    /// A served MTP head's buffers.
+    pub mtp: Option<MtpBuffers<B>>,
+}
+
+/// What an MTP head's passes add: the target's last hidden state of each
+/// row, after its final norm (the first pass's input), and `fc`'s input.
+pub struct MtpBuffers<B: Backend> {
+    pub hidden: B::Buffer,
+    pub input: B::Buffer,
 }
 
 /// The activation buffers gated attention and Gated DeltaNet layers add.
@@ -137,6 +146,14 @@ impl<B: Backend> Buffers<B> {
         } else {
             None
         };
+        let mtp = if find(plan_memory::MTP_HIDDEN).is_some() {
+            Some(MtpBuffers {
+                hidden: alloc(plan_memory::MTP_HIDDEN)?,
+                input: alloc(plan_memory::MTP_INPUT)?,
+            })
+        } else {
+            None
+        };
         let vocab = plan.model.vocab_size.max(1);
         let prompt_logit_rows =
             find(PROMPT_LOGITS).map_or(0, |buf| activation_elements(buf.bytes) / vocab);
@@ -178,6 +195,7 @@ impl<B: Backend> Buffers<B> {
             hybrid,
             shared,
             state,
+            mtp,
         })
     }
 }

@@ -129,5 +129,6 @@ pub fn load<'w, B: Backend + 'w>(
         layers,
         norm: b.vector(src.vector("model.norm.weight")?)?,
         lm_head: b.linear(src.linear("lm_head")?)?,
+        mtp: None,
     })
 }

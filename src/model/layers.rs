@@ -133,3 +133,19 @@ impl ModelSettings {
         }
     }
 }
+
+/// A multi-token-prediction head (Qwen3.5's and Qwen3-Next's `mtp.*`, as
+/// vLLM's `qwen3_5_mtp.py` wires it): for position `t` it reads the
+/// target's last hidden state `H[t]` (after the final norm) and the token
+/// at `t + 1`, and its logits guess the token at `t + 2`:
+/// `norm(layer(fc([embedding_norm(embed(x)) | hidden_norm(H)])))` through
+/// the target's lm_head. Applied again to its own output it drafts further.
+pub struct MtpHead<'w, B: Backend + 'w> {
+    pub embedding_norm: B::Vector<'w>,
+    pub hidden_norm: B::Vector<'w>,
+    /// `[H, 2H]`: the embedding's half of the input first.
+    pub fc: B::Linear<'w>,
+    /// A full-attention decoder layer, on the KV layer after the decoder's.
+    pub layer: Layer<'w, B>,
+    pub norm: B::Vector<'w>,
+}

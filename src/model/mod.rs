@@ -20,7 +20,7 @@ use crate::geometry::Architecture;
 pub use buffers::{Buffers, HybridBuffers, SharedExpertBuffers};
 pub use error::ModelError;
 pub use layers::{
-    Attention, DeltaNet, DeltaNetInput, Layer, Mixer, Mlp, ModelSettings, SharedExpert,
+    Attention, DeltaNet, DeltaNetInput, Layer, Mixer, Mlp, ModelSettings, MtpHead, SharedExpert,
 };
 pub use source::WeightSource;
 pub use transformer::Transformer;

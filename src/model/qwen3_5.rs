@@ -7,8 +7,8 @@
 //! (qwen3_5: a dense SwiGLU MLP).
 //!
 //! The Qwen3.5 checkpoints are vision-language models: the decoder lives
-//! under `model.language_model.`; the vision tower (`model.visual.`) and the
-//! MTP layers (`mtp.`) are never read. Qwen3-Next is text-only, under
+//! under `model.language_model.`; the vision tower (`model.visual.`) is
+//! never read, the MTP head (`mtp.`) only when it drafts. Qwen3-Next is text-only, under
 //! `model.`, and fuses each GDN layer's input projections by key head
 //! (`in_proj_qkvz`, `in_proj_ba`, unfused by `Backend::gdn_unfuse`).
 //! Experts are read one tensor per expert (what transformers writes) or
@@ -17,13 +17,14 @@
 
 use super::error::ModelError;
 use super::layers::{
-    Attention, DeltaNet, DeltaNetInput, Layer, Mixer, Mlp, ModelSettings, SharedExpert,
+    Attention, DeltaNet, DeltaNetInput, Layer, Mixer, Mlp, ModelSettings, MtpHead, SharedExpert,
 };
 use super::rope::Rope;
 use super::source::WeightSource;
 use super::transformer::Transformer;
 use crate::backend::{AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::groups::MTP_PREFIX;
 use crate::checkpoint::linear::LinearWeight;
 use crate::geometry::{Architecture, LayerAttention};
 
@@ -74,21 +75,7 @@ pub fn load<'w, B: Backend + 'w>(
                 Mixer::DeltaNet(net)
             }
             LayerAttention::FullAttention => {
-                let attn = |name: &str| src.linear(&format!("{p}.self_attn.{name}"));
-                let attention = Attention {
-                    q: b.linear(attn("q_proj")?)?,
-                    k: b.linear(attn("k_proj")?)?,
-                    v: b.linear(attn("v_proj")?)?,
-                    o: b.linear(attn("o_proj")?)?,
-                    qkvo_bias: None,
-                    qk_norm: Some((
-                        norm(&format!("{p}.self_attn.q_norm.weight"))?,
-                        norm(&format!("{p}.self_attn.k_norm.weight"))?,
-                    )),
-                    sinks: None,
-                    output_gate: true,
-                    shape,
-                };
+                let attention = gated_attention(b, src, &p, shape, &norm)?;
                 let kv_layer = kv_layers;
                 kv_layers += 1;
                 Mixer::Attention {
@@ -103,16 +90,7 @@ pub fn load<'w, B: Backend + 'w>(
                 )));
             }
         };
-        let mlp = if config.geometry.is_moe_layer(i) {
-            moe(b, config, src, &p, stacked)?
-        } else {
-            let dense = |name: &str| src.linear(&format!("{p}.mlp.{name}"));
-            Mlp::Dense {
-                gate: b.linear(dense("gate_proj")?)?,
-                up: b.linear(dense("up_proj")?)?,
-                down: b.linear(dense("down_proj")?)?,
-            }
-        };
+        let mlp = mlp(b, config, src, &p, config.geometry.is_moe_layer(i), stacked)?;
         layers.push(Layer {
             input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
             post_attention_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
@@ -125,12 +103,106 @@ pub fn load<'w, B: Backend + 'w>(
     } else {
         "lm_head".to_string()
     };
+    let mtp = match config.geometry.mtp_layers {
+        0 => None,
+        1 => Some(mtp_head(b, config, src, shape, kv_layers, &norm)?),
+        n => {
+            return Err(ModelError::Unsupported(format!(
+                "an MTP head of {n} layers (sparkrt serves one-layer heads)"
+            )));
+        }
+    };
     Ok(Transformer {
         settings,
         embed: b.linear(src.linear(&format!("{text}.embed_tokens"))?)?,
         layers,
         norm: norm(&format!("{text}.norm.weight"))?,
         lm_head: b.linear(src.linear(&lm_head)?)?,
+        mtp,
+    })
+}
+
+/// A zero-centred norm's weight, read as `1 + w`.
+type NormReader<'a, 'w, B> = dyn Fn(&str) -> Result<<B as Backend>::Vector<'w>, ModelError> + 'a;
+
+/// The gated attention of layer prefix `p` (`q_proj` emits query and gate).
+fn gated_attention<'w, B: Backend + 'w>(
+    b: &B,
+    src: &'w dyn WeightSource,
+    p: &str,
+    shape: AttentionShape,
+    norm: &NormReader<'_, 'w, B>,
+) -> Result<Attention<'w, B>, ModelError> {
+    let attn = |name: &str| src.linear(&format!("{p}.self_attn.{name}"));
+    Ok(Attention {
+        q: b.linear(attn("q_proj")?)?,
+        k: b.linear(attn("k_proj")?)?,
+        v: b.linear(attn("v_proj")?)?,
+        o: b.linear(attn("o_proj")?)?,
+        qkvo_bias: None,
+        qk_norm: Some((
+            norm(&format!("{p}.self_attn.q_norm.weight"))?,
+            norm(&format!("{p}.self_attn.k_norm.weight"))?,
+        )),
+        sinks: None,
+        output_gate: true,
+        shape,
+    })
+}
+
+/// The MLP of layer prefix `p`: routed experts with the shared expert, or
+/// a dense SwiGLU.
+fn mlp<'w, B: Backend + 'w>(
+    b: &B,
+    config: &ModelConfig,
+    src: &'w dyn WeightSource,
+    p: &str,
+    experts: bool,
+    stacked: bool,
+) -> Result<Mlp<'w, B>, ModelError> {
+    if experts {
+        return moe(b, config, src, p, stacked);
+    }
+    let dense = |name: &str| src.linear(&format!("{p}.mlp.{name}"));
+    Ok(Mlp::Dense {
+        gate: b.linear(dense("gate_proj")?)?,
+        up: b.linear(dense("up_proj")?)?,
+        down: b.linear(dense("down_proj")?)?,
+    })
+}
+
+/// The checkpoint's one-layer MTP head (`mtp.*`): a gated-attention layer
+/// with the decoder's kind of MLP, on KV layer `kv_layer` (after the
+/// decoder's); its embedding and lm_head are the decoder's.
+fn mtp_head<'w, B: Backend + 'w>(
+    b: &B,
+    config: &ModelConfig,
+    src: &'w dyn WeightSource,
+    shape: AttentionShape,
+    kv_layer: usize,
+    norm: &NormReader<'_, 'w, B>,
+) -> Result<MtpHead<'w, B>, ModelError> {
+    let m = MTP_PREFIX;
+    let p = format!("{m}layers.0");
+    let experts = config.geometry.num_experts > 0;
+    let stacked = experts
+        && src
+            .flat_vector(&format!("{p}.mlp.experts.gate_up_proj"))
+            .is_ok();
+    Ok(MtpHead {
+        embedding_norm: norm(&format!("{m}pre_fc_norm_embedding.weight"))?,
+        hidden_norm: norm(&format!("{m}pre_fc_norm_hidden.weight"))?,
+        fc: b.linear(src.linear(&format!("{m}fc"))?)?,
+        layer: Layer {
+            input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
+            post_attention_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+            mixer: Mixer::Attention {
+                attention: gated_attention(b, src, &p, shape, norm)?,
+                kv_layer,
+            },
+            mlp: mlp(b, config, src, &p, experts, stacked)?,
+        },
+        norm: norm(&format!("{m}norm.weight"))?,
     })
 }
 

@@ -3,7 +3,9 @@
 
 use super::buffers::Buffers;
 use super::error::ModelError;
-use super::layers::{Attention, DeltaNet, DeltaNetInput, Layer, Mixer, Mlp, ModelSettings};
+use super::layers::{
+    Attention, DeltaNet, DeltaNetInput, Layer, Mixer, Mlp, ModelSettings, MtpHead,
+};
 use crate::backend::{Backend, DeltaRuleGates, Matmul};
 use crate::step::StepBatch;
 
@@ -13,6 +15,8 @@ pub struct Transformer<'w, B: Backend + 'w> {
     pub layers: Vec<Layer<'w, B>>,
     pub norm: B::Vector<'w>,
     pub lm_head: B::Linear<'w>,
+    /// The MTP head, when speculative decoding drafts with it.
+    pub mtp: Option<MtpHead<'w, B>>,
 }
 
 impl<'w, B: Backend + 'w> Transformer<'w, B> {
@@ -51,37 +55,7 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
         b.embed(&self.embed, &st.step, &mut st.hidden)?;
 
         for (index, layer) in self.layers.iter().enumerate() {
-            // The previous layer's MLP output joins the residual here.
-            if index == 0 {
-                b.rmsnorm(&st.hidden, &layer.input_norm, eps, rows, h, &mut st.normed)?;
-            } else {
-                b.add_rmsnorm(
-                    &mut st.hidden,
-                    &st.block_out,
-                    &layer.input_norm,
-                    eps,
-                    rows,
-                    h,
-                    &mut st.normed,
-                )?;
-            }
-            match &layer.mixer {
-                Mixer::Attention {
-                    attention,
-                    kv_layer,
-                } => self.attention(b, *kv_layer, attention, rows, st)?,
-                Mixer::DeltaNet(net) => self.delta_net(b, net, rows, st)?,
-            }
-            b.add_rmsnorm(
-                &mut st.hidden,
-                &st.block_out,
-                &layer.post_attention_norm,
-                eps,
-                rows,
-                h,
-                &mut st.normed,
-            )?;
-            self.mlp(b, layer, rows, st)?;
+            self.block(b, layer, index == 0, rows, st)?;
         }
         b.add_rmsnorm(
             &mut st.hidden,
@@ -92,7 +66,154 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
             h,
             &mut st.normed,
         )?;
+        if let (Some(_), Some(mtp)) = (&self.mtp, st.mtp.as_mut()) {
+            // The MTP head's first pass reads every row's last hidden state
+            // (after the final norm, what lm_head reads): the same norm
+            // again into its own buffer, before `normed` is compacted.
+            b.rmsnorm(&st.hidden, &self.norm, eps, rows, h, &mut mtp.hidden)?;
+        }
+        self.logits(b, batch, st, on_logits)
+    }
 
+    /// Runs the MTP head over `batch` (its tokens: each row's next token),
+    /// then the logits of `batch.logit_rows` as [`forward`](Self::forward)
+    /// hands them. `first`: the head reads the target's last hidden states
+    /// of the step [`forward`](Self::forward) just ran, row for row (the
+    /// batch has that step's rows); otherwise the head's own outputs of the
+    /// pass before, one row per logits row of that pass (a recursive draft).
+    /// The head's layer attends over, and appends to, the last KV layer.
+    pub fn mtp_forward(
+        &self,
+        b: &B,
+        batch: &StepBatch,
+        first: bool,
+        st: &mut Buffers<B>,
+        on_logits: &mut dyn FnMut(usize, usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        let Some(head) = &self.mtp else {
+            return Err(ModelError::Unsupported(
+                "an MTP pass for a model loaded without its MTP head".to_string(),
+            ));
+        };
+        let rows = batch.rows();
+        if rows > st.max_rows || batch.seqs.len() > st.max_seqs {
+            return Err(ModelError::StepTooLarge {
+                rows,
+                seqs: batch.seqs.len(),
+                max_rows: st.max_rows,
+                max_seqs: st.max_seqs,
+            });
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let s = &self.settings;
+        let (h, eps) = (s.hidden_size, s.rms_norm_eps);
+        b.load_step(batch, &mut st.step)?;
+        b.rope_table(
+            &st.step,
+            &s.rope.inv_freq,
+            s.rope.attention_factor,
+            rows,
+            &mut st.rope,
+        )?;
+        {
+            let Some(mtp) = st.mtp.as_mut() else {
+                return Err(missing_buffers("the MTP head"));
+            };
+            // fc([embedding_norm(embed(next token)) | hidden_norm(hidden)]).
+            b.embed(&self.embed, &st.step, &mut st.hidden)?;
+            b.rmsnorm(
+                &st.hidden,
+                &head.embedding_norm,
+                eps,
+                rows,
+                h,
+                &mut st.block_out,
+            )?;
+            let source = if first { &mtp.hidden } else { &st.normed };
+            b.rmsnorm(source, &head.hidden_norm, eps, rows, h, &mut st.hidden)?;
+            b.concat_rows(&st.block_out, &st.hidden, rows, h, &mut mtp.input)?;
+            b.matmul(&mut [Matmul {
+                x: &mtp.input,
+                x_row: 0,
+                rows,
+                w: &head.fc,
+                bias: None,
+                out: &mut st.hidden,
+            }])?;
+        }
+        self.block(b, &head.layer, true, rows, st)?;
+        b.add_rmsnorm(
+            &mut st.hidden,
+            &st.block_out,
+            &head.norm,
+            eps,
+            rows,
+            h,
+            &mut st.normed,
+        )?;
+        // `normed` keeps the logits rows' outputs (compacted): the next
+        // pass's hidden states.
+        self.logits(b, batch, st, on_logits)
+    }
+
+    /// One decoder block over `rows`: its mixer and MLP, their outputs
+    /// joining the residual `hidden` (the MLP's left in `block_out` for the
+    /// next block's norm). `first`: nothing is pending in `block_out`.
+    fn block(
+        &self,
+        b: &B,
+        layer: &Layer<'w, B>,
+        first: bool,
+        rows: usize,
+        st: &mut Buffers<B>,
+    ) -> Result<(), ModelError> {
+        let (h, eps) = (self.settings.hidden_size, self.settings.rms_norm_eps);
+        // The previous layer's MLP output joins the residual here.
+        if first {
+            b.rmsnorm(&st.hidden, &layer.input_norm, eps, rows, h, &mut st.normed)?;
+        } else {
+            b.add_rmsnorm(
+                &mut st.hidden,
+                &st.block_out,
+                &layer.input_norm,
+                eps,
+                rows,
+                h,
+                &mut st.normed,
+            )?;
+        }
+        match &layer.mixer {
+            Mixer::Attention {
+                attention,
+                kv_layer,
+            } => self.attention(b, *kv_layer, attention, rows, st)?,
+            Mixer::DeltaNet(net) => self.delta_net(b, net, rows, st)?,
+        }
+        b.add_rmsnorm(
+            &mut st.hidden,
+            &st.block_out,
+            &layer.post_attention_norm,
+            eps,
+            rows,
+            h,
+            &mut st.normed,
+        )?;
+        self.mlp(b, layer, rows, st)
+    }
+
+    /// The logits of `batch.logit_rows` from the final norm's output in
+    /// `normed` (compacted to those rows first).
+    fn logits(
+        &self,
+        b: &B,
+        batch: &StepBatch,
+        st: &mut Buffers<B>,
+        on_logits: &mut dyn FnMut(usize, usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        let s = &self.settings;
+        let h = s.hidden_size;
         // Logits only for the rows that are sampled (or asked for): up to
         // `logit_rows` (max_num_seqs × (1 + drafts)) at a time in `logits`, or, when prompt rows are
         // asked for too, in the planned `prompt_logits` chunk buffer.

@@ -222,6 +222,21 @@ fn estimate_hybrid_weights(g: &ModelGeometry) -> WeightBytes {
             );
         }
     }
+    // A served MTP layer: a gated-attention layer with the decoder's MLP,
+    // its `fc` ([H, 2H], bf16 as checkpoints keep it) and four norms.
+    if g.mtp_layers > 0 {
+        let mlp = if g.num_experts > 0 {
+            e * h * BF16
+                + e * mlp_bytes(i_moe, h, g.quantization, group)
+                + mlp_bytes(s, h, dense_format(g), group)
+                + h * BF16
+        } else {
+            mlp_bytes(i_dense, h, dense_format(g), group)
+        };
+        let layer = attention + mlp + (2 * h + 2 * hd) * BF16;
+        let head = 2 * h * h * BF16 + 3 * h * BF16;
+        w.add(WeightGroup::Mtp, g.mtp_layers as u64 * layer + head);
+    }
     w
 }
 
@@ -453,6 +468,10 @@ pub const SHARED_GATE_LOGIT: &str = "shared_expert_gate_logit";
 
 /// Activation buffers of gated attention and Gated DeltaNet layers.
 pub const QUERY_GATE: &str = "query_gate";
+/// A served MTP head's buffers: the target's last hidden state of every
+/// row (its first pass's input) and `fc`'s input, `[embedding | hidden]`.
+pub const MTP_HIDDEN: &str = "mtp_hidden";
+pub const MTP_INPUT: &str = "mtp_input";
 pub const ATTENTION_GATE: &str = "attention_gate";
 pub const GDN_QKV: &str = "gdn_qkv";
 pub const GDN_Z: &str = "gdn_z";
@@ -526,6 +545,10 @@ pub fn activations(
             buffers.push(buffer(GDN_QKVZ, t * (channels + values) * ACTIVATION_BYTES));
             buffers.push(buffer(GDN_BA, t * 2 * heads * ACTIVATION_BYTES));
         }
+    }
+    if g.mtp_layers > 0 {
+        buffers.push(buffer(MTP_HIDDEN, t * h * ACTIVATION_BYTES));
+        buffers.push(buffer(MTP_INPUT, 2 * t * h * ACTIVATION_BYTES));
     }
     if g.num_moe_layers() < g.num_layers {
         let i = g.intermediate_size as u64;
@@ -671,10 +694,12 @@ impl KvLayout {
             window: window as usize,
             // One entry per layer with a KV cache (Gated DeltaNet layers
             // have none): the model numbers its KV layers in this order.
+            // The MTP layers' (full attention) come last.
             sliding_layers: (0..g.num_layers)
                 .map(|i| g.layer_attention(i))
                 .filter(|&kind| kind != LayerAttention::LinearAttention)
                 .map(|kind| kind == LayerAttention::SlidingAttention)
+                .chain(std::iter::repeat_n(false, g.mtp_layers))
                 .collect(),
             dtype: s.kv_cache_dtype,
         }

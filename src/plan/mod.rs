@@ -175,8 +175,13 @@ pub fn compute(
     exact_weights: Option<WeightBytes>,
     device: PlanDevice,
 ) -> Plan {
-    let g = &profile.model.geometry;
     let s = &profile.serving;
+    // The geometry as served: with the MTP head's layer when it drafts.
+    let served = ModelGeometry {
+        mtp_layers: s.mtp_layers(),
+        ..profile.model.geometry.clone()
+    };
+    let g = &served;
     let headroom = memory::headroom(
         host,
         profile.host.os_reserve.0,

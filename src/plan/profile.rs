@@ -227,6 +227,18 @@ fn default_prefix_caching() -> bool {
     true
 }
 
+impl ServingSection {
+    /// MTP layers served: the checkpoint's MTP head (one layer) when
+    /// speculative decoding drafts with it, else none.
+    pub fn mtp_layers(&self) -> usize {
+        use super::speculative::DraftMethod;
+        usize::from(
+            self.speculative
+                .is_some_and(|c| c.method == DraftMethod::Mtp),
+        )
+    }
+}
+
 impl Default for ServingSection {
     /// Modest limits for a run without a profile (`sparkrt generate --model DIR`).
     fn default() -> Self {

@@ -23,12 +23,16 @@ pub enum DraftMethod {
     /// Prompt lookup: the tokens that followed the latest earlier
     /// occurrence of the sequence's last n tokens.
     Ngram,
+    /// The checkpoint's multi-token-prediction head (`mtp.*`), applied
+    /// recursively for k > 1.
+    Mtp,
 }
 
 impl DraftMethod {
     pub fn name(self) -> &'static str {
         match self {
             DraftMethod::Ngram => "ngram",
+            DraftMethod::Mtp => "mtp",
         }
     }
 }
@@ -49,9 +53,11 @@ pub enum SpeculativeError {
     #[error("speculative config: {0}")]
     Syntax(String),
     #[error(
-        "speculative config: method \"{0}\" is not served here; sparkrt drafts with \"ngram\" (prompt lookup); the checkpoint's MTP head (\"mtp\") is not built yet"
+        "speculative config: method \"{0}\" is not served here; sparkrt drafts with \"ngram\" (prompt lookup) or \"mtp\" (the checkpoint's MTP head)"
     )]
     Method(String),
+    #[error("speculative config: {0} is a key of the \"ngram\" method; \"mtp\" does not read it")]
+    NotForMtp(&'static str),
     #[error("speculative config: {key} is {value}; it must be between {min} and {max}")]
     Range {
         key: &'static str,
@@ -96,8 +102,20 @@ impl SpeculativeDraft {
     pub fn validate(&self) -> Result<SpeculativeConfig, SpeculativeError> {
         let method = match self.method.as_str() {
             "ngram" | "[ngram]" => DraftMethod::Ngram,
+            // vLLM's names for a checkpoint's own MTP head.
+            "mtp" | "qwen3_5_mtp" | "qwen3_next_mtp" => DraftMethod::Mtp,
             other => return Err(SpeculativeError::Method(other.to_string())),
         };
+        if method == DraftMethod::Mtp {
+            for (key, given) in [
+                ("prompt_lookup_min", self.prompt_lookup_min),
+                ("prompt_lookup_max", self.prompt_lookup_max),
+            ] {
+                if given.is_some() {
+                    return Err(SpeculativeError::NotForMtp(key));
+                }
+            }
+        }
         let range = |key, value, min, max| {
             if (min..=max).contains(&value) {
                 Ok(value)
@@ -159,7 +177,16 @@ mod tests {
     #[test]
     fn what_is_not_served_is_refused_by_name() {
         let err = |t: &str| SpeculativeConfig::from_json(t).unwrap_err().to_string();
-        assert!(err(r#"{"method": "mtp", "num_speculative_tokens": 1}"#).contains("\"mtp\""));
+        let mtp = SpeculativeConfig::from_json(r#"{"method": "mtp", "num_speculative_tokens": 2}"#)
+            .unwrap();
+        assert_eq!(
+            (mtp.method, mtp.num_speculative_tokens),
+            (DraftMethod::Mtp, 2)
+        );
+        assert!(
+            err(r#"{"method": "mtp", "num_speculative_tokens": 1, "prompt_lookup_max": 3}"#)
+                .contains("prompt_lookup_max is a key of the \"ngram\" method")
+        );
         assert!(err(r#"{"method": "eagle", "num_speculative_tokens": 1}"#).contains("\"eagle\""));
         assert!(
             err(r#"{"method": "ngram", "num_speculative_tokens": 1, "model": "x"}"#)

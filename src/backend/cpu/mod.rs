@@ -566,6 +566,32 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn concat_rows(
+        &self,
+        left: &CpuBuffer,
+        right: &CpuBuffer,
+        rows: usize,
+        width: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<(), BackendError> {
+        let n = rows * width;
+        check_len(
+            "concat_rows input",
+            n,
+            left.data.len().min(right.data.len()),
+        )?;
+        check_len("concat_rows output", 2 * n, out.data.len())?;
+        out.data[..2 * n]
+            .par_chunks_mut(2 * width)
+            .zip(left.data[..n].par_chunks(width))
+            .zip(right.data[..n].par_chunks(width))
+            .for_each(|((o, l), r)| {
+                o[..width].copy_from_slice(l);
+                o[width..].copy_from_slice(r);
+            });
+        Ok(())
+    }
+
     fn compact_rows(
         &self,
         buf: &mut CpuBuffer,

@@ -252,6 +252,17 @@ impl Backend for CudaBackend {
         Err(not_supported("gated attention"))
     }
 
+    fn concat_rows(
+        &self,
+        _left: &CudaBuffer,
+        _right: &CudaBuffer,
+        _rows: usize,
+        _width: usize,
+        _out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        Err(not_supported("the MTP head"))
+    }
+
     fn add_gated(
         &self,
         _out: &mut CudaBuffer,
