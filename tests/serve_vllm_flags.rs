@@ -230,8 +230,12 @@ fn speculative_configs_sparkrt_does_not_serve_exit_2_naming_them() {
     let model = fixture();
     for (config, needle) in [
         (
-            r#"{"method": "mtp", "num_speculative_tokens": 1}"#,
-            "method \"mtp\" is not served here",
+            r#"{"method": "medusa", "num_speculative_tokens": 1}"#,
+            "method \"medusa\" is not served here",
+        ),
+        (
+            r#"{"method": "mtp", "num_speculative_tokens": 1, "prompt_lookup_min": 2}"#,
+            "prompt_lookup_min is a key of the \"ngram\" method",
         ),
         (
             r#"{"method": "eagle3", "model": "x", "num_speculative_tokens": 1}"#,
@@ -254,7 +258,7 @@ fn speculative_configs_sparkrt_does_not_serve_exit_2_naming_them() {
     std::fs::write(
         &profile,
         format!(
-            "[model]\npath = \"{}\"\n[serving]\nspeculative_config = {{ method = \"mtp\", num_speculative_tokens = 1 }}\n",
+            "[model]\npath = \"{}\"\n[serving]\nspeculative_config = {{ method = \"medusa\", num_speculative_tokens = 1 }}\n",
             std::path::Path::new(&model).canonicalize().unwrap().display()
         ),
     )

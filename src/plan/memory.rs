@@ -1374,6 +1374,7 @@ mod tests {
             linear_value_head_dim: 0,
             linear_conv_kernel_dim: 0,
             shared_expert_intermediate_size: 0,
+            mtp_layers: 0,
         }
     }
 
