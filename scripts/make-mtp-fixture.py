@@ -3,7 +3,9 @@
 with an MTP head (`mtp.*` tensors, `mtp_num_hidden_layers: 1`) and the MTP
 head's reference outputs.
 
-  python3 scripts/make-mtp-fixture.py [--out tests/fixtures]
+  python3 scripts/make-mtp-fixture.py [--out tests/fixtures] [--target qwen35-moe-tiny|qwen35-tiny]
+
+writes `<target>-mtp` beside the target fixture (both are committed).
 
 Needs transformers 5.24 and torch (CPU). The target is the `qwen35-moe-tiny`
 fixture's checkpoint, unchanged (transformers ignores `mtp.*`); the MTP head
@@ -38,6 +40,17 @@ import transformers
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAIN = 3
+# Target fixture: its model class and the decoder layer the MTP layer is.
+TARGETS = {
+    "qwen35-moe-tiny": (
+        transformers.Qwen3_5MoeForConditionalGeneration,
+        transformers.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeDecoderLayer,
+    ),
+    "qwen35-tiny": (
+        transformers.Qwen3_5ForConditionalGeneration,
+        transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5DecoderLayer,
+    ),
+}
 
 
 def zero_centred(w, x, eps):
@@ -69,10 +82,12 @@ def mtp_weights(text, layer_keys, seed):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures")
+    parser.add_argument("--target", choices=sorted(TARGETS), default="qwen35-moe-tiny")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    src = args.out / "qwen35-moe-tiny"
-    folder = args.out / "qwen35-moe-tiny-mtp"
+    src = args.out / args.target
+    folder = args.out / f"{args.target}-mtp"
+    model_class, layer_class = TARGETS[args.target]
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
     for name in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
@@ -82,16 +97,15 @@ def main():
     config["text_config"]["mtp_use_dedicated_embeddings"] = False
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    model = transformers.Qwen3_5MoeForConditionalGeneration.from_pretrained(
+    model = model_class.from_pretrained(
         src, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     text = model.config.text_config
     lm = model.model.language_model
     full = text.layer_types.index("full_attention")
-    layer = transformers.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeDecoderLayer(
-        text, full
-    ).eval()
-    # The MTP layer's tensors as a checkpoint names them: one per expert.
+    layer = layer_class(text, full).eval()
+    # The MTP layer's tensors as a checkpoint names them: one per expert
+    # (a dense MLP's as transformers names them).
     keys = {}
     for name, p in layer.state_dict().items():
         if name == "mlp.experts.gate_up_proj":
@@ -134,9 +148,8 @@ def main():
     embed = lm.embed_tokens.weight
     lm_head = model.lm_head.weight
 
-    def mtp_rows(hidden, next_ids, positions, past):
-        """The MTP head over rows at `positions`, attending to `past` (the
-        (key, value) cache of earlier MTP rows); returns (y, logits, cache)."""
+    def fc_input(hidden, next_ids):
+        """The head's layer input: fc([embedding_norm(embed(next)) | hidden_norm(hidden)])."""
         e = zero_centred(f["mtp.pre_fc_norm_embedding.weight"], embed[next_ids], eps)
         h = zero_centred(f["mtp.pre_fc_norm_hidden.weight"], hidden, eps)
         x = torch.cat([e, h], dim=-1) @ f["mtp.fc.weight"].T
@@ -149,7 +162,6 @@ def main():
         next_ids = torch.cat([ids[1:], torch.tensor([first])])
         hidden = target_hidden
         chain = []
-        inputs = []
         # Rows are computed all at once with a causal mask: the chain's rows
         # follow the prompt's, each a position later.
         rows_hidden = [hidden]
@@ -158,7 +170,7 @@ def main():
         for step in range(CHAIN + 1):
             hs = torch.cat(rows_hidden)
             nx = torch.cat(rows_next)
-            x = mtp_rows(hs, nx, None, None)
+            x = fc_input(hs, nx)
             t = x.shape[0]
             pos = torch.arange(t)
             pos3 = pos[None, None, :].expand(3, 1, t)
@@ -188,7 +200,7 @@ def main():
     save_file(tensors, folder / "reference.safetensors")
     info = json.loads((src / "reference.json").read_text())
     info["mtp_oracle"] = (
-        "vLLM qwen3_5_mtp.py wiring over transformers Qwen3_5MoeDecoderLayer, float32, eager attention"
+        f"vLLM qwen3_5_mtp.py wiring over transformers {layer_class.__name__}, float32, eager attention"
     )
     info["mtp_chain"] = chain
     top = logits_all.topk(2, dim=-1).values

@@ -222,23 +222,25 @@ pub fn plan_checkpoint(
     host: &HostSource<'_>,
     device: PlanDevice,
 ) -> Result<Planned, RuntimeError> {
-    let mut config = ModelConfig::load(dir)?;
-    let profile = match profile {
+    let (config, profile, files) = match profile {
         Some(p) => {
-            plan::check_geometry(&p.model.geometry, &config.geometry)?;
-            config.geometry.mtp_layers = served_mtp_layers(&config, &p.serving)?;
-            p.clone()
+            let (config, files) = open_for_profile(dir, p)?;
+            (config, p.clone(), files)
         }
-        None => Profile::for_checkpoint(
-            CheckpointFacts {
-                geometry: &config.geometry,
-                max_position_embeddings: config.max_position_embeddings,
-            },
-            Some(dir.to_path_buf()),
-        )
-        .map_err(|e| RuntimeError::Profile(Box::new(e)))?,
+        None => {
+            let config = ModelConfig::load(dir)?;
+            let profile = Profile::for_checkpoint(
+                CheckpointFacts {
+                    geometry: &config.geometry,
+                    max_position_embeddings: config.max_position_embeddings,
+                },
+                Some(dir.to_path_buf()),
+            )
+            .map_err(|e| RuntimeError::Profile(Box::new(e)))?;
+            let files = open_checked(dir, &config)?;
+            (config, profile, files)
+        }
     };
-    let files = open_checked(dir, &config)?;
     let reading = host.read(profile.host.kubelet)?;
     let plan = plan::compute(
         &profile,
@@ -252,6 +254,34 @@ pub fn plan_checkpoint(
         plan,
         files,
     })
+}
+
+/// The checkpoint in `dir` as `profile` serves it: its config checked
+/// against the profile's geometry, with the MTP layers served, and its
+/// files' headers checked (a served head's tensors among them).
+fn open_for_profile(
+    dir: &Path,
+    profile: &Profile,
+) -> Result<(ModelConfig, CheckpointFiles), RuntimeError> {
+    let mut config = ModelConfig::load(dir)?;
+    plan::check_geometry(&profile.model.geometry, &config.geometry)?;
+    config.geometry.mtp_layers = served_mtp_layers(&config, &profile.serving)?;
+    let files = open_checked(dir, &config)?;
+    let prefix = checkpoint::groups::MTP_PREFIX;
+    if config.geometry.mtp_layers > 0
+        && !files
+            .headers()
+            .tensors
+            .iter()
+            .any(|t| t.name.starts_with(prefix))
+    {
+        // Quantized exports often drop the head that their config still names.
+        return Err(RuntimeError::Unsupported(format!(
+            "speculative config \"mtp\": the checkpoint's config names an MTP head but its \
+             files hold no `{prefix}*` tensors; draft with \"ngram\" instead"
+        )));
+    }
+    Ok((config, files))
 }
 
 /// The files of the checkpoint in `dir`, each header read and validated
@@ -287,9 +317,7 @@ pub fn plan_profile_on(
 ) -> Result<Plan, RuntimeError> {
     let weights = match checkpoint {
         Some(dir) => {
-            let config = ModelConfig::load(dir)?;
-            plan::check_geometry(&profile.model.geometry, &config.geometry)?;
-            let files = open_checked(dir, &config)?;
+            let (config, files) = open_for_profile(dir, profile)?;
             Some(header_weight_bytes(&config, files.headers()))
         }
         None => None,

@@ -1,5 +1,7 @@
-//! Speculative decoding (n-gram drafts) through the runtime and the engine
-//! on the CPU backend, on every fixture family: the output with drafts is
+//! Speculative decoding through the runtime and the engine on the CPU
+//! backend, n-gram drafts on every fixture family and the MTP head's on
+//! `qwen35-moe-tiny-mtp` and `qwen35-tiny-mtp` (their random heads draft
+//! mostly wrong, so rejection and rollback are exercised hard): the output with drafts is
 //! the output without them, bit for bit (tokens and the bits of their
 //! log-probabilities) — greedy and seeded sampling, alone, batched, after
 //! prefix-cache hits and under preemption — while drafts are proposed,
@@ -34,6 +36,27 @@ fn ngram(k: usize) -> SpeculativeConfig {
         prompt_lookup_min: 1,
         prompt_lookup_max: 3,
     }
+}
+
+/// The checkpoint's MTP head, `k` drafts a step.
+fn mtp(k: usize) -> SpeculativeConfig {
+    SpeculativeConfig {
+        method: DraftMethod::Mtp,
+        num_speculative_tokens: k,
+        prompt_lookup_min: 0,
+        prompt_lookup_max: 0,
+    }
+}
+
+/// The fixtures with an MTP head (scripts/make-mtp-fixture.py), MoE and dense.
+const MTP_FIXTURES: [&str; 2] = ["qwen35-moe-tiny-mtp", "qwen35-tiny-mtp"];
+
+/// Every fixture and proposer the tests run, `k` drafts a step: n-grams on
+/// each family, the MTP head on the fixtures that have one.
+fn drafters(k: usize) -> Vec<(&'static str, SpeculativeConfig)> {
+    let mut all: Vec<_> = FIXTURES.iter().map(|&name| (name, ngram(k))).collect();
+    all.extend(MTP_FIXTURES.map(|name| (name, mtp(k))));
+    all
 }
 
 /// A fixture through the runtime: f32 KV, 256-token sequences, 16-token
@@ -146,10 +169,10 @@ fn seeded(max_tokens: usize, seed: u64) -> SamplingParams {
 }
 
 /// `requests` (made by the closure, each time anew) with and without
-/// drafts; returns both outputs and the drafts (verified, kept).
+/// drafts by `spec`; returns both outputs and the drafts (verified, kept).
 fn both(
     name: &str,
-    k: usize,
+    spec: SpeculativeConfig,
     adjust: impl Fn(&mut ServingSection),
     requests: impl Fn() -> Vec<Request>,
 ) -> (Vec<Output>, Vec<Output>, (u64, u64)) {
@@ -160,7 +183,7 @@ fn both(
     assert_eq!(drafts(&engine), (0, 0));
     let fast = loaded(name, |s| {
         adjust(s);
-        s.speculative = Some(ngram(k));
+        s.speculative = Some(spec);
     });
     let source = fast.source();
     let mut engine = fast.engine(&source).unwrap();
@@ -171,13 +194,13 @@ fn both(
 #[test]
 fn greedy_output_is_the_same_with_drafts_on_every_family() {
     let (mut verified, mut kept) = (0, 0);
-    for name in FIXTURES {
-        for k in [1, 3] {
+    for k in [1, 3] {
+        for (name, spec) in drafters(k) {
             let (without, with, (v, a)) =
-                both(name, k, |_| {}, || vec![request(&prompt(0), greedy(48))]);
+                both(name, spec, |_| {}, || vec![request(&prompt(0), greedy(48))]);
             assert_eq!(with, without, "{name}, k = {k}");
             assert_eq!(without[0].tokens.len(), 48);
-            assert!(v > 0, "{name}, k = {k}: the repeated prompt gives drafts");
+            assert!(v > 0, "{name}, k = {k}: drafts are made");
             assert!(a <= v);
             verified += v;
             kept += a;
@@ -192,7 +215,7 @@ fn greedy_output_is_the_same_with_drafts_on_every_family() {
 
 #[test]
 fn batched_sequences_with_and_without_drafts_equal_their_solo_runs() {
-    for name in FIXTURES {
+    for (name, spec) in drafters(3) {
         let requests = || {
             vec![
                 request(&prompt(1), greedy(30)),
@@ -204,7 +227,7 @@ fn batched_sequences_with_and_without_drafts_equal_their_solo_runs() {
                 ),
             ]
         };
-        let (without, with, (v, _)) = both(name, 3, |_| {}, requests);
+        let (without, with, (v, _)) = both(name, spec, |_| {}, requests);
         assert_eq!(with, without, "{name}");
         assert!(v > 0, "{name}");
         // Each equals the same request served alone without drafts.
@@ -223,13 +246,13 @@ fn batched_sequences_with_and_without_drafts_equal_their_solo_runs() {
 
 #[test]
 fn seeded_sampling_draws_the_same_tokens_with_drafts() {
-    for name in FIXTURES {
+    for (name, spec) in drafters(2) {
         let requests = || {
             (0..3)
                 .map(|seed| request(&prompt(3), seeded(40, seed)))
                 .collect()
         };
-        let (without, with, (v, _)) = both(name, 2, |_| {}, requests);
+        let (without, with, (v, _)) = both(name, spec, |_| {}, requests);
         assert_eq!(with, without, "{name}");
         assert!(v > 0, "{name}");
     }
@@ -237,7 +260,7 @@ fn seeded_sampling_draws_the_same_tokens_with_drafts() {
 
 #[test]
 fn drafts_after_a_prefix_cache_hit_change_nothing() {
-    for name in FIXTURES {
+    for (name, spec) in drafters(3) {
         // Turn 2 resends turn 1's prompt and answer: it starts from the cache.
         let turn1 = prompt(4);
         let cold = loaded(name, |s| s.enable_prefix_caching = false);
@@ -249,7 +272,7 @@ fn drafts_after_a_prefix_cache_hit_change_nothing() {
         turn2.extend(prompt(5).iter().take(9));
         let expected = serve(&mut engine, vec![request(&turn2, greedy(24))]).remove(0);
 
-        let warm = loaded(name, |s| s.speculative = Some(ngram(3)));
+        let warm = loaded(name, |s| s.speculative = Some(spec));
         let source = warm.source();
         let mut engine = warm.engine(&source).unwrap();
         assert_eq!(
@@ -273,11 +296,15 @@ fn drafts_after_a_prefix_cache_hit_change_nothing() {
 #[test]
 fn drafts_under_preemption_change_nothing() {
     use sparkrt::plan::profile::KvCacheSize;
-    for name in FIXTURES {
+    for (name, spec) in drafters(3) {
         // A pool of 12 full-attention blocks (192 tokens; the plan gives a
         // block's bytes): six 40-token prompts growing to 80 tokens (5
         // blocks each) are preempted and recomputed.
-        let probe = loaded(name, |s| s.max_model_len = 128);
+        // (With the MTP head a block also holds the head's KV layer.)
+        let probe = loaded(name, |s| {
+            s.max_model_len = 128;
+            s.speculative = Some(spec);
+        });
         let bytes = probe.plan.kv_cache.block_bytes * 12;
         let small = move |s: &mut ServingSection| {
             s.kv_cache = KvCacheSize::Bytes(bytes);
@@ -291,7 +318,7 @@ fn drafts_under_preemption_change_nothing() {
         };
         let fast = loaded(name, |s| {
             small(s);
-            s.speculative = Some(ngram(3));
+            s.speculative = Some(spec);
         });
         let source = fast.source();
         let mut engine = fast.engine(&source).unwrap();
@@ -301,7 +328,7 @@ fn drafts_under_preemption_change_nothing() {
             "{name}: the pool is small enough to preempt"
         );
         assert!(drafts(&engine).0 > 0, "{name}");
-        let (without, ..) = both(name, 3, small, requests);
+        let (without, ..) = both(name, spec, small, requests);
         assert_eq!(with, without, "{name}");
     }
 }
@@ -400,12 +427,12 @@ fn serve_plain(engine: &mut Engine<'_>, requests: Vec<Request>) -> Vec<Vec<u32>>
 
 #[test]
 fn n_choices_draft_each_on_their_own_and_change_nothing() {
-    for name in FIXTURES {
+    for (name, spec) in drafters(3) {
         // One request, three seeded choices forked from one prompt pass.
-        let run = |spec: bool| {
+        let run = |drafting: bool| {
             let l = loaded(name, |s| {
-                if spec {
-                    s.speculative = Some(ngram(3));
+                if drafting {
+                    s.speculative = Some(spec);
                 }
             });
             let source = l.source();
@@ -431,5 +458,70 @@ fn n_choices_draft_each_on_their_own_and_change_nothing() {
         assert_eq!(with, without, "{name}");
         assert!(verified > 0, "{name}");
         assert_ne!(with[0], with[1], "{name}: the choices differ");
+    }
+}
+
+/// The checkpoint in `dir` opened drafting with the MTP head: the
+/// refusal's message.
+fn mtp_refusal(dir: &std::path::Path) -> String {
+    let (config, _) = checkpoint::load(dir).unwrap();
+    let mut profile = Profile::for_checkpoint(
+        CheckpointFacts {
+            geometry: &config.geometry,
+            max_position_embeddings: config.max_position_embeddings,
+        },
+        Some(dir.to_path_buf()),
+    )
+    .unwrap();
+    profile.serving.speculative = Some(mtp(2));
+    let host_root = common::fixture("hosts/box24");
+    let host = HostSource {
+        root: &host_root,
+        kubelet_config: None,
+    };
+    match Loaded::open_cpu(dir, Some(&profile), &host, PageCachePolicy::Keep) {
+        Ok(_) => panic!("{}: opened without an MTP head", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn mtp_drafts_without_a_head_are_refused_by_name() {
+    // A config naming a head whose tensors the export dropped.
+    let headless = std::env::temp_dir().join(format!("sparkrt-headless-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&headless);
+    std::fs::create_dir_all(&headless).unwrap();
+    let source = common::fixture("qwen35-moe-tiny");
+    for file in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(source.join(file), headless.join(file)).unwrap();
+    }
+    let config = std::fs::read_to_string(source.join("config.json")).unwrap();
+    let config = config.replacen(
+        "\"text_config\": {",
+        "\"text_config\": {\"mtp_num_hidden_layers\": 1,",
+        1,
+    );
+    assert!(config.contains("mtp_num_hidden_layers"));
+    std::fs::write(headless.join("config.json"), config).unwrap();
+    let cases = [
+        (
+            common::fixture("qwen3-moe-tiny"),
+            "qwen3_moe checkpoints have no MTP head",
+        ),
+        (source, "its config has no mtp_num_hidden_layers"),
+        (headless.clone(), "files hold no `mtp.*` tensors"),
+    ];
+    let messages: Vec<String> = cases.iter().map(|(dir, _)| mtp_refusal(dir)).collect();
+    let _ = std::fs::remove_dir_all(&headless);
+    for ((_, reason), message) in cases.iter().zip(&messages) {
+        assert!(message.contains(reason), "{message}");
+        assert!(
+            message.contains("draft with \"ngram\" instead"),
+            "{message}"
+        );
     }
 }

@@ -23,6 +23,7 @@ use sparkrt::model::{Buffers, Transformer};
 use sparkrt::plan::ledger::Ledger;
 use sparkrt::plan::memory::HostFigures;
 use sparkrt::plan::profile::{CheckpointFacts, KvCacheDtype, Profile, StateDtype};
+use sparkrt::plan::speculative::{DraftMethod, SpeculativeConfig};
 use sparkrt::plan::{self, Plan, PlanDevice};
 use sparkrt::step::{Logits, StepBatch};
 
@@ -87,8 +88,18 @@ fn fixture(name: &str) -> Fixture {
 
 /// As `fixture`, the recurrent state stored in `state_dtype`.
 fn fixture_with(name: &str, state_dtype: StateDtype) -> Fixture {
+    fixture_serving(name, state_dtype, None)
+}
+
+/// As `fixture_with`, drafting with `speculative` (with "mtp": the
+/// checkpoint's MTP head loaded and its buffers planned).
+fn fixture_serving(
+    name: &str,
+    state_dtype: StateDtype,
+    speculative: Option<SpeculativeConfig>,
+) -> Fixture {
     let dir = common::fixture(name);
-    let (config, checkpoint) = checkpoint::load(&dir).unwrap();
+    let (mut config, checkpoint) = checkpoint::load(&dir).unwrap();
     let geometry = config.geometry.clone();
     let mut profile = Profile::for_checkpoint(
         CheckpointFacts {
@@ -105,6 +116,8 @@ fn fixture_with(name: &str, state_dtype: StateDtype) -> Fixture {
     s.kv_block_size = BLOCK;
     s.kv_cache_dtype = KvCacheDtype::F32;
     s.state_dtype = state_dtype;
+    s.speculative = speculative;
+    config.geometry.mtp_layers = s.mtp_layers();
     let host = HostFigures {
         mem_total: 64 << 30,
         mem_available: 60 << 30,
@@ -118,6 +131,16 @@ fn fixture_with(name: &str, state_dtype: StateDtype) -> Fixture {
         checkpoint,
         plan,
     }
+}
+
+/// The model a step runs through.
+#[derive(Clone, Copy)]
+enum Pass {
+    /// The decoder.
+    Target,
+    /// The MTP head; `first`: over the rows of the decoder step before
+    /// (else the head's own outputs of its pass before).
+    Mtp { first: bool },
 }
 
 /// A model and its buffers on the CPU, and a way to run steps.
@@ -157,6 +180,12 @@ impl<'f> Runner<'f> {
     /// Runs one step of `parts`, every row's logits wanted; returns them
     /// per part (`[rows, vocab]` each).
     fn step(&mut self, parts: &[Part]) -> Vec<Vec<f32>> {
+        self.run(parts, Logits::All, Pass::Target)
+    }
+
+    /// Runs `pass` over one step of `parts`, the logits of `wanted` rows of
+    /// each; returns them per part (`[rows, vocab]` each).
+    fn run(&mut self, parts: &[Part], wanted: Logits, pass: Pass) -> Vec<Vec<f32>> {
         let blocks_per_seq = MAX_LEN / BLOCK;
         let mut batch = StepBatch::with_capacity(256, SLOTS, blocks_per_seq);
         for (i, part) in parts.iter().enumerate() {
@@ -164,27 +193,38 @@ impl<'f> Runner<'f> {
             let first = part.slot as usize * blocks_per_seq;
             let needed = (part.past + part.tokens.len()).div_ceil(BLOCK);
             let table: Vec<u32> = (first..first + needed).map(|b| b as u32).collect();
-            batch.push_seq(part.tokens, part.past, &table, &[], Logits::All);
+            batch.push_seq(part.tokens, part.past, &table, &[], wanted);
             batch.set_state_slot(i, part.slot);
         }
         let mut all = Vec::new();
         let vocab = self.vocab;
-        self.model
-            .forward(
+        let mut on_logits = |_, count, values: &[f32]| {
+            all.extend_from_slice(&values[..count * vocab]);
+        };
+        match pass {
+            Pass::Target => {
+                self.model
+                    .forward(self.backend, &batch, &mut self.buffers, &mut on_logits)
+            }
+            Pass::Mtp { first } => self.model.mtp_forward(
                 self.backend,
                 &batch,
+                first,
                 &mut self.buffers,
-                &mut |_, count, values| {
-                    all.extend_from_slice(&values[..count * vocab]);
-                },
-            )
-            .unwrap();
+                &mut on_logits,
+            ),
+        }
+        .unwrap();
         let mut out = Vec::new();
         let mut at = 0;
         for part in parts {
-            let n = part.tokens.len() * vocab;
-            out.push(all[at..at + n].to_vec());
-            at += n;
+            let rows = match wanted {
+                Logits::All => part.tokens.len(),
+                Logits::Last => 1,
+                Logits::None => 0,
+            };
+            out.push(all[at..at + rows * vocab].to_vec());
+            at += rows * vocab;
         }
         out
     }
@@ -537,4 +577,107 @@ fn a_bf16_state_stays_near_the_transformers_reference() {
             });
         }
     }
+}
+
+/// A prompt's part in slot 0, from position 0.
+fn slot0(tokens: &[u32]) -> Part<'_> {
+    Part {
+        tokens,
+        past: 0,
+        slot: 0,
+    }
+}
+
+/// The fixtures with an MTP head (scripts/make-mtp-fixture.py), MoE and
+/// dense: the head at every prompt position, fed the next token
+/// (`mtp_logits`), and three drafts made one from the other after the prompt
+/// (`mtp_chain`).
+#[test]
+fn the_mtp_head_matches_its_reference() {
+    for name in ["qwen35-moe-tiny-mtp", "qwen35-tiny-mtp"] {
+        mtp_head_matches(name);
+    }
+}
+
+fn mtp_head_matches(name: &str) {
+    let r = reference(name, "");
+    let bytes = std::fs::read(common::fixture(name).join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mtp_logits: Vec<f32> = st
+        .tensor("mtp_logits")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let chain: Vec<u32> = st
+        .tensor("mtp_chain")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+        .collect();
+    assert_eq!(chain.len(), 3);
+    let mtp = SpeculativeConfig {
+        method: DraftMethod::Mtp,
+        num_speculative_tokens: 3,
+        prompt_lookup_min: 0,
+        prompt_lookup_max: 0,
+    };
+    let fixture = fixture_serving(name, StateDtype::F32, Some(mtp));
+    let ledger = Ledger::from_plan(&fixture.plan);
+    let backend = CpuBackend::new(Arc::clone(&ledger));
+    let source = CheckpointSource {
+        checkpoint: &fixture.checkpoint,
+        config: &fixture.config,
+    };
+    let mut runner = Runner::new(&fixture, &backend, &source);
+    assert!(
+        runner.model.mtp.is_some(),
+        "{name}: the head is loaded when served"
+    );
+
+    let prompt = &r.input_ids;
+    let t = prompt.len();
+    let target = runner.prompt(prompt, &[t], 0);
+    assert!(
+        max_abs_diff(&target, &r.logits) < 1e-3,
+        "{name}: the target itself"
+    );
+    // Each prompt row fed its next token, the last the greedy first token.
+    let mut next: Vec<u32> = prompt[1..].to_vec();
+    next.push(r.greedy_ids[0]);
+    let head = runner.run(&[slot0(&next)], Logits::All, Pass::Mtp { first: true });
+    let diff = max_abs_diff(&head[0], &mtp_logits);
+    assert!(diff < 1e-3, "{name}: MTP logits differ by {diff}");
+    for (row, (ours, theirs)) in head[0]
+        .chunks_exact(runner.vocab)
+        .zip(mtp_logits.chunks_exact(runner.vocab))
+        .enumerate()
+    {
+        assert_eq!(
+            argmax(ours),
+            argmax(theirs),
+            "{name}: MTP top token at row {row}"
+        );
+    }
+
+    // The chain: the same first pass keeping only the last row (the next
+    // pass reads its output), then a row a position later per draft.
+    let last = runner.run(&[slot0(&next)], Logits::Last, Pass::Mtp { first: true });
+    let mut drafts = vec![argmax(&last[0])];
+    for position in t..t + 2 {
+        let token = [drafts[drafts.len() - 1]];
+        let logits = runner.run(
+            &[Part {
+                tokens: &token,
+                past: position,
+                slot: 0,
+            }],
+            Logits::All,
+            Pass::Mtp { first: false },
+        );
+        drafts.push(argmax(&logits[0]));
+    }
+    assert_eq!(drafts, chain, "{name}");
 }

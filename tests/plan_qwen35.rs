@@ -214,6 +214,52 @@ fn speculative_decoding_is_planned_by_hand() {
 }
 
 #[test]
+fn the_mtp_head_is_planned_by_hand() {
+    use sparkrt::geometry::WeightGroup;
+    use sparkrt::plan::speculative::SpeculativeConfig;
+    let mut profile = Profile::load(&common::profile("qwen3.6-35b-a3b-bf16")).unwrap();
+    let off = plan::compute(&profile, &host(), None, PlanDevice::Cpu);
+    profile.serving.speculative = Some(
+        SpeculativeConfig::from_json(r#"{"method": "mtp", "num_speculative_tokens": 2}"#).unwrap(),
+    );
+    let on = plan::compute(&profile, &host(), None, PlanDevice::Cpu);
+    // Its layer is one more full-attention KV layer: 11 × 2 KV heads × 256
+    // × (K, V) × 2 B a token.
+    assert_eq!(on.kv_cache.bytes_per_token, 11 * 2 * 256 * 2 * 2);
+    assert_eq!(off.kv_cache.bytes_per_token, 10 * 2 * 256 * 2 * 2);
+    // Its weights, bf16 (2 B), H = 2048: gated attention (q_proj 2·4096 ×
+    // H, k and v 512 × H, o H × 4096) 54,525,952 B; the router 256 × H and
+    // 256 experts of 3 × 512 × H, 1,611,661,312 B; the shared expert 3 ×
+    // 512 × H and its gate H, 6,295,552 B; the layer's norms (2 H + 2 ·
+    // 256) 9,216 B; fc H × 2H and three norms of H, 16,789,504 B.
+    let group = |p: &sparkrt::plan::Plan| p.weights.groups.get(&WeightGroup::Mtp).copied();
+    let mtp = group(&on).unwrap();
+    assert_eq!(
+        mtp,
+        54_525_952 + 1_611_661_312 + 6_295_552 + 9_216 + 16_789_504
+    );
+    assert_eq!(mtp, 1_689_281_536);
+    assert_eq!(
+        group(&off),
+        None,
+        "plans without the head keep their groups"
+    );
+    assert_eq!(on.weights.total, off.weights.total + mtp);
+    // Its buffers: every batched row's last hidden state, and the fc input
+    // twice as wide, f32 (8192 rows × 2048).
+    let buffer = |p: &sparkrt::plan::Plan, name: &str| {
+        p.activations
+            .buffers
+            .iter()
+            .find(|b| b.name == name)
+            .map(|b| b.bytes)
+    };
+    assert_eq!(buffer(&on, memory::MTP_HIDDEN), Some(8192 * 2048 * 4));
+    assert_eq!(buffer(&on, memory::MTP_INPUT), Some(2 * 8192 * 2048 * 4));
+    assert_eq!(buffer(&off, memory::MTP_HIDDEN), None);
+}
+
+#[test]
 fn qwen36_35b_bf16_state_halves_the_pool() {
     let mut profile = Profile::load(&common::profile("qwen3.6-35b-a3b-bf16")).unwrap();
     let f32_plan = plan::compute(&profile, &host(), None, PlanDevice::Cpu);

@@ -320,9 +320,12 @@ pub struct ServingArgs {
     /// Speculative decoding, vLLM's JSON: `{"method": "ngram",
     /// "num_speculative_tokens": K, "prompt_lookup_min": N, "prompt_lookup_max": M}`
     /// (K 1–8 drafts per step; n-grams of N..M tokens, default 2..5, one
-    /// given: both). Greedy and seeded output are unchanged, only faster
-    /// where drafts hold; `plan` prints what it costs. Only "ngram" is served
-    /// [profile: `speculative_config`; default off].
+    /// given: both), or `{"method": "mtp", "num_speculative_tokens": K}`:
+    /// the checkpoint's MTP head drafts (Qwen3.5 / 3.6 / Qwen3-Next; its
+    /// weights, KV layer and buffers are planned). Greedy and seeded output
+    /// are unchanged, only faster where drafts hold; `plan` prints what it
+    /// costs. "ngram" and "mtp" are served [profile: `speculative_config`;
+    /// default off].
     #[arg(long, value_name = "JSON")]
     pub speculative_config: Option<String>,
     /// Hybrid models: element type of the recurrent-state pool, `f32` or

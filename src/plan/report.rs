@@ -107,7 +107,8 @@ pub fn render(plan: &Plan) -> String {
 
     let _ = writeln!(out, "\nPlan");
     row(&mut out, "weights", format_bytes(plan.weights.total));
-    for group in WeightGroup::ALL {
+    // A served MTP head last (it is not in ALL: planned only when served).
+    for group in WeightGroup::ALL.into_iter().chain([WeightGroup::Mtp]) {
         let bytes = plan.weights.groups.get(&group).copied().unwrap_or(0);
         if bytes > 0 {
             row(
