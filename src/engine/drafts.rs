@@ -149,6 +149,12 @@ impl Backoff {
         true
     }
 
+    /// Whether the next step may draft (what [`allows`](Self::allows) will
+    /// say), without counting a step.
+    pub fn next_allows(&self) -> bool {
+        self.skip == 0
+    }
+
     /// After a step that verified drafts, `accepted` of them.
     pub fn record(&mut self, accepted: usize) {
         if accepted > 0 {

@@ -12,7 +12,9 @@
 //! last known position gives its first draft. Each further draft is one
 //! more pass of a row per sequence, a position later, fed the head's own
 //! output and the draft before (vLLM's recursion for k > 1). Drafts are
-//! the head's argmax; the engine checks them as any draft (`drafts`).
+//! the head's argmax; the engine checks them as any draft (`drafts`). A
+//! sequence backing off (`drafts::Backoff`) gets no logits row and no later
+//! passes, though its rows still fill the head's KV layer.
 
 use super::executor::Executor;
 use super::sampling::checked_argmax;
@@ -55,10 +57,9 @@ impl MtpDrafter {
     ) -> Result<(), ModelError> {
         self.first_pass(plan, running);
         for pass in 0..self.k {
-            if self.rows.is_empty() {
-                break;
-            }
-            if pass > 0 && !self.next_pass(plan, running) {
+            // The first pass runs even without a draft to make: the head's
+            // KV layer gets every computed position.
+            if pass > 0 && (self.rows.is_empty() || !self.next_pass(plan, running)) {
                 break;
             }
             self.drafted.clear();
@@ -115,7 +116,13 @@ impl MtpDrafter {
                 continue;
             };
             let first = rows.past as usize;
-            if seq.finished.is_some() || last < first || last >= first + rows.len as usize {
+            // A sequence backing off drafts nothing next step: no logits row
+            // (on a real vocabulary lm_head is a large part of a pass).
+            if seq.finished.is_some()
+                || !seq.drafts.backoff.next_allows()
+                || last < first
+                || last >= first + rows.len as usize
+            {
                 continue;
             }
             let row = rows.start as usize + (last - first);
