@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Speculative decoding side by side: `sparkrt bench` without drafts and with
-# n-gram drafts (k = 3), in interleaved rounds, printing each run's decode
-# tok/s and tokens per decode pass, then the medians and their ratio.
+# them (n-gram drafts, k = 3, unless SPEC gives another --speculative-config,
+# e.g. SPEC='{"method": "mtp", "num_speculative_tokens": 1}' for a checkpoint
+# with an MTP head), in interleaved rounds, printing each run's decode tok/s
+# and tokens per decode pass, then the medians and their ratio.
 #
-#   scripts/spec-decode-bench.sh MODEL_DIR [ROUNDS] [EXTRA BENCH FLAGS...]
+#   [SPEC=JSON] scripts/spec-decode-bench.sh MODEL_DIR [ROUNDS] [EXTRA BENCH FLAGS...]
 #
 # MODEL_DIR is a checkpoint folder (add `--load-format dummy` for a bench
 # model made with `sparkrt make-checkpoint --like`). `--prompt repeat`
@@ -19,7 +21,7 @@ shift $(($# >= 2 ? 2 : 1))
 bin=target/release/sparkrt
 [[ -x $bin ]] || cargo build --release --quiet
 
-spec='{"method": "ngram", "num_speculative_tokens": 3}'
+spec=${SPEC:-'{"method": "ngram", "num_speculative_tokens": 3}'}
 declare -a off on
 for ((r = 1; r <= rounds; r++)); do
 	for mode in off on; do
@@ -32,10 +34,12 @@ for ((r = 1; r <= rounds; r++)); do
 		if [[ $mode == on ]]; then on+=("$tok_s"); else off+=("$tok_s"); fi
 	done
 done
-python3 - "${off[*]}" "${on[*]}" <<'PY'
-import statistics, sys
+python3 - "${off[*]}" "${on[*]}" "$spec" <<'PY'
+import json, statistics, sys
 off = [float(x) for x in sys.argv[1].split()]
 on = [float(x) for x in sys.argv[2].split()]
+spec = json.loads(sys.argv[3])
+label = f"{spec['method']} k={spec['num_speculative_tokens']}"
 m_off, m_on = statistics.median(off), statistics.median(on)
-print(f"median decode: off {m_off:.2f} tok/s, ngram k=3 {m_on:.2f} tok/s, ratio {m_on / m_off:.3f}")
+print(f"median decode: off {m_off:.2f} tok/s, {label} {m_on:.2f} tok/s, ratio {m_on / m_off:.3f}")
 PY

@@ -289,7 +289,11 @@ fn with_runner(name: &str, f: impl FnOnce(&mut Runner)) {
 
 /// As `with_runner`, the recurrent state stored in `state_dtype`.
 fn with_runner_state(name: &str, state_dtype: StateDtype, f: impl FnOnce(&mut Runner)) {
-    let fixture = fixture_with(name, state_dtype);
+    with_runner_on(fixture_with(name, state_dtype), f)
+}
+
+/// Runs `f` with a runner on `fixture`.
+fn with_runner_on(fixture: Fixture, f: impl FnOnce(&mut Runner)) {
     let ledger = Ledger::from_plan(&fixture.plan);
     let backend = CpuBackend::new(Arc::clone(&ledger));
     let source = CheckpointSource {
@@ -624,60 +628,57 @@ fn mtp_head_matches(name: &str) {
         prompt_lookup_min: 0,
         prompt_lookup_max: 0,
     };
-    let fixture = fixture_serving(name, StateDtype::F32, Some(mtp));
-    let ledger = Ledger::from_plan(&fixture.plan);
-    let backend = CpuBackend::new(Arc::clone(&ledger));
-    let source = CheckpointSource {
-        checkpoint: &fixture.checkpoint,
-        config: &fixture.config,
-    };
-    let mut runner = Runner::new(&fixture, &backend, &source);
-    assert!(
-        runner.model.mtp.is_some(),
-        "{name}: the head is loaded when served"
-    );
+    with_runner_on(
+        fixture_serving(name, StateDtype::F32, Some(mtp)),
+        |runner| {
+            assert!(
+                runner.model.mtp.is_some(),
+                "{name}: the head is loaded when served"
+            );
 
-    let prompt = &r.input_ids;
-    let t = prompt.len();
-    let target = runner.prompt(prompt, &[t], 0);
-    assert!(
-        max_abs_diff(&target, &r.logits) < 1e-3,
-        "{name}: the target itself"
-    );
-    // Each prompt row fed its next token, the last the greedy first token.
-    let mut next: Vec<u32> = prompt[1..].to_vec();
-    next.push(r.greedy_ids[0]);
-    let head = runner.run(&[slot0(&next)], Logits::All, Pass::Mtp { first: true });
-    let diff = max_abs_diff(&head[0], &mtp_logits);
-    assert!(diff < 1e-3, "{name}: MTP logits differ by {diff}");
-    for (row, (ours, theirs)) in head[0]
-        .chunks_exact(runner.vocab)
-        .zip(mtp_logits.chunks_exact(runner.vocab))
-        .enumerate()
-    {
-        assert_eq!(
-            argmax(ours),
-            argmax(theirs),
-            "{name}: MTP top token at row {row}"
-        );
-    }
+            let prompt = &r.input_ids;
+            let t = prompt.len();
+            let target = runner.prompt(prompt, &[t], 0);
+            assert!(
+                max_abs_diff(&target, &r.logits) < 1e-3,
+                "{name}: the target itself"
+            );
+            // Each prompt row fed its next token, the last the greedy first token.
+            let mut next: Vec<u32> = prompt[1..].to_vec();
+            next.push(r.greedy_ids[0]);
+            let head = runner.run(&[slot0(&next)], Logits::All, Pass::Mtp { first: true });
+            let diff = max_abs_diff(&head[0], &mtp_logits);
+            assert!(diff < 1e-3, "{name}: MTP logits differ by {diff}");
+            for (row, (ours, theirs)) in head[0]
+                .chunks_exact(runner.vocab)
+                .zip(mtp_logits.chunks_exact(runner.vocab))
+                .enumerate()
+            {
+                assert_eq!(
+                    argmax(ours),
+                    argmax(theirs),
+                    "{name}: MTP top token at row {row}"
+                );
+            }
 
-    // The chain: the same first pass keeping only the last row (the next
-    // pass reads its output), then a row a position later per draft.
-    let last = runner.run(&[slot0(&next)], Logits::Last, Pass::Mtp { first: true });
-    let mut drafts = vec![argmax(&last[0])];
-    for position in t..t + 2 {
-        let token = [drafts[drafts.len() - 1]];
-        let logits = runner.run(
-            &[Part {
-                tokens: &token,
-                past: position,
-                slot: 0,
-            }],
-            Logits::All,
-            Pass::Mtp { first: false },
-        );
-        drafts.push(argmax(&logits[0]));
-    }
-    assert_eq!(drafts, chain, "{name}");
+            // The chain: the same first pass keeping only the last row (the next
+            // pass reads its output), then a row a position later per draft.
+            let last = runner.run(&[slot0(&next)], Logits::Last, Pass::Mtp { first: true });
+            let mut drafts = vec![argmax(&last[0])];
+            for position in t..t + 2 {
+                let token = [drafts[drafts.len() - 1]];
+                let logits = runner.run(
+                    &[Part {
+                        tokens: &token,
+                        past: position,
+                        slot: 0,
+                    }],
+                    Logits::All,
+                    Pass::Mtp { first: false },
+                );
+                drafts.push(argmax(&logits[0]));
+            }
+            assert_eq!(drafts, chain, "{name}");
+        },
+    );
 }

@@ -8,6 +8,15 @@ use sparkrt::plan::{self, PlanDevice};
 
 use crate::common;
 
+/// The bytes of the activation buffer `name` in `plan`, if it has one.
+fn buffer(plan: &sparkrt::plan::Plan, name: &str) -> Option<u64> {
+    plan.activations
+        .buffers
+        .iter()
+        .find(|b| b.name == name)
+        .map(|b| b.bytes)
+}
+
 fn host() -> HostFigures {
     // A DGX Spark's ~121.7 GiB, nearly all available.
     HostFigures {
@@ -189,13 +198,6 @@ fn speculative_decoding_is_planned_by_hand() {
     let vocab = on.model.vocab_size as u64;
     assert_eq!(vocab, 248_320);
     assert_eq!(on.speculative.logits_bytes, 48 * vocab * 4);
-    let buffer = |p: &sparkrt::plan::Plan, name: &str| {
-        p.activations
-            .buffers
-            .iter()
-            .find(|b| b.name == name)
-            .map(|b| b.bytes)
-    };
     assert_eq!(buffer(&on, memory::LOGITS), Some(64 * vocab * 4));
     assert_eq!(buffer(&off, memory::LOGITS), Some(16 * vocab * 4));
     // The 64-row buffer also holds a chunk of 64 prompt rows (prompt
@@ -247,13 +249,6 @@ fn the_mtp_head_is_planned_by_hand() {
     assert_eq!(on.weights.total, off.weights.total + mtp);
     // Its buffers: every batched row's last hidden state, and the fc input
     // twice as wide, f32 (8192 rows × 2048).
-    let buffer = |p: &sparkrt::plan::Plan, name: &str| {
-        p.activations
-            .buffers
-            .iter()
-            .find(|b| b.name == name)
-            .map(|b| b.bytes)
-    };
     assert_eq!(buffer(&on, memory::MTP_HIDDEN), Some(8192 * 2048 * 4));
     assert_eq!(buffer(&on, memory::MTP_INPUT), Some(2 * 8192 * 2048 * 4));
     assert_eq!(buffer(&off, memory::MTP_HIDDEN), None);

@@ -30,28 +30,10 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
         st: &mut Buffers<B>,
         on_logits: &mut dyn FnMut(usize, usize, &[f32]),
     ) -> Result<(), ModelError> {
-        let rows = batch.rows();
-        if rows > st.max_rows || batch.seqs.len() > st.max_seqs {
-            return Err(ModelError::StepTooLarge {
-                rows,
-                seqs: batch.seqs.len(),
-                max_rows: st.max_rows,
-                max_seqs: st.max_seqs,
-            });
-        }
-        if rows == 0 {
+        let Some(rows) = self.load_step(b, batch, st)? else {
             return Ok(());
-        }
-        let s = &self.settings;
-        let (h, eps) = (s.hidden_size, s.rms_norm_eps);
-        b.load_step(batch, &mut st.step)?;
-        b.rope_table(
-            &st.step,
-            &s.rope.inv_freq,
-            s.rope.attention_factor,
-            rows,
-            &mut st.rope,
-        )?;
+        };
+        let (h, eps) = (self.settings.hidden_size, self.settings.rms_norm_eps);
         b.embed(&self.embed, &st.step, &mut st.hidden)?;
 
         for (index, layer) in self.layers.iter().enumerate() {
@@ -95,28 +77,10 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
                 "an MTP pass for a model loaded without its MTP head".to_string(),
             ));
         };
-        let rows = batch.rows();
-        if rows > st.max_rows || batch.seqs.len() > st.max_seqs {
-            return Err(ModelError::StepTooLarge {
-                rows,
-                seqs: batch.seqs.len(),
-                max_rows: st.max_rows,
-                max_seqs: st.max_seqs,
-            });
-        }
-        if rows == 0 {
+        let Some(rows) = self.load_step(b, batch, st)? else {
             return Ok(());
-        }
-        let s = &self.settings;
-        let (h, eps) = (s.hidden_size, s.rms_norm_eps);
-        b.load_step(batch, &mut st.step)?;
-        b.rope_table(
-            &st.step,
-            &s.rope.inv_freq,
-            s.rope.attention_factor,
-            rows,
-            &mut st.rope,
-        )?;
+        };
+        let (h, eps) = (self.settings.hidden_size, self.settings.rms_norm_eps);
         {
             let Some(mtp) = st.mtp.as_mut() else {
                 return Err(missing_buffers("the MTP head"));
@@ -156,6 +120,38 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
         // `normed` keeps the logits rows' outputs (compacted): the next
         // pass's hidden states.
         self.logits(b, batch, st, on_logits)
+    }
+
+    /// Checks `batch` against the buffers and loads its positions, slots
+    /// and rotary table; its rows, `None` when it has none.
+    fn load_step(
+        &self,
+        b: &B,
+        batch: &StepBatch,
+        st: &mut Buffers<B>,
+    ) -> Result<Option<usize>, ModelError> {
+        let rows = batch.rows();
+        if rows > st.max_rows || batch.seqs.len() > st.max_seqs {
+            return Err(ModelError::StepTooLarge {
+                rows,
+                seqs: batch.seqs.len(),
+                max_rows: st.max_rows,
+                max_seqs: st.max_seqs,
+            });
+        }
+        if rows == 0 {
+            return Ok(None);
+        }
+        let rope = &self.settings.rope;
+        b.load_step(batch, &mut st.step)?;
+        b.rope_table(
+            &st.step,
+            &rope.inv_freq,
+            rope.attention_factor,
+            rows,
+            &mut st.rope,
+        )?;
+        Ok(Some(rows))
     }
 
     /// One decoder block over `rows`: its mixer and MLP, their outputs
