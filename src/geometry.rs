@@ -59,14 +59,15 @@ impl Architecture {
     /// prediction layers): mapped, not planned as resident weights.
     pub fn unused_prefixes(self) -> &'static [&'static str] {
         match self {
-            Architecture::Qwen35Moe | Architecture::Qwen35 => {
-                &["model.visual.", crate::checkpoint::groups::MTP_PREFIX]
-            }
-            Architecture::Qwen3Next => &[crate::checkpoint::groups::MTP_PREFIX],
+            Architecture::Qwen35Moe | Architecture::Qwen35 => &["model.visual.", MTP_PREFIX],
+            Architecture::Qwen3Next => &[MTP_PREFIX],
             _ => &[],
         }
     }
 }
+
+/// Where a checkpoint keeps its MTP head (Qwen3.5, Qwen3-Next).
+pub const MTP_PREFIX: &str = "mtp.";
 
 /// The number format a linear weight is stored in (`crate::formats` defines
 /// each). A checkpoint may mix them: the geometry records the routed

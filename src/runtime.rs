@@ -153,12 +153,14 @@ impl HostSource<'_> {
     }
 }
 
-/// The MTP layers `serving` runs of the checkpoint `config` describes:
-/// its one-layer MTP head when speculative decoding drafts with it.
+/// The MTP layers `serving` runs of the checkpoint `config` and `headers`
+/// describe: its one-layer MTP head when speculative decoding drafts with it.
 fn served_mtp_layers(
     config: &ModelConfig,
+    headers: &checkpoint::HeaderSet,
     serving: &ServingSection,
 ) -> Result<usize, RuntimeError> {
+    use crate::geometry::MTP_PREFIX;
     let wanted = serving.mtp_layers();
     if wanted == 0 {
         return Ok(0);
@@ -172,6 +174,15 @@ fn served_mtp_layers(
         Some(format!(
             "the checkpoint's MTP head has {} layers; sparkrt serves one-layer heads",
             config.mtp_num_hidden_layers
+        ))
+    } else if !headers
+        .tensors
+        .iter()
+        .any(|t| t.name.starts_with(MTP_PREFIX))
+    {
+        // Quantized exports often drop the head that their config still names.
+        Some(format!(
+            "the checkpoint's config names an MTP head but its files hold no `{MTP_PREFIX}*` tensors"
         ))
     } else {
         None
@@ -190,7 +201,7 @@ pub fn header_weight_bytes(config: &ModelConfig, headers: &checkpoint::HeaderSet
     let mut bytes = WeightBytes::zero();
     for t in &headers.tensors {
         let arch = config.geometry.architecture;
-        if config.geometry.mtp_layers > 0 && t.name.starts_with(checkpoint::groups::MTP_PREFIX) {
+        if config.geometry.mtp_layers > 0 && t.name.starts_with(crate::geometry::MTP_PREFIX) {
             bytes.add(WeightGroup::Mtp, t.byte_len);
             continue;
         }
@@ -265,22 +276,8 @@ fn open_for_profile(
 ) -> Result<(ModelConfig, CheckpointFiles), RuntimeError> {
     let mut config = ModelConfig::load(dir)?;
     plan::check_geometry(&profile.model.geometry, &config.geometry)?;
-    config.geometry.mtp_layers = served_mtp_layers(&config, &profile.serving)?;
     let files = open_checked(dir, &config)?;
-    let prefix = checkpoint::groups::MTP_PREFIX;
-    if config.geometry.mtp_layers > 0
-        && !files
-            .headers()
-            .tensors
-            .iter()
-            .any(|t| t.name.starts_with(prefix))
-    {
-        // Quantized exports often drop the head that their config still names.
-        return Err(RuntimeError::Unsupported(format!(
-            "speculative config \"mtp\": the checkpoint's config names an MTP head but its \
-             files hold no `{prefix}*` tensors; draft with \"ngram\" instead"
-        )));
-    }
+    config.geometry.mtp_layers = served_mtp_layers(&config, files.headers(), &profile.serving)?;
     Ok((config, files))
 }
 

@@ -54,9 +54,6 @@ pub fn group_of(architecture: Architecture, name: &str) -> Option<WeightGroup> {
     }
 }
 
-/// Where a checkpoint keeps its MTP head (Qwen3.5, Qwen3-Next).
-pub const MTP_PREFIX: &str = "mtp.";
-
 /// The prefix (`model.visual.`, `mtp.`) of a tensor the checkpoint carries
 /// but text serving never reads, if `name` is one.
 pub fn unused_prefix(architecture: Architecture, name: &str) -> Option<&'static str> {

@@ -131,17 +131,14 @@ fn size_kv_to_request(profile: &mut Profile, tokens: usize) {
     if profile.sources.get("kv_cache") != Some(&ValueSource::Default) {
         return;
     }
+    // An MTP head that drafts has a KV layer too.
+    let served = profile.served_geometry();
     let s = &mut profile.serving;
     let block = s.kv_block_size.max(1);
     let length = tokens.max(1).div_ceil(block) * block;
     if length > s.max_model_len {
         return;
     }
-    // The geometry as served: an MTP head that drafts has a KV layer too.
-    let served = crate::geometry::ModelGeometry {
-        mtp_layers: s.mtp_layers(),
-        ..profile.model.geometry.clone()
-    };
     let per_token = memory::kv_bytes_per_token(&served, s.kv_cache_dtype.bytes());
     s.max_model_len = length;
     s.kv_cache = KvCacheSize::Bytes(length as u64 * per_token);

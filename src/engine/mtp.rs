@@ -145,22 +145,19 @@ impl MtpDrafter {
         self.batch.clear();
         for row in &mut self.rows {
             let (index, b, position) = *row;
-            let chunk = step.seqs[b];
-            let table = &step.block_tables
-                [chunk.table_start as usize..(chunk.table_start + chunk.table_len) as usize];
-            let sliding = if step.sliding_block_tables.is_empty() {
-                &[][..]
-            } else {
-                &step.sliding_block_tables
-                    [chunk.sliding_start as usize..(chunk.sliding_start + chunk.table_len) as usize]
-            };
             let Some(&draft) = running[index].drafts.head.last() else {
                 return false;
             };
-            self.batch
-                .push_seq(&[draft], position + 1, table, sliding, Logits::Last);
+            self.batch.push_seq(
+                &[draft],
+                position + 1,
+                step.table(b),
+                step.sliding_table(b),
+                Logits::Last,
+            );
             let seq_in_pass = self.batch.seqs.len() - 1;
-            self.batch.set_state_slot(seq_in_pass, chunk.state_slot);
+            self.batch
+                .set_state_slot(seq_in_pass, step.seqs[b].state_slot);
             row.2 = position + 1;
         }
         true

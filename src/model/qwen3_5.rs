@@ -24,9 +24,8 @@ use super::source::WeightSource;
 use super::transformer::Transformer;
 use crate::backend::{AttentionShape, Backend, ExpertActivation, ExpertsSpec, GateUp, RouterKind};
 use crate::checkpoint::config::ModelConfig;
-use crate::checkpoint::groups::MTP_PREFIX;
 use crate::checkpoint::linear::LinearWeight;
-use crate::geometry::{Architecture, LayerAttention};
+use crate::geometry::{Architecture, LayerAttention, MTP_PREFIX};
 
 pub fn load<'w, B: Backend + 'w>(
     b: &B,
@@ -56,10 +55,7 @@ pub fn load<'w, B: Backend + 'w>(
     // (the checker holds every layer to the same layout).
     let stacked = (0..config.geometry.num_layers)
         .find(|&i| config.geometry.is_moe_layer(i))
-        .is_some_and(|i| {
-            src.flat_vector(&format!("{text}.layers.{i}.mlp.experts.gate_up_proj"))
-                .is_ok()
-        });
+        .is_some_and(|i| experts_stacked(src, &format!("{text}.layers.{i}")));
     // A zero-centred norm: its weight is read as `1 + w`.
     let norm = |name: &str| -> Result<B::Vector<'w>, ModelError> {
         Ok(b.vector(src.vector(name)?.zero_centred())?)
@@ -120,6 +116,13 @@ pub fn load<'w, B: Backend + 'w>(
         lm_head: b.linear(src.linear(&lm_head)?)?,
         mtp,
     })
+}
+
+/// Whether the layer of prefix `p` keeps its experts stacked
+/// (`mlp.experts.gate_up_proj`) rather than one tensor each.
+fn experts_stacked(src: &dyn WeightSource, p: &str) -> bool {
+    src.flat_vector(&format!("{p}.mlp.experts.gate_up_proj"))
+        .is_ok()
 }
 
 /// A zero-centred norm's weight, read as `1 + w`.
@@ -185,10 +188,7 @@ fn mtp_head<'w, B: Backend + 'w>(
     let m = MTP_PREFIX;
     let p = format!("{m}layers.0");
     let experts = config.geometry.num_experts > 0;
-    let stacked = experts
-        && src
-            .flat_vector(&format!("{p}.mlp.experts.gate_up_proj"))
-            .is_ok();
+    let stacked = experts && experts_stacked(src, &p);
     Ok(MtpHead {
         embedding_norm: norm(&format!("{m}pre_fc_norm_embedding.weight"))?,
         hidden_norm: norm(&format!("{m}pre_fc_norm_hidden.weight"))?,

@@ -176,11 +176,7 @@ pub fn compute(
     device: PlanDevice,
 ) -> Plan {
     let s = &profile.serving;
-    // The geometry as served: with the MTP head's layer when it drafts.
-    let served = ModelGeometry {
-        mtp_layers: s.mtp_layers(),
-        ..profile.model.geometry.clone()
-    };
+    let served = profile.served_geometry();
     let g = &served;
     let headroom = memory::headroom(
         host,

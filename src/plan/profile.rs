@@ -737,6 +737,16 @@ impl ProfileDraft {
 pub const BUILT_IN: &str = "<built-in defaults>";
 
 impl Profile {
+    /// The model's geometry as served: with the MTP head's layers when
+    /// speculative decoding drafts with it (their KV layer, weights and
+    /// buffers are planned).
+    pub fn served_geometry(&self) -> crate::geometry::ModelGeometry {
+        crate::geometry::ModelGeometry {
+            mtp_layers: self.serving.mtp_layers(),
+            ..self.model.geometry.clone()
+        }
+    }
+
     /// Reads and validates a profile file that gives its whole geometry.
     pub fn load(path: &Path) -> Result<Profile, ProfileError> {
         ProfileDraft::load(path)?.resolve(None, &ServingOverrides::default())
