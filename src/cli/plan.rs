@@ -7,8 +7,9 @@ use anyhow::{Context, Result, bail};
 
 use super::EXIT_DOES_NOT_FIT;
 use super::common::{HostArgs, ServingArgs, resolve_profile};
-use crate::plan::{Plan, report};
-use crate::runtime::plan_profile;
+use crate::plan::parallel::{NodeHost, ParallelError, plan_ranks};
+use crate::plan::{Plan, host_figures, report};
+use crate::runtime::{HostSource, plan_device, plan_profile};
 
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
@@ -25,6 +26,17 @@ pub struct PlanArgs {
     pub host: HostArgs,
     #[command(flatten)]
     pub serving: ServingArgs,
+    /// Plan the model split over N nodes (vLLM's tensor-parallel layout,
+    /// experts sharded by id): each rank's share against its node's
+    /// headroom; it fits only if every rank fits. Weights are estimated
+    /// from the geometry.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub tensor_parallel_size: usize,
+    /// The host root of one node (repeat once per rank, in rank order; its
+    /// kubelet config is read from <DIR>/var/lib/kubelet/config.yaml) [default:
+    /// every rank on the host --host-root reads].
+    #[arg(long, value_name = "DIR")]
+    pub node_host_root: Vec<PathBuf>,
     /// Print one JSON object (all sizes in bytes) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -55,11 +67,70 @@ pub fn planning_what(checkpoint: Option<&Path>, host: &HostArgs) -> String {
 }
 
 pub fn run(args: &PlanArgs) -> Result<ExitCode> {
+    if args.tensor_parallel_size != 1 || !args.node_host_root.is_empty() {
+        return run_parallel(args);
+    }
     let plan = make_plan(args)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
     } else {
         print!("{}", report::render(&plan));
+    }
+    Ok(if plan.fits {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_DOES_NOT_FIT)
+    })
+}
+
+/// `plan --tensor-parallel-size N`: every rank against its node.
+fn run_parallel(args: &PlanArgs) -> Result<ExitCode> {
+    let world = args.tensor_parallel_size;
+    if !args.node_host_root.is_empty() && args.node_host_root.len() != world {
+        return Err(ParallelError::NodeCount {
+            given: args.node_host_root.len(),
+            world,
+        }
+        .into());
+    }
+    let resolved = resolve_profile(
+        args.profile.as_deref(),
+        args.model.as_deref(),
+        &args.serving,
+        false,
+    )?;
+    let profile = &resolved.profile;
+    let kubelet = profile.host.kubelet;
+    let nodes = if args.node_host_root.is_empty() {
+        let figures = host_figures(&args.host.read(kubelet)?);
+        let name = format!(
+            "{} (every rank assumed alike)",
+            args.host.host_root.display()
+        );
+        vec![NodeHost { name, figures }; world]
+    } else {
+        args.node_host_root
+            .iter()
+            .map(|root| {
+                let source = HostSource {
+                    root,
+                    kubelet_config: None,
+                };
+                let reading = source
+                    .read(kubelet)
+                    .with_context(|| format!("reading the node below {}", root.display()))?;
+                Ok(NodeHost {
+                    name: root.display().to_string(),
+                    figures: host_figures(&reading),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?
+    };
+    let plan = plan_ranks(profile, &nodes, plan_device(profile))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+    } else {
+        print!("{}", report::render_parallel(&plan));
     }
     Ok(if plan.fits {
         ExitCode::SUCCESS
