@@ -79,12 +79,13 @@ fn qwen3_235b_nvfp4_rank_share_by_hand() {
     // The logits stay whole: max_num_seqs 8 rows of 151,936 f32.
     let logits = p.activations.buffers.iter().find(|b| b.name == "logits");
     assert_eq!(logits.map(|b| b.bytes), Some(8 * 151_936 * 4));
-    // Collectives per decoded token: 2 all-reduces of 4096 f32 per layer,
-    // each ring sending 2·(N−1)/N = 1 buffer, and half the logits gathered.
+    // Collectives per decoded token: an all-reduce of 4096 f32 after the
+    // embedding and 2 per layer, each ring sending 2·(N−1)/N = 1 buffer in
+    // 2 steps, and half the logits gathered in 1.
     let c = &plan.collectives;
-    assert_eq!(c.all_reduces_per_token, 188);
-    assert_eq!(c.sent_bytes_per_token, 188 * 16_384 + 151_936 * 4 / 2);
-    assert_eq!(c.steps_per_token, 188 * 2 + 1);
+    assert_eq!(c.all_reduces_per_token, 189);
+    assert_eq!(c.sent_bytes_per_token, 189 * 16_384 + 151_936 * 4 / 2);
+    assert_eq!(c.steps_per_token, 189 * 2 + 1);
 }
 
 #[test]
@@ -301,7 +302,7 @@ fn bad_parallel_flags_are_refused() {
         .to_string();
     for (args, needle) in [
         (
-            vec!["--tensor-parallel-size", "3"],
+            vec!["--host-root", &spark, "--tensor-parallel-size", "3"],
             "num_attention_heads = 16 does not split over 3 ranks",
         ),
         (
@@ -309,15 +310,90 @@ fn bad_parallel_flags_are_refused() {
             "1 node host roots were given for --tensor-parallel-size 2",
         ),
         (
-            vec!["--tensor-parallel-size", "0"],
+            vec![
+                "--host-root",
+                &spark,
+                "--tensor-parallel-size",
+                "1",
+                "--node-host-root",
+                &spark,
+            ],
+            "leave out --host-root and --kubelet-config",
+        ),
+        (
+            vec!["--host-root", &spark, "--tensor-parallel-size", "0"],
             "--tensor-parallel-size 0 must be between 1 and 64",
         ),
+        (
+            vec![
+                "--host-root",
+                &spark,
+                "--tensor-parallel-size",
+                "18446744073709551615",
+            ],
+            "must be between 1 and 64",
+        ),
     ] {
-        let mut all = vec!["plan", "--profile", &profile, "--host-root", &spark];
+        let mut all = vec!["plan", "--profile", &profile];
         all.extend_from_slice(&args);
         let out = sparkrt(&all);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn uneven_experts_and_vocabulary_by_hand() {
+    // 10 experts and 10 vocabulary rows over 4 ranks: the first 10 mod 4
+    // ranks hold an expert more; vocabulary rows ⌈10 / 4⌉ = 3 a rank, the
+    // last the 1 left.
+    let mut profile = load("qwen3-30b-a3b-bf16");
+    let g = &mut profile.model.geometry;
+    (g.num_experts, g.vocab_size) = (10, 10);
+    let got = shares(&profile.served_geometry(), 4).unwrap();
+    let experts: Vec<_> = got.iter().map(|s| (s.first_expert, s.experts)).collect();
+    assert_eq!(experts, [(0, 3), (3, 3), (6, 2), (8, 2)]);
+    let vocab: Vec<_> = got
+        .iter()
+        .map(|s| (s.first_vocab_row, s.vocab_rows))
+        .collect();
+    assert_eq!(vocab, [(0, 3), (3, 3), (6, 3), (9, 1)]);
+    // Fewer experts than ranks.
+    assert_eq!(
+        shares(&profile.served_geometry(), 16).unwrap_err(),
+        ParallelError::TooFewExperts {
+            experts: 10,
+            world: 16
+        }
+    );
+    // A rank holding 2 experts of a top-8 model: the router still picks 8
+    // per token (512 × 8 ids), at most 2 of them run here (512 × 2 rows).
+    let plan = plan_ranks(&profile, &sparks(4), PlanDevice::Cpu).unwrap();
+    let ws = &plan.ranks[3].plan.moe_workspace;
+    let tokens = profile.serving.max_num_batched_tokens as u64;
+    let bytes = |name: &str| ws.buffers.iter().find(|b| b.name == name).map(|b| b.bytes);
+    assert_eq!(bytes("topk_ids"), Some(tokens * 8 * 4));
+    assert_eq!(bytes("sorted_rows"), Some(tokens * 2 * 4));
+    assert_eq!(ws.routed_rows, tokens * 2);
+}
+
+#[test]
+fn one_rank_is_the_one_node_plan() {
+    for name in [
+        "qwen3-30b-a3b-bf16",
+        "qwen3.6-35b-a3b-nvfp4",
+        "gpt-oss-120b",
+    ] {
+        let profile = load(name);
+        let nodes = sparks(1);
+        let one = plan_ranks(&profile, &nodes, PlanDevice::Cpu).unwrap();
+        let whole = sparkrt::plan::compute(&profile, &nodes[0].figures, None, PlanDevice::Cpu);
+        assert_eq!(
+            serde_json::to_value(&one.ranks[0].plan).unwrap(),
+            serde_json::to_value(&whole).unwrap(),
+            "{name}"
+        );
+        assert_eq!(one.collectives.sent_bytes_per_token, 0);
     }
 }

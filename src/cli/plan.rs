@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 
 use super::EXIT_DOES_NOT_FIT;
 use super::common::{HostArgs, ServingArgs, resolve_profile};
-use crate::plan::parallel::{NodeHost, ParallelError, plan_ranks};
+use crate::plan::parallel::{NodeHost, ParallelError, check_world, plan_ranks};
 use crate::plan::{Plan, host_figures, report};
 use crate::runtime::{HostSource, plan_device, plan_profile};
 
@@ -26,10 +26,10 @@ pub struct PlanArgs {
     pub host: HostArgs,
     #[command(flatten)]
     pub serving: ServingArgs,
-    /// Plan the model split over N nodes (vLLM's tensor-parallel layout,
-    /// experts sharded by id): each rank's share against its node's
-    /// headroom; it fits only if every rank fits. Weights are estimated
-    /// from the geometry.
+    /// Plan the model split over N nodes (vLLM's tensor-parallel layout
+    /// with the experts sharded by id, as its --enable-expert-parallel
+    /// does): each rank's share against its node's headroom; it fits only
+    /// if every rank fits. Weights are estimated from the geometry.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub tensor_parallel_size: usize,
     /// The host root of one node (repeat once per rank, in rank order; its
@@ -71,12 +71,17 @@ pub fn run(args: &PlanArgs) -> Result<ExitCode> {
         return run_parallel(args);
     }
     let plan = make_plan(args)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
-    } else {
-        print!("{}", report::render(&plan));
+    let text = (!args.json).then(|| report::render(&plan));
+    print_plan(&plan, text, plan.fits)
+}
+
+/// Prints `plan` as JSON, or `text`; the exit code says whether it fits.
+fn print_plan(plan: &impl serde::Serialize, text: Option<String>, fits: bool) -> Result<ExitCode> {
+    match text {
+        Some(text) => print!("{text}"),
+        None => println!("{}", serde_json::to_string_pretty(plan)?),
     }
-    Ok(if plan.fits {
+    Ok(if fits {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_DOES_NOT_FIT)
@@ -86,6 +91,16 @@ pub fn run(args: &PlanArgs) -> Result<ExitCode> {
 /// `plan --tensor-parallel-size N`: every rank against its node.
 fn run_parallel(args: &PlanArgs) -> Result<ExitCode> {
     let world = args.tensor_parallel_size;
+    check_world(world)?;
+    if !args.node_host_root.is_empty() {
+        // Each node is read from its own root: a flag naming this host's
+        // files would not apply to it.
+        if args.host.host_root != Path::new("/") || args.host.kubelet_config.is_some() {
+            bail!(
+                "--node-host-root reads each node's kubelet config below its own root: leave out --host-root and --kubelet-config"
+            );
+        }
+    }
     if !args.node_host_root.is_empty() && args.node_host_root.len() != world {
         return Err(ParallelError::NodeCount {
             given: args.node_host_root.len(),
@@ -127,14 +142,6 @@ fn run_parallel(args: &PlanArgs) -> Result<ExitCode> {
             .collect::<Result<Vec<_>>>()?
     };
     let plan = plan_ranks(profile, &nodes, plan_device(profile))?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
-    } else {
-        print!("{}", report::render_parallel(&plan));
-    }
-    Ok(if plan.fits {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_DOES_NOT_FIT)
-    })
+    let text = (!args.json).then(|| report::render_parallel(&plan));
+    print_plan(&plan, text, plan.fits)
 }

@@ -399,18 +399,24 @@ pub struct MoeWorkspace {
     pub buffers: Vec<Buffer>,
 }
 
+/// `held_experts`: the experts this process runs (all of them, or a rank's
+/// share under expert parallelism, `plan::parallel`): the router still
+/// picks `top_k` of every token's, but at most `held_experts` of them run
+/// here, so the expert rows are `tokens × min(top_k, held_experts)`.
 pub fn moe_workspace(
     g: &ModelGeometry,
     max_num_batched_tokens: usize,
     dp_size: usize,
     device: PlanDevice,
+    held_experts: u64,
 ) -> MoeWorkspace {
     let capacity_tokens = max_num_batched_tokens as u64 * dp_size as u64;
-    let rows = capacity_tokens * g.top_k as u64;
+    let routed = capacity_tokens * g.top_k as u64;
+    let rows = capacity_tokens * (g.top_k as u64).min(held_experts);
     let (h, i) = (g.hidden_size as u64, g.moe_intermediate_size as u64);
     let mut buffers = vec![
-        buffer("topk_ids", rows * INDEX_BYTES),
-        buffer("topk_weights", rows * ACTIVATION_BYTES),
+        buffer("topk_ids", routed * INDEX_BYTES),
+        buffer("topk_weights", routed * ACTIVATION_BYTES),
         buffer("expert_offsets", (g.num_experts as u64 + 1) * INDEX_BYTES),
         buffer("sorted_rows", rows * INDEX_BYTES),
     ];

@@ -200,7 +200,8 @@ fn compute_for(
     );
     let estimated = exact_weights.is_none();
     let weights = exact_weights.unwrap_or_else(|| memory::estimate_held_weights(g, held));
-    let workspace = memory::moe_workspace(g, s.max_num_batched_tokens, s.dp_size, device);
+    let workspace =
+        memory::moe_workspace(g, s.max_num_batched_tokens, s.dp_size, device, held.experts);
     let speculative = memory::speculative(g, s);
     let activations = memory::activations(
         g,

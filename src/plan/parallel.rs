@@ -91,8 +91,8 @@ pub struct RankShare {
 impl RankShare {
     /// The geometry this rank computes with: its heads and widths; the
     /// experts and the vocabulary stay whole (the router scores every
-    /// expert, the logits are gathered whole), and `top_k` is at most the
-    /// experts it holds (a token runs no more of them here).
+    /// expert, the logits are gathered whole): what it holds of those two is
+    /// [`RankShare::held`].
     pub fn geometry(&self, g: &ModelGeometry) -> ModelGeometry {
         ModelGeometry {
             num_attention_heads: self.attention_heads,
@@ -101,7 +101,6 @@ impl RankShare {
             shared_expert_intermediate_size: self.shared_expert_intermediate_size,
             linear_num_key_heads: self.linear_key_heads,
             linear_num_value_heads: self.linear_value_heads,
-            top_k: g.top_k.min(self.experts),
             ..g.clone()
         }
     }
@@ -115,11 +114,17 @@ impl RankShare {
     }
 }
 
-/// The share of every rank of `world` in `g`, or why `g` does not split so.
-pub fn shares(g: &ModelGeometry, world: usize) -> Result<Vec<RankShare>, ParallelError> {
+/// Refuses a rank count outside `1..=MAX_RANKS` before anything is sized by it.
+pub fn check_world(world: usize) -> Result<(), ParallelError> {
     if world == 0 || world > MAX_RANKS {
         return Err(ParallelError::WorldSize { world });
     }
+    Ok(())
+}
+
+/// The share of every rank of `world` in `g`, or why `g` does not split so.
+pub fn shares(g: &ModelGeometry, world: usize) -> Result<Vec<RankShare>, ParallelError> {
+    check_world(world)?;
     let split = |what: &'static str, size: usize| {
         if size.is_multiple_of(world) {
             Ok(size / world)
@@ -166,10 +171,11 @@ pub fn shares(g: &ModelGeometry, world: usize) -> Result<Vec<RankShare>, Paralle
         linear_value_heads,
     )?;
     let vocab_per_rank = g.vocab_size.div_ceil(world);
+    // The first `num_experts % world` ranks hold one expert more (vLLM's
+    // linear expert map).
+    let (base, extra) = (g.num_experts / world, g.num_experts % world);
     Ok((0..world)
         .map(|rank| {
-            // The first `num_experts % world` ranks hold one expert more.
-            let (base, extra) = (g.num_experts / world, g.num_experts % world);
             let first_expert = rank * base + rank.min(extra);
             let first_vocab_row = (rank * vocab_per_rank).min(g.vocab_size);
             RankShare {
@@ -336,8 +342,8 @@ pub fn plan_ranks(
 }
 
 /// Link figures the on-paper decode bound assumes: the NCCL all-gather a
-/// user measured between two Sparks' ConnectX-7 ports (~20 GB/s, see
-/// docs/QWEN35.md), and 10 µs for one step of a collective (RoCE's few
+/// user measured between two Sparks' ConnectX-7 ports (~20 GB/s, quoted in
+/// the two-Sparks issue; not measured here), and 10 µs for one step of a collective (RoCE's few
 /// microseconds one way plus the library's own; an assumption, not a
 /// measurement).
 pub const LINK_BYTES_PER_SECOND: f64 = 20e9;
@@ -345,9 +351,10 @@ pub const COLLECTIVE_STEP_SECONDS: f64 = 10e-6;
 
 /// What the collectives move per decoded token of one sequence, and the
 /// decode rate they alone allow on [`LINK_BYTES_PER_SECOND`] and
-/// [`COLLECTIVE_STEP_SECONDS`]: two all-reduces of the hidden state per
-/// layer (after attention or the delta rule, after the MLP or experts) and
-/// one all-gather of the logits, each ring-shaped (an all-reduce sends
+/// [`COLLECTIVE_STEP_SECONDS`]: one all-reduce of the hidden state after
+/// the vocabulary-parallel embedding, two per layer (after attention or the
+/// delta rule, after the MLP or experts) and one all-gather of the logits,
+/// all of f32 activations (vLLM moves bf16: half the bytes), each ring-shaped (an all-reduce sends
 /// `2(N−1)/N` of its buffer in `2(N−1)` steps, an all-gather `(N−1)/N` in
 /// `N−1`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -368,7 +375,7 @@ impl CollectiveTraffic {
     pub fn of(g: &ModelGeometry, world: usize) -> CollectiveTraffic {
         let n = world as u64;
         let layers = (g.num_layers + g.mtp_layers) as u64;
-        let all_reduces = if n > 1 { 2 * layers } else { 0 };
+        let all_reduces = if n > 1 { 2 * layers + 1 } else { 0 };
         let all_reduce_bytes = g.hidden_size as u64 * ACTIVATION_BYTES;
         let all_gather_bytes = g.vocab_size as u64 * ACTIVATION_BYTES;
         let (sent, steps) = if n > 1 {
@@ -395,8 +402,10 @@ impl CollectiveTraffic {
 /// Batch-1 decode on GB10 nodes, on paper: each token reads every rank's
 /// weights at once ([`super::decode_weight_bytes_per_token`] of its plan:
 /// its share of the dense weights and, in expectation, `top_k × held /
-/// num_experts` experts), so the slowest rank's bytes at the GB10's
+/// num_experts` experts), so the most any rank reads at the GB10's
 /// bandwidth, then waits for the collectives (eager: no overlap assumed).
+/// Optimistic: a token's experts fall unevenly, and the rank that gets more
+/// of them sets the pace (top-8 over 2 ranks: ≈ 5.1 on the busier, not 4).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DecodeBound {
     pub bandwidth_bytes_per_second: f64,
@@ -409,13 +418,17 @@ pub struct DecodeBound {
 
 impl DecodeBound {
     fn gb10(ranks: &[RankPlan], collectives: &CollectiveTraffic) -> DecodeBound {
-        let bandwidth = super::perf::device_peaks("GB10").map_or(273e9, |p| p.bandwidth_bytes_s);
+        let bandwidth = super::perf::device_peaks("GB10").map_or(0.0, |p| p.bandwidth_bytes_s);
         let bytes = ranks
             .iter()
             .map(|r| super::decode_weight_bytes_per_token(&r.plan))
             .max()
             .unwrap_or(0);
-        let weight_seconds = bytes as f64 / bandwidth;
+        let weight_seconds = if bandwidth > 0.0 {
+            bytes as f64 / bandwidth
+        } else {
+            0.0
+        };
         let seconds = weight_seconds + collectives.seconds_per_token;
         DecodeBound {
             bandwidth_bytes_per_second: bandwidth,

@@ -393,7 +393,7 @@ pub fn render_parallel(plan: &super::parallel::ParallelPlan) -> String {
     let d = &plan.gb10_decode;
     let _ = writeln!(
         out,
-        "batch-1 decode on GB10 nodes, on paper: the busiest rank reads {} of weights a token ({:.1} ms at {:.0} GB/s) plus {:.1} ms of collectives: {:.1} tok/s",
+        "batch-1 decode on GB10 nodes, on paper (experts in expectation, so optimistic): a rank reads up to {} of weights a token ({:.1} ms at {:.0} GB/s) plus {:.1} ms of collectives: {:.1} tok/s",
         format_bytes(d.weight_bytes_per_token),
         d.weight_seconds * 1e3,
         d.bandwidth_bytes_per_second / 1e9,
