@@ -298,10 +298,20 @@ pub fn plan_profile(
     checkpoint: Option<&Path>,
     host: &HostSource<'_>,
 ) -> Result<Plan, RuntimeError> {
-    let gpu_present = crate::host::gpu::probe().first().is_some();
-    let device = PlanDevice::resolve(profile.backend.device, gpu_present);
     let reading = host.read(profile.host.kubelet)?;
-    plan_profile_on(profile, checkpoint, &plan::host_figures(&reading), device)
+    plan_profile_on(
+        profile,
+        checkpoint,
+        &plan::host_figures(&reading),
+        plan_device(profile),
+    )
+}
+
+/// The device a plan is made for: the profile's, `auto` resolved by
+/// whether a GPU is present.
+pub fn plan_device(profile: &Profile) -> PlanDevice {
+    let gpu_present = crate::host::gpu::probe().first().is_some();
+    PlanDevice::resolve(profile.backend.device, gpu_present)
 }
 
 /// [`plan_profile`] on given host figures (a node model, not a reading)

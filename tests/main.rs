@@ -55,6 +55,7 @@ mod kv_fp8;
 mod model_qwen35;
 mod plan_cli;
 mod plan_layers;
+mod plan_parallel;
 mod plan_qwen35;
 mod sampling_processors;
 mod serve_summary;

@@ -7,8 +7,9 @@ use anyhow::{Context, Result, bail};
 
 use super::EXIT_DOES_NOT_FIT;
 use super::common::{HostArgs, ServingArgs, resolve_profile};
-use crate::plan::{Plan, report};
-use crate::runtime::plan_profile;
+use crate::plan::parallel::{NodeHost, ParallelError, check_world, plan_ranks};
+use crate::plan::{Plan, host_figures, report};
+use crate::runtime::{HostSource, plan_device, plan_profile};
 
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
@@ -25,6 +26,17 @@ pub struct PlanArgs {
     pub host: HostArgs,
     #[command(flatten)]
     pub serving: ServingArgs,
+    /// Plan the model split over N nodes (vLLM's tensor-parallel layout
+    /// with the experts sharded by id, as its --enable-expert-parallel
+    /// does): each rank's share against its node's headroom; it fits only
+    /// if every rank fits. Weights are estimated from the geometry.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub tensor_parallel_size: usize,
+    /// The host root of one node (repeat once per rank, in rank order; its
+    /// kubelet config is read from <DIR>/var/lib/kubelet/config.yaml) [default:
+    /// every rank on the host --host-root reads].
+    #[arg(long, value_name = "DIR")]
+    pub node_host_root: Vec<PathBuf>,
     /// Print one JSON object (all sizes in bytes) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -55,15 +67,81 @@ pub fn planning_what(checkpoint: Option<&Path>, host: &HostArgs) -> String {
 }
 
 pub fn run(args: &PlanArgs) -> Result<ExitCode> {
-    let plan = make_plan(args)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
-    } else {
-        print!("{}", report::render(&plan));
+    if args.tensor_parallel_size != 1 || !args.node_host_root.is_empty() {
+        return run_parallel(args);
     }
-    Ok(if plan.fits {
+    let plan = make_plan(args)?;
+    let text = (!args.json).then(|| report::render(&plan));
+    print_plan(&plan, text, plan.fits)
+}
+
+/// Prints `plan` as JSON, or `text`; the exit code says whether it fits.
+fn print_plan(plan: &impl serde::Serialize, text: Option<String>, fits: bool) -> Result<ExitCode> {
+    match text {
+        Some(text) => print!("{text}"),
+        None => println!("{}", serde_json::to_string_pretty(plan)?),
+    }
+    Ok(if fits {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_DOES_NOT_FIT)
     })
+}
+
+/// `plan --tensor-parallel-size N`: every rank against its node.
+fn run_parallel(args: &PlanArgs) -> Result<ExitCode> {
+    let world = args.tensor_parallel_size;
+    check_world(world)?;
+    if !args.node_host_root.is_empty() {
+        // Each node is read from its own root: a flag naming this host's
+        // files would not apply to it.
+        if args.host.host_root != Path::new("/") || args.host.kubelet_config.is_some() {
+            bail!(
+                "--node-host-root reads each node's kubelet config below its own root: leave out --host-root and --kubelet-config"
+            );
+        }
+    }
+    if !args.node_host_root.is_empty() && args.node_host_root.len() != world {
+        return Err(ParallelError::NodeCount {
+            given: args.node_host_root.len(),
+            world,
+        }
+        .into());
+    }
+    let resolved = resolve_profile(
+        args.profile.as_deref(),
+        args.model.as_deref(),
+        &args.serving,
+        false,
+    )?;
+    let profile = &resolved.profile;
+    let kubelet = profile.host.kubelet;
+    let nodes = if args.node_host_root.is_empty() {
+        let figures = host_figures(&args.host.read(kubelet)?);
+        let name = format!(
+            "{} (every rank assumed alike)",
+            args.host.host_root.display()
+        );
+        vec![NodeHost { name, figures }; world]
+    } else {
+        args.node_host_root
+            .iter()
+            .map(|root| {
+                let source = HostSource {
+                    root,
+                    kubelet_config: None,
+                };
+                let reading = source
+                    .read(kubelet)
+                    .with_context(|| format!("reading the node below {}", root.display()))?;
+                Ok(NodeHost {
+                    name: root.display().to_string(),
+                    figures: host_figures(&reading),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?
+    };
+    let plan = plan_ranks(profile, &nodes, plan_device(profile))?;
+    let text = (!args.json).then(|| report::render_parallel(&plan));
+    print_plan(&plan, text, plan.fits)
 }

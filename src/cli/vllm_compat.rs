@@ -89,8 +89,9 @@ impl VllmArgs {
         }
         if self.tensor_parallel_size != 1 {
             bail!(
-                "--tensor-parallel-size {} is not supported yet: sparkrt runs a model on one \
-                 device (1 is accepted)",
+                "--tensor-parallel-size {} is not supported yet: sparkrt serves a model on one \
+                 device (1 is accepted); `sparkrt plan --tensor-parallel-size N` plans each \
+                 node's share",
                 self.tensor_parallel_size
             );
         }

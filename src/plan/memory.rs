@@ -84,24 +84,53 @@ pub fn linear_bytes(rows: u64, cols: u64, format: Quantization, group: u64) -> u
     }
 }
 
+/// The rows of the two tables that are split whole across ranks under
+/// tensor and expert parallelism (`plan::parallel`): the experts a process
+/// holds (by id) and the vocabulary rows of its embedding and lm_head. One
+/// process holds all of both; the router, which scores every expert, and
+/// the logits, gathered whole, are not shared out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Held {
+    pub experts: u64,
+    pub vocab_rows: u64,
+}
+
+impl Held {
+    /// Everything: one process serving the model alone.
+    pub fn all(g: &ModelGeometry) -> Held {
+        Held {
+            experts: g.num_experts as u64,
+            vocab_rows: g.vocab_size as u64,
+        }
+    }
+}
+
 /// Weight bytes computed from the geometry alone (no checkpoint at hand).
 /// Router, embeddings, norms and lm_head are bf16; the attention projections
 /// take `attention_quantization`, the experts and dense MLPs `quantization`
 /// (gpt-oss: its experts only).
 pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
-    let (h, v) = (g.hidden_size as u64, g.vocab_size as u64);
+    estimate_held_weights(g, Held::all(g))
+}
+
+/// [`estimate_weights`] of a process that holds `held` of the experts and
+/// vocabulary rows (every other dimension is `g`'s: a rank's geometry from
+/// `plan::parallel` has its own head and intermediate widths).
+pub fn estimate_held_weights(g: &ModelGeometry, held: Held) -> WeightBytes {
+    let (h, v) = (g.hidden_size as u64, held.vocab_rows);
     let (heads, kv_heads, hd) = (
         g.num_attention_heads as u64,
         g.num_kv_heads as u64,
         g.head_dim as u64,
     );
-    let (e, i_moe) = (g.num_experts as u64, g.moe_intermediate_size as u64);
+    let (e, i_moe) = (held.experts, g.moe_intermediate_size as u64);
+    let router_experts = g.num_experts as u64;
     let q_dim = heads * hd;
     let kv_dim = kv_heads * hd;
     let gpt_oss = g.architecture == Architecture::GptOss;
 
     if g.architecture.is_hybrid() {
-        return estimate_hybrid_weights(g);
+        return estimate_hybrid_weights(g, held);
     }
     let mut w = WeightBytes::zero();
     w.add(WeightGroup::Embeddings, v * h * BF16);
@@ -122,7 +151,7 @@ pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
         }
         + if gpt_oss { heads * BF16 } else { 0 }; // sinks
     let norms = 2 * h * BF16 + if gpt_oss { 0 } else { 2 * hd * BF16 }; // + q/k norm
-    let router = e * h * BF16 + if gpt_oss { e * BF16 } else { 0 };
+    let router = router_experts * h * BF16 + if gpt_oss { router_experts * BF16 } else { 0 };
     let experts = if gpt_oss {
         // Stacked: gate_up [E, 2I, H] and down [E, H, I], each with a bf16 bias.
         e * (linear_bytes(2 * i_moe, h, g.quantization, group) + 2 * i_moe * BF16)
@@ -165,14 +194,15 @@ fn dense_format(g: &ModelGeometry) -> Quantization {
 /// twice the query width), experts with a shared expert (and its `[1, H]`
 /// gate) or a dense MLP; projections in `attention_quantization`, MLPs in
 /// `quantization`, the rest bf16.
-fn estimate_hybrid_weights(g: &ModelGeometry) -> WeightBytes {
-    let (h, v) = (g.hidden_size as u64, g.vocab_size as u64);
+fn estimate_hybrid_weights(g: &ModelGeometry, held: Held) -> WeightBytes {
+    let (h, v) = (g.hidden_size as u64, held.vocab_rows);
     let hd = g.head_dim as u64;
     let (q_dim, kv_dim) = (
         g.num_attention_heads as u64 * hd,
         g.num_kv_heads as u64 * hd,
     );
-    let (e, i_moe) = (g.num_experts as u64, g.moe_intermediate_size as u64);
+    let (e, i_moe) = (held.experts, g.moe_intermediate_size as u64);
+    let router_experts = g.num_experts as u64;
     let mut w = WeightBytes::zero();
     w.add(WeightGroup::Embeddings, v * h * BF16);
     if !g.tie_word_embeddings {
@@ -206,7 +236,7 @@ fn estimate_hybrid_weights(g: &ModelGeometry) -> WeightBytes {
             w.add(WeightGroup::Norms, 2 * hd * BF16);
         }
         if g.is_moe_layer(layer) {
-            w.add(WeightGroup::Router, e * h * BF16);
+            w.add(WeightGroup::Router, router_experts * h * BF16);
             w.add(
                 WeightGroup::Experts,
                 e * mlp_bytes(i_moe, h, g.quantization, group),
@@ -226,7 +256,7 @@ fn estimate_hybrid_weights(g: &ModelGeometry) -> WeightBytes {
     // its `fc` ([H, 2H], bf16 as checkpoints keep it) and four norms.
     if g.mtp_layers > 0 {
         let mlp = if g.num_experts > 0 {
-            e * h * BF16
+            router_experts * h * BF16
                 + e * mlp_bytes(i_moe, h, g.quantization, group)
                 + mlp_bytes(s, h, dense_format(g), group)
                 + h * BF16
@@ -369,18 +399,24 @@ pub struct MoeWorkspace {
     pub buffers: Vec<Buffer>,
 }
 
+/// `held_experts`: the experts this process runs (all of them, or a rank's
+/// share under expert parallelism, `plan::parallel`): the router still
+/// picks `top_k` of every token's, but at most `held_experts` of them run
+/// here, so the expert rows are `tokens × min(top_k, held_experts)`.
 pub fn moe_workspace(
     g: &ModelGeometry,
     max_num_batched_tokens: usize,
     dp_size: usize,
     device: PlanDevice,
+    held_experts: u64,
 ) -> MoeWorkspace {
     let capacity_tokens = max_num_batched_tokens as u64 * dp_size as u64;
-    let rows = capacity_tokens * g.top_k as u64;
+    let routed = capacity_tokens * g.top_k as u64;
+    let rows = capacity_tokens * (g.top_k as u64).min(held_experts);
     let (h, i) = (g.hidden_size as u64, g.moe_intermediate_size as u64);
     let mut buffers = vec![
-        buffer("topk_ids", rows * INDEX_BYTES),
-        buffer("topk_weights", rows * ACTIVATION_BYTES),
+        buffer("topk_ids", routed * INDEX_BYTES),
+        buffer("topk_weights", routed * ACTIVATION_BYTES),
         buffer("expert_offsets", (g.num_experts as u64 + 1) * INDEX_BYTES),
         buffer("sorted_rows", rows * INDEX_BYTES),
     ];

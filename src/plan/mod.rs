@@ -7,6 +7,7 @@
 mod device;
 pub mod ledger;
 pub mod memory;
+pub mod parallel;
 pub mod perf;
 pub mod profile;
 pub mod report;
@@ -175,17 +176,32 @@ pub fn compute(
     exact_weights: Option<WeightBytes>,
     device: PlanDevice,
 ) -> Plan {
-    let s = &profile.serving;
     let served = profile.served_geometry();
-    let g = &served;
+    let held = memory::Held::all(&served);
+    compute_for(profile, &served, held, host, exact_weights, device)
+}
+
+/// [`compute`] for a process that computes with geometry `g` and holds
+/// `held` of the experts and vocabulary: the whole served model, or one
+/// rank's share of it (`parallel`).
+fn compute_for(
+    profile: &Profile,
+    g: &ModelGeometry,
+    held: memory::Held,
+    host: &HostFigures,
+    exact_weights: Option<WeightBytes>,
+    device: PlanDevice,
+) -> Plan {
+    let s = &profile.serving;
     let headroom = memory::headroom(
         host,
         profile.host.os_reserve.0,
         profile.host.safety_margin.0,
     );
     let estimated = exact_weights.is_none();
-    let weights = exact_weights.unwrap_or_else(|| memory::estimate_weights(g));
-    let workspace = memory::moe_workspace(g, s.max_num_batched_tokens, s.dp_size, device);
+    let weights = exact_weights.unwrap_or_else(|| memory::estimate_held_weights(g, held));
+    let workspace =
+        memory::moe_workspace(g, s.max_num_batched_tokens, s.dp_size, device, held.experts);
     let speculative = memory::speculative(g, s);
     let activations = memory::activations(
         g,

@@ -289,3 +289,144 @@ pub fn render(plan: &Plan) -> String {
     }
     out
 }
+
+/// Renders a plan over several ranks: what each holds, each rank against
+/// its node, the collectives' traffic, and the verdict (every rank fits, or
+/// the first that does not, with its figures and advice).
+pub fn render_parallel(plan: &super::parallel::ParallelPlan) -> String {
+    let mut out = String::new();
+    let Some(first) = plan.ranks.first() else {
+        return out;
+    };
+    let p = &first.plan;
+    let m = &p.model;
+    let world = plan.tensor_parallel_size;
+    let _ = writeln!(
+        out,
+        "sparkrt plan: {} ({}, {}) on {} [{}], tensor-parallel {world}, experts by id  (weights estimated from the geometry)",
+        m.name.as_deref().unwrap_or(m.architecture.name()),
+        m.architecture.name(),
+        m.quantization.name(),
+        match p.device {
+            super::PlanDevice::Cpu => "cpu",
+            super::PlanDevice::Cuda => "cuda",
+        },
+        p.profile,
+    );
+    let s = &first.share;
+    let mut held = format!(
+        "  each rank: {} attention heads, {} KV head{}",
+        s.attention_heads,
+        s.kv_heads,
+        if s.kv_heads == 1 { "" } else { "s" }
+    );
+    if s.kv_head_copies > 1 {
+        let _ = write!(held, " (each held by {} ranks)", s.kv_head_copies);
+    }
+    if s.linear_value_heads > 0 {
+        let _ = write!(
+            held,
+            ", {} / {} Gated DeltaNet key / value heads",
+            s.linear_key_heads, s.linear_value_heads
+        );
+    }
+    if s.intermediate_size > 0 {
+        let _ = write!(held, ", {} dense MLP columns", s.intermediate_size);
+    }
+    if s.shared_expert_intermediate_size > 0 {
+        let _ = write!(
+            held,
+            ", {} shared-expert columns",
+            s.shared_expert_intermediate_size
+        );
+    }
+    let _ = writeln!(out, "{held}; norms and the router whole");
+    for r in &plan.ranks {
+        let _ = writeln!(out, "  rank {} on {}", r.share.rank, r.node);
+    }
+    let _ = writeln!(
+        out,
+        "\n  {:<6}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}  {:<11}vocab rows",
+        "rank", "usable", "weights", "workspace", "activ.", "KV cache", "state", "total", "experts"
+    );
+    // Inclusive ranges of ids and rows (`-` where a rank holds none).
+    let range = |first: usize, count: usize| match count {
+        0 => "-".to_string(),
+        n => format!("{first}–{}", first + n - 1),
+    };
+    for r in &plan.ranks {
+        let (p, s) = (&r.plan, &r.share);
+        let _ = writeln!(
+            out,
+            "  {:<6}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}  {:<11}{}",
+            s.rank,
+            format_limit(p.host.usable),
+            format_bytes(p.weights.total),
+            format_bytes(p.moe_workspace.bytes),
+            format_bytes(p.activations.bytes),
+            format_bytes(p.kv_cache.bytes),
+            format_bytes(p.recurrent_state.bytes),
+            format_bytes(p.total),
+            range(s.first_expert, s.experts),
+            range(s.first_vocab_row, s.vocab_rows),
+        );
+    }
+    let c = &plan.collectives;
+    let _ = writeln!(
+        out,
+        "\ncollectives per decoded token: {} all-reduces of {} and a logits all-gather of {}: {} sent per rank in {} ring steps",
+        c.all_reduces_per_token,
+        format_bytes(c.all_reduce_bytes),
+        format_bytes(c.all_gather_bytes),
+        format_bytes(c.sent_bytes_per_token),
+        c.steps_per_token
+    );
+    if let Some(bound) = c.tokens_per_second_bound {
+        let _ = writeln!(
+            out,
+            "  on paper at {:.0} GB/s and {:.0} µs a step: {:.0} µs a token, so at most {bound:.0} tok/s per sequence from the collectives alone",
+            super::parallel::LINK_BYTES_PER_SECOND / 1e9,
+            super::parallel::COLLECTIVE_STEP_SECONDS * 1e6,
+            c.seconds_per_token * 1e6
+        );
+    }
+    let d = &plan.gb10_decode;
+    let _ = writeln!(
+        out,
+        "batch-1 decode on GB10 nodes, on paper (experts in expectation, so optimistic): a rank reads up to {} of weights a token ({:.1} ms at {:.0} GB/s) plus {:.1} ms of collectives: {:.1} tok/s",
+        format_bytes(d.weight_bytes_per_token),
+        d.weight_seconds * 1e3,
+        d.bandwidth_bytes_per_second / 1e9,
+        d.collective_seconds * 1e3,
+        d.tokens_per_second
+    );
+    match plan.first_short() {
+        None => {
+            let _ = writeln!(
+                out,
+                "\nFITS on all {world} ranks: {} KV tokens on every rank (the fewest any rank has room for).",
+                plan.kv_tokens
+            );
+        }
+        Some(r) => {
+            let short = r.plan.shortfall.as_ref().map_or(0, |s| s.bytes);
+            let _ = writeln!(
+                out,
+                "\nDOES NOT FIT: rank {} on {} is {} short ({}; its plan totals {}). No rank allocates until every rank fits.",
+                r.share.rank,
+                r.node,
+                format_bytes(short),
+                r.plan.host.usable_phrase(),
+                format_bytes(r.plan.total),
+            );
+            for a in r.plan.shortfall.iter().flat_map(|s| &s.advice) {
+                let _ = writeln!(out, "  - {a}");
+            }
+            let _ = writeln!(
+                out,
+                "  - or spread the model over more nodes (--tensor-parallel-size)"
+            );
+        }
+    }
+    out
+}
