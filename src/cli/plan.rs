@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 
 use super::EXIT_DOES_NOT_FIT;
-use super::common::{HostArgs, ServingArgs, resolve_profile};
+use super::common::{HostArgs, Resolved, ServingArgs, resolve_profile};
 use crate::plan::parallel::{NodeHost, ParallelError, check_world, plan_ranks};
 use crate::plan::{Plan, host_figures, report};
 use crate::runtime::{HostSource, plan_device, plan_profile};
@@ -42,17 +42,23 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
-/// Plans as `args` ask: profile, flags, host, and the checkpoint if any.
-fn make_plan(args: &PlanArgs) -> Result<Plan> {
+/// The profile `args` name, laid over the checkpoint's config and under the
+/// serving flags.
+fn resolve(args: &PlanArgs) -> Result<Resolved> {
     if args.profile.is_none() && args.model.is_none() {
         bail!("give --profile NAME, --model DIR, or both");
     }
-    let resolved = resolve_profile(
+    resolve_profile(
         args.profile.as_deref(),
         args.model.as_deref(),
         &args.serving,
         false,
-    )?;
+    )
+}
+
+/// Plans as `args` ask: profile, flags, host, and the checkpoint if any.
+fn make_plan(args: &PlanArgs) -> Result<Plan> {
+    let resolved = resolve(args)?;
     let checkpoint = resolved.checkpoint.as_deref();
     plan_profile(&resolved.profile, checkpoint, &args.host.source())
         .with_context(|| planning_what(checkpoint, &args.host))
@@ -108,12 +114,7 @@ fn run_parallel(args: &PlanArgs) -> Result<ExitCode> {
         }
         .into());
     }
-    let resolved = resolve_profile(
-        args.profile.as_deref(),
-        args.model.as_deref(),
-        &args.serving,
-        false,
-    )?;
+    let resolved = resolve(args)?;
     let profile = &resolved.profile;
     let kubelet = profile.host.kubelet;
     let nodes = if args.node_host_root.is_empty() {

@@ -13,6 +13,13 @@ pub enum PlanDevice {
 }
 
 impl PlanDevice {
+    pub fn name(self) -> &'static str {
+        match self {
+            PlanDevice::Cpu => "cpu",
+            PlanDevice::Cuda => "cuda",
+        }
+    }
+
     pub fn resolve(kind: DeviceKind, gpu_present: bool) -> PlanDevice {
         match kind {
             DeviceKind::Cpu => PlanDevice::Cpu,

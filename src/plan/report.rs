@@ -18,10 +18,7 @@ pub fn render(plan: &Plan) -> String {
         "sparkrt plan: {name} ({}, {}) on {} [{}]{}",
         m.architecture.name(),
         m.quantization.name(),
-        match plan.device {
-            super::PlanDevice::Cpu => "cpu",
-            super::PlanDevice::Cuda => "cuda",
-        },
+        plan.device.name(),
         plan.profile,
         if plan.estimated {
             "  (weights estimated from the geometry)"
@@ -307,10 +304,7 @@ pub fn render_parallel(plan: &super::parallel::ParallelPlan) -> String {
         m.name.as_deref().unwrap_or(m.architecture.name()),
         m.architecture.name(),
         m.quantization.name(),
-        match p.device {
-            super::PlanDevice::Cpu => "cpu",
-            super::PlanDevice::Cuda => "cuda",
-        },
+        p.device.name(),
         p.profile,
     );
     let s = &first.share;
