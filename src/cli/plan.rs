@@ -9,7 +9,7 @@ use super::EXIT_DOES_NOT_FIT;
 use super::common::{HostArgs, Resolved, ServingArgs, resolve_profile};
 use crate::plan::parallel::{NodeHost, ParallelError, check_world, plan_ranks};
 use crate::plan::{Plan, host_figures, report};
-use crate::runtime::{HostSource, plan_device, plan_profile};
+use crate::runtime::{plan_device, plan_profile};
 
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
@@ -106,13 +106,13 @@ fn run_parallel(args: &PlanArgs) -> Result<ExitCode> {
                 "--node-host-root reads each node's kubelet config below its own root: leave out --host-root and --kubelet-config"
             );
         }
-    }
-    if !args.node_host_root.is_empty() && args.node_host_root.len() != world {
-        return Err(ParallelError::NodeCount {
-            given: args.node_host_root.len(),
-            world,
+        if args.node_host_root.len() != world {
+            return Err(ParallelError::NodeCount {
+                given: args.node_host_root.len(),
+                world,
+            }
+            .into());
         }
-        .into());
     }
     let resolved = resolve(args)?;
     let profile = &resolved.profile;
@@ -128,16 +128,13 @@ fn run_parallel(args: &PlanArgs) -> Result<ExitCode> {
         args.node_host_root
             .iter()
             .map(|root| {
-                let source = HostSource {
-                    root,
+                let node = HostArgs {
+                    host_root: root.clone(),
                     kubelet_config: None,
                 };
-                let reading = source
-                    .read(kubelet)
-                    .with_context(|| format!("reading the node below {}", root.display()))?;
                 Ok(NodeHost {
                     name: root.display().to_string(),
-                    figures: host_figures(&reading),
+                    figures: host_figures(&node.read(kubelet)?),
                 })
             })
             .collect::<Result<Vec<_>>>()?
