@@ -309,7 +309,7 @@ impl Decoder for Nvfp4Dec<'_> {
     const CHUNK: usize = 64;
     /// 4 rows' decoded chunks (32 vectors) spill; 2 rows ran 1.1-1.3× faster
     /// (`benches/kernels.rs` GEMV on a Zen 1 EPYC; same sums, same bits).
-    const LOCKSTEP_ROWS: usize = 2;
+    const FOUR_ROWS_IN_LOCKSTEP: bool = false;
     /// [`Decoder::decode`] for NVFP4: 64 codes, then their 4 block scales.
     ///
     /// # Safety
@@ -357,9 +357,9 @@ unsafe fn finish<D: Decoder>(dec: &D, acc: __m256, row: usize, cols: usize, x: *
     sum
 }
 
-/// GEMV path: `R` rows at a time (the decoder's `LOCKSTEP_ROWS` for 1-2
-/// tokens, else 2: enough independent chains to hide the FMA latency),
-/// tokens in tiles of at most `GEMV_TOKENS`.
+/// GEMV path: `R` rows at a time (4 for 1-2 tokens where the decoder's
+/// `FOUR_ROWS_IN_LOCKSTEP` allows, else 2: enough independent chains to
+/// hide the FMA latency), tokens in tiles of at most `GEMV_TOKENS`.
 ///
 /// # Safety
 ///
@@ -370,7 +370,7 @@ unsafe fn finish<D: Decoder>(dec: &D, acc: __m256, row: usize, cols: usize, x: *
 unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     // SAFETY: same contract as this function's.
     unsafe {
-        if job.tokens <= 2 && D::LOCKSTEP_ROWS == 4 {
+        if job.tokens <= 2 && D::FOUR_ROWS_IN_LOCKSTEP {
             gemv_streams::<D, 4>(dec, job, rows)
         } else {
             gemv_streams::<D, 2>(dec, job, rows)

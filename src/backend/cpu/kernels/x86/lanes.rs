@@ -42,11 +42,11 @@ pub(super) trait Decoder {
     const CHUNK: usize;
     /// Vectors per chunk.
     const VECS: usize = Self::CHUNK / 8;
-    /// Rows the GEMV path walks in lockstep for 1-2 tokens (4, or 2 for
-    /// any other value): enough independent chains to hide the FMA
-    /// latency, few enough that the rows' decoded chunks fit the 16
-    /// registers. Which rows share a walk never changes a sum.
-    const LOCKSTEP_ROWS: usize = 4;
+    /// Whether the GEMV path walks 4 rows in lockstep for 1-2 tokens (else
+    /// 2): enough independent chains to hide the FMA latency, as long as the
+    /// rows' decoded chunks fit the 16 registers. Which rows share a walk
+    /// never changes a sum.
+    const FOUR_ROWS_IN_LOCKSTEP: bool = true;
     /// Decodes chunk `chunk` of row `row` into `out[..VECS]`, columns in order.
     ///
     /// # Safety
