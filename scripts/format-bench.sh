@@ -7,7 +7,12 @@
 # tok/s, weight bytes read per token, the share of the bandwidth roofline
 # measured in the same run, and the ratio to bf16.
 #
-#   scripts/format-bench.sh [--rounds N] [--layers L] [--gen M] [--formats "bf16 nvfp4 ..."] [--keep DIR]
+#   scripts/format-bench.sh [--rounds N] [--layers L] [--gen M] [--formats "bf16 nvfp4 ..."]
+#                           [--isas "avx2 avx512"] [--keep DIR]
+#
+# --isas runs every format on each named CPU kernel tier (SPARKRT_ISA) in
+# the same rounds, and prints a row per format and tier (the ratio is to
+# bf16 on the same tier).
 #
 # Formats: bf16, nvfp4 (ModelOpt: experts in NVFP4), int4 (GPTQ), fp8-block, ct-nvfp4
 # (compressed-tensors nvfp4-pack-quantized: every linear but the router and
@@ -21,6 +26,7 @@ rounds=5
 layers=2
 gen=32
 formats="bf16 nvfp4 ct-nvfp4"
+isas=""
 keep=""
 while (($#)); do
 	case "$1" in
@@ -28,6 +34,7 @@ while (($#)); do
 	--layers) layers="$2"; shift 2 ;;
 	--gen) gen="$2"; shift 2 ;;
 	--formats) formats="$2"; shift 2 ;;
+	--isas) isas="$2"; shift 2 ;;
 	--keep) keep="$2"; shift 2 ;;
 	*) echo "unknown argument $1" >&2; exit 2 ;;
 	esac
@@ -57,9 +64,12 @@ results="$work/results.jsonl"
 : >"$results"
 for round in $(seq 1 "$rounds"); do
 	for format in $formats; do
-		"$bin" bench --model "$work/$format" --prompt-len 16 --gen "$gen" --json 2>/dev/null |
-			python3 -c 'import json,sys; r=json.load(sys.stdin); r["format"]=sys.argv[1]; r["round"]=int(sys.argv[2]); print(json.dumps(r))' \
-				"$format" "$round" >>"$results"
+		for isa in ${isas:-default}; do
+			if [[ "$isa" == default ]]; then label="$format"; else label="$format/$isa"; fi
+			SPARKRT_ISA="${isa#default}" "$bin" bench --model "$work/$format" --prompt-len 16 --gen "$gen" --json 2>/dev/null |
+				python3 -c 'import json,sys; r=json.load(sys.stdin); r["format"]=sys.argv[1]; r["round"]=int(sys.argv[2]); print(json.dumps(r))' \
+					"$label" "$round" >>"$results"
+		done
 	done
 	echo "round $round of $rounds done" >&2
 done
@@ -71,13 +81,14 @@ formats = list(dict.fromkeys(r["format"] for r in rows))
 def median(f, key):
     values = [r[key] for r in rows if r["format"] == f and r.get(key) is not None]
     return statistics.median(values) if values else None
-base = median("bf16", "decode_tok_s")
-print(f"{'format':<10} {'decode tok/s':>13} {'MB/token':>10} {'roofline':>9} {'vs bf16':>8}")
+print(f"{'format':<17} {'decode tok/s':>13} {'MB/token':>10} {'roofline':>9} {'vs bf16':>8}")
 for f in formats:
+    tier = f.partition("/")[2]
+    base = median("bf16/" + tier if tier else "bf16", "decode_tok_s")
     tps, bpt, share = median(f, "decode_tok_s"), median(f, "bytes_per_token"), median(f, "roofline_fraction")
     mb = f"{bpt / 1e6:.1f}" if bpt else "?"
     sh = f"{share:.0%}" if share is not None else "?"
     ratio = f"{tps / base:.2f}x" if base and tps else "?"
-    print(f"{f:<10} {tps or 0:>13.2f} {mb:>10} {sh:>9} {ratio:>8}")
+    print(f"{f:<17} {tps or 0:>13.2f} {mb:>10} {sh:>9} {ratio:>8}")
 print(f"({len(rows) // max(len(formats), 1)} interleaved rounds, medians of each bench's own repeat medians)")
 EOF

@@ -358,25 +358,62 @@ fn bias_is_added_to_every_token() {
 }
 
 /// The SIMD path this CPU should get is the one picked (unless SPARKRT_ISA
-/// chose another).
+/// chose another): the fastest tier that keeps the activations in f32.
 #[test]
 fn best_isa_is_the_simd_one_this_cpu_has() {
     #[cfg(target_arch = "x86_64")]
     if std::env::var("SPARKRT_ISA").is_err() {
         let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-        let bf16 = is_x86_feature_detected!("avx512f")
+        let avx512 =
+            avx2 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl");
+        let bf16 = avx512
             && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
             && is_x86_feature_detected!("avx512bf16");
         // The AVX-512 BF16 tier rounds activations: available, never the default.
-        if avx2 {
+        if avx512 {
+            assert_eq!(Isa::best(), Isa::Avx512);
+        } else if avx2 {
             assert_eq!(Isa::best(), Isa::Avx2);
         }
-        assert_eq!(Isa::available().contains(&Isa::Avx512Bf16), avx2 && bf16);
+        assert_eq!(Isa::available().contains(&Isa::Avx512), avx512);
+        assert_eq!(Isa::available().contains(&Isa::Avx512Bf16), bf16);
     }
     #[cfg(target_arch = "aarch64")]
     assert_eq!(Isa::best(), Isa::Neon);
     assert!(Isa::available().contains(&Isa::Scalar));
+}
+
+/// The AVX-512 tier promises the AVX2 tier's bits (its NVFP4 decoder is a
+/// faster route to the same products): every format, awkward shapes and
+/// misaligned bytes, GEMV and panel token counts, random data.
+#[test]
+fn avx512_tier_gives_the_avx2_bits() {
+    if !Isa::Avx512.is_available() {
+        eprintln!("skipped: this CPU lacks AVX-512F/VL (the avx512 tier)");
+        return;
+    }
+    let mut rng = Rng::new(21);
+    for format in FORMATS.into_iter().chain(FP8_FORMATS) {
+        for &cols in awkward_cols(format) {
+            for offset in [0, 1] {
+                let w = random_weight(&mut rng, format, 29, cols, offset, false);
+                for tokens in [1, 2, 3, 5, 17] {
+                    let x = random_x(&mut rng, tokens * cols, false);
+                    let bits = |isa| -> Vec<u32> {
+                        run_on(isa, &x, tokens, &w.view())
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect()
+                    };
+                    assert_eq!(
+                        bits(Isa::Avx512),
+                        bits(Isa::Avx2),
+                        "{format:?} cols {cols} tokens {tokens} offset {offset}"
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Zero input columns: every output is an empty sum, 0, on every path.

@@ -13,9 +13,13 @@ pub enum Isa {
     Scalar,
     /// x86-64 with AVX2 and FMA.
     Avx2,
+    /// x86-64 with AVX2, FMA and AVX-512F/VL: the AVX2 kernels with NVFP4
+    /// decoded by table permutes (`x86/avx512_nvfp4.rs`), bitwise the AVX2
+    /// tier's results, so the default wherever the CPU has it.
+    Avx512,
     /// x86-64 with AVX2, FMA, AVX-512F/BW/VL and AVX-512 BF16: BF16 weights
     /// by `vdpbf16ps` (activations rounded to bf16, `x86/avx512_bf16.rs`),
-    /// every other format by the AVX2 kernels. Never the default (see
+    /// every other format as `Avx512`. Never the default (see
     /// [`Isa::rounds_activations`]): `SPARKRT_ISA=avx512bf16` chooses it.
     Avx512Bf16,
     /// aarch64 Advanced SIMD.
@@ -26,7 +30,7 @@ pub enum Isa {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IsaChoiceError {
     #[error(
-        "{ISA_VARIABLE}={0:?} is not an instruction set sparkrt has kernels for (scalar, avx2, avx512bf16, neon)"
+        "{ISA_VARIABLE}={0:?} is not an instruction set sparkrt has kernels for (scalar, avx2, avx512, avx512bf16, neon)"
     )]
     Unknown(String),
     #[error("{ISA_VARIABLE}={name}: this CPU lacks {missing}")]
@@ -35,13 +39,20 @@ pub enum IsaChoiceError {
 
 impl Isa {
     /// Every tier, slowest first within an architecture.
-    const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Bf16, Isa::Neon];
+    const ALL: [Isa; 5] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Avx512Bf16,
+        Isa::Neon,
+    ];
 
     /// The name `SPARKRT_ISA` and `sparkrt bench` use.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
             Isa::Avx512Bf16 => "avx512bf16",
             Isa::Neon => "neon",
         }
@@ -110,7 +121,13 @@ impl Isa {
 
     /// Whether the AVX2 kernels (and the small AVX2 ops) run on this tier.
     pub fn runs_avx2(self) -> bool {
-        matches!(self, Isa::Avx2 | Isa::Avx512Bf16)
+        matches!(self, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16)
+    }
+
+    /// Whether the AVX-512F/VL additions to the AVX2 kernels run on this
+    /// tier (NVFP4 by table permutes).
+    pub fn runs_avx512(self) -> bool {
+        matches!(self, Isa::Avx512 | Isa::Avx512Bf16)
     }
 
     /// The CPU features the tier needs that this CPU lacks.
@@ -118,6 +135,7 @@ impl Isa {
         let wanted: &[&'static str] = match self {
             Isa::Scalar => &[],
             Isa::Avx2 => &["avx2", "fma"],
+            Isa::Avx512 => &["avx2", "fma", "avx512f", "avx512vl"],
             Isa::Avx512Bf16 => &[
                 "avx2",
                 "fma",

@@ -1,6 +1,6 @@
 //! x86-64 AVX2 + FMA matmul kernels for F32, BF16, NVFP4 and FP8 (whose
-//! decoder is in `avx2_fp8.rs`; MXFP4 has its integer kernels in
-//! `avx2_mxfp4.rs`).
+//! decoders are in `avx2_nvfp4.rs`, `avx512_nvfp4.rs` and `avx2_fp8.rs`;
+//! MXFP4 has its integer kernels in `avx2_mxfp4.rs`).
 //!
 //! **One summation order.** Every output `Σ_c W[r, c] · x[t, c]` is summed
 //! the same way whatever path computes it, however many tokens share the
@@ -27,7 +27,8 @@
 //!   (12 accumulators, 3 + 4 loads per 12 FMAs) runs over every token.
 //!
 //! Every `unsafe fn` here requires AVX2 and FMA; the module is only entered
-//! through `Isa::Avx2`, which exists only after runtime detection. Those
+//! through an x86 tier (`Isa::Avx2` and the AVX-512 ones), which exist only
+//! after runtime detection. Those
 //! that take a `job` also require **the job contract**: the job passed
 //! `check_problem` (its weight data holds `rows × cols` values of its
 //! format, `x` holds `tokens × cols` f32 and `out` is valid for writes of
@@ -39,10 +40,13 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::lanes::{Decoder, in_lockstep, reduce};
+use super::avx2_nvfp4::Nvfp4Dec;
+use super::avx512_nvfp4::Nvfp4TableDec;
+use super::lanes::{Decoder, lockstep_sets, reduce};
+use crate::backend::cpu::kernels::isa::Isa;
 use crate::backend::cpu::kernels::job::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
-use crate::formats::{E2M1, E4M3, NVFP4_GROUP, read_bf16, read_f32, read_nibble};
+use crate::formats::{read_bf16, read_f32};
 
 /// Problems with at most this many tokens take the GEMV path: below it,
 /// decoding a panel first costs more than it saves.
@@ -94,32 +98,29 @@ fn whole_columns(w: &LinearWeight) -> usize {
     w.cols / chunk * chunk
 }
 
-/// Rows `rows` of a job in F32, BF16, NVFP4 or FP8.
-pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
+/// Rows `rows` of a job in F32, BF16, NVFP4 or FP8, on `isa` (an x86 tier:
+/// the AVX-512 ones decode NVFP4 by table permutes, `avx512_nvfp4.rs`).
+pub(super) fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
     let w = &job.weight;
     let cols = w.cols;
     // SAFETY: (all arms) Job shapes were checked by `check_problem`, and this
-    // module is only reached through Isa::Avx2, i.e. with AVX2 and FMA present.
+    // module is only reached through an x86 tier, i.e. with AVX2 and FMA
+    // present (and AVX-512F/VL where `isa.runs_avx512()`).
     unsafe {
         match w.data {
-            WeightData::F32(bytes) => run_format(&F32Dec { bytes, cols }, job, rows),
-            WeightData::Bf16(bytes) => run_format(&Bf16Dec { bytes, cols }, job, rows),
+            WeightData::F32(bytes) => run_format_on(isa, &F32Dec { bytes, cols }, job, rows),
+            WeightData::Bf16(bytes) => run_format_on(isa, &Bf16Dec { bytes, cols }, job, rows),
             WeightData::Nvfp4 {
                 packed,
                 scales,
                 global,
             } => {
-                let mut table = [0.0f32; 256];
-                for (t, &s) in table.iter_mut().zip(E4M3.iter()) {
-                    *t = s * global;
+                let dec = Nvfp4Dec::new(packed, scales, global, cols);
+                if isa.runs_avx512() {
+                    run_format_avx512(&Nvfp4TableDec(dec), job, rows)
+                } else {
+                    run_format_avx2(&dec, job, rows)
                 }
-                let dec = Nvfp4Dec {
-                    codes: packed,
-                    scales,
-                    cols,
-                    table,
-                };
-                run_format(&dec, job, rows)
             }
             WeightData::Fp8 { values, scales } => {
                 let dec = super::avx2_fp8::Fp8Dec {
@@ -127,7 +128,7 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
                     scales,
                     cols,
                 };
-                run_format(&dec, job, rows)
+                run_format_on(isa, &dec, job, rows)
             }
             WeightData::Mxfp4 { .. } | WeightData::Int4 { .. } => {
                 unreachable!("x86::run_rows sends MXFP4 and INT4 to their kernels")
@@ -136,15 +137,64 @@ pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
     }
 }
 
-/// Runs rows `rows` of `job` on the path `job.path` chose, decoding with `dec`.
+/// [`run_format`] compiled for `isa`: the AVX-512 tiers' build, with 32
+/// vector registers, for them, else the AVX2 one (the same sums and bits).
 ///
 /// # Safety
 ///
-/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
-/// which exists only after runtime detection). `dec` decodes `job.weight` (its
-/// data and its `cols`), and the job contract of the module docs holds for
-/// `job` and `rows`.
+/// As [`run_format`], and `isa` is an x86 tier this CPU has (detected).
+unsafe fn run_format_on<D: Decoder>(isa: Isa, dec: &D, job: &Job, rows: Range<usize>) {
+    // SAFETY: the CPU has AVX-512F/VL where `isa.runs_avx512()`, and AVX2
+    // and FMA on every x86 tier; the rest is this function's contract.
+    unsafe {
+        if isa.runs_avx512() {
+            run_format_avx512(dec, job, rows)
+        } else {
+            run_format_avx2(dec, job, rows)
+        }
+    }
+}
+
+/// [`run_format`] compiled for AVX2 + FMA (16 vector registers).
+///
+/// # Safety
+///
+/// As [`run_format`].
 #[target_feature(enable = "avx2,fma")]
+unsafe fn run_format_avx2<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
+    // SAFETY: this function's contract; the features are enabled here.
+    unsafe { run_format(dec, job, rows) }
+}
+
+/// [`run_format`] compiled with AVX-512F/VL too: 32 vector registers (the
+/// GEMV's 4-row walks stop spilling) and the instructions the AVX-512
+/// decoders use (`avx512_nvfp4.rs`).
+///
+/// # Safety
+///
+/// As [`run_format`], and the CPU supports AVX-512F and AVX-512VL (the
+/// callers are reached only through the AVX-512 tiers).
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+unsafe fn run_format_avx512<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
+    // SAFETY: this function's contract; the features are enabled here.
+    unsafe { run_format(dec, job, rows) }
+}
+
+/// Runs rows `rows` of `job` on the path `job.path` chose, decoding with `dec`.
+///
+/// This and the functions below it are always inlined into the two entry
+/// points above, one build per tier, and carry no `target_feature` of their
+/// own: the entry point's features (and so its registers, and the decoders'
+/// instructions) apply to the whole body. That is why they hold no closures
+/// that call intrinsics (a closure not inlined would be built without them).
+///
+/// # Safety
+///
+/// The CPU supports AVX2 and FMA, and the caller is one of the entry points
+/// (`run_format_avx2`, `run_format_avx512`), which enable them. `dec`
+/// decodes `job.weight` (its data and its `cols`), and the job contract of
+/// the module docs holds for `job` and `rows`.
+#[inline(always)]
 unsafe fn run_format<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     // SAFETY: same contract as this function's.
     unsafe {
@@ -214,142 +264,18 @@ impl Decoder for Bf16Dec<'_> {
     }
 }
 
-/// Decodes the 64 FP4 codes at `p` (32 bytes; byte j holds element 2j in
-/// its low nibble, 2j + 1 in its high one) to unscaled f32, in order.
-///
-/// Two byte lookups give each code's bf16 bits (low and high byte), zipped
-/// into 16-bit words and widened by interleaving zeros below them. Those
-/// zips work within 128-bit halves, so the bytes are first arranged so
-/// that every half holds what its outputs need: 16-bit words (4 codes each)
-/// even ones in the low half, odd ones in the high half.
-///
-/// # Safety
-///
-/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
-/// which exists only after runtime detection). `p` points to at least 32
-/// readable bytes (no alignment needed).
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn fp4_codes(p: *const u8, out: &mut [__m256; 8]) {
-    let low_bytes = _mm256_broadcastsi128_si256(_mm_setr_epi8(
-        0,
-        0,
-        0x80u8 as i8,
-        0xC0u8 as i8,
-        0,
-        0x40,
-        0x80u8 as i8,
-        0xC0u8 as i8,
-        0,
-        0,
-        0x80u8 as i8,
-        0xC0u8 as i8,
-        0,
-        0x40,
-        0x80u8 as i8,
-        0xC0u8 as i8,
-    ));
-    let high_bytes = _mm256_broadcastsi128_si256(_mm_setr_epi8(
-        0,
-        0x3F,
-        0x3F,
-        0x3F,
-        0x40,
-        0x40,
-        0x40,
-        0x40,
-        0x80u8 as i8,
-        0xBFu8 as i8,
-        0xBFu8 as i8,
-        0xBFu8 as i8,
-        0xC0u8 as i8,
-        0xC0u8 as i8,
-        0xC0u8 as i8,
-        0xC0u8 as i8,
-    ));
-    let even_words_first = _mm256_broadcastsi128_si256(_mm_setr_epi8(
-        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-    ));
-    let nibble = _mm256_set1_epi8(0x0F);
-    let zero = _mm256_setzero_si256();
-    // SAFETY: the caller guarantees 32 readable bytes at p.
-    let bytes = unsafe { _mm256_loadu_si256(p as *const __m256i) };
-    // Words 0 2 4 .. 14 | 1 3 5 .. 15 (word k = codes 4k .. 4k + 3).
-    let bytes =
-        _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(bytes, even_words_first));
-    let low = _mm256_and_si256(bytes, nibble);
-    let high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
-    // One code per byte: elements 0-3 8-11 16-19 24-27 | 4-7 12-15 20-23
-    // 28-31, then the same + 32.
-    let codes = [
-        _mm256_unpacklo_epi8(low, high),
-        _mm256_unpackhi_epi8(low, high),
-    ];
-    for (n, idx) in codes.into_iter().enumerate() {
-        let lo = _mm256_shuffle_epi8(low_bytes, idx);
-        let hi = _mm256_shuffle_epi8(high_bytes, idx);
-        let first = _mm256_unpacklo_epi8(lo, hi); // 0-3 8-11 | 4-7 12-15
-        let second = _mm256_unpackhi_epi8(lo, hi); // 16-19 24-27 | 20-23 28-31
-        out[4 * n] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, first));
-        out[4 * n + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, first));
-        out[4 * n + 2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, second));
-        out[4 * n + 3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, second));
-    }
-}
-
-struct Nvfp4Dec<'a> {
-    codes: &'a [u8],
-    scales: &'a [u8],
-    cols: usize,
-    /// e4m3 scale byte → scale × global.
-    table: [f32; 256],
-}
-
-impl Decoder for Nvfp4Dec<'_> {
-    const CHUNK: usize = 64;
-    /// 4 rows' decoded chunks (32 vectors) spill; 2 rows ran 1.1-1.3× faster
-    /// (`benches/kernels.rs` GEMV on a Zen 1 EPYC; same sums, same bits).
-    const FOUR_ROWS_IN_LOCKSTEP: bool = false;
-    /// [`Decoder::decode`] for NVFP4: 64 codes, then their 4 block scales.
-    ///
-    /// # Safety
-    ///
-    /// As [`Decoder::decode`]: AVX2 and FMA, and the chunk inside the matrix,
-    /// i.e. 32 readable bytes of `codes` from byte
-    /// `(row · cols + 64 · chunk) / 2` (the scales are read bounds-checked).
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) {
-        let first = row * self.cols + chunk * 64;
-        // SAFETY: in bounds per the contract.
-        unsafe { fp4_codes(self.codes.as_ptr().add(first / 2), out) };
-        // Vectors 2b and 2b + 1 lie in 16-block b of the chunk.
-        let s = &self.scales[first / NVFP4_GROUP..][..Self::CHUNK / NVFP4_GROUP];
-        for (b, &byte) in s.iter().enumerate() {
-            let scale = _mm256_set1_ps(self.table[byte as usize]);
-            out[2 * b] = _mm256_mul_ps(out[2 * b], scale);
-            out[2 * b + 1] = _mm256_mul_ps(out[2 * b + 1], scale);
-        }
-    }
-    fn scalar(&self, row: usize, col: usize) -> f32 {
-        let scale = self.table[self.scales[(row * self.cols + col) / NVFP4_GROUP] as usize];
-        E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
-    }
-}
-
 /// Steps 2 and 3 for one output: the reduced accumulator plus the columns
 /// after the last whole chunk (`x` is the token's row).
 ///
 /// # Safety
 ///
-/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
-/// which exists only after runtime detection). `x` points to at least `cols`
+/// As [`run_format`] for the features. `x` points to at least `cols`
 /// readable f32 (the token's row); `W[row, ..]` is read through the
 /// bounds-checked `scalar`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
+#[inline(always)]
 unsafe fn finish<D: Decoder>(dec: &D, acc: __m256, row: usize, cols: usize, x: *const f32) -> f32 {
-    let mut sum = reduce(acc);
+    // SAFETY: AVX2 and FMA are present (the contract).
+    let mut sum = unsafe { reduce(acc) };
     for c in cols / D::CHUNK * D::CHUNK..cols {
         // SAFETY: c < cols.
         sum += dec.scalar(row, c) * unsafe { *x.add(c) };
@@ -363,10 +289,8 @@ unsafe fn finish<D: Decoder>(dec: &D, acc: __m256, row: usize, cols: usize, x: *
 ///
 /// # Safety
 ///
-/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
-/// which exists only after runtime detection). `dec` decodes `job.weight`, and
-/// the job contract of the module docs holds for `job` and `rows`.
-#[target_feature(enable = "avx2,fma")]
+/// As [`run_format`].
+#[inline(always)]
 unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     // SAFETY: same contract as this function's.
     unsafe {
@@ -378,21 +302,23 @@ unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     }
 }
 
-/// GEMV path with `R` rows in lockstep (see [`in_lockstep`]).
+/// GEMV path with `R` rows in lockstep (see [`lockstep_sets`]).
 ///
 /// # Safety
 ///
-/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
-/// which exists only after runtime detection). `dec` decodes `job.weight`, and
-/// the job contract of the module docs holds for `job` and `rows`.
-#[target_feature(enable = "avx2,fma")]
+/// As [`run_format`].
+#[inline(always)]
 unsafe fn gemv_streams<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: Range<usize>) {
-    // SAFETY: the rows are inside the unit, which owns their outputs.
-    in_lockstep::<R>(
-        rows,
-        |set| unsafe { gemv_set(dec, job, set) },
-        |row| unsafe { gemv_set(dec, job, [row]) },
-    );
+    let (sets, singles) = lockstep_sets::<R>(rows);
+    for set in sets {
+        // SAFETY: the rows are inside the unit, which owns their outputs;
+        // the rest is this function's contract.
+        unsafe { gemv_set(dec, job, set) };
+    }
+    for row in singles {
+        // SAFETY: as above.
+        unsafe { gemv_set(dec, job, [row]) };
+    }
 }
 
 /// One set of rows against every token, a tile of tokens at a time (the
@@ -400,12 +326,9 @@ unsafe fn gemv_streams<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: Ran
 ///
 /// # Safety
 ///
-/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
-/// which exists only after runtime detection). `dec` decodes `job.weight`, and
-/// the job contract of the module docs holds for `job` and every row of `rows`
-/// (inside `0..rows`, its outputs owned by the caller's unit).
-#[target_feature(enable = "avx2,fma")]
-#[inline]
+/// As [`run_format`], for every row of `rows` (inside `0..rows`, its
+/// outputs owned by the caller's unit).
+#[inline(always)]
 unsafe fn gemv_set<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: [usize; R]) {
     let mut t0 = 0;
     while t0 < job.tokens {
@@ -427,13 +350,10 @@ unsafe fn gemv_set<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: [usize;
 ///
 /// # Safety
 ///
-/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
-/// which exists only after runtime detection). `dec` decodes `job.weight`; the
-/// job contract of the module docs holds for `job` and every row of `rows`; and
-/// tokens `t0..t0 + T` exist (`t0 + T ≤ job.tokens`), so `x` holds their
-/// `T · cols` values and `out` their outputs.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
+/// As [`run_format`], for every row of `rows`; and tokens `t0..t0 + T` exist
+/// (`t0 + T ≤ job.tokens`), so `x` holds their `T · cols` values and `out`
+/// their outputs.
+#[inline(always)]
 unsafe fn gemv_tile<D: Decoder, const R: usize, const T: usize>(
     dec: &D,
     job: &Job,
@@ -443,8 +363,10 @@ unsafe fn gemv_tile<D: Decoder, const R: usize, const T: usize>(
     let (cols, n_rows) = (job.weight.cols, job.weight.rows);
     let x = job.x[t0 * cols..].as_ptr();
     let chunks = cols / D::CHUNK;
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
-    let mut w = [[_mm256_setzero_ps(); 8]; R];
+    // SAFETY: AVX2 is present (the contract).
+    let zero = unsafe { _mm256_setzero_ps() };
+    let mut acc = [[zero; T]; R];
+    let mut w = [[zero; 8]; R];
     for ch in 0..chunks {
         let xo = ch * D::CHUNK;
         for (&row, w_r) in rows.iter().zip(w.iter_mut()) {
@@ -460,7 +382,8 @@ unsafe fn gemv_tile<D: Decoder, const R: usize, const T: usize>(
                 // SAFETY: x holds T rows of cols values from t0.
                 let xv = unsafe { _mm256_loadu_ps(x.add(t * cols + xo + 8 * v)) };
                 for (acc_r, w_r) in acc.iter_mut().zip(w.iter()) {
-                    acc_r[t] = _mm256_fmadd_ps(w_r[v], xv, acc_r[t]);
+                    // SAFETY: FMA is present (the contract).
+                    acc_r[t] = unsafe { _mm256_fmadd_ps(w_r[v], xv, acc_r[t]) };
                 }
             }
         }
@@ -493,22 +416,22 @@ type TileAccs = [[[__m256; NT]; MR]; PANEL_MAX_ROWS / MR];
 ///
 /// # Safety
 ///
-/// The CPU supports AVX2 and FMA (callers are reached only through `Isa::Avx2`,
-/// which exists only after runtime detection). `dec` decodes `job.weight`, and
-/// the job contract of the module docs holds for `job` and `rows` (the panel's
-/// size is derived from `job.weight`, so every block fits it).
-#[target_feature(enable = "avx2,fma")]
+/// As [`run_format`] (the panel's size is derived from `job.weight`, so
+/// every block fits it).
+#[inline(always)]
 unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     let (cols, n_rows, tokens) = (job.weight.cols, job.weight.rows, job.tokens);
     let whole = cols / D::CHUNK * D::CHUNK;
     let block_rows = panel_rows_for(&job.weight);
     let mut panel = Panel([MaybeUninit::uninit(); PANEL_FLOATS]);
     let base = panel.0.as_mut_ptr() as *mut f32;
-    let mut accs: TileAccs = [[[_mm256_setzero_ps(); NT]; MR]; PANEL_MAX_ROWS / MR];
+    // SAFETY: AVX2 is present (the contract).
+    let zero = unsafe { _mm256_setzero_ps() };
+    let mut accs: TileAccs = [[[zero; NT]; MR]; PANEL_MAX_ROWS / MR];
     let mut block = rows.start;
     while block < rows.end {
         let nb = block_rows.min(rows.end - block);
-        let mut w = [_mm256_setzero_ps(); 8];
+        let mut w = [zero; 8];
         for r in 0..nb {
             for ch in 0..whole / D::CHUNK {
                 // SAFETY: the chunk is inside the matrix; nb × whole ≤
@@ -527,7 +450,7 @@ unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
             let tn = (tokens - t0).min(NT);
             let x = job.x[t0 * cols..].as_ptr();
             for acc in accs.iter_mut().take(nb.div_ceil(MR)) {
-                *acc = [[_mm256_setzero_ps(); NT]; MR];
+                *acc = [[zero; NT]; MR];
             }
             let mut k0 = 0;
             while k0 < whole {
@@ -592,33 +515,35 @@ impl Tile {
     ///
     /// # Safety
     ///
-    /// The CPU supports AVX2 and FMA (callers are reached only through
-    /// `Isa::Avx2`, which exists only after runtime detection). `k0 ≤ k1` with
-    /// `k1 − k0` a multiple of 8; for every `r < RM`,
-    /// `panel + r · whole + k0..k1` is readable and 32-byte aligned (aligned
-    /// loads: `panel` is, and `whole` is a multiple of 8); for every
-    /// `t < NTOK`, `x + t · cols + k0..k1` is readable.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
+    /// As [`run_format`] for the features. `k0 ≤ k1` with `k1 − k0` a
+    /// multiple of 8; for every `r < RM`, `panel + r · whole + k0..k1` is
+    /// readable and 32-byte aligned (aligned loads: `panel` is, and `whole`
+    /// is a multiple of 8); for every `t < NTOK`, `x + t · cols + k0..k1` is
+    /// readable.
+    #[inline(always)]
     unsafe fn run<const RM: usize, const NTOK: usize>(
         &self,
         acc_io: &mut [[__m256; NT]; MR],
         k0: usize,
         k1: usize,
     ) {
-        let mut acc: [[__m256; NTOK]; RM] =
-            std::array::from_fn(|r| std::array::from_fn(|t| acc_io[r][t]));
+        let mut acc = [[acc_io[0][0]; NTOK]; RM];
+        for (a, io) in acc.iter_mut().zip(acc_io.iter()) {
+            a.copy_from_slice(&io[..NTOK]);
+        }
+        let mut w = [acc_io[0][0]; RM];
         let mut k = k0;
         while k < k1 {
-            // SAFETY: k + 8 <= k1 <= whole: inside every panel row and token row.
-            let w: [__m256; RM] = std::array::from_fn(|r| unsafe {
-                _mm256_load_ps(self.panel.add(r * self.whole + k))
-            });
+            for (r, wr) in w.iter_mut().enumerate() {
+                // SAFETY: k + 8 <= k1 <= whole: inside every panel row.
+                *wr = unsafe { _mm256_load_ps(self.panel.add(r * self.whole + k)) };
+            }
             for t in 0..NTOK {
-                // SAFETY: as above.
+                // SAFETY: inside every token row, as above.
                 let xv = unsafe { _mm256_loadu_ps(self.x.add(t * self.cols + k)) };
                 for (acc_r, wr) in acc.iter_mut().zip(&w) {
-                    acc_r[t] = _mm256_fmadd_ps(*wr, xv, acc_r[t]);
+                    // SAFETY: FMA is present (the contract).
+                    acc_r[t] = unsafe { _mm256_fmadd_ps(*wr, xv, acc_r[t]) };
                 }
             }
             k += 8;

@@ -27,13 +27,28 @@ pub(super) fn in_lockstep<const R: usize>(
     mut set: impl FnMut([usize; R]),
     mut single: impl FnMut(usize),
 ) {
+    let (sets, singles) = lockstep_sets::<R>(rows);
+    sets.for_each(&mut set);
+    singles.for_each(&mut single);
+}
+
+/// [`in_lockstep`]'s walk as data, for kernels that must not call through
+/// closures (`avx2.rs`'s bodies inherit their entry point's features): the
+/// sets (row `i` of every share), then the leftover rows.
+#[inline(always)]
+pub(super) fn lockstep_sets<const R: usize>(
+    rows: Range<usize>,
+) -> (impl Iterator<Item = [usize; R]>, Range<usize>) {
     let share = rows.len() / R;
-    for i in 0..share {
-        set(std::array::from_fn(|s| rows.start + s * share + i));
-    }
-    for r in rows.start + R * share..rows.end {
-        single(r);
-    }
+    let start = rows.start;
+    let sets = (0..share).map(move |i| {
+        let mut set = [start; R];
+        for (s, row) in set.iter_mut().enumerate() {
+            *row += s * share + i;
+        }
+        set
+    });
+    (sets, start + R * share..rows.end)
 }
 
 /// Turns weight chunks into f32 vectors of 8 consecutive columns.
@@ -43,8 +58,10 @@ pub(super) trait Decoder {
     /// Vectors per chunk.
     const VECS: usize = Self::CHUNK / 8;
     /// Whether the GEMV path walks 4 rows in lockstep for 1-2 tokens (else
-    /// 2): enough independent chains to hide the FMA latency, as long as the
-    /// rows' decoded chunks fit the 16 registers. Which rows share a walk
+    /// 2): enough independent chains to hide the FMA latency (one chain per
+    /// output and token: 2 rows at one token leave NVFP4 latency-bound), as
+    /// long as the rows' decoded chunks fit the registers of the build that
+    /// runs the decoder (16 on AVX2, 32 on AVX-512). Which rows share a walk
     /// never changes a sum.
     const FOUR_ROWS_IN_LOCKSTEP: bool = true;
     /// Decodes chunk `chunk` of row `row` into `out[..VECS]`, columns in order.

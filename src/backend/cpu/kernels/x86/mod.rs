@@ -1,8 +1,10 @@
-//! x86-64 kernels: AVX2 + FMA, entered only through `Isa::Avx2` or
-//! `Isa::Avx512Bf16` (which exist only after run-time detection);
-//! `avx512_bf16.rs` holds the BF16 kernels of the AVX-512 BF16 tier, which
-//! runs every other format on the AVX2 ones. `avx2.rs` holds the f32-decoding
-//! matmul kernels (F32, BF16, NVFP4, and FP8 with the decoder of
+//! x86-64 kernels: AVX2 + FMA, entered only through an x86 tier (`Isa::Avx2`,
+//! `Isa::Avx512`, `Isa::Avx512Bf16`, which exist only after run-time
+//! detection). The AVX-512 tiers run the AVX2 kernels with two additions:
+//! NVFP4 decoded by table permutes (`avx512_nvfp4.rs`, the same bits), and
+//! on `Avx512Bf16` BF16 weights by `vdpbf16ps` (`avx512_bf16.rs`).
+//! `avx2.rs` holds the f32-decoding matmul kernels (F32, BF16, NVFP4 and FP8,
+//! with the decoders of `avx2_nvfp4.rs`, `avx512_nvfp4.rs` and
 //! `avx2_fp8.rs`), `avx2_mxfp4.rs` the integer MXFP4 kernels and the
 //! activation quantizer, `avx2_int4.rs` the GPTQ INT4 kernel, `avx2_ops.rs`
 //! the small ops;
@@ -13,39 +15,24 @@ mod avx2;
 mod avx2_fp8;
 mod avx2_int4;
 mod avx2_mxfp4;
+mod avx2_nvfp4;
 pub(super) mod avx2_ops;
 mod avx512_bf16;
+mod avx512_nvfp4;
 mod lanes;
 
 use std::ops::Range;
 
+use super::isa::Isa;
 use super::job::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
 
 pub(super) use avx2_mxfp4::quantize_row;
 
-/// Which path a problem takes on the AVX-512 BF16 tier.
-pub(super) fn choose_path_avx512_bf16(w: &LinearWeight, tokens: usize) -> Path {
+/// Which path a problem takes on an x86 tier.
+pub(super) fn choose_path(isa: Isa, w: &LinearWeight, tokens: usize) -> Path {
     match w.data {
-        WeightData::Bf16(_) => avx512_bf16::choose_path(tokens),
-        _ => choose_path(w, tokens),
-    }
-}
-
-/// Computes rows `rows` of a job on the AVX-512 BF16 tier.
-pub(super) fn run_rows_avx512_bf16(job: &Job, rows: Range<usize>) {
-    match job.weight.data {
-        // SAFETY: Job shapes were checked by `check_problem`, and this is
-        // only reached through Isa::Avx512Bf16, i.e. with AVX2, FMA,
-        // AVX-512F/BW/VL and AVX-512 BF16 detected.
-        WeightData::Bf16(bytes) => unsafe { avx512_bf16::run_rows(bytes, job, rows) },
-        _ => run_rows(job, rows),
-    }
-}
-
-/// Which path a problem takes on AVX2.
-pub(super) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
-    match w.data {
+        WeightData::Bf16(_) if isa == Isa::Avx512Bf16 => avx512_bf16::choose_path(tokens),
         WeightData::Mxfp4 { .. } => avx2_mxfp4::choose_path(w.cols, tokens),
         // One kernel for every token count (`avx2_int4`).
         WeightData::Int4 { .. } => Path::Gemv,
@@ -53,22 +40,28 @@ pub(super) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
     }
 }
 
-/// Computes rows `rows` of a job on AVX2.
-pub(super) fn run_rows(job: &Job, rows: Range<usize>) {
+/// Computes rows `rows` of a job on an x86 tier.
+pub(super) fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
     match (job.weight.data, &job.quantized) {
+        (WeightData::Bf16(bytes), _) if isa == Isa::Avx512Bf16 => {
+            // SAFETY: Job shapes were checked by `check_problem`, and this
+            // arm is only reached through Isa::Avx512Bf16, i.e. with AVX2,
+            // FMA, AVX-512F/BW/VL and AVX-512 BF16 detected.
+            unsafe { avx512_bf16::run_rows(bytes, job, rows) }
+        }
         (WeightData::Mxfp4 { blocks, scales }, Some(q)) => {
             // SAFETY: Job shapes were checked by `check_problem`, `q` is the
-            // job's x quantized, and this module is only reached through
-            // Isa::Avx2, i.e. with AVX2 and FMA present.
+            // job's x quantized, and this module is only reached through an
+            // x86 tier, i.e. with AVX2 and FMA present.
             unsafe { avx2_mxfp4::run_rows(blocks, scales, q, job, rows) }
         }
         (WeightData::Mxfp4 { .. }, None) => {
-            unreachable!("matmul quantizes the activations of MXFP4 on AVX2")
+            unreachable!("matmul quantizes the activations of MXFP4 on x86")
         }
         (WeightData::Int4 { .. }, _) => {
             // SAFETY: as above: shapes checked, AVX2 and FMA present.
             unsafe { avx2_int4::run_rows(job, rows) }
         }
-        _ => avx2::run_rows(job, rows),
+        _ => avx2::run_rows(isa, job, rows),
     }
 }
