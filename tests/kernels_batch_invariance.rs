@@ -79,6 +79,33 @@ fn every_token_of_a_batch_equals_the_token_alone() {
     }
 }
 
+/// Enough rows and tokens for every kernel's widest blocks (AMX's 2 × 2
+/// tiles of 32 rows × 32 tokens, beside single tiles at the edges): each
+/// token of 50 equals the token alone.
+#[test]
+fn wide_blocks_equal_each_token_alone() {
+    let mut rng = Rng::new(14);
+    for isa in Isa::available() {
+        for format in FORMATS.into_iter().chain(FP8_FORMATS) {
+            let cols = cols_for(format)[2];
+            let rows = 77;
+            let w = random_weight(&mut rng, format, rows, cols, 1, false);
+            let w = w.view();
+            let tokens = 50;
+            let x = random_x(&mut rng, tokens * cols, false);
+            let together = run_on(isa, &x, tokens, &w);
+            for t in 0..tokens {
+                let alone = run_on(isa, row(&x, t, cols), 1, &w);
+                assert_eq!(
+                    bits(row(&together, t, rows)),
+                    bits(&alone),
+                    "{isa:?} {format:?} cols {cols}: token {t} of {tokens} differs from alone"
+                );
+            }
+        }
+    }
+}
+
 /// A grouped call of MoE-like problems (mixed formats and token counts,
 /// some empty) against each token of each problem computed alone.
 #[test]

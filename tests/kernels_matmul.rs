@@ -377,6 +377,11 @@ fn best_isa_is_the_simd_one_this_cpu_has() {
         }
         assert_eq!(Isa::available().contains(&Isa::Avx512), avx512);
         assert_eq!(Isa::available().contains(&Isa::Avx512Bf16), bf16);
+        // AMX also needs the kernel's permission: available only on top of
+        // AVX-512 BF16, and never the default either.
+        if Isa::available().contains(&Isa::Amx) {
+            assert!(bf16);
+        }
     }
     #[cfg(target_arch = "aarch64")]
     assert_eq!(Isa::best(), Isa::Neon);

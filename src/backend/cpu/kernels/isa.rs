@@ -22,6 +22,11 @@ pub enum Isa {
     /// every other format as `Avx512`. Never the default (see
     /// [`Isa::rounds_activations`]): `SPARKRT_ISA=avx512bf16` chooses it.
     Avx512Bf16,
+    /// `Avx512Bf16` plus AMX-TILE and AMX-BF16 (Sapphire Rapids and later):
+    /// BF16 weights by `tdpbf16ps` tiles (`x86/amx_bf16.rs`), activations
+    /// rounded to bf16 as on `Avx512Bf16`, every other format as `Avx512`.
+    /// Never the default: `SPARKRT_ISA=amx` chooses it.
+    Amx,
     /// aarch64 Advanced SIMD.
     Neon,
 }
@@ -30,7 +35,7 @@ pub enum Isa {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IsaChoiceError {
     #[error(
-        "{ISA_VARIABLE}={0:?} is not an instruction set sparkrt has kernels for (scalar, avx2, avx512, avx512bf16, neon)"
+        "{ISA_VARIABLE}={0:?} is not an instruction set sparkrt has kernels for (scalar, avx2, avx512, avx512bf16, amx, neon)"
     )]
     Unknown(String),
     #[error("{ISA_VARIABLE}={name}: this CPU lacks {missing}")]
@@ -39,11 +44,12 @@ pub enum IsaChoiceError {
 
 impl Isa {
     /// Every tier, slowest first within an architecture.
-    const ALL: [Isa; 5] = [
+    const ALL: [Isa; 6] = [
         Isa::Scalar,
         Isa::Avx2,
         Isa::Avx512,
         Isa::Avx512Bf16,
+        Isa::Amx,
         Isa::Neon,
     ];
 
@@ -54,6 +60,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
             Isa::Avx512Bf16 => "avx512bf16",
+            Isa::Amx => "amx",
             Isa::Neon => "neon",
         }
     }
@@ -80,7 +87,7 @@ impl Isa {
     /// by up to 0.65 against transformers' f32 reference, where every other
     /// tier stays within 2e-3, so it is a choice, never the default.
     pub fn rounds_activations(self) -> bool {
-        self == Isa::Avx512Bf16
+        matches!(self, Isa::Avx512Bf16 | Isa::Amx)
     }
 
     /// The tier `SPARKRT_ISA` forces, `None` when it is unset or empty.
@@ -121,13 +128,13 @@ impl Isa {
 
     /// Whether the AVX2 kernels (and the small AVX2 ops) run on this tier.
     pub fn runs_avx2(self) -> bool {
-        matches!(self, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16)
+        matches!(self, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx)
     }
 
     /// Whether the AVX-512F/VL additions to the AVX2 kernels run on this
     /// tier (NVFP4 by table permutes).
     pub fn runs_avx512(self) -> bool {
-        matches!(self, Isa::Avx512 | Isa::Avx512Bf16)
+        matches!(self, Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx)
     }
 
     /// The CPU features the tier needs that this CPU lacks.
@@ -143,6 +150,17 @@ impl Isa {
                 "avx512bw",
                 "avx512vl",
                 "avx512bf16",
+            ],
+            Isa::Amx => &[
+                "avx2",
+                "fma",
+                "avx512f",
+                "avx512bw",
+                "avx512vl",
+                "avx512bf16",
+                "amx-tile",
+                "amx-bf16",
+                AMX_PERMISSION,
             ],
             Isa::Neon => &["neon"],
         };
@@ -175,6 +193,9 @@ fn has_feature(feature: &str) -> bool {
             "avx512bw" => is_x86_feature_detected!("avx512bw"),
             "avx512vl" => is_x86_feature_detected!("avx512vl"),
             "avx512bf16" => is_x86_feature_detected!("avx512bf16"),
+            "amx-tile" => amx_cpuid_bit(24),
+            "amx-bf16" => amx_cpuid_bit(22),
+            AMX_PERMISSION => amx_permitted(),
             _ => false,
         }
     }
@@ -187,4 +208,32 @@ fn has_feature(feature: &str) -> bool {
         let _ = feature;
         false
     }
+}
+
+/// The "feature" that is the kernel's permission to use AMX tile data.
+const AMX_PERMISSION: &str = "the kernel's permission for AMX tile data (arch_prctl)";
+
+/// CPUID leaf 7's EDX bit `bit` (22: AMX-BF16, 24: AMX-TILE), read
+/// directly: `is_x86_feature_detected!` knows them only on nightly.
+#[cfg(target_arch = "x86_64")]
+fn amx_cpuid_bit(bit: u32) -> bool {
+    // CPUID exists on every x86-64 CPU; leaf 7 where leaf 0 says so.
+    std::arch::x86_64::__cpuid(0).eax >= 7
+        && (std::arch::x86_64::__cpuid_count(7, 0).edx >> bit) & 1 == 1
+}
+
+/// Asks Linux, once per process, for the AMX tile data state (Linux 5.16
+/// and later hand it out on request): without it the first tile
+/// instruction kills the process. Also false where the CPU lacks AMX.
+#[cfg(target_arch = "x86_64")]
+fn amx_permitted() -> bool {
+    static PERMITTED: OnceLock<bool> = OnceLock::new();
+    *PERMITTED.get_or_init(|| {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        amx_cpuid_bit(24)
+            // SAFETY: arch_prctl with these arguments only changes this
+            // process's permitted extended state.
+            && unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) } == 0
+    })
 }

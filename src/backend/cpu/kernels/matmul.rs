@@ -371,7 +371,9 @@ fn row_cost(path: Path, w: &LinearWeight, tokens: usize) -> f64 {
 fn choose_path(isa: Isa, w: &LinearWeight, tokens: usize) -> Path {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 => super::x86::choose_path(isa, w, tokens),
+        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
+            super::x86::choose_path(isa, w, tokens)
+        }
         _ => {
             let _ = (w, tokens);
             Path::Gemv
@@ -382,7 +384,9 @@ fn choose_path(isa: Isa, w: &LinearWeight, tokens: usize) -> Path {
 fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 => super::x86::run_rows(isa, job, rows),
+        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
+            super::x86::run_rows(isa, job, rows)
+        }
         // FP8 and INT4 have no NEON kernel yet: the portable one is correct
         // (and batch-invariant) everywhere.
         #[cfg(target_arch = "aarch64")]

@@ -19,7 +19,10 @@
 //! one). Memory: a call allocates nothing; the kernels read the weights and
 //! the activations where they are (decoded weight panels live on the stack),
 //! except that MXFP4 on AVX2 and NEON quantizes the activations into a
-//! scratch first: the caller's ([`matmul_grouped_in`]) or a per-thread one.
+//! scratch first: the caller's ([`matmul_grouped_in`]) or a per-thread one;
+//! and BF16 on the AMX tier (a choice, never the default) packs up to 256
+//! tokens' activations per work unit into a per-thread buffer that grows to
+//! `512 · cols` bytes.
 //!
 //! Batch invariance: on each instruction set, every output element is summed
 //! in one order that depends only on the number of input columns and the
@@ -37,7 +40,7 @@
 //! instruction set), [`weights`] (weight shapes and the element-by-element
 //! definition, over `crate::formats`), [`quantize`] (the activation codes and
 //! their layout), `math` (the `exp` polynomial). One folder or file per
-//! instruction set, importing only leaves: `x86/` (AVX2), `arm/` (NEON),
+//! instruction set, importing only leaves: `x86/` (AVX2, AVX-512, AMX), `arm/` (NEON),
 //! `portable.rs`. Only the dispatchers pick an instruction set: `matmul.rs`
 //! for the matmuls and the activation quantizer, [`ops`] for the small ops.
 

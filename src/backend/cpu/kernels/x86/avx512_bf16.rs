@@ -121,7 +121,7 @@ impl Bf16Rows<'_> {
 /// The module's features; 32 readable f32 at `x`.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
 #[inline]
-unsafe fn round_chunk(x: *const f32) -> __m512bh {
+pub(super) unsafe fn round_chunk(x: *const f32) -> __m512bh {
     // SAFETY: 32 readable f32 per the contract.
     unsafe { _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x.add(16)), _mm512_loadu_ps(x)) }
 }

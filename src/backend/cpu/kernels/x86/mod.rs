@@ -2,7 +2,8 @@
 //! `Isa::Avx512`, `Isa::Avx512Bf16`, which exist only after run-time
 //! detection). The AVX-512 tiers run the AVX2 kernels with two additions:
 //! NVFP4 decoded by table permutes (`avx512_nvfp4.rs`, the same bits), and
-//! on `Avx512Bf16` BF16 weights by `vdpbf16ps` (`avx512_bf16.rs`).
+//! on `Avx512Bf16` BF16 weights by `vdpbf16ps` (`avx512_bf16.rs`), on
+//! `Amx` by AMX tiles (`amx_bf16.rs`).
 //! `avx2.rs` holds the f32-decoding matmul kernels (F32, BF16, NVFP4 and FP8,
 //! with the decoders of `avx2_nvfp4.rs`, `avx512_nvfp4.rs` and
 //! `avx2_fp8.rs`), `avx2_mxfp4.rs` the integer MXFP4 kernels and the
@@ -11,6 +12,7 @@
 //! `lanes.rs` what the two matmul files share. This file sends each format
 //! to its kernels.
 
+mod amx_bf16;
 mod avx2;
 mod avx2_fp8;
 mod avx2_int4;
@@ -33,6 +35,8 @@ pub(super) use avx2_mxfp4::quantize_row;
 pub(super) fn choose_path(isa: Isa, w: &LinearWeight, tokens: usize) -> Path {
     match w.data {
         WeightData::Bf16(_) if isa == Isa::Avx512Bf16 => avx512_bf16::choose_path(tokens),
+        // One kernel for every token count (`amx_bf16`).
+        WeightData::Bf16(_) if isa == Isa::Amx => Path::Gemv,
         WeightData::Mxfp4 { .. } => avx2_mxfp4::choose_path(w.cols, tokens),
         // One kernel for every token count (`avx2_int4`).
         WeightData::Int4 { .. } => Path::Gemv,
@@ -48,6 +52,13 @@ pub(super) fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
             // arm is only reached through Isa::Avx512Bf16, i.e. with AVX2,
             // FMA, AVX-512F/BW/VL and AVX-512 BF16 detected.
             unsafe { avx512_bf16::run_rows(bytes, job, rows) }
+        }
+        (WeightData::Bf16(bytes), _) if isa == Isa::Amx => {
+            // SAFETY: Job shapes were checked by `check_problem`, and this
+            // arm is only reached through Isa::Amx, i.e. with the AVX-512
+            // BF16 tier's features, AMX-TILE and AMX-BF16 detected and the
+            // tile data permitted.
+            unsafe { amx_bf16::run_rows(bytes, job, rows) }
         }
         (WeightData::Mxfp4 { blocks, scales }, Some(q)) => {
             // SAFETY: Job shapes were checked by `check_problem`, `q` is the
