@@ -137,38 +137,23 @@ impl Isa {
         matches!(self, Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx)
     }
 
-    /// The CPU features the tier needs that this CPU lacks.
+    /// The CPU features the tier needs that this CPU lacks: those of the
+    /// tier it builds on, then its own.
     fn missing_features(self) -> Vec<&'static str> {
-        let wanted: &[&'static str] = match self {
-            Isa::Scalar => &[],
-            Isa::Avx2 => &["avx2", "fma"],
-            Isa::Avx512 => &["avx2", "fma", "avx512f", "avx512vl"],
-            Isa::Avx512Bf16 => &[
-                "avx2",
-                "fma",
-                "avx512f",
-                "avx512bw",
-                "avx512vl",
-                "avx512bf16",
-            ],
-            Isa::Amx => &[
-                "avx2",
-                "fma",
-                "avx512f",
-                "avx512bw",
-                "avx512vl",
-                "avx512bf16",
-                "amx-tile",
-                "amx-bf16",
-                AMX_PERMISSION,
-            ],
-            Isa::Neon => &["neon"],
+        let (builds_on, adds): (Option<Isa>, &[&'static str]) = match self {
+            Isa::Scalar => (None, &[]),
+            Isa::Avx2 => (None, &["avx2", "fma"]),
+            Isa::Avx512 => (Some(Isa::Avx2), &["avx512f", "avx512vl"]),
+            Isa::Avx512Bf16 => (Some(Isa::Avx512), &["avx512bw", "avx512bf16"]),
+            Isa::Amx => (
+                Some(Isa::Avx512Bf16),
+                &["amx-tile", "amx-bf16", AMX_PERMISSION],
+            ),
+            Isa::Neon => (None, &["neon"]),
         };
-        wanted
-            .iter()
-            .copied()
-            .filter(|feature| !has_feature(feature))
-            .collect()
+        let mut missing = builds_on.map(Isa::missing_features).unwrap_or_default();
+        missing.extend(adds.iter().copied().filter(|feature| !has_feature(feature)));
+        missing
     }
 
     fn detected() -> &'static [Isa] {
