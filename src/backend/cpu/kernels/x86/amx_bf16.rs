@@ -6,7 +6,8 @@
 //! `tdpbf16ps` multiplies a 16-row × 32-column tile of the weights, read in
 //! place from the mapped checkpoint (row stride `2 · cols` bytes), by a
 //! 32-column × 16-token tile of activations, adding into a 16 × 16 f32 tile:
-//! 16 K multiply-adds per instruction, where `vdpbf16ps` does 32.
+//! 8192 (16 × 16 × 32) multiply-adds per instruction, where `vdpbf16ps`
+//! does 32.
 //!
 //! **One summation order** (the prefix cache's bitwise promise): each output
 //! is its own accumulator element of a C tile, which adds the 32-column
@@ -24,8 +25,9 @@
 //! `2 · BLOCK_TOKENS · cols` bytes), then every 16-row block of the unit's
 //! weights runs over every 16-token tile of them. The tile
 //! instructions are written as `asm!` (their intrinsics are not stable):
-//! one block configures the tiles, runs every step of one 16 × 16 output
-//! tile, stores it and releases the tiles, so no tile state outlives it.
+//! one block configures the tiles, runs every step of one output tile (or
+//! of a 2 × 2 block of them), stores it and releases the tiles, so no tile
+//! state outlives it.
 //!
 //! Every `unsafe fn` here requires what `Isa::Amx` detects: AVX2, FMA,
 //! AVX-512F/BW/VL, AVX-512 BF16, AMX-TILE and AMX-BF16, with the kernel's

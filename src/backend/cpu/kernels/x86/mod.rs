@@ -1,6 +1,6 @@
 //! x86-64 kernels: AVX2 + FMA, entered only through an x86 tier (`Isa::Avx2`,
-//! `Isa::Avx512`, `Isa::Avx512Bf16`, which exist only after run-time
-//! detection). The AVX-512 tiers run the AVX2 kernels with two additions:
+//! `Isa::Avx512`, `Isa::Avx512Bf16`, `Isa::Amx`, which exist only after
+//! run-time detection). The AVX-512 tiers run the AVX2 kernels with two additions:
 //! NVFP4 decoded by table permutes (`avx512_nvfp4.rs`, the same bits), and
 //! on `Avx512Bf16` BF16 weights by `vdpbf16ps` (`avx512_bf16.rs`), on
 //! `Amx` by AMX tiles (`amx_bf16.rs`).
