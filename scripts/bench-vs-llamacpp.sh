@@ -7,14 +7,17 @@
 # LLAMA_BENCH: a llama-bench binary (llama.cpp built for the CPU; the
 # llama-cpp-python source package on PyPI carries its source). MODEL_DIR: a
 # safetensors checkpoint (e.g. `sparkrt make-checkpoint --like
-# benches/models/qwen3-30b-a3b-8l`); MODEL_GGUF: the same weights as a BF16
-# GGUF. Prints prefill (pp512) and decode (tg64) tok/s of each, medians of
-# 3 repeats, and sparkrt ÷ llama.cpp.
+# benches/models/qwen3-30b-a3b-8l` or `qwen3.6-35b-a3b-8l`); MODEL_GGUF: the
+# same weights as a BF16 GGUF (scripts/gguf-from-checkpoint.py; for a hybrid
+# check the converter with scripts/gguf-check.sh first). Prints prefill
+# (pp512) and decode (tg64) tok/s of each, medians of 3 repeats, and
+# sparkrt ÷ llama.cpp. SPARKRT_ISA picks sparkrt's CPU tier. One round: run
+# it several times for interleaved rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if (($# < 3)); then
-	sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
 	exit 2
 fi
 llama_bench="$1"
@@ -57,9 +60,17 @@ rows = [
 print(f"{'':24} {'sparkrt':>10} {'llama.cpp':>10} {'ratio':>7}")
 for name, a, b in rows:
     print(f"{name:24} {a:10.1f} {b:10.1f} {a / b:7.2f}")
-print(f"sparkrt decode roofline {ours['roofline_tok_s']:.1f} tok/s "
-      f"({ours['bytes_per_token'] / 1e9:.3f} GB/token at "
+print(f"sparkrt ({ours['cpu_isa']}) decode roofline {ours['roofline_tok_s']:.1f} tok/s "
+      f"({ours['bytes_per_token'] / 1e9:.3f} GB of weights/token at "
       f"{ours['bandwidth_bytes_s'] / 1e9:.1f} GB/s): decode at "
       f"{100 * ours['decode_tok_s'] / ours['roofline_tok_s']:.0f}%; "
       f"peak RSS {ours['peak_rss_bytes'] / 2**30:.2f} GiB")
+model = ours["perf_model"]
+if model.get("decode_bandwidth_fraction") is not None:
+    # Weights, the KV read at the mean context and the recurrent state read
+    # and written (hybrids): everything a decode step moves.
+    print(f"sparkrt decode moves {model['weight_bytes_per_step'] / 1e6:.1f} MB weights + "
+          f"{model['kv_bytes_per_step'] / 1e6:.1f} MB KV + "
+          f"{model['state_bytes_per_step'] / 1e6:.1f} MB state a token: "
+          f"{100 * model['decode_bandwidth_fraction']:.0f}% of the read bandwidth")
 PY
