@@ -45,6 +45,10 @@ fn qwen36_35b_state_pool_and_kv_cache_by_hand() {
     assert_eq!(s.bytes_per_seq, 65_863_680);
     assert_eq!((s.live_slots, s.snapshot_slots, s.slots), (16, 32, 48));
     assert_eq!(s.bytes, 48 * 65_863_680);
+    // A decode step reads and writes each sequence's slot once (bench's
+    // performance model): 2 × 65,863,680 B a sequence.
+    assert_eq!(memory::decode_state_bytes_per_step(s, 1), 131_727_360);
+    assert_eq!(memory::decode_state_bytes_per_step(s, 3), 3 * 131_727_360);
     // KV only for the 10 attention layers: 10 × 2 KV heads × 256 × (K, V)
     // × 2 B (bf16) = 20,480 B a token.
     assert_eq!(plan.kv_cache.bytes_per_token, 10 * 2 * 256 * 2 * 2);

@@ -155,12 +155,15 @@ struct PerfModel {
     kv_context_tokens: usize,
     /// KV bytes one decode step reads for the B sequences at that context.
     kv_bytes_per_step: u64,
+    /// Recurrent-state bytes one decode step reads and writes for the B
+    /// sequences (hybrid models; zero otherwise).
+    state_bytes_per_step: u64,
     /// Parameters one token is multiplied by (lm_head and embedding aside).
     activated_params: u64,
     /// 2 × activated_params + attention at the prompt length.
     flops_per_prefill_token: f64,
     attention_flops_per_prefill_token: f64,
-    /// decode tok/s ÷ B × (weights + KV per step).
+    /// decode tok/s ÷ B × (weights + KV + state per step).
     decode_bytes_s: f64,
     /// decode_bytes_s ÷ the read bandwidth (`None` when none was measured:
     /// a model smaller than one measuring pass).
@@ -201,10 +204,12 @@ impl PerfModel {
             kv_context_tokens,
             args.batch,
         );
+        let state_bytes_per_step =
+            memory::decode_state_bytes_per_step(&plan.recurrent_state, args.batch);
         let weight_bytes_per_step = per_step(args.batch);
         let flops_per_prefill_token = prefill_flops_per_token(geometry, args.prompt_len);
         let decode_bytes_s = decode_tok_s / args.batch.max(1) as f64
-            * (weight_bytes_per_step + kv_bytes_per_step) as f64;
+            * (weight_bytes_per_step + kv_bytes_per_step + state_bytes_per_step) as f64;
         let prefill_flops_s = prefill_tok_s * flops_per_prefill_token;
         let tensor_core_peak_flops = peaks.map(|p| p.bf16_dense_flops);
         PerfModel {
@@ -217,6 +222,7 @@ impl PerfModel {
             ),
             kv_context_tokens,
             kv_bytes_per_step,
+            state_bytes_per_step,
             activated_params: activated_params_per_token(geometry),
             flops_per_prefill_token,
             attention_flops_per_prefill_token: attention_flops_per_prompt_token(
@@ -249,6 +255,12 @@ impl PerfModel {
             self.kv_context_tokens,
             format_bytes(self.kv_bytes_per_step)
         );
+        if self.state_bytes_per_step > 0 {
+            println!(
+                "    state read + written / step      {:>14}",
+                format_bytes(self.state_bytes_per_step)
+            );
+        }
         println!(
             "    activated parameters / token     {:>14}",
             si(self.activated_params as f64, "")

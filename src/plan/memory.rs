@@ -334,6 +334,14 @@ pub fn decode_kv_bytes_per_step(
     batch as u64 * (context * full_bytes_per_token + sliding_tokens * sliding.bytes_per_token)
 }
 
+/// Recurrent-state bytes one decode step moves for `batch` sequences: each
+/// Gated DeltaNet layer reads its slot's conv and delta-rule state and
+/// writes it back, `2 × bytes_per_seq × batch` (zero without such layers).
+/// Unlike the KV traffic it does not grow with the context.
+pub fn decode_state_bytes_per_step(state: &RecurrentStatePlan, batch: usize) -> u64 {
+    2 * state.bytes_per_seq * batch as u64
+}
+
 /// One named buffer of a plan category.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Buffer {
