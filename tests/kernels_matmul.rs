@@ -388,20 +388,22 @@ fn best_isa_is_the_simd_one_this_cpu_has() {
     assert!(Isa::available().contains(&Isa::Scalar));
 }
 
-/// The AVX-512 tier promises the AVX2 tier's bits (its NVFP4 decoder is a
-/// faster route to the same products): every format, awkward shapes and
-/// misaligned bytes, GEMV and panel token counts, random data.
+/// The AVX-512 tier promises the AVX2 tier's bits (its NVFP4 decoder and
+/// its row-pair panel are faster routes to the same products): every
+/// format, awkward shapes and misaligned bytes, GEMV and panel token counts,
+/// odd row counts and several panel blocks (the pair panel's lone last row,
+/// its prefetch of the next block), random data.
 #[test]
 fn avx512_tier_gives_the_avx2_bits() {
     if !Isa::Avx512.is_available() {
-        eprintln!("skipped: this CPU lacks AVX-512F/VL (the avx512 tier)");
+        eprintln!("skipped: this CPU lacks AVX-512F/VL/DQ (the avx512 tier)");
         return;
     }
     let mut rng = Rng::new(21);
     for format in FORMATS.into_iter().chain(FP8_FORMATS) {
         for &cols in awkward_cols(format) {
-            for offset in [0, 1] {
-                let w = random_weight(&mut rng, format, 29, cols, offset, false);
+            for (offset, rows) in [(0, 29), (1, 29), (0, 53)] {
+                let w = random_weight(&mut rng, format, rows, cols, offset, false);
                 for tokens in [1, 2, 3, 5, 17] {
                     let x = random_x(&mut rng, tokens * cols, false);
                     let bits = |isa| -> Vec<u32> {

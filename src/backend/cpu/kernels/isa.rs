@@ -13,9 +13,10 @@ pub enum Isa {
     Scalar,
     /// x86-64 with AVX2 and FMA.
     Avx2,
-    /// x86-64 with AVX2, FMA and AVX-512F/VL: the AVX2 kernels with NVFP4
-    /// decoded by table permutes (`x86/avx512_nvfp4.rs`), bitwise the AVX2
-    /// tier's results, so the default wherever the CPU has it.
+    /// x86-64 with AVX2, FMA and AVX-512F/VL/DQ: the AVX2 kernels with NVFP4
+    /// decoded by table permutes (`x86/avx512_nvfp4.rs`) and the panel path
+    /// over row pairs in zmm registers (`x86/avx512_panel.rs`), bitwise the
+    /// AVX2 tier's results, so the default wherever the CPU has it.
     Avx512,
     /// x86-64 with AVX2, FMA, AVX-512F/BW/VL and AVX-512 BF16: BF16 weights
     /// by `vdpbf16ps` (activations rounded to bf16, `x86/avx512_bf16.rs`),
@@ -143,7 +144,7 @@ impl Isa {
         let (builds_on, adds): (Option<Isa>, &[&'static str]) = match self {
             Isa::Scalar => (None, &[]),
             Isa::Avx2 => (None, &["avx2", "fma"]),
-            Isa::Avx512 => (Some(Isa::Avx2), &["avx512f", "avx512vl"]),
+            Isa::Avx512 => (Some(Isa::Avx2), &["avx512f", "avx512vl", "avx512dq"]),
             Isa::Avx512Bf16 => (Some(Isa::Avx512), &["avx512bw", "avx512bf16"]),
             Isa::Amx => (
                 Some(Isa::Avx512Bf16),
@@ -177,6 +178,7 @@ fn has_feature(feature: &str) -> bool {
             "avx512f" => is_x86_feature_detected!("avx512f"),
             "avx512bw" => is_x86_feature_detected!("avx512bw"),
             "avx512vl" => is_x86_feature_detected!("avx512vl"),
+            "avx512dq" => is_x86_feature_detected!("avx512dq"),
             "avx512bf16" => is_x86_feature_detected!("avx512bf16"),
             "amx-tile" => amx_cpuid_bit(24),
             "amx-bf16" => amx_cpuid_bit(22),

@@ -42,7 +42,8 @@ use std::ops::Range;
 
 use super::avx2_nvfp4::Nvfp4Dec;
 use super::avx512_nvfp4::Nvfp4TableDec;
-use super::lanes::{Decoder, lockstep_sets, reduce};
+use super::avx512_panel::{pair_panel_rows, pair_rows_for};
+use super::lanes::{Ahead, Decoder, lockstep_sets, reduce, row_slice};
 use crate::backend::cpu::kernels::isa::Isa;
 use crate::backend::cpu::kernels::job::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
@@ -58,12 +59,12 @@ const GEMV_TOKENS: usize = 4;
 const MR: usize = 3;
 const NT: usize = 4;
 /// f32 values of the decoded panel (96 KiB on the stack, L2-resident).
-const PANEL_FLOATS: usize = 24 * 1024;
+pub(super) const PANEL_FLOATS: usize = 24 * 1024;
 /// Most rows decoded into one panel.
-const PANEL_MAX_ROWS: usize = 24;
+pub(super) const PANEL_MAX_ROWS: usize = 24;
 /// Columns per pass of the microkernel: the tokens' share (NT × KC floats,
 /// 8 KiB) stays in L1 while every row tile of the panel passes over it.
-const KC: usize = 512;
+pub(super) const KC: usize = 512;
 
 /// Which path a problem takes: the panel needs at least `MR` rows of the
 /// row's whole chunks in the panel buffer.
@@ -163,21 +164,22 @@ unsafe fn run_format_on<D: Decoder>(isa: Isa, dec: &D, job: &Job, rows: Range<us
 #[target_feature(enable = "avx2,fma")]
 unsafe fn run_format_avx2<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     // SAFETY: this function's contract; the features are enabled here.
-    unsafe { run_format(dec, job, rows) }
+    unsafe { run_format::<D, false>(dec, job, rows) }
 }
 
 /// [`run_format`] compiled with AVX-512F/VL too: 32 vector registers (the
 /// GEMV's 4-row walks stop spilling) and the instructions the AVX-512
-/// decoders use (`avx512_nvfp4.rs`).
+/// decoders use (`avx512_nvfp4.rs`), and the panel path over row pairs in
+/// zmm registers (`avx512_panel.rs`, the same sums).
 ///
 /// # Safety
 ///
-/// As [`run_format`], and the CPU supports AVX-512F and AVX-512VL (the
+/// As [`run_format`], and the CPU supports AVX-512F, VL and DQ (the
 /// callers are reached only through the AVX-512 tiers).
-#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512dq")]
 unsafe fn run_format_avx512<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
     // SAFETY: this function's contract; the features are enabled here.
-    unsafe { run_format(dec, job, rows) }
+    unsafe { run_format::<D, true>(dec, job, rows) }
 }
 
 /// Runs rows `rows` of `job` on the path `job.path` chose, decoding with `dec`.
@@ -195,11 +197,14 @@ unsafe fn run_format_avx512<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) 
 /// decodes `job.weight` (its data and its `cols`), and the job contract of
 /// the module docs holds for `job` and `rows`.
 #[inline(always)]
-unsafe fn run_format<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
-    // SAFETY: same contract as this function's.
+unsafe fn run_format<D: Decoder, const WIDE: bool>(dec: &D, job: &Job, rows: Range<usize>) {
+    let pair_rows = pair_rows_for(job.weight.cols / D::CHUNK * D::CHUNK);
+    // SAFETY: same contract as this function's; `WIDE` only from
+    // `run_format_avx512`, whose features the paired panel needs.
     unsafe {
         match job.path {
             Path::Gemv => gemv_rows(dec, job, rows),
+            Path::Panel if WIDE && pair_rows >= 2 => pair_panel_rows(dec, job, rows, pair_rows),
             Path::Panel => panel_rows(dec, job, rows),
         }
     }
@@ -228,6 +233,9 @@ impl Decoder for F32Dec<'_> {
     }
     fn scalar(&self, row: usize, col: usize) -> f32 {
         read_f32(self.bytes, row * self.cols + col)
+    }
+    fn row_bytes(&self, row: usize) -> &[u8] {
+        row_slice(self.bytes, row, self.cols * 4)
     }
 }
 
@@ -262,6 +270,9 @@ impl Decoder for Bf16Dec<'_> {
     fn scalar(&self, row: usize, col: usize) -> f32 {
         read_bf16(self.bytes, row * self.cols + col)
     }
+    fn row_bytes(&self, row: usize) -> &[u8] {
+        row_slice(self.bytes, row, self.cols * 2)
+    }
 }
 
 /// Steps 2 and 3 for one output: the reduced accumulator plus the columns
@@ -273,7 +284,13 @@ impl Decoder for Bf16Dec<'_> {
 /// readable f32 (the token's row); `W[row, ..]` is read through the
 /// bounds-checked `scalar`.
 #[inline(always)]
-unsafe fn finish<D: Decoder>(dec: &D, acc: __m256, row: usize, cols: usize, x: *const f32) -> f32 {
+pub(super) unsafe fn finish<D: Decoder>(
+    dec: &D,
+    acc: __m256,
+    row: usize,
+    cols: usize,
+    x: *const f32,
+) -> f32 {
     // SAFETY: AVX2 and FMA are present (the contract).
     let mut sum = unsafe { reduce(acc) };
     for c in cols / D::CHUNK * D::CHUNK..cols {
@@ -445,6 +462,9 @@ unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
                 }
             }
         }
+        let next = block + nb..(block + nb + block_rows).min(rows.end);
+        let tiles = tokens.div_ceil(NT) * whole.div_ceil(KC) * nb.div_ceil(MR);
+        let mut ahead = Ahead::new(dec, next, tiles);
         let mut t0 = 0;
         while t0 < tokens {
             let tn = (tokens - t0).min(NT);
@@ -481,6 +501,7 @@ unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
                             (_, _) => tile.run::<1, 1>(acc, k0, k1),
                         }
                     }
+                    ahead.step(dec);
                 }
                 k0 = k1;
             }

@@ -97,6 +97,9 @@ impl Decoder for Fp8Dec<'_> {
             self.scales.at(row, col, self.cols),
         )
     }
+    fn row_bytes(&self, row: usize) -> &[u8] {
+        super::lanes::row_slice(self.values, row, self.cols)
+    }
 }
 
 /// E4M3 bytes (one per 32-bit lane, zero-extended) → f32, exactly as

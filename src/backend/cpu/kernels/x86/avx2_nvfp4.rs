@@ -146,4 +146,7 @@ impl Decoder for Nvfp4Dec<'_> {
         let scale = self.table[self.scales[(row * self.cols + col) / NVFP4_GROUP] as usize];
         E2M1[read_nibble(self.codes, row * self.cols + col)] * scale
     }
+    fn row_bytes(&self, row: usize) -> &[u8] {
+        super::lanes::row_slice(self.codes, row, self.cols / 2)
+    }
 }

@@ -83,6 +83,9 @@ impl Decoder for Nvfp4TableDec<'_> {
     fn scalar(&self, row: usize, col: usize) -> f32 {
         self.0.scalar(row, col)
     }
+    fn row_bytes(&self, row: usize) -> &[u8] {
+        self.0.row_bytes(row)
+    }
 }
 
 /// `vpermi2ps`: lane `l` of the result is `low[index_l & 7]` when bit 3 of

@@ -76,4 +76,66 @@ pub(super) trait Decoder {
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]);
     /// `W[row, col]`, for the columns after the last whole chunk.
     fn scalar(&self, row: usize, col: usize) -> f32;
+    /// The bytes holding row `row`'s values (its scales aside), for
+    /// [`Ahead`]; empty past the matrix.
+    fn row_bytes(&self, row: usize) -> &[u8];
+}
+
+/// Row `row`'s `len` bytes of a row-major matrix in `bytes` (empty past it).
+pub(super) fn row_slice(bytes: &[u8], row: usize, len: usize) -> &[u8] {
+    row.checked_mul(len)
+        .and_then(|start| bytes.get(start..start.checked_add(len)?))
+        .unwrap_or(&[])
+}
+
+/// Cache lines the CPU fetches at a time.
+const LINE: usize = 64;
+
+/// Brings the rows of the panel's next block towards L2 while the current
+/// block computes, a few lines after each microkernel tile: a block's rows
+/// are separate streams a row stride apart (4 KiB for a 2048-column BF16
+/// row, one page each), which the hardware prefetchers pick up late, and
+/// with the few tokens an expert gets in a prefill (16 of 512 on a
+/// 256-expert, top-8 model) the decode of each block otherwise waits on
+/// memory. A hint only: it never changes a value.
+pub(super) struct Ahead {
+    rows: Range<usize>,
+    /// Byte offset inside `rows.start` of the next line to ask for.
+    at: usize,
+    /// Lines asked for after each tile.
+    per_step: usize,
+}
+
+impl Ahead {
+    /// Rows `rows` spread over `steps` calls of [`Ahead::step`].
+    pub(super) fn new<D: Decoder>(dec: &D, rows: Range<usize>, steps: usize) -> Ahead {
+        let lines = rows.len() * dec.row_bytes(rows.start).len().div_ceil(LINE);
+        Ahead {
+            rows,
+            at: 0,
+            per_step: lines.div_ceil(steps.max(1)),
+        }
+    }
+
+    /// Asks for the next `per_step` lines.
+    #[inline(always)]
+    pub(super) fn step<D: Decoder>(&mut self, dec: &D) {
+        let mut left = self.per_step;
+        while left > 0 && !self.rows.is_empty() {
+            let row = dec.row_bytes(self.rows.start);
+            match row.get(self.at..) {
+                Some(rest) if !rest.is_empty() => {
+                    // SAFETY: a prefetch reads nothing architecturally and
+                    // never faults; the address lies inside the row.
+                    unsafe { _mm_prefetch::<_MM_HINT_T1>(rest.as_ptr() as *const i8) };
+                    self.at += LINE;
+                    left -= 1;
+                }
+                _ => {
+                    self.rows.start += 1;
+                    self.at = 0;
+                }
+            }
+        }
+    }
 }

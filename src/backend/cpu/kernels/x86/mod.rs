@@ -1,7 +1,9 @@
 //! x86-64 kernels: AVX2 + FMA, entered only through an x86 tier (`Isa::Avx2`,
 //! `Isa::Avx512`, `Isa::Avx512Bf16`, `Isa::Amx`, which exist only after
-//! run-time detection). The AVX-512 tiers run the AVX2 kernels with two additions:
-//! NVFP4 decoded by table permutes (`avx512_nvfp4.rs`, the same bits), and
+//! run-time detection). The AVX-512 tiers run the AVX2 kernels with these additions:
+//! NVFP4 decoded by table permutes (`avx512_nvfp4.rs`, the same bits), the
+//! panel path over row pairs in zmm registers (`avx512_panel.rs`, the same
+//! bits), and
 //! on `Avx512Bf16` BF16 weights by `vdpbf16ps` (`avx512_bf16.rs`), on
 //! `Amx` by AMX tiles (`amx_bf16.rs`).
 //! `avx2.rs` holds the f32-decoding matmul kernels (F32, BF16, NVFP4 and FP8,
@@ -21,6 +23,7 @@ mod avx2_nvfp4;
 pub(super) mod avx2_ops;
 mod avx512_bf16;
 mod avx512_nvfp4;
+mod avx512_panel;
 mod lanes;
 
 use std::ops::Range;
