@@ -139,6 +139,7 @@ fn the_bench_configs_have_the_profiles_layer_shapes() {
     };
     for (config, full) in [
         ("qwen3.6-35b-a3b-8l", "qwen3.6-35b-a3b-bf16"),
+        ("qwen3.6-35b-a3b-8l-mtp", "qwen3.6-35b-a3b-bf16"),
         ("qwen3.5-122b-a10b-4l", "qwen3.5-122b-a10b-nvfp4"),
     ] {
         let (b, p) = (bench(config), profile(full));

@@ -233,6 +233,35 @@ pub fn expected_tensors_in(config: &ModelConfig, experts: ExpertLayout) -> Vec<(
     e.tensors
 }
 
+/// The tensors of the checkpoint's one-layer MTP head (`mtp.*`, what
+/// `model::qwen3_5`'s `mtp_head` reads: the two pre-`fc` norms, `fc`, a
+/// gated-attention layer with the decoder's kind of MLP, the final norm);
+/// empty without `mtp_num_hidden_layers` or off the hybrids. Text serving
+/// never requires them; synthetic checkpoints write them, so a bench model
+/// can draft with `mtp`.
+pub fn expected_mtp_tensors(config: &ModelConfig) -> Vec<(String, Expected)> {
+    let mut e = Expectations {
+        config,
+        tensors: Vec::new(),
+    };
+    if config.mtp_num_hidden_layers == 0 || !config.geometry.architecture.is_hybrid() {
+        return e.tensors;
+    }
+    let h = config.geometry.hidden_size;
+    let m = crate::geometry::MTP_PREFIX;
+    for norm in ["pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"] {
+        e.bf16(&format!("{m}{norm}.weight"), &[h]);
+    }
+    e.linear(&format!("{m}fc"), h, 2 * h);
+    let layer = format!("{m}layers.0");
+    e.bf16(&format!("{layer}.input_layernorm.weight"), &[h]);
+    e.bf16(&format!("{layer}.post_attention_layernorm.weight"), &[h]);
+    e.attention(&layer);
+    e.hybrid_mlp(&layer, 0, ExpertLayout::PerExpert);
+    e.tensors.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    e.tensors
+}
+
 struct Expectations<'a> {
     config: &'a ModelConfig,
     tensors: Vec<(String, Expected)>,

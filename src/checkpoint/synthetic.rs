@@ -1,7 +1,8 @@
 //! Random checkpoints with a real model's geometry (`--load-format dummy`,
 //! `sparkrt make-checkpoint`): the tensor list is the one the checkpoint
 //! checker expects for the config, so dummy and real weights load through
-//! the same code path.
+//! the same code path. A config with `mtp_num_hidden_layers` also gets a
+//! random MTP head (`check::expected_mtp_tensors`).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -10,7 +11,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use crate::checkpoint::check::{Expected, ExpectedShape, expected_tensors};
+use crate::checkpoint::check::{Expected, ExpectedShape, expected_mtp_tensors, expected_tensors};
 use crate::checkpoint::config::ModelConfig;
 use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::error::CheckpointError;
@@ -46,8 +47,11 @@ pub fn write_checkpoint(
             std::fs::copy(&from, out.join(name)).map_err(|e| io(&from, e))?;
         }
     }
+    // The MTP head after the decoder's tensors (when the config names one),
+    // so the decoder's random values do not depend on it.
     let tensors: Vec<(String, Dtype, Vec<usize>)> = expected_tensors(config)
         .into_iter()
+        .chain(expected_mtp_tensors(config))
         .filter(|(_, e)| e.required)
         .map(|(name, e)| {
             let shape = shape_of(&e);
