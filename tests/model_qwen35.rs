@@ -603,6 +603,88 @@ fn the_mtp_head_matches_its_reference() {
     }
 }
 
+/// A synthetic checkpoint (`make-checkpoint --like`) of a config with
+/// `mtp_num_hidden_layers` carries the head transformers' own model has:
+/// the same `mtp.*` names, dtypes and shapes as the fixtures the reference
+/// script wrote, so a bench model can draft with `mtp`.
+#[test]
+fn synthetic_checkpoints_carry_the_mtp_head_transformers_writes() {
+    fn mtp_headers(file: &std::path::Path) -> Vec<(String, String, Vec<usize>)> {
+        let bytes = std::fs::read(file).unwrap();
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let mut found: Vec<_> = meta
+            .tensors()
+            .into_iter()
+            .filter(|(name, _)| name.starts_with("mtp."))
+            .map(|(name, info)| (name, format!("{:?}", info.dtype), info.shape.clone()))
+            .collect();
+        found.sort();
+        found
+    }
+    for name in ["qwen35-moe-tiny-mtp", "qwen35-tiny-mtp"] {
+        let like = common::fixture(name);
+        let config = ModelConfig::load(&like).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        checkpoint::synthetic::write_checkpoint(&like, &config, out.path(), 1, 7, &mut |_, _| {})
+            .unwrap();
+        let made = mtp_headers(&out.path().join("model.safetensors"));
+        let reference = mtp_headers(&like.join("model.safetensors"));
+        assert!(reference.len() > 10, "{name}: the fixture has its head");
+        assert_eq!(made, reference, "{name}");
+    }
+}
+
+/// A head pass that wants no logits (every sequence backing off) computes
+/// only the head's keys and values: a later pass, whose attention reads
+/// them, gives bitwise the logits it gives after a whole pass (and other
+/// logits if they were missing: the cache starts zeroed).
+#[test]
+fn a_head_pass_without_logits_keeps_the_same_keys_and_values() {
+    for name in ["qwen35-moe-tiny-mtp", "qwen35-tiny-mtp"] {
+        let r = reference(name, "");
+        let mtp = SpeculativeConfig {
+            method: DraftMethod::Mtp,
+            num_speculative_tokens: 1,
+            prompt_lookup_min: 0,
+            prompt_lookup_max: 0,
+        };
+        let after_a_first_pass = |wanted: Logits| {
+            let mut logits = Vec::new();
+            with_runner_on(
+                fixture_serving(name, StateDtype::F32, Some(mtp)),
+                |runner| {
+                    let (prompt, t) = (&r.input_ids, r.input_ids.len());
+                    runner.prompt(prompt, &[t], 0);
+                    let mut next = prompt[1..].to_vec();
+                    next.push(r.greedy_ids[0]);
+                    runner.run(&[slot0(&next)], wanted, Pass::Mtp { first: true });
+                    // The target's next step, then the head on it.
+                    let step = |token| Part {
+                        tokens: std::slice::from_ref(token),
+                        past: t,
+                        slot: 0,
+                    };
+                    runner.step(&[step(&r.greedy_ids[0])]);
+                    logits = runner
+                        .run(
+                            &[step(&r.greedy_ids[1])],
+                            Logits::All,
+                            Pass::Mtp { first: true },
+                        )
+                        .remove(0);
+                },
+            );
+            logits
+        };
+        let whole = after_a_first_pass(Logits::All);
+        let keys_only = after_a_first_pass(Logits::None);
+        assert_eq!(whole.len(), keys_only.len(), "{name}");
+        assert!(whole.iter().all(|v| v.is_finite()), "{name}");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&whole), bits(&keys_only), "{name}");
+    }
+}
+
 fn mtp_head_matches(name: &str) {
     let r = reference(name, "");
     let bytes = std::fs::read(common::fixture(name).join("reference.safetensors")).unwrap();

@@ -14,7 +14,9 @@
 //! output and the draft before (vLLM's recursion for k > 1). Drafts are
 //! the head's argmax; the engine checks them as any draft (`drafts`). A
 //! sequence backing off (`drafts::Backoff`) gets no logits row and no later
-//! passes, though its rows still fill the head's KV layer.
+//! passes, though its rows still fill the head's KV layer; a pass with no
+//! logits row at all computes only the head's keys and values
+//! (`Transformer::mtp_forward`).
 
 use super::executor::Executor;
 use super::sampling::checked_argmax;

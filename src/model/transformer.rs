@@ -107,6 +107,12 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
                 out: &mut st.hidden,
             }])?;
         }
+        if batch.logit_rows.is_empty() {
+            // No row wants a draft (every sequence backing off): the head's
+            // KV layer still needs each position, and nothing else of the
+            // layer is read later, so only keys and values are computed.
+            return self.head_keys_and_values(b, &head.layer, rows, st);
+        }
         self.block(b, &head.layer, true, rows, st)?;
         b.add_rmsnorm(
             &mut st.hidden,
@@ -235,6 +241,67 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
             })?;
             first += count;
         }
+        Ok(())
+    }
+
+    /// The MTP head's layer for a pass without logits: its input norm,
+    /// then only what its KV layer keeps, the keys and values of `rows`
+    /// (as [`Transformer::attention`] computes and appends them; the
+    /// append rounds them to the cache's precision as attention would).
+    /// At Qwen3.6's shape that reads `k_proj` and `v_proj`, 4 MB, where
+    /// the whole layer reads ~110 MB (its experts, `q_proj`, `o_proj`).
+    fn head_keys_and_values(
+        &self,
+        b: &B,
+        layer: &Layer<'w, B>,
+        rows: usize,
+        st: &mut Buffers<B>,
+    ) -> Result<(), ModelError> {
+        let Mixer::Attention {
+            attention: layer_attention,
+            kv_layer,
+        } = &layer.mixer
+        else {
+            return Err(ModelError::Unsupported(
+                "an MTP head whose layer is not attention".to_string(),
+            ));
+        };
+        let (h, eps) = (self.settings.hidden_size, self.settings.rms_norm_eps);
+        b.rmsnorm(&st.hidden, &layer.input_norm, eps, rows, h, &mut st.normed)?;
+        let bias = |i: usize| layer_attention.qkvo_bias.as_ref().map(|biases| &biases[i]);
+        b.matmul(&mut [
+            Matmul {
+                x: &st.normed,
+                x_row: 0,
+                rows,
+                w: &layer_attention.k,
+                bias: bias(1),
+                out: &mut st.k,
+            },
+            Matmul {
+                x: &st.normed,
+                x_row: 0,
+                rows,
+                w: &layer_attention.v,
+                bias: bias(2),
+                out: &mut st.v,
+            },
+        ])?;
+        let norms = layer_attention
+            .qk_norm
+            .as_ref()
+            .map(|(qn, kn)| (qn, kn, eps));
+        // The queries' norm and rotation run too (the op takes both); they
+        // are never read.
+        b.qk_norm_rope(
+            &mut st.q,
+            &mut st.k,
+            norms,
+            &st.rope,
+            rows,
+            &layer_attention.shape,
+        )?;
+        b.kv_append(&st.k, &st.v, &mut st.kv, *kv_layer, &st.step)?;
         Ok(())
     }
 
