@@ -469,6 +469,21 @@ fn main() {
                 print_prefill(run_case(&mut rng, case), case);
             }
         }
+        // Qwen3.6-35B-A3B prefill: 512 tokens × top-8 over 256 experts is
+        // 16 rows per expert, of width 512.
+        for (name, shape) in [
+            ("qwen3.6 8 experts gate+up, 16 rows each", (512, 2048)),
+            ("qwen3.6 8 experts down, 16 rows each", (2048, 512)),
+        ] {
+            let count = if shape.0 == 512 { 16 } else { 8 };
+            let case = Case {
+                name: name.into(),
+                format: Format::Bf16,
+                shapes: vec![shape; count],
+                tokens: 16,
+            };
+            print_prefill(run_case(&mut rng, &case), &case);
+        }
         // gpt-oss prefill: 512 tokens × top-4 over 128 experts is 16 rows
         // per expert; 8 experts of gate_up and of down.
         for (name, shape) in [

@@ -1,7 +1,8 @@
-//! Helpers shared by the AVX2 matmul kernels (`avx2.rs`, `avx2_fp8.rs` and
-//! `avx2_mxfp4.rs`): the fixed lane reduction of their summation order, the
-//! lockstep walk over a work unit's rows, and the `Decoder` each f32-decoding
-//! format implements.
+//! Helpers shared by the AVX2 matmul kernels (`avx2.rs`, `avx2_fp8.rs`,
+//! `avx2_mxfp4.rs` and the AVX-512 panel, `avx512_panel.rs`): the fixed lane
+//! reduction of their summation order, the lockstep walk over a work unit's
+//! rows, the `Decoder` each f32-decoding format implements, and the panels'
+//! prefetch of their next block (`Ahead`).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
