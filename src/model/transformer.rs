@@ -268,25 +268,13 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
         };
         let (h, eps) = (self.settings.hidden_size, self.settings.rms_norm_eps);
         b.rmsnorm(&st.hidden, &layer.input_norm, eps, rows, h, &mut st.normed)?;
-        let bias = |i: usize| layer_attention.qkvo_bias.as_ref().map(|biases| &biases[i]);
-        b.matmul(&mut [
-            Matmul {
-                x: &st.normed,
-                x_row: 0,
-                rows,
-                w: &layer_attention.k,
-                bias: bias(1),
-                out: &mut st.k,
-            },
-            Matmul {
-                x: &st.normed,
-                x_row: 0,
-                rows,
-                w: &layer_attention.v,
-                bias: bias(2),
-                out: &mut st.v,
-            },
-        ])?;
+        b.matmul(&mut key_value_matmuls(
+            layer_attention,
+            &st.normed,
+            rows,
+            &mut st.k,
+            &mut st.v,
+        ))?;
         let norms = layer_attention
             .qk_norm
             .as_ref()
@@ -320,6 +308,7 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
             (true, Some(h)) => &mut h.query_gate,
             (true, None) => return Err(missing_buffers("gated attention")),
         };
+        let [k, v] = key_value_matmuls(layer, &st.normed, rows, &mut st.k, &mut st.v);
         b.matmul(&mut [
             Matmul {
                 x: &st.normed,
@@ -329,22 +318,8 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
                 bias: bias(0),
                 out: query_out,
             },
-            Matmul {
-                x: &st.normed,
-                x_row: 0,
-                rows,
-                w: &layer.k,
-                bias: bias(1),
-                out: &mut st.k,
-            },
-            Matmul {
-                x: &st.normed,
-                x_row: 0,
-                rows,
-                w: &layer.v,
-                bias: bias(2),
-                out: &mut st.v,
-            },
+            k,
+            v,
         ])?;
         let shape = &layer.shape;
         if layer.output_gate
@@ -601,6 +576,37 @@ impl<'w, B: Backend + 'w> Transformer<'w, B> {
         }
         Ok(())
     }
+}
+
+/// The key and value projections of attention `layer` over `rows` of
+/// `normed` (into `k` and `v`): a layer's attention and the MTP head's
+/// keys-and-values pass run the same two.
+fn key_value_matmuls<'a, 'w, B: Backend + 'w>(
+    layer: &'a Attention<'w, B>,
+    normed: &'a B::Buffer,
+    rows: usize,
+    k: &'a mut B::Buffer,
+    v: &'a mut B::Buffer,
+) -> [Matmul<'a, 'w, B>; 2] {
+    let bias = |i: usize| layer.qkvo_bias.as_ref().map(|biases| &biases[i]);
+    [
+        Matmul {
+            x: normed,
+            x_row: 0,
+            rows,
+            w: &layer.k,
+            bias: bias(1),
+            out: k,
+        },
+        Matmul {
+            x: normed,
+            x_row: 0,
+            rows,
+            w: &layer.v,
+            bias: bias(2),
+            out: v,
+        },
+    ]
 }
 
 fn missing_buffers(what: &str) -> ModelError {

@@ -24,7 +24,10 @@
 //!   work unit: `R` long sequential streams the hardware prefetchers follow.
 //! - Panel path (many tokens): a block of rows is decoded once into an f32
 //!   panel on the stack (L2-resident), then a 3-row × 4-token microkernel
-//!   (12 accumulators, 3 + 4 loads per 12 FMAs) runs over every token.
+//!   (12 accumulators, 3 + 4 loads per 12 FMAs) runs over every token
+//!   (`PanelTiles`: the AVX-512 build runs 3 row pairs × 4 tokens in zmm
+//!   instead, `avx512_panel.rs`, the same sums), while the next block's
+//!   rows are prefetched.
 //!
 //! Every `unsafe fn` here requires AVX2 and FMA; the module is only entered
 //! through an x86 tier (`Isa::Avx2` and the AVX-512 ones), which exist only
@@ -42,8 +45,11 @@ use std::ops::Range;
 
 use super::avx2_nvfp4::Nvfp4Dec;
 use super::avx512_nvfp4::Nvfp4TableDec;
-use super::avx512_panel::{pair_panel_rows, pair_rows_for};
-use super::lanes::{Ahead, Decoder, lockstep_sets, reduce, row_slice};
+use super::avx512_panel::PairTiles;
+use super::lanes::{
+    Ahead, Decoder, NT, PANEL_FLOATS, PANEL_MAX_ROWS, PanelTiles, lockstep_sets, reduce, row_slice,
+    run_tile_sized,
+};
 use crate::backend::cpu::kernels::isa::Isa;
 use crate::backend::cpu::kernels::job::{Job, Path};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
@@ -55,34 +61,20 @@ const GEMV_MAX_TOKENS: usize = 4;
 /// Tokens a GEMV tile holds (more tokens: several tiles per row set, while
 /// the rows are still in L1).
 const GEMV_TOKENS: usize = 4;
-/// Rows and tokens of the panel microkernel.
+/// Rows of the AVX2 panel microkernel.
 const MR: usize = 3;
-const NT: usize = 4;
-/// f32 values of the decoded panel (96 KiB on the stack, L2-resident).
-pub(super) const PANEL_FLOATS: usize = 24 * 1024;
-/// Most rows decoded into one panel.
-pub(super) const PANEL_MAX_ROWS: usize = 24;
 /// Columns per pass of the microkernel: the tokens' share (NT × KC floats,
 /// 8 KiB) stays in L1 while every row tile of the panel passes over it.
-pub(super) const KC: usize = 512;
+const KC: usize = 512;
 
 /// Which path a problem takes: the panel needs at least `MR` rows of the
 /// row's whole chunks in the panel buffer.
 pub(super) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
-    if tokens > GEMV_MAX_TOKENS && panel_rows_for(w) >= MR {
+    if tokens > GEMV_MAX_TOKENS && RowTiles::block_rows(whole_columns(w)) >= MR {
         Path::Panel
     } else {
         Path::Gemv
     }
-}
-
-/// Rows per panel block: a multiple of MR that fits the panel (0 if none does).
-fn panel_rows_for(w: &LinearWeight) -> usize {
-    let whole = whole_columns(w);
-    if whole == 0 {
-        return 0;
-    }
-    (PANEL_FLOATS / whole).min(PANEL_MAX_ROWS) / MR * MR
 }
 
 /// Columns covered by whole chunks of the format.
@@ -198,14 +190,17 @@ unsafe fn run_format_avx512<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) 
 /// the module docs holds for `job` and `rows`.
 #[inline(always)]
 unsafe fn run_format<D: Decoder, const WIDE: bool>(dec: &D, job: &Job, rows: Range<usize>) {
-    let pair_rows = pair_rows_for(job.weight.cols / D::CHUNK * D::CHUNK);
+    let whole = job.weight.cols / D::CHUNK * D::CHUNK;
     // SAFETY: same contract as this function's; `WIDE` only from
-    // `run_format_avx512`, whose features the paired panel needs.
+    // `run_format_avx512`, whose features the paired panel needs; the
+    // panel path was chosen with at least one row tile's worth of rows.
     unsafe {
         match job.path {
             Path::Gemv => gemv_rows(dec, job, rows),
-            Path::Panel if WIDE && pair_rows >= 2 => pair_panel_rows(dec, job, rows, pair_rows),
-            Path::Panel => panel_rows(dec, job, rows),
+            Path::Panel if WIDE && PairTiles::block_rows(whole) >= 2 => {
+                panel_rows::<D, PairTiles>(dec, job, rows)
+            }
+            Path::Panel => panel_rows::<D, RowTiles>(dec, job, rows),
         }
     }
 }
@@ -284,13 +279,7 @@ impl Decoder for Bf16Dec<'_> {
 /// readable f32 (the token's row); `W[row, ..]` is read through the
 /// bounds-checked `scalar`.
 #[inline(always)]
-pub(super) unsafe fn finish<D: Decoder>(
-    dec: &D,
-    acc: __m256,
-    row: usize,
-    cols: usize,
-    x: *const f32,
-) -> f32 {
+unsafe fn finish<D: Decoder>(dec: &D, acc: __m256, row: usize, cols: usize, x: *const f32) -> f32 {
     // SAFETY: AVX2 and FMA are present (the contract).
     let mut sum = unsafe { reduce(acc) };
     for c in cols / D::CHUNK * D::CHUNK..cols {
@@ -416,100 +405,69 @@ unsafe fn gemv_tile<D: Decoder, const R: usize, const T: usize>(
     }
 }
 
-/// The decoded panel: rows of `whole` f32 values, 32-byte aligned.
-#[repr(C, align(32))]
+/// The decoded panel, 64-byte aligned (the layout is the tiles' own).
+#[repr(C, align(64))]
 struct Panel([MaybeUninit<f32>; PANEL_FLOATS]);
 
-/// Accumulators of one token tile against every row tile of a panel block,
-/// kept between k blocks.
-type TileAccs = [[[__m256; NT]; MR]; PANEL_MAX_ROWS / MR];
+/// Most tiles of one block (3-row tiles of a 24-row block).
+const MAX_TILES: usize = PANEL_MAX_ROWS / MR;
 
 /// Panel path: for each block of rows, decode the block's whole chunks into
-/// the panel; then for each tile of tokens, walk the columns in blocks of
-/// `KC` and run the microkernel over every row tile of the block, so that
-/// the tokens' block of columns stays in L1 while the panel streams from L2.
-/// Accumulators are parked in `TileAccs` between column blocks (an exact
-/// store and reload: the summation order is unchanged).
+/// the panel; then for each group of `NT` tokens, walk the columns in
+/// blocks of `KC` and run the microkernel over every tile of the block, so
+/// that the tokens' block of columns stays in L1 while the panel streams
+/// from L2; meanwhile `Ahead` brings the next block's rows in. Accumulators
+/// are parked between column blocks (an exact store and reload: the
+/// summation order is unchanged).
 ///
 /// # Safety
 ///
-/// As [`run_format`] (the panel's size is derived from `job.weight`, so
-/// every block fits it).
+/// As [`run_format`], with the features of `K`, and
+/// `K::block_rows(whole) ≥ 1` (the panel's size is derived from
+/// `job.weight`, so every block fits it).
 #[inline(always)]
-unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
+unsafe fn panel_rows<D: Decoder, K: PanelTiles>(dec: &D, job: &Job, rows: Range<usize>) {
     let (cols, n_rows, tokens) = (job.weight.cols, job.weight.rows, job.tokens);
     let whole = cols / D::CHUNK * D::CHUNK;
-    let block_rows = panel_rows_for(&job.weight);
+    let block_rows = K::block_rows(whole);
     let mut panel = Panel([MaybeUninit::uninit(); PANEL_FLOATS]);
     let base = panel.0.as_mut_ptr() as *mut f32;
-    // SAFETY: AVX2 is present (the contract).
-    let zero = unsafe { _mm256_setzero_ps() };
-    let mut accs: TileAccs = [[[zero; NT]; MR]; PANEL_MAX_ROWS / MR];
+    // SAFETY: K's features are present (the contract).
+    let zero = unsafe { K::zero() };
+    let mut accs = [zero; MAX_TILES];
     let mut block = rows.start;
     while block < rows.end {
         let nb = block_rows.min(rows.end - block);
-        let mut w = [zero; 8];
-        for r in 0..nb {
-            for ch in 0..whole / D::CHUNK {
-                // SAFETY: the chunk is inside the matrix; nb × whole ≤
-                // PANEL_FLOATS by the choice of block_rows.
-                unsafe {
-                    dec.decode(block + r, ch, &mut w);
-                    let dst = base.add(r * whole + ch * D::CHUNK);
-                    for (v, wv) in w.iter().enumerate().take(D::VECS) {
-                        _mm256_store_ps(dst.add(8 * v), *wv);
-                    }
-                }
-            }
-        }
+        let tiles = nb.div_ceil(K::TILE_ROWS);
+        // SAFETY: the block's rows are the unit's (inside the matrix) and
+        // nb ≤ block_rows, which the panel holds.
+        unsafe { K::decode(dec, base, block, nb, whole) };
         let next = block + nb..(block + nb + block_rows).min(rows.end);
-        let tiles = tokens.div_ceil(NT) * whole.div_ceil(KC) * nb.div_ceil(MR);
-        let mut ahead = Ahead::new(dec, next, tiles);
+        let mut ahead = Ahead::new(dec, next, tokens.div_ceil(NT) * whole.div_ceil(KC) * tiles);
         let mut t0 = 0;
         while t0 < tokens {
             let tn = (tokens - t0).min(NT);
             let x = job.x[t0 * cols..].as_ptr();
-            for acc in accs.iter_mut().take(nb.div_ceil(MR)) {
-                *acc = [[zero; NT]; MR];
-            }
+            accs[..tiles].fill(zero);
             let mut k0 = 0;
             while k0 < whole {
                 let k1 = (k0 + KC).min(whole);
-                for (i, acc) in accs.iter_mut().enumerate().take(nb.div_ceil(MR)) {
-                    let rm = (nb - i * MR).min(MR);
-                    let tile = Tile {
-                        panel: base.wrapping_add(i * MR * whole),
-                        whole,
-                        x,
-                        cols,
-                    };
-                    // SAFETY: the tile's panel rows were decoded above and
-                    // tokens t0..t0+tn exist; k0..k1 lies inside `whole`.
-                    unsafe {
-                        match (rm, tn) {
-                            (3, 4) => tile.run::<3, 4>(acc, k0, k1),
-                            (3, 3) => tile.run::<3, 3>(acc, k0, k1),
-                            (3, 2) => tile.run::<3, 2>(acc, k0, k1),
-                            (3, _) => tile.run::<3, 1>(acc, k0, k1),
-                            (2, 4) => tile.run::<2, 4>(acc, k0, k1),
-                            (2, 3) => tile.run::<2, 3>(acc, k0, k1),
-                            (2, 2) => tile.run::<2, 2>(acc, k0, k1),
-                            (2, _) => tile.run::<2, 1>(acc, k0, k1),
-                            (_, 4) => tile.run::<1, 4>(acc, k0, k1),
-                            (_, 3) => tile.run::<1, 3>(acc, k0, k1),
-                            (_, 2) => tile.run::<1, 2>(acc, k0, k1),
-                            (_, _) => tile.run::<1, 1>(acc, k0, k1),
-                        }
-                    }
+                for (i, acc) in accs.iter_mut().enumerate().take(tiles) {
+                    let tile_rows = (nb - i * K::TILE_ROWS).min(K::TILE_ROWS);
+                    // SAFETY: the tile's rows were decoded above and tokens
+                    // t0..t0+tn exist; k0..k1 lies inside `whole`.
+                    unsafe { K::run(base, whole, i, tile_rows, x, cols, tn, acc, k0, k1) };
                     ahead.step(dec);
                 }
                 k0 = k1;
             }
             for r in 0..nb {
                 let row = block + r;
-                for (t, &acc) in accs[r / MR][r % MR].iter().enumerate().take(tn) {
-                    // SAFETY: token t0 + t exists; the unit owns this row.
+                for t in 0..tn {
+                    // SAFETY: K's features; token t0 + t exists; the unit
+                    // owns this row.
                     unsafe {
+                        let acc = K::output(&accs[r / K::TILE_ROWS], r % K::TILE_ROWS, t);
                         let sum = finish(dec, acc, row, cols, x.add(t * cols));
                         *job.out.get().add((t0 + t) * n_rows + row) = sum;
                     }
@@ -518,6 +476,76 @@ unsafe fn panel_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
             t0 += tn;
         }
         block += nb;
+    }
+}
+
+/// The AVX2 microkernel: `MR` rows × `NT` tokens, one ymm accumulator per
+/// output, rows decoded one after another (`whole` floats apart).
+pub(super) struct RowTiles;
+
+impl PanelTiles for RowTiles {
+    const TILE_ROWS: usize = MR;
+    type Accs = [[__m256; NT]; MR];
+
+    fn block_rows(whole: usize) -> usize {
+        if whole == 0 {
+            return 0;
+        }
+        (PANEL_FLOATS / whole).min(PANEL_MAX_ROWS) / MR * MR
+    }
+
+    #[inline(always)]
+    unsafe fn zero() -> Self::Accs {
+        // SAFETY: AVX is present (the contract).
+        [[unsafe { _mm256_setzero_ps() }; NT]; MR]
+    }
+
+    #[inline(always)]
+    unsafe fn decode<D: Decoder>(dec: &D, panel: *mut f32, block: usize, nb: usize, whole: usize) {
+        // SAFETY: AVX is present (the contract).
+        let mut w = [unsafe { _mm256_setzero_ps() }; 8];
+        for r in 0..nb {
+            for ch in 0..whole / D::CHUNK {
+                // SAFETY: the chunk is inside the matrix; row r's floats
+                // r · whole .. (r + 1) · whole are inside the panel, and
+                // 32-byte aligned (whole is a multiple of 8).
+                unsafe {
+                    dec.decode(block + r, ch, &mut w);
+                    let dst = panel.add(r * whole + ch * D::CHUNK);
+                    for (v, wv) in w.iter().enumerate().take(D::VECS) {
+                        _mm256_store_ps(dst.add(8 * v), *wv);
+                    }
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn run(
+        panel: *const f32,
+        whole: usize,
+        tile: usize,
+        rows: usize,
+        x: *const f32,
+        cols: usize,
+        tn: usize,
+        acc: &mut Self::Accs,
+        k0: usize,
+        k1: usize,
+    ) {
+        let tile = Tile {
+            panel: panel.wrapping_add(tile * MR * whole),
+            whole,
+            x,
+            cols,
+        };
+        // SAFETY: the caller's contract, for `rows` rows and `tn` tokens.
+        unsafe { run_tile_sized!(tile, rows, tn, acc, k0, k1) }
+    }
+
+    #[inline(always)]
+    unsafe fn output(acc: &Self::Accs, row: usize, t: usize) -> __m256 {
+        acc[row][t]
     }
 }
 

@@ -14,132 +14,83 @@
 //! `finish`. So GEMV (ymm) and this panel still agree for every token, and
 //! batch invariance holds across the paths.
 //!
-//! Everything here is `#[inline(always)]` into `run_format_avx512` (AVX-512F,
-//! VL and DQ enabled there), as the module docs of `avx2.rs` require.
+//! Only the layout and the tile are here: `avx2.rs`'s `panel_rows` runs the
+//! block loop for both tile kinds. Everything is `#[inline(always)]` into
+//! `run_format_avx512` (AVX-512F, VL and DQ enabled there), as the module
+//! docs of `avx2.rs` require.
 
 use std::arch::x86_64::*;
-use std::mem::MaybeUninit;
-use std::ops::Range;
 
-use super::avx2::{KC, PANEL_FLOATS, PANEL_MAX_ROWS, finish};
-use super::lanes::{Ahead, Decoder};
-use crate::backend::cpu::kernels::job::Job;
+use super::lanes::{Decoder, NT, PANEL_FLOATS, PANEL_MAX_ROWS, PanelTiles, run_tile_sized};
 
-/// Row pairs and tokens of the microkernel: 3 × 4 zmm accumulators (6 rows
-/// × 4 tokens), 3 + 4 loads per 12 FMAs of 16 lanes.
+/// Row pairs of a microkernel tile: 3 pairs × `NT` tokens, 12 zmm
+/// accumulators, 3 + 4 loads per 12 FMAs of 16 lanes.
 const MP: usize = 3;
-const NT: usize = 4;
 
-/// The decoded panel, in row pairs (see the module docs), 64-byte aligned.
-#[repr(C, align(64))]
-struct PairPanel([MaybeUninit<f32>; PANEL_FLOATS]);
+/// The panel's tiles over row pairs, for `avx2.rs`'s `panel_rows` (its
+/// block loop, prefetch and finish are the AVX2 panel's).
+pub(super) struct PairTiles;
 
-/// Accumulators of one token tile against every pair tile of a block, kept
-/// between k blocks.
-type PairAccs = [[[__m512; NT]; MP]; PANEL_MAX_ROWS / (2 * MP)];
+impl PanelTiles for PairTiles {
+    const TILE_ROWS: usize = 2 * MP;
+    type Accs = [[__m512; NT]; MP];
 
-/// Rows per block of the paired panel: an even count that fits it (0 if
-/// not even one pair does; the caller then takes the AVX2 panel).
-pub(super) fn pair_rows_for(whole: usize) -> usize {
-    if whole == 0 {
-        return 0;
-    }
-    (PANEL_FLOATS / whole).min(PANEL_MAX_ROWS) / 2 * 2
-}
-
-/// The panel path over row pairs: as `avx2.rs`'s `panel_rows`, block by
-/// block (rows decoded once, then every token), with the next block
-/// prefetched while this one computes.
-///
-/// # Safety
-///
-/// As `avx2.rs`'s `run_format`, and the CPU has AVX-512F, VL and DQ (the
-/// caller is `run_format_avx512`); `block_rows = pair_rows_for(..) ≥ 2`.
-#[inline(always)]
-pub(super) unsafe fn pair_panel_rows<D: Decoder>(
-    dec: &D,
-    job: &Job,
-    rows: Range<usize>,
-    block_rows: usize,
-) {
-    let (cols, n_rows, tokens) = (job.weight.cols, job.weight.rows, job.tokens);
-    let whole = cols / D::CHUNK * D::CHUNK;
-    let mut panel = PairPanel([MaybeUninit::uninit(); PANEL_FLOATS]);
-    let base = panel.0.as_mut_ptr() as *mut f32;
-    // SAFETY: AVX-512F is present (the contract).
-    let zero = unsafe { _mm512_setzero_ps() };
-    let mut accs: PairAccs = [[[zero; NT]; MP]; PANEL_MAX_ROWS / (2 * MP)];
-    let mut block = rows.start;
-    while block < rows.end {
-        let nb = block_rows.min(rows.end - block);
-        let pairs = nb.div_ceil(2);
-        // SAFETY: every chunk decoded is inside the matrix (rows of the
-        // unit, whole chunks); pair p's floats are p·2·whole .. (p+1)·2·whole,
-        // inside the panel since 2 · pairs ≤ block_rows and
-        // block_rows · whole ≤ PANEL_FLOATS.
-        unsafe { decode_pairs(dec, base, block, nb, whole) };
-        let next = block + nb..(block + nb + block_rows).min(rows.end);
-        let tiles = tokens.div_ceil(NT) * whole.div_ceil(KC) * pairs.div_ceil(MP);
-        let mut ahead = Ahead::new(dec, next, tiles);
-        let mut t0 = 0;
-        while t0 < tokens {
-            let tn = (tokens - t0).min(NT);
-            let x = job.x[t0 * cols..].as_ptr();
-            for acc in accs.iter_mut().take(pairs.div_ceil(MP)) {
-                *acc = [[zero; NT]; MP];
-            }
-            let mut k0 = 0;
-            while k0 < whole {
-                let k1 = (k0 + KC).min(whole);
-                for (i, acc) in accs.iter_mut().enumerate().take(pairs.div_ceil(MP)) {
-                    let pm = (pairs - i * MP).min(MP);
-                    let tile = PairTile {
-                        panel: base.wrapping_add(i * MP * 2 * whole),
-                        pair_stride: 2 * whole,
-                        x,
-                        cols,
-                    };
-                    // SAFETY: the tile's pairs were decoded above and tokens
-                    // t0..t0+tn exist; k0..k1 lies inside `whole`.
-                    unsafe {
-                        match (pm, tn) {
-                            (3, 4) => tile.run::<3, 4>(acc, k0, k1),
-                            (3, 3) => tile.run::<3, 3>(acc, k0, k1),
-                            (3, 2) => tile.run::<3, 2>(acc, k0, k1),
-                            (3, _) => tile.run::<3, 1>(acc, k0, k1),
-                            (2, 4) => tile.run::<2, 4>(acc, k0, k1),
-                            (2, 3) => tile.run::<2, 3>(acc, k0, k1),
-                            (2, 2) => tile.run::<2, 2>(acc, k0, k1),
-                            (2, _) => tile.run::<2, 1>(acc, k0, k1),
-                            (_, 4) => tile.run::<1, 4>(acc, k0, k1),
-                            (_, 3) => tile.run::<1, 3>(acc, k0, k1),
-                            (_, 2) => tile.run::<1, 2>(acc, k0, k1),
-                            (_, _) => tile.run::<1, 1>(acc, k0, k1),
-                        }
-                    }
-                    ahead.step(dec);
-                }
-                k0 = k1;
-            }
-            for r in 0..nb {
-                let row = block + r;
-                for (t, &acc) in accs[r / (2 * MP)][(r / 2) % MP].iter().enumerate().take(tn) {
-                    // SAFETY: AVX-512F/DQ are present; token t0 + t exists;
-                    // the unit owns this row.
-                    unsafe {
-                        let half = if r % 2 == 0 {
-                            _mm512_castps512_ps256(acc)
-                        } else {
-                            _mm512_extractf32x8_ps::<1>(acc)
-                        };
-                        let sum = finish(dec, half, row, cols, x.add(t * cols));
-                        *job.out.get().add((t0 + t) * n_rows + row) = sum;
-                    }
-                }
-            }
-            t0 += tn;
+    /// An even count (a lone last row of a unit is paired with zeros).
+    fn block_rows(whole: usize) -> usize {
+        if whole == 0 {
+            return 0;
         }
-        block += nb;
+        (PANEL_FLOATS / whole).min(PANEL_MAX_ROWS) / 2 * 2
+    }
+
+    #[inline(always)]
+    unsafe fn zero() -> Self::Accs {
+        // SAFETY: AVX-512F is present (the contract).
+        [[unsafe { _mm512_setzero_ps() }; NT]; MP]
+    }
+
+    #[inline(always)]
+    unsafe fn decode<D: Decoder>(dec: &D, panel: *mut f32, block: usize, nb: usize, whole: usize) {
+        // SAFETY: the caller's contract (block_rows is even, so the pairs
+        // of nb rows fit the panel).
+        unsafe { decode_pairs(dec, panel, block, nb, whole) }
+    }
+
+    #[inline(always)]
+    unsafe fn run(
+        panel: *const f32,
+        whole: usize,
+        tile: usize,
+        rows: usize,
+        x: *const f32,
+        cols: usize,
+        tn: usize,
+        acc: &mut Self::Accs,
+        k0: usize,
+        k1: usize,
+    ) {
+        let tile = PairTile {
+            panel: panel.wrapping_add(tile * 2 * MP * whole),
+            pair_stride: 2 * whole,
+            x,
+            cols,
+        };
+        // SAFETY: the caller's contract, for the tile's pairs and `tn`
+        // tokens.
+        unsafe { run_tile_sized!(tile, rows.div_ceil(2), tn, acc, k0, k1) }
+    }
+
+    /// The even row's accumulator is the low half, the odd row's the high.
+    #[inline(always)]
+    unsafe fn output(acc: &Self::Accs, row: usize, t: usize) -> __m256 {
+        let pair = acc[row / 2][t];
+        if row.is_multiple_of(2) {
+            // SAFETY: AVX-512F is present (the contract).
+            unsafe { _mm512_castps512_ps256(pair) }
+        } else {
+            // SAFETY: AVX-512DQ is present (the contract).
+            unsafe { _mm512_extractf32x8_ps::<1>(pair) }
+        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! Helpers shared by the AVX2 matmul kernels (`avx2.rs`, `avx2_fp8.rs`,
 //! `avx2_mxfp4.rs` and the AVX-512 panel, `avx512_panel.rs`): the fixed lane
 //! reduction of their summation order, the lockstep walk over a work unit's
-//! rows, the `Decoder` each f32-decoding format implements, and the panels'
-//! prefetch of their next block (`Ahead`).
+//! rows, the `Decoder` each f32-decoding format implements, the panel
+//! path's sizes and the `PanelTiles` its two microkernels implement, and the
+//! panels' prefetch of their next block (`Ahead`).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -81,6 +82,95 @@ pub(super) trait Decoder {
     /// [`Ahead`]; empty past the matrix.
     fn row_bytes(&self, row: usize) -> &[u8];
 }
+
+/// f32 values of a decoded panel (96 KiB on the stack, L2-resident).
+pub(super) const PANEL_FLOATS: usize = 24 * 1024;
+/// Most rows decoded into one panel.
+pub(super) const PANEL_MAX_ROWS: usize = 24;
+/// Tokens of a panel microkernel tile.
+pub(super) const NT: usize = 4;
+
+/// The microkernel of the panel path: how a block of decoded rows lies in
+/// the panel and the tile that multiplies `TILE_ROWS` of them by up to
+/// `NT` tokens. `avx2.rs`'s `RowTiles` keeps each row in its own ymm
+/// accumulators (every x86 tier); `avx512_panel.rs`'s `PairTiles` keeps two
+/// rows per zmm (the AVX-512 build). Both sum each output as the module docs say (a lane
+/// of one row's 8-lane accumulator per column), so which one runs never
+/// changes a bit.
+pub(super) trait PanelTiles {
+    /// Block rows one tile covers; tile `i` covers block rows
+    /// `i · TILE_ROWS ..`, at panel float `i · TILE_ROWS · whole`.
+    const TILE_ROWS: usize;
+    /// One tile's accumulators, parked between column blocks.
+    type Accs: Copy;
+    /// Rows per block for rows of `whole` decoded columns: as many as the
+    /// panel takes, at most `PANEL_MAX_ROWS` (0 when not one tile's worth
+    /// fits; the caller then takes another tile kind).
+    fn block_rows(whole: usize) -> usize;
+    /// Zeroed accumulators.
+    ///
+    /// # Safety
+    ///
+    /// The tile kind's features (the caller's entry point enables them).
+    unsafe fn zero() -> Self::Accs;
+    /// Decodes rows `block .. block + nb` (whole chunks) into the panel.
+    ///
+    /// # Safety
+    ///
+    /// The features; the rows lie in the matrix `dec` decodes; `panel`
+    /// holds `nb · whole` writable floats rounded up to whole tiles, with
+    /// `nb ≤ block_rows(whole)`.
+    unsafe fn decode<D: Decoder>(dec: &D, panel: *mut f32, block: usize, nb: usize, whole: usize);
+    /// Tile `tile` (its first `rows` block rows) × tokens `x`, `tn` of them
+    /// (row stride `cols`), over columns `k0..k1`, into `acc`.
+    ///
+    /// # Safety
+    ///
+    /// The features; the tile's rows were decoded; `tn` tokens of `cols`
+    /// floats at `x`; `k0 ≤ k1 ≤ whole`, multiples of 8.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run(
+        panel: *const f32,
+        whole: usize,
+        tile: usize,
+        rows: usize,
+        x: *const f32,
+        cols: usize,
+        tn: usize,
+        acc: &mut Self::Accs,
+        k0: usize,
+        k1: usize,
+    );
+    /// The 8-lane accumulator of the tile's row `row` and token `t`.
+    ///
+    /// # Safety
+    ///
+    /// The features.
+    unsafe fn output(acc: &Self::Accs, row: usize, t: usize) -> __m256;
+}
+
+/// Runs `tile.run::<R, T>(acc, k0, k1)` for `rows` (1 to 3) rows or row
+/// pairs and `tn` (1 to `NT`) tokens, the const sizes chosen by match (a
+/// microkernel's registers are fixed at compile time).
+macro_rules! run_tile_sized {
+    ($tile:expr, $rows:expr, $tn:expr, $acc:expr, $k0:expr, $k1:expr) => {
+        match ($rows, $tn) {
+            (3, 4) => $tile.run::<3, 4>($acc, $k0, $k1),
+            (3, 3) => $tile.run::<3, 3>($acc, $k0, $k1),
+            (3, 2) => $tile.run::<3, 2>($acc, $k0, $k1),
+            (3, _) => $tile.run::<3, 1>($acc, $k0, $k1),
+            (2, 4) => $tile.run::<2, 4>($acc, $k0, $k1),
+            (2, 3) => $tile.run::<2, 3>($acc, $k0, $k1),
+            (2, 2) => $tile.run::<2, 2>($acc, $k0, $k1),
+            (2, _) => $tile.run::<2, 1>($acc, $k0, $k1),
+            (_, 4) => $tile.run::<1, 4>($acc, $k0, $k1),
+            (_, 3) => $tile.run::<1, 3>($acc, $k0, $k1),
+            (_, 2) => $tile.run::<1, 2>($acc, $k0, $k1),
+            (_, _) => $tile.run::<1, 1>($acc, $k0, $k1),
+        }
+    };
+}
+pub(super) use run_tile_sized;
 
 /// Row `row`'s `len` bytes of a row-major matrix in `bytes` (empty past it).
 pub(super) fn row_slice(bytes: &[u8], row: usize, len: usize) -> &[u8] {
