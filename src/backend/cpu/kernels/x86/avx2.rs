@@ -454,9 +454,11 @@ unsafe fn panel_rows<D: Decoder, K: PanelTiles>(dec: &D, job: &Job, rows: Range<
                 let k1 = (k0 + KC).min(whole);
                 for (i, acc) in accs.iter_mut().enumerate().take(tiles) {
                     let tile_rows = (nb - i * K::TILE_ROWS).min(K::TILE_ROWS);
-                    // SAFETY: the tile's rows were decoded above and tokens
-                    // t0..t0+tn exist; k0..k1 lies inside `whole`.
-                    unsafe { K::run(base, whole, i, tile_rows, x, cols, tn, acc, k0, k1) };
+                    let tile_panel = base.wrapping_add(i * K::TILE_ROWS * whole);
+                    // SAFETY: the tile's rows were decoded above at
+                    // `tile_panel` and tokens t0..t0+tn exist; k0..k1 lies
+                    // inside `whole`.
+                    unsafe { K::run(tile_panel, whole, tile_rows, x, cols, tn, acc, k0, k1) };
                     ahead.step(dec);
                 }
                 k0 = k1;
@@ -522,9 +524,8 @@ impl PanelTiles for RowTiles {
 
     #[inline(always)]
     unsafe fn run(
-        panel: *const f32,
+        tile_panel: *const f32,
         whole: usize,
-        tile: usize,
         rows: usize,
         x: *const f32,
         cols: usize,
@@ -534,7 +535,7 @@ impl PanelTiles for RowTiles {
         k1: usize,
     ) {
         let tile = Tile {
-            panel: panel.wrapping_add(tile * MR * whole),
+            panel: tile_panel,
             whole,
             x,
             cols,

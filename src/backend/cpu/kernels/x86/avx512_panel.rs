@@ -58,9 +58,8 @@ impl PanelTiles for PairTiles {
 
     #[inline(always)]
     unsafe fn run(
-        panel: *const f32,
+        tile_panel: *const f32,
         whole: usize,
-        tile: usize,
         rows: usize,
         x: *const f32,
         cols: usize,
@@ -70,7 +69,7 @@ impl PanelTiles for PairTiles {
         k1: usize,
     ) {
         let tile = PairTile {
-            panel: panel.wrapping_add(tile * 2 * MP * whole),
+            panel: tile_panel,
             pair_stride: 2 * whole,
             x,
             cols,

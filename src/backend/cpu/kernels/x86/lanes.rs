@@ -121,18 +121,17 @@ pub(super) trait PanelTiles {
     /// holds `nb · whole` writable floats rounded up to whole tiles, with
     /// `nb ≤ block_rows(whole)`.
     unsafe fn decode<D: Decoder>(dec: &D, panel: *mut f32, block: usize, nb: usize, whole: usize);
-    /// Tile `tile` (its first `rows` block rows) × tokens `x`, `tn` of them
-    /// (row stride `cols`), over columns `k0..k1`, into `acc`.
+    /// The tile at `tile_panel` (its first `rows` block rows) × tokens `x`,
+    /// `tn` of them (row stride `cols`), over columns `k0..k1`, into `acc`.
     ///
     /// # Safety
     ///
-    /// The features; the tile's rows were decoded; `tn` tokens of `cols`
-    /// floats at `x`; `k0 ≤ k1 ≤ whole`, multiples of 8.
+    /// The features; the tile's rows were decoded at `tile_panel`; `tn`
+    /// tokens of `cols` floats at `x`; `k0 ≤ k1 ≤ whole`, multiples of 8.
     #[allow(clippy::too_many_arguments)]
     unsafe fn run(
-        panel: *const f32,
+        tile_panel: *const f32,
         whole: usize,
-        tile: usize,
         rows: usize,
         x: *const f32,
         cols: usize,
