@@ -14,10 +14,13 @@
 # the same rounds, and prints a row per format and tier (the ratio is to
 # bf16 on the same tier).
 #
-# Formats: bf16, nvfp4 (ModelOpt: experts in NVFP4), int4 (GPTQ), fp8-block, ct-nvfp4
+# Formats: bf16, nvfp4 (ModelOpt: experts in NVFP4), ct-nvfp4
 # (compressed-tensors nvfp4-pack-quantized: every linear but the router and
-# lm_head), and whatever scripts/format-configs.py knows (it writes each
-# format's quantization_config). The checkpoints take about
+# lm_head), modelopt-mixed (NVIDIA's Qwen3.6 layout: NVFP4 experts and
+# lm_head, FP8 attention), int4 (GPTQ as Intel's AutoRound: every linear but
+# the router and lm_head), int4-experts, fp8-block: whatever
+# scripts/format-configs.py knows (it writes each format's
+# quantization_config). The checkpoints take about
 # 1.3 GB × LAYERS in bf16 and a third of that in 4-bit; --keep reuses them.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -41,9 +41,20 @@ FORMATS = {
         "ignore": ["lm_head", "re:.*mlp.gate$"],
         "quantization_status": "compressed",
     },
-    # GPTQ INT4 (AutoGPTQ v1 zeros, symmetric, groups of 128): experts
-    # INT4, attention, router and lm_head bf16 (as the nvfp4 case).
+    # GPTQ INT4 (AutoGPTQ v1 zeros, symmetric, groups of 128) as Intel's
+    # AutoRound checkpoints: every linear but the router and lm_head.
     "int4": {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": 128,
+        "sym": True,
+        "desc_act": False,
+        "checkpoint_format": "gptq",
+        "modules_to_not_convert": ["lm_head", "model.layers.*.mlp.gate"],
+    },
+    # GPTQ INT4 on the experts only: attention, router and lm_head bf16 (as
+    # the nvfp4 case).
+    "int4-experts": {
         "quant_method": "gptq",
         "bits": 4,
         "group_size": 128,
@@ -60,6 +71,27 @@ FORMATS = {
         "weight_block_size": [128, 128],
         "modules_to_not_convert": ["lm_head", "model.layers.*.self_attn*", "model.layers.*.mlp.gate"],
     },
+    # ModelOpt MIXED_PRECISION as nvidia/Qwen3.6-35B-A3B-NVFP4
+    # (docs QWEN35.md, "Formats"): NVFP4 on the experts and lm_head, FP8
+    # per tensor on the attention projections, the router bf16. Its
+    # `quantized_layers` names every module, so it is built per layer count.
+    "modelopt-mixed": lambda layers: {
+        "quant_method": "modelopt",
+        "quant_algo": "MIXED_PRECISION",
+        "exclude_modules": ["model.layers.*.mlp.gate"],
+        "quantized_layers": {
+            "lm_head": {"quant_algo": "NVFP4", "group_size": 16},
+            **{
+                f"model.layers.{layer}.self_attn.{proj}": {"quant_algo": "FP8"}
+                for layer in range(layers)
+                for proj in ["q_proj", "k_proj", "v_proj", "o_proj"]
+            },
+            **{
+                f"model.layers.{layer}.mlp.experts": {"quant_algo": "NVFP4", "group_size": 16}
+                for layer in range(layers)
+            },
+        },
+    },
 }
 
 
@@ -70,8 +102,11 @@ def main():
     with open(path) as f:
         config = json.load(f)
     config["num_hidden_layers"] = layers
-    if FORMATS[fmt] is not None:
-        config["quantization_config"] = FORMATS[fmt]
+    quantization = FORMATS[fmt]
+    if callable(quantization):
+        quantization = quantization(layers)
+    if quantization is not None:
+        config["quantization_config"] = quantization
     json.dump(config, sys.stdout, indent=2)
     print()
 

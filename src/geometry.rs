@@ -133,6 +133,10 @@ macro_rules! with_geometry_fields {
             /// Format of the attention and Gated DeltaNet projections.
             #[serde(default)]
             attention_quantization: $crate::geometry::Quantization = ($crate::geometry::Quantization::Bf16),
+            /// Format of the lm_head (NVIDIA's ModelOpt checkpoints keep it
+            /// in NVFP4; most others in bf16).
+            #[serde(default)]
+            lm_head_quantization: $crate::geometry::Quantization = ($crate::geometry::Quantization::Bf16),
             /// Input columns per scale of grouped integer formats (INT4); 0
             /// when the formats fix their own groups.
             #[serde(default)]

@@ -203,3 +203,67 @@ fn broken_fp8_tensors_are_refused_naming_the_tensor() {
     });
     assert_eq!(problems(dir.path()), "");
 }
+
+/// NVIDIA's published ModelOpt checkpoints quantize the lm_head too
+/// (`nvidia/Qwen3.6-35B-A3B-NVFP4`: NVFP4 lm_head, docs QWEN35.md): a
+/// synthetic copy of the mixed fixture with `lm_head` named NVFP4 in
+/// `quantized_layers` records it in the geometry, its plan from config.json
+/// alone is the header bytes group by group, `inspect` names the format,
+/// and the engine serves it.
+#[test]
+fn an_nvfp4_lm_head_is_read_planned_and_served() {
+    let like = tempfile::tempdir().unwrap();
+    let fixture = common::fixture("qwen3-moe-tiny-modelopt-mixed");
+    for file in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixture.join(file), like.path().join(file)).unwrap();
+    }
+    let path = like.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let q = &mut config["quantization_config"];
+    q["exclude_modules"] = serde_json::json!(["model.layers.*.mlp.gate"]);
+    q["quantized_layers"]["lm_head"] = serde_json::json!({"quant_algo": "NVFP4", "group_size": 16});
+    std::fs::write(&path, config.to_string()).unwrap();
+
+    let config = ModelConfig::load(like.path()).unwrap();
+    assert_eq!(
+        config.geometry.lm_head_quantization,
+        sparkrt::geometry::Quantization::Nvfp4
+    );
+    let dir = tempfile::tempdir().unwrap();
+    sparkrt::checkpoint::synthetic::write_checkpoint(
+        like.path(),
+        &config,
+        dir.path(),
+        1,
+        5,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let headers = read_headers(dir.path()).unwrap();
+    let exact = bytes_by_group(config.geometry.architecture, &headers.tensors);
+    assert_eq!(estimate_weights(&config.geometry).groups, exact.bytes);
+    let vocab_by_hidden = 512 * 160;
+    // Codes, an E4M3 scale per 16, two f32 scalars (weight_scale_2, input_scale).
+    assert_eq!(
+        exact.bytes[&sparkrt::geometry::WeightGroup::LmHead],
+        vocab_by_hidden / 2 + vocab_by_hidden / 16 + 8
+    );
+    let inspected = report(dir.path()).unwrap();
+    assert_eq!(inspected.group_formats["lm_head"], ["nvfp4"]);
+    assert_eq!(problems(dir.path()), "");
+
+    let host_root = common::fixture("hosts/box24");
+    let host = HostSource {
+        root: &host_root,
+        kubelet_config: None,
+    };
+    let loaded = Loaded::open_cpu(dir.path(), None, &host, PageCachePolicy::Keep).unwrap();
+    let source = loaded.source();
+    let mut engine = loaded.engine(&source).unwrap();
+    let outcomes = serve_greedy(&mut engine, &[vec![1, 2, 3, 4]], 6);
+    assert_eq!(outcomes[0].tokens.len(), 6, "{:?}", outcomes[0].finish);
+    let logits = &outcomes[0].prompt_logits;
+    assert!(!logits.is_empty() && logits.iter().all(|l| l.is_finite()));
+    assert!(logits.iter().any(|&l| l != logits[0]), "logits all alike");
+}

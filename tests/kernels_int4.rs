@@ -122,3 +122,41 @@ fn int4_matmul_matches_the_element_definition_and_is_batch_invariant() {
         }
     }
 }
+
+/// The AVX-512 tiers' INT4 kernel (16 rows a vector, the last 8 of an odd
+/// count to the AVX2 kernel) promises the AVX2 kernel's bits: row counts
+/// that leave 8-row tails and span several 256-row chunks, every token
+/// count the kernel splits differently (pairs and a lone token), v1 and v2
+/// zero points, groups of 32 and 128.
+#[test]
+fn avx512_int4_gives_the_avx2_bits() {
+    if !Isa::Avx512.is_available() {
+        eprintln!("skipped: this CPU lacks AVX-512F/VL/DQ (the avx512 tier)");
+        return;
+    }
+    let mut rng = Rng::new(2812);
+    for (rows, cols, group, offset) in [
+        (8, 64, 32, 1),
+        (24, 128, 128, 0),
+        (40, 256, 32, 1),
+        (264, 256, 128, 1),
+        (520, 128, 32, 0),
+    ] {
+        let w = Int4::random(&mut rng, rows, cols, group, offset);
+        let view = w.view();
+        for tokens in [1, 2, 3, 5] {
+            let x = random_x(&mut rng, tokens * cols, false);
+            let bits = |isa| -> Vec<u32> {
+                run(isa, &x, tokens, &view)
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            assert_eq!(
+                bits(Isa::Avx512),
+                bits(Isa::Avx2),
+                "{rows}x{cols}/{group} zero offset {offset} tokens {tokens}"
+            );
+        }
+    }
+}

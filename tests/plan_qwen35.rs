@@ -340,6 +340,7 @@ fn quantized_qwen36_profiles_size_each_group_by_hand() {
         g[&WeightGroup::SharedExpert],
         40 * (sum(&mlp, &nvfp4) + 2048 * 2)
     );
-    // Embeddings and lm_head stay bf16 in both.
-    assert_eq!(g[&WeightGroup::LmHead], 248_320 * 2048 * 2);
+    // NVIDIA's lm_head is NVFP4 too; the embeddings stay bf16.
+    assert_eq!(g[&WeightGroup::LmHead], nvfp4(248_320, 2048));
+    assert_eq!(g[&WeightGroup::Embeddings], 248_320 * 2048 * 2);
 }

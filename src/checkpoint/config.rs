@@ -141,6 +141,12 @@ impl ModelConfig {
         let mut config = config;
         config.geometry.quantization = config.linear_format(&config.mlp_module());
         config.geometry.attention_quantization = config.linear_format(&config.attention_module());
+        config.geometry.lm_head_quantization = if config.geometry.tie_word_embeddings {
+            // The embedding table serves as lm_head: bf16.
+            Quantization::Bf16
+        } else {
+            config.linear_format("lm_head")
+        };
         config.geometry.quant_group_size = match &config.quantization {
             Some(q) if q.method == Quantization::Int4 => q.group_size,
             _ => 0,
@@ -658,6 +664,7 @@ impl Keys<'_> {
             quantization: method_of(&quantization),
             // Both set by `ModelConfig::parse` once modules can be named.
             attention_quantization: Quantization::Bf16,
+            lm_head_quantization: Quantization::Bf16,
             quant_group_size: 0,
             num_layers: c.num_layers,
             hidden_size: c.hidden_size,
@@ -733,6 +740,7 @@ impl Keys<'_> {
             quantization: method_of(&quantization),
             // Both set by `ModelConfig::parse` once modules can be named.
             attention_quantization: Quantization::Bf16,
+            lm_head_quantization: Quantization::Bf16,
             quant_group_size: 0,
             num_layers: c.num_layers,
             hidden_size: c.hidden_size,
@@ -859,6 +867,7 @@ impl Keys<'_> {
             quantization: method_of(&quantization),
             // Both set by `ModelConfig::parse` once modules can be named.
             attention_quantization: Quantization::Bf16,
+            lm_head_quantization: Quantization::Bf16,
             quant_group_size: 0,
             num_layers: c.num_layers,
             hidden_size: c.hidden_size,

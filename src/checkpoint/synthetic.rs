@@ -48,11 +48,13 @@ pub fn write_checkpoint(
         }
     }
     // The MTP head after the decoder's tensors (when the config names one),
-    // so the decoder's random values do not depend on it.
+    // so the decoder's random values do not depend on it. Optional tensors
+    // are left out but for ModelOpt's `input_scale` scalars, which its
+    // exporter writes (the plan counts them).
     let tensors: Vec<(String, Dtype, Vec<usize>)> = expected_tensors(config)
         .into_iter()
         .chain(expected_mtp_tensors(config))
-        .filter(|(_, e)| e.required)
+        .filter(|(name, e)| e.required || name.ends_with(".input_scale"))
         .map(|(name, e)| {
             let shape = shape_of(&e);
             (name, e.dtype, shape)

@@ -106,9 +106,9 @@ impl Held {
 }
 
 /// Weight bytes computed from the geometry alone (no checkpoint at hand).
-/// Router, embeddings, norms and lm_head are bf16; the attention projections
-/// take `attention_quantization`, the experts and dense MLPs `quantization`
-/// (gpt-oss: its experts only).
+/// Router, embeddings and norms are bf16; the lm_head takes
+/// `lm_head_quantization`, the attention projections `attention_quantization`,
+/// the experts and dense MLPs `quantization` (gpt-oss: its experts only).
 pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
     estimate_held_weights(g, Held::all(g))
 }
@@ -135,7 +135,11 @@ pub fn estimate_held_weights(g: &ModelGeometry, held: Held) -> WeightBytes {
     let mut w = WeightBytes::zero();
     w.add(WeightGroup::Embeddings, v * h * BF16);
     if !g.tie_word_embeddings {
-        w.add(WeightGroup::LmHead, v * h * BF16);
+        let group = g.quant_group_size as u64;
+        w.add(
+            WeightGroup::LmHead,
+            linear_bytes(v, h, g.lm_head_quantization, group),
+        );
     }
     w.add(WeightGroup::Norms, h * BF16); // model.norm
 
@@ -206,7 +210,11 @@ fn estimate_hybrid_weights(g: &ModelGeometry, held: Held) -> WeightBytes {
     let mut w = WeightBytes::zero();
     w.add(WeightGroup::Embeddings, v * h * BF16);
     if !g.tie_word_embeddings {
-        w.add(WeightGroup::LmHead, v * h * BF16);
+        let group = g.quant_group_size as u64;
+        w.add(
+            WeightGroup::LmHead,
+            linear_bytes(v, h, g.lm_head_quantization, group),
+        );
     }
     w.add(WeightGroup::Norms, h * BF16);
     let group = g.quant_group_size as u64;
@@ -1389,6 +1397,7 @@ mod tests {
             architecture: Architecture::GptOss,
             quantization: Quantization::Mxfp4,
             attention_quantization: Quantization::Bf16,
+            lm_head_quantization: Quantization::Bf16,
             quant_group_size: 0,
             num_layers: types.len(),
             hidden_size: 32,

@@ -132,6 +132,7 @@ mod tests {
             architecture: Architecture::Qwen3Moe,
             quantization: Quantization::Bf16,
             attention_quantization: Quantization::Bf16,
+            lm_head_quantization: Quantization::Bf16,
             quant_group_size: 0,
             num_layers: 2,
             hidden_size: 8,

@@ -1018,7 +1018,12 @@ impl Profile {
                 ),
             ));
         }
-        let int4 = [m.quantization, m.attention_quantization].contains(&Quantization::Int4);
+        let int4 = [
+            m.quantization,
+            m.attention_quantization,
+            m.lm_head_quantization,
+        ]
+        .contains(&Quantization::Int4);
         if int4 && m.quant_group_size == 0 {
             return Some((
                 "model",
@@ -1178,7 +1183,7 @@ kv_cache = "1MiB"
             err.starts_with(
                 "tiny.toml:13:1: num_expertz: unknown field `num_expertz`, expected one of \
                  `name`, `path`, `architecture`, `quantization`, `attention_quantization`, \
-                 `quant_group_size`, `num_layers`,"
+                 `lm_head_quantization`, `quant_group_size`, `num_layers`,"
             ),
             "{err}"
         );

@@ -14,8 +14,9 @@ pub enum Isa {
     /// x86-64 with AVX2 and FMA.
     Avx2,
     /// x86-64 with AVX2, FMA and AVX-512F/VL/DQ: the AVX2 kernels with NVFP4
-    /// decoded by table permutes (`x86/avx512_nvfp4.rs`) and the panel path
-    /// over row pairs in zmm registers (`x86/avx512_panel.rs`), bitwise the
+    /// decoded by table permutes (`x86/avx512_nvfp4.rs`), INT4 16 rows a
+    /// vector (`x86/avx512_int4.rs`) and the panel path over row pairs in
+    /// zmm registers (`x86/avx512_panel.rs`), bitwise the
     /// AVX2 tier's results, so the default wherever the CPU has it.
     Avx512,
     /// x86-64 with AVX2, FMA, AVX-512F/BW/VL and AVX-512 BF16: BF16 weights
@@ -133,7 +134,7 @@ impl Isa {
     }
 
     /// Whether the AVX-512F/VL additions to the AVX2 kernels run on this
-    /// tier (NVFP4 by table permutes).
+    /// tier (NVFP4 by table permutes, INT4 16 rows a vector).
     pub fn runs_avx512(self) -> bool {
         matches!(self, Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx)
     }

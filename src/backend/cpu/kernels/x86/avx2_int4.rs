@@ -33,6 +33,12 @@ const TOKEN_BLOCK: usize = 2;
 /// 8 rows alone would read 32 bytes per page-sized stride and starve the
 /// prefetchers).
 const CHUNK_BLOCKS: usize = 32;
+/// How many packed input rows ahead the kernel asks for its weights: each
+/// packed row of a chunk is one kilobyte a page-sized stride from the last,
+/// which the hardware prefetchers pick up late (`avx512_int4.rs` measured it).
+pub(super) const PREFETCH_ROWS: usize = 4;
+/// Bytes one prefetch asks for: a cache line.
+pub(super) const LINE: usize = 64;
 
 /// Rows `rows` (multiples of 8, as the dispatcher's units are) of an INT4 job.
 ///
@@ -97,6 +103,8 @@ unsafe fn row_chunk<const T: usize>(job: &Job, r0: usize, blocks: usize, t0: usi
     let mut zero = [_mm256_setzero_ps(); CHUNK_BLOCKS];
     let mut scale = [_mm256_setzero_ps(); CHUNK_BLOCKS];
     let words_per_group = group / INT4_PER_WORD;
+    let packed_rows = cols / INT4_PER_WORD;
+    let chunk_bytes = blocks * INT4_PER_WORD * 4;
     for g in 0..cols / group {
         for b in 0..blocks {
             let r = r0 + b * INT4_PER_WORD;
@@ -122,6 +130,13 @@ unsafe fn row_chunk<const T: usize>(job: &Job, r0: usize, blocks: usize, t0: usi
         let mut sums = [[[_mm256_setzero_ps(); 4]; T]; CHUNK_BLOCKS];
         let mut x_sum = [0.0f32; T];
         for k in g * words_per_group..(g + 1) * words_per_group {
+            if k + PREFETCH_ROWS < packed_rows {
+                prefetch_packed_row(
+                    qweight,
+                    ((k + PREFETCH_ROWS) * n_rows + r0) * 4,
+                    chunk_bytes,
+                );
+            }
             let col = k * INT4_PER_WORD;
             let mut x = [[_mm256_setzero_ps(); INT4_PER_WORD]; T];
             for (t, xt) in x.iter_mut().enumerate() {
@@ -165,6 +180,19 @@ unsafe fn row_chunk<const T: usize>(job: &Job, r0: usize, blocks: usize, t0: usi
             let r = r0 + b * INT4_PER_WORD;
             // SAFETY: out is [tokens, rows]; this unit owns rows r..r + 8.
             unsafe { _mm256_storeu_ps(job.out.get().add((t0 + t) * n_rows + r), out) };
+        }
+    }
+}
+
+/// Asks for the `len` bytes of `qweight` from byte `at`, a line at a time
+/// (a hint only: it never changes a value).
+#[inline]
+pub(super) fn prefetch_packed_row(qweight: &[u8], at: usize, len: usize) {
+    for line in (at..at + len).step_by(LINE) {
+        if let Some(byte) = qweight.get(line) {
+            // SAFETY: a prefetch reads nothing architecturally and never
+            // faults; the address lies inside qweight.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(byte).cast()) };
         }
     }
 }

@@ -3,13 +3,13 @@
 //! run-time detection). The AVX-512 tiers run the AVX2 kernels with these additions:
 //! NVFP4 decoded by table permutes (`avx512_nvfp4.rs`, the same bits), the
 //! panel path over row pairs in zmm registers (`avx512_panel.rs`, the same
-//! bits), and
+//! bits), INT4 with 16 rows per zmm (`avx512_int4.rs`, the same bits), and
 //! on `Avx512Bf16` BF16 weights by `vdpbf16ps` (`avx512_bf16.rs`), on
 //! `Amx` by AMX tiles (`amx_bf16.rs`).
 //! `avx2.rs` holds the f32-decoding matmul kernels (F32, BF16, NVFP4 and FP8,
 //! with the decoders of `avx2_nvfp4.rs`, `avx512_nvfp4.rs` and
 //! `avx2_fp8.rs`), `avx2_mxfp4.rs` the integer MXFP4 kernels and the
-//! activation quantizer, `avx2_int4.rs` the GPTQ INT4 kernel, `avx2_ops.rs`
+//! activation quantizer, `avx2_int4.rs` and `avx512_int4.rs` the GPTQ INT4 kernels, `avx2_ops.rs`
 //! the small ops;
 //! `lanes.rs` what the two matmul files share. This file sends each format
 //! to its kernels.
@@ -22,6 +22,7 @@ mod avx2_mxfp4;
 mod avx2_nvfp4;
 pub(super) mod avx2_ops;
 mod avx512_bf16;
+mod avx512_int4;
 mod avx512_nvfp4;
 mod avx512_panel;
 mod lanes;
@@ -71,6 +72,11 @@ pub(super) fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
         }
         (WeightData::Mxfp4 { .. }, None) => {
             unreachable!("matmul quantizes the activations of MXFP4 on x86")
+        }
+        (WeightData::Int4 { .. }, _) if isa.runs_avx512() => {
+            // SAFETY: as above: shapes checked; this tier exists only with
+            // AVX2, FMA and AVX-512F detected.
+            unsafe { avx512_int4::run_rows(job, rows) }
         }
         (WeightData::Int4 { .. }, _) => {
             // SAFETY: as above: shapes checked, AVX2 and FMA present.
