@@ -52,17 +52,6 @@ FORMATS = {
         "checkpoint_format": "gptq",
         "modules_to_not_convert": ["lm_head", "model.layers.*.mlp.gate"],
     },
-    # GPTQ INT4 on the experts only: attention, router and lm_head bf16 (as
-    # the nvfp4 case).
-    "int4-experts": {
-        "quant_method": "gptq",
-        "bits": 4,
-        "group_size": 128,
-        "sym": True,
-        "desc_act": False,
-        "checkpoint_format": "gptq",
-        "modules_to_not_convert": ["lm_head", "model.layers.*.self_attn*", "model.layers.*.mlp.gate"],
-    },
     # FP8 block-128 (Qwen's -FP8 releases): experts FP8, the rest bf16.
     "fp8-block": {
         "quant_method": "fp8",
@@ -92,6 +81,12 @@ FORMATS = {
             },
         },
     },
+}
+# GPTQ INT4 on the experts only: attention, router and lm_head bf16 (as the
+# nvfp4 case).
+FORMATS["int4-experts"] = {
+    **FORMATS["int4"],
+    "modules_to_not_convert": ["lm_head", "model.layers.*.self_attn*", "model.layers.*.mlp.gate"],
 }
 
 
