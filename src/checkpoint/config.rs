@@ -662,7 +662,7 @@ impl Keys<'_> {
         let geometry = ModelGeometry {
             architecture: Architecture::Qwen3Moe,
             quantization: method_of(&quantization),
-            // Both set by `ModelConfig::parse` once modules can be named.
+            // Set by `ModelConfig::parse` once modules can be named.
             attention_quantization: Quantization::Bf16,
             lm_head_quantization: Quantization::Bf16,
             quant_group_size: 0,
@@ -738,7 +738,7 @@ impl Keys<'_> {
         let geometry = ModelGeometry {
             architecture: Architecture::GptOss,
             quantization: method_of(&quantization),
-            // Both set by `ModelConfig::parse` once modules can be named.
+            // Set by `ModelConfig::parse` once modules can be named.
             attention_quantization: Quantization::Bf16,
             lm_head_quantization: Quantization::Bf16,
             quant_group_size: 0,
@@ -865,7 +865,7 @@ impl Keys<'_> {
         let geometry = ModelGeometry {
             architecture,
             quantization: method_of(&quantization),
-            // Both set by `ModelConfig::parse` once modules can be named.
+            // Set by `ModelConfig::parse` once modules can be named.
             attention_quantization: Quantization::Bf16,
             lm_head_quantization: Quantization::Bf16,
             quant_group_size: 0,

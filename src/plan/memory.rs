@@ -117,7 +117,7 @@ pub fn estimate_weights(g: &ModelGeometry) -> WeightBytes {
 /// vocabulary rows (every other dimension is `g`'s: a rank's geometry from
 /// `plan::parallel` has its own head and intermediate widths).
 pub fn estimate_held_weights(g: &ModelGeometry, held: Held) -> WeightBytes {
-    let (h, v) = (g.hidden_size as u64, held.vocab_rows);
+    let h = g.hidden_size as u64;
     let (heads, kv_heads, hd) = (
         g.num_attention_heads as u64,
         g.num_kv_heads as u64,
@@ -132,17 +132,7 @@ pub fn estimate_held_weights(g: &ModelGeometry, held: Held) -> WeightBytes {
     if g.architecture.is_hybrid() {
         return estimate_hybrid_weights(g, held);
     }
-    let mut w = WeightBytes::zero();
-    w.add(WeightGroup::Embeddings, v * h * BF16);
-    if !g.tie_word_embeddings {
-        let group = g.quant_group_size as u64;
-        w.add(
-            WeightGroup::LmHead,
-            linear_bytes(v, h, g.lm_head_quantization, group),
-        );
-    }
-    w.add(WeightGroup::Norms, h * BF16); // model.norm
-
+    let mut w = vocabulary_tables(g, held);
     let group = g.quant_group_size as u64;
     let attn = |rows, cols| linear_bytes(rows, cols, g.attention_quantization, group);
     let attention = attn(q_dim, h)
@@ -178,6 +168,22 @@ pub fn estimate_held_weights(g: &ModelGeometry, held: Held) -> WeightBytes {
     w
 }
 
+/// What every architecture has outside its layers: the embedding table
+/// (bf16), the lm_head unless tied (in `lm_head_quantization`) and the
+/// final norm, for the vocabulary rows `held`.
+fn vocabulary_tables(g: &ModelGeometry, held: Held) -> WeightBytes {
+    let (h, v) = (g.hidden_size as u64, held.vocab_rows);
+    let mut w = WeightBytes::zero();
+    w.add(WeightGroup::Embeddings, v * h * BF16);
+    if !g.tie_word_embeddings {
+        let format = g.lm_head_quantization;
+        let group = g.quant_group_size as u64;
+        w.add(WeightGroup::LmHead, linear_bytes(v, h, format, group));
+    }
+    w.add(WeightGroup::Norms, h * BF16); // model.norm
+    w
+}
+
 /// Bytes of a gated MLP of width `i` over `h` (gate, up and down projections).
 fn mlp_bytes(i: u64, h: u64, format: Quantization, group: u64) -> u64 {
     2 * linear_bytes(i, h, format, group) + linear_bytes(h, i, format, group)
@@ -199,7 +205,7 @@ fn dense_format(g: &ModelGeometry) -> Quantization {
 /// gate) or a dense MLP; projections in `attention_quantization`, MLPs in
 /// `quantization`, the rest bf16.
 fn estimate_hybrid_weights(g: &ModelGeometry, held: Held) -> WeightBytes {
-    let (h, v) = (g.hidden_size as u64, held.vocab_rows);
+    let h = g.hidden_size as u64;
     let hd = g.head_dim as u64;
     let (q_dim, kv_dim) = (
         g.num_attention_heads as u64 * hd,
@@ -207,16 +213,7 @@ fn estimate_hybrid_weights(g: &ModelGeometry, held: Held) -> WeightBytes {
     );
     let (e, i_moe) = (held.experts, g.moe_intermediate_size as u64);
     let router_experts = g.num_experts as u64;
-    let mut w = WeightBytes::zero();
-    w.add(WeightGroup::Embeddings, v * h * BF16);
-    if !g.tie_word_embeddings {
-        let group = g.quant_group_size as u64;
-        w.add(
-            WeightGroup::LmHead,
-            linear_bytes(v, h, g.lm_head_quantization, group),
-        );
-    }
-    w.add(WeightGroup::Norms, h * BF16);
+    let mut w = vocabulary_tables(g, held);
     let group = g.quant_group_size as u64;
     let attn = |rows, cols| linear_bytes(rows, cols, g.attention_quantization, group);
     let attention = attn(2 * q_dim, h) + 2 * attn(kv_dim, h) + attn(h, q_dim);

@@ -70,8 +70,9 @@ pub(super) trait Int4Lanes {
     unsafe fn low_nibbles(words: Self::I) -> Self::F;
     unsafe fn next_nibbles(words: Self::I) -> Self::I;
     /// The zero points (plus `offset`) of the `LANES` rows whose `qzeros`
-    /// words are `words` (a nibble per row, 8 rows a word), as floats.
-    unsafe fn zero_points(words: &[u32], offset: u8) -> Self::F;
+    /// words start at word `first` (a nibble per row, 8 rows a word), as
+    /// floats.
+    unsafe fn zero_points(qzeros: &[u8], first: usize, offset: u8) -> Self::F;
     /// The `LANES` f16 scales at `halves` (2 bytes each), widened exactly.
     unsafe fn scales(halves: &[u8]) -> Self::F;
     unsafe fn store(p: *mut f32, v: Self::F);
@@ -86,51 +87,52 @@ impl Int4Lanes for Ymm {
     type I = __m256i;
     #[inline(always)]
     unsafe fn zero() -> __m256 {
-        // SAFETY: AVX2 and FMA (the contract); pointers as the contract says.
+        // SAFETY: AVX2 and FMA (the contract).
         unsafe { _mm256_setzero_ps() }
     }
     #[inline(always)]
     unsafe fn splat(v: f32) -> __m256 {
-        // SAFETY: AVX2 and FMA (the contract); pointers as the contract says.
+        // SAFETY: AVX2 and FMA (the contract).
         unsafe { _mm256_set1_ps(v) }
     }
     #[inline(always)]
     unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
-        // SAFETY: AVX2 and FMA (the contract); pointers as the contract says.
+        // SAFETY: AVX2 and FMA (the contract).
         unsafe { _mm256_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
     unsafe fn fnmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
-        // SAFETY: AVX2 and FMA (the contract); pointers as the contract says.
+        // SAFETY: AVX2 and FMA (the contract).
         unsafe { _mm256_fnmadd_ps(a, b, c) }
     }
     #[inline(always)]
     unsafe fn add(a: __m256, b: __m256) -> __m256 {
-        // SAFETY: AVX2 and FMA (the contract); pointers as the contract says.
+        // SAFETY: AVX2 and FMA (the contract).
         unsafe { _mm256_add_ps(a, b) }
     }
     #[inline(always)]
     unsafe fn load_words(p: *const u8) -> __m256i {
-        // SAFETY: AVX2 and FMA (the contract); pointers as the contract says.
+        // SAFETY: AVX2 (the contract); 32 readable bytes at p.
         unsafe { _mm256_loadu_si256(p.cast()) }
     }
     #[inline(always)]
     unsafe fn low_nibbles(words: __m256i) -> __m256 {
-        // SAFETY: AVX2 and FMA (the contract); pointers as the contract says.
+        // SAFETY: AVX2 and FMA (the contract).
         unsafe { _mm256_cvtepi32_ps(_mm256_and_si256(words, _mm256_set1_epi32(0x0F))) }
     }
     #[inline(always)]
     unsafe fn next_nibbles(words: __m256i) -> __m256i {
-        // SAFETY: AVX2 and FMA (the contract); pointers as the contract says.
+        // SAFETY: AVX2 and FMA (the contract).
         unsafe { _mm256_srli_epi32::<4>(words) }
     }
     #[inline(always)]
-    unsafe fn zero_points(words: &[u32], offset: u8) -> __m256 {
-        // SAFETY: AVX2 and FMA (the contract); pointers as the contract says.
+    unsafe fn zero_points(qzeros: &[u8], first: usize, offset: u8) -> __m256 {
+        let word = read_u32(qzeros, first);
+        // SAFETY: AVX2 and FMA (the contract).
         unsafe {
             let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
             let nibbles = _mm256_and_si256(
-                _mm256_srlv_epi32(_mm256_set1_epi32(words[0] as i32), shifts),
+                _mm256_srlv_epi32(_mm256_set1_epi32(word as i32), shifts),
                 _mm256_set1_epi32(0x0F),
             );
             _mm256_cvtepi32_ps(_mm256_add_epi32(
@@ -141,7 +143,7 @@ impl Int4Lanes for Ymm {
     }
     #[inline(always)]
     unsafe fn scales(halves: &[u8]) -> __m256 {
-        // SAFETY: AVX2 and FMA (the contract); pointers as the contract says.
+        // SAFETY: AVX2 and FMA (the contract).
         unsafe {
             let mut s = [0.0f32; 8];
             for (i, s) in s.iter_mut().enumerate() {
@@ -152,7 +154,7 @@ impl Int4Lanes for Ymm {
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m256) {
-        // SAFETY: AVX2 and FMA (the contract); pointers as the contract says.
+        // SAFETY: AVX2 (the contract); 8 writable floats at p.
         unsafe { _mm256_storeu_ps(p, v) }
     }
 }
@@ -233,15 +235,10 @@ unsafe fn row_chunk<L: Int4Lanes, const T: usize>(job: &Job, r0: usize, blocks: 
         for b in 0..blocks {
             let r = r0 + b * L::LANES;
             let first_word = g * zero_words_per_group + r / INT4_PER_WORD;
-            let mut words = [0u32; MAX_BLOCKS];
-            let words = &mut words[..L::LANES / INT4_PER_WORD];
-            for (i, word) in words.iter_mut().enumerate() {
-                *word = read_u32(qzeros, first_word + i);
-            }
             let first = (g * n_rows + r) * 2;
             // SAFETY: as above.
             unsafe {
-                zeros[b] = L::zero_points(words, zero_offset);
+                zeros[b] = L::zero_points(qzeros, first_word, zero_offset);
                 scale[b] = L::scales(&scales[first..first + 2 * L::LANES]);
             }
         }

@@ -16,6 +16,7 @@ use std::ops::Range;
 
 use super::super::job::Job;
 use super::avx2_int4::{Int4Lanes, Ymm, run_rows_with};
+use crate::formats::read_u32;
 
 /// 16 rows a zmm register (AVX-512F).
 struct Zmm;
@@ -71,13 +72,14 @@ impl Int4Lanes for Zmm {
         unsafe { _mm512_srli_epi32::<4>(words) }
     }
     #[inline(always)]
-    unsafe fn zero_points(words: &[u32], offset: u8) -> __m512 {
+    unsafe fn zero_points(qzeros: &[u8], first: usize, offset: u8) -> __m512 {
+        let (low, high) = (read_u32(qzeros, first), read_u32(qzeros, first + 1));
         // SAFETY: AVX-512F (the contract).
         unsafe {
             // Lane i is row i: nibble i mod 8 of word i / 8.
             let both = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(_mm256_set1_epi32(words[0] as i32)),
-                _mm256_set1_epi32(words[1] as i32),
+                _mm512_castsi256_si512(_mm256_set1_epi32(low as i32)),
+                _mm256_set1_epi32(high as i32),
             );
             let shifts =
                 _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
