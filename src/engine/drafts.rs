@@ -12,7 +12,7 @@
 //! target's distribution without it, which is the standard rejection rule
 //! for such a draft.
 
-use crate::plan::speculative::{DraftMethod, SpeculativeConfig};
+use crate::plan::speculative::{DraftMethod, MAX_SPECULATIVE_TOKENS, SpeculativeConfig};
 
 /// Where a sequence's drafts come from.
 #[derive(Clone, Copy, Debug)]
@@ -69,9 +69,13 @@ impl Proposer {
     }
 }
 
-/// Prompt lookup (vLLM's `ngram`): the tokens that followed the latest
-/// earlier occurrence of the longest suffix of the sequence, of
-/// `min_n..=max_n` tokens.
+/// Prompt lookup (vLLM's `ngram`): the tokens that followed an earlier
+/// occurrence of the longest suffix of the sequence, of `min_n..=max_n`
+/// tokens. Among occurrences that match as long, the one with the most
+/// continuation before the sequence's end (up to the tokens asked for),
+/// the latest of those: in a repeating stretch the latest occurrence sits
+/// just before the end, and its continuation would be cut to a token or
+/// two where an occurrence a period earlier gives all k.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct NgramProposer {
     pub k: usize,
@@ -101,8 +105,9 @@ impl NgramProposer {
             return;
         };
         // `end`: the position just after a candidate occurrence, whose
-        // continuation starts there; the latest with the longest match wins.
-        let mut best: Option<(usize, usize)> = None;
+        // continuation starts there. Scored (match length, continuation
+        // length); the scan goes backwards, so a tie keeps the later.
+        let mut best: Option<(usize, (usize, usize))> = None;
         for end in (1..len).rev() {
             if tokens[end - 1] != last {
                 continue;
@@ -111,16 +116,16 @@ impl NgramProposer {
             let matched = (0..longest)
                 .take_while(|&t| tokens[end - 1 - t] == tokens[len - 1 - t])
                 .count();
-            if matched >= self.min_n && best.is_none_or(|(_, m)| matched > m) {
-                best = Some((end, matched));
-                if matched == self.max_n {
+            let score = (matched, limit.min(len - end));
+            if matched >= self.min_n && best.is_none_or(|(_, b)| score > b) {
+                best = Some((end, score));
+                if score == (self.max_n, limit) {
                     break;
                 }
             }
         }
-        if let Some((end, _)) = best {
-            let stop = (end + limit).min(len);
-            out.extend_from_slice(&tokens[end..stop]);
+        if let Some((end, (_, continuation))) = best {
+            out.extend_from_slice(&tokens[end..end + continuation]);
         }
     }
 }
@@ -131,17 +136,71 @@ impl NgramProposer {
 pub const MAX_BACKOFF_STEPS: u32 = 32;
 
 /// How a sequence backs off from drafts that keep failing.
+///
+/// A skipped step can still ask a proposer that costs no model pass
+/// (prompt lookup) what it would have drafted: the *shadow* draft. If the
+/// following steps then sample every token of it, that draft would have
+/// been kept whole, and the back-off ends. So text that starts repeating
+/// after a stretch of failed drafts (a model falling into a quoted block or
+/// a loop) is drafted again within k steps, not up to 32 steps later, while
+/// where lookups keep failing no verify row is spent. Only a whole
+/// confirmed draft ends it: a lookup whose first token holds now and then
+/// (common word pairs) would otherwise bring back a failing verify step
+/// every few steps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Backoff {
     /// Steps still to skip.
     skip: u32,
     /// Drafting steps in a row with nothing accepted.
     misses: u32,
+    /// The shadow draft being checked, if any.
+    shadow: Option<Shadow>,
+}
+
+/// Tokens `tokens[..len]` proposed for positions `at ..` of a sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shadow {
+    at: usize,
+    tokens: [u32; MAX_SPECULATIVE_TOKENS],
+    len: usize,
+}
+
+/// What the sequence has sampled so far says of a shadow draft.
+enum Verdict {
+    /// Every token was sampled in turn.
+    Kept,
+    /// A sampled token differs.
+    Rejected,
+    /// The sequence has not reached its end yet.
+    Pending,
+}
+
+impl Shadow {
+    fn verdict(&self, tokens: &[u32]) -> Verdict {
+        let drafted = &self.tokens[..self.len];
+        let sampled = tokens.get(self.at..).unwrap_or(&[]);
+        if drafted.iter().zip(sampled).any(|(d, s)| d != s) {
+            Verdict::Rejected
+        } else if sampled.len() >= drafted.len() {
+            Verdict::Kept
+        } else {
+            Verdict::Pending
+        }
+    }
 }
 
 impl Backoff {
-    /// Whether this step may draft (counts a skipped step).
-    pub fn allows(&mut self) -> bool {
+    /// Whether this step may draft (counts a skipped step), for a sequence
+    /// now holding `tokens`: a shadow draft that `tokens` confirms whole
+    /// ends the back-off first.
+    pub fn allows(&mut self, tokens: &[u32]) -> bool {
+        if let Some(shadow) = self.shadow {
+            match shadow.verdict(tokens) {
+                Verdict::Kept => *self = Backoff::default(),
+                Verdict::Rejected => self.shadow = None,
+                Verdict::Pending => {}
+            }
+        }
         if self.skip > 0 {
             self.skip -= 1;
             return false;
@@ -150,9 +209,27 @@ impl Backoff {
     }
 
     /// Whether the next step may draft (what [`allows`](Self::allows) will
-    /// say), without counting a step.
+    /// say unless a shadow draft is confirmed), without counting a step.
     pub fn next_allows(&self) -> bool {
         self.skip == 0
+    }
+
+    /// Whether a skipped step should make a shadow draft: none is being
+    /// checked.
+    pub fn wants_shadow(&self) -> bool {
+        self.shadow.is_none()
+    }
+
+    /// After a skipped step: the proposer would have drafted `drafted` for
+    /// positions `at ..` (at most [`MAX_SPECULATIVE_TOKENS`] kept).
+    pub fn shadow(&mut self, at: usize, drafted: &[u32]) {
+        if drafted.is_empty() {
+            return;
+        }
+        let len = drafted.len().min(MAX_SPECULATIVE_TOKENS);
+        let mut tokens = [0; MAX_SPECULATIVE_TOKENS];
+        tokens[..len].copy_from_slice(&drafted[..len]);
+        self.shadow = Some(Shadow { at, tokens, len });
     }
 
     /// After a step that verified drafts, `accepted` of them.
@@ -254,6 +331,18 @@ mod tests {
         );
         // The match's continuation is cut at the sequence's end.
         assert_eq!(propose(&p, &[1, 2, 1, 2], 3), [1, 2]);
+        // In a repeating stretch an occurrence a period earlier, matching
+        // as long, gives the whole continuation the latest one cuts short.
+        assert_eq!(propose(&proposer(3, 2, 3), &[7; 8], 3), [7, 7, 7]);
+        let cycle = [4, 5, 4, 5, 4, 5, 4, 5, 4, 5];
+        assert_eq!(propose(&proposer(3, 2, 3), &cycle, 3), [4, 5, 4]);
+        // A longer match still beats a longer continuation.
+        let tokens = [9, 4, 5, 6, 6, 6, 1, 4, 5];
+        assert_eq!(propose(&proposer(3, 1, 3), &tokens, 3), [6, 6, 6]);
+        assert_eq!(
+            propose(&proposer(4, 2, 3), &[8, 4, 5, 1, 2, 3, 3, 4, 5], 4),
+            [1, 2, 3, 3]
+        );
         assert!(propose(&p, &[1, 2, 1, 2], 0).is_empty());
         assert!(propose(&p, &[7, 7], 3).is_empty());
         assert_eq!(propose(&proposer(3, 1, 1), &[7, 7], 3), [7]);
@@ -264,19 +353,45 @@ mod tests {
         let mut b = Backoff::default();
         let mut skipped = Vec::new();
         for _ in 0..7 {
-            assert!(b.allows());
+            assert!(b.allows(&[]));
             b.record(0);
             let mut n = 0;
-            while !b.allows() {
+            while !b.allows(&[]) {
                 n += 1;
             }
             skipped.push(n);
         }
         assert_eq!(skipped, [2, 4, 8, 16, 32, 32, 32]);
         b.record(2);
-        assert!(b.allows());
+        assert!(b.allows(&[]));
         b.record(0);
-        assert!(!b.allows(), "one miss after a hit skips 2 again");
+        assert!(!b.allows(&[]), "one miss after a hit skips 2 again");
+    }
+
+    #[test]
+    fn a_shadow_draft_confirmed_whole_ends_the_back_off() {
+        let mut b = Backoff::default();
+        for _ in 0..3 {
+            while !b.allows(&[1]) {}
+            b.record(0);
+        }
+        assert!(!b.allows(&[1]));
+        // 8 steps to skip, 1 skipped. Lookup would have drafted 7 8 at 3.
+        b.shadow(3, &[7, 8]);
+        assert!(!b.wants_shadow());
+        assert!(!b.allows(&[1, 2, 3]), "nothing sampled yet");
+        assert!(!b.allows(&[1, 2, 3, 7]), "half of it sampled");
+        assert!(!b.allows(&[1, 2, 3, 7, 9]), "its second token was not");
+        assert!(b.wants_shadow(), "a rejected shadow makes way");
+        b.shadow(5, &[4, 5]);
+        assert!(b.allows(&[1, 2, 3, 7, 9, 4, 5]), "kept whole: draft again");
+        // And a later miss starts over from the shortest back-off.
+        b.record(0);
+        let mut n = 0;
+        while !b.allows(&[]) {
+            n += 1;
+        }
+        assert_eq!(n, 2);
     }
 
     #[test]

@@ -448,7 +448,22 @@ impl Scheduler {
             .min(max_model_len.saturating_sub(seq.tokens.len()))
             .saturating_sub(1);
         let limit = proposer.k().min(budget.saturating_sub(1)).min(room);
-        if limit == 0 || !seq.drafts.backoff.allows() {
+        if limit == 0 {
+            return 0;
+        }
+        if !seq.drafts.backoff.allows(&seq.tokens) {
+            // Prompt lookup costs a scan, no model pass: what it would
+            // draft is the back-off's shadow draft (an MTP head's drafts
+            // are not made while backing off).
+            if let Proposer::Ngram(ngram) = proposer
+                && seq.drafts.backoff.wants_shadow()
+            {
+                ngram.propose(&seq.tokens, limit, &mut seq.drafts.tokens);
+                seq.drafts
+                    .backoff
+                    .shadow(seq.tokens.len(), &seq.drafts.tokens);
+                seq.drafts.end();
+            }
             return 0;
         }
         proposer.propose(&seq.tokens, limit, &mut seq.drafts);
