@@ -39,7 +39,8 @@
 //! leaves: `isa`, `error`, `job` (what the dispatcher hands an
 //! instruction set), [`weights`] (weight shapes and the element-by-element
 //! definition, over `crate::formats`), [`quantize`] (the activation codes and
-//! their layout), `math` (the `exp` polynomial). One folder or file per
+//! their layout), `math` (the `exp` polynomial), `prefetch` (the
+//! software prefetch hint). One folder or file per
 //! instruction set, importing only leaves: `x86/` (AVX2, AVX-512, AMX), `arm/` (NEON),
 //! `portable.rs`. Only the dispatchers pick an instruction set: `matmul.rs`
 //! for the matmuls and the activation quantizer, [`ops`] for the small ops.
@@ -52,6 +53,7 @@ mod math;
 mod matmul;
 pub mod ops;
 mod portable;
+mod prefetch;
 pub mod quantize;
 pub mod reference;
 pub mod weights;

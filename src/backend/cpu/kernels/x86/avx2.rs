@@ -21,7 +21,9 @@
 //! - GEMV path (few tokens): weights decoded on the fly as they stream from
 //!   memory. One accumulator chain per output is latency-bound, so `R` rows
 //!   advance in lockstep, each taken from its own contiguous share of the
-//!   work unit: `R` long sequential streams the hardware prefetchers follow.
+//!   work unit: `R` long sequential streams, each asking for its lines
+//!   1 KiB ahead (`kernels::prefetch`: the hardware prefetchers pick such
+//!   streams up late).
 //! - Panel path (many tokens): a block of rows is decoded once into an f32
 //!   panel on the stack (L2-resident), then a 3-row × 4-token microkernel
 //!   (12 accumulators, 3 + 4 loads per 12 FMAs) runs over every token
@@ -52,6 +54,7 @@ use super::lanes::{
 };
 use crate::backend::cpu::kernels::isa::Isa;
 use crate::backend::cpu::kernels::job::{Job, Path};
+use crate::backend::cpu::kernels::prefetch::{LINE, STREAM_AHEAD, prefetch_line};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
 use crate::formats::{read_bf16, read_f32};
 
@@ -373,8 +376,20 @@ unsafe fn gemv_tile<D: Decoder, const R: usize, const T: usize>(
     let zero = unsafe { _mm256_setzero_ps() };
     let mut acc = [[zero; T]; R];
     let mut w = [[zero; 8]; R];
+    // Where each row's bytes start, and how many a chunk takes, for the
+    // prefetch below.
+    let starts = rows.map(|row| dec.row_bytes(row).as_ptr());
+    let chunk_bytes = dec.row_bytes(rows[0]).len() / chunks.max(1);
     for ch in 0..chunks {
         let xo = ch * D::CHUNK;
+        // Once per cache line of each row: ask for the line STREAM_AHEAD
+        // bytes on (past a row's end, the next row of its share).
+        let at = ch * chunk_bytes;
+        if at % LINE < chunk_bytes {
+            for &start in &starts {
+                prefetch_line(start, at + STREAM_AHEAD);
+            }
+        }
         for (&row, w_r) in rows.iter().zip(w.iter_mut()) {
             // SAFETY: chunk ch of the row is inside the matrix.
             unsafe { dec.decode(row, ch, w_r) };

@@ -39,6 +39,7 @@ use std::ops::Range;
 
 use super::lanes::{in_lockstep, reduce};
 use crate::backend::cpu::kernels::job::{Job, Path};
+use crate::backend::cpu::kernels::prefetch::{LINE, STREAM_AHEAD, prefetch_line};
 use crate::backend::cpu::kernels::quantize::{
     BLOCK, CODE_UNSCALE, DOUBLED_E2M1, QuantizedX, SCALE_GROUP, block_scale, code_position,
     code_scale, scale_position,
@@ -183,6 +184,9 @@ trait Weights {
     /// these weights hold (for a [`Panel`], one decoded into it) and
     /// `b < shape.blocks`.
     unsafe fn block_scale(&self, r: usize, b: usize) -> f32;
+    /// Asks for row `r`'s codes some way past pair `p`, where they still
+    /// stream from memory (see `kernels::prefetch`); a hint only.
+    fn prefetch(&self, _r: usize, _p: usize) {}
 }
 
 /// Decodes straight from the mapped weights.
@@ -245,6 +249,15 @@ impl Weights for Stream<'_> {
     #[inline]
     unsafe fn block_scale(&self, r: usize, b: usize) -> f32 {
         code_scale(self.scales[r * self.shape.blocks + b])
+    }
+    /// Once per cache line of the row (a pair is 32 bytes of codes).
+    #[inline(always)]
+    fn prefetch(&self, r: usize, p: usize) {
+        let at = p * BLOCK;
+        if at % LINE < BLOCK {
+            let row = r * self.shape.blocks * BLOCK / 2;
+            prefetch_line(self.codes.as_ptr(), row + at + STREAM_AHEAD);
+        }
     }
 }
 
@@ -432,6 +445,7 @@ unsafe fn tile<W: Weights, const R: usize, const T: usize>(
             for k in 0..SCALE_GROUP / 2 {
                 let p = g * SCALE_GROUP / 2 + k;
                 for r in 0..R {
+                    w.prefetch(rows[r], p);
                     let wp = w.pair(rows[r], p);
                     for t in 0..T {
                         let sums = pair_sums(&wp, codes[t].add(2 * BLOCK * p));

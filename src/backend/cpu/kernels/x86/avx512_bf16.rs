@@ -41,6 +41,7 @@ use std::ops::Range;
 
 use super::lanes::{in_lockstep, reduce};
 use crate::backend::cpu::kernels::job::{Job, Path};
+use crate::backend::cpu::kernels::prefetch::{STREAM_AHEAD, prefetch_line};
 use crate::formats::{f32_to_bf16, read_bf16};
 
 /// Columns per chunk: one 512-bit vector of bf16.
@@ -210,6 +211,11 @@ unsafe fn gemv_tile<const R: usize, const T: usize>(
         let xb: [__m512bh; T] =
             std::array::from_fn(|t| unsafe { round_chunk(x.add(t * cols + ch * CHUNK)) });
         for (acc_r, &row) in acc.iter_mut().zip(&rows) {
+            // A chunk is a cache line of the row.
+            prefetch_line(
+                w.bytes.as_ptr(),
+                (row * cols + ch * CHUNK) * 2 + STREAM_AHEAD,
+            );
             // SAFETY: chunk ch of the row is inside the matrix.
             let wv = unsafe { w.chunk(row, ch) };
             for (a, &xv) in acc_r.iter_mut().zip(&xb) {

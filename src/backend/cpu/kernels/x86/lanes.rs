@@ -8,6 +8,8 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use crate::backend::cpu::kernels::prefetch::LINE;
+
 /// Step 2 of the summation order (see avx2.rs): `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -177,9 +179,6 @@ pub(super) fn row_slice(bytes: &[u8], row: usize, len: usize) -> &[u8] {
         .and_then(|start| bytes.get(start..start.checked_add(len)?))
         .unwrap_or(&[])
 }
-
-/// Cache lines the CPU fetches at a time.
-const LINE: usize = 64;
 
 /// Brings the rows of the panel's next block towards L2 while the current
 /// block computes, a few lines after each microkernel tile: a block's rows
