@@ -32,6 +32,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::super::job::Job;
+use super::super::prefetch::{LINE, prefetch_line};
 use crate::checkpoint::linear::WeightData;
 use crate::formats::{INT4_PER_WORD, read_f16, read_u32};
 
@@ -45,8 +46,6 @@ const CHUNK_ROWS: usize = 256;
 const MAX_BLOCKS: usize = CHUNK_ROWS / INT4_PER_WORD;
 /// How many packed input rows ahead the kernel asks for its weights.
 const PREFETCH_ROWS: usize = 4;
-/// Bytes one prefetch asks for: a cache line.
-const LINE: usize = 64;
 
 /// One vector width of the kernel: `LANES` output rows per vector. Every
 /// method is one or two instructions, inlined into the entry point that
@@ -310,14 +309,10 @@ unsafe fn row_chunk<L: Int4Lanes, const T: usize>(job: &Job, r0: usize, blocks: 
 }
 
 /// Asks for the `len` bytes of `qweight` from byte `at`, a line at a time
-/// (a hint only: it never changes a value).
+/// (a hint only: it never changes a value); none past `qweight`.
 #[inline(always)]
 fn prefetch(qweight: &[u8], at: usize, len: usize) {
-    for line in (at..at + len).step_by(LINE) {
-        if let Some(byte) = qweight.get(line) {
-            // SAFETY: a prefetch reads nothing architecturally and never
-            // faults; the address lies inside qweight.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(byte).cast()) };
-        }
+    for line in (at..(at + len).min(qweight.len())).step_by(LINE) {
+        prefetch_line(qweight.as_ptr(), line);
     }
 }
