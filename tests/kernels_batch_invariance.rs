@@ -6,8 +6,10 @@
 
 use crate::kernels_common;
 
-use kernels_common::{FORMATS, FP8_FORMATS, Format, Rng, random_weight, random_x, run_grouped};
-use sparkrt::backend::cpu::kernels::{GroupedProblem, Isa, matmul_grouped_on};
+use kernels_common::{
+    FORMATS, FP8_FORMATS, Format, Rng, bits, random_weight, random_x, run_grouped, run_on,
+};
+use sparkrt::backend::cpu::kernels::Isa;
 use sparkrt::checkpoint::linear::LinearWeight;
 
 /// Legal column counts per format: with and without a tail after the last
@@ -25,25 +27,6 @@ fn cols_for(format: Format) -> &'static [usize] {
 
 /// Token counts on both sides of every path and tile boundary.
 const TOKENS: [usize; 10] = [2, 3, 4, 5, 7, 8, 9, 13, 17, 33];
-
-fn run_on(isa: Isa, x: &[f32], tokens: usize, w: &LinearWeight) -> Vec<f32> {
-    let mut out = vec![f32::NAN; tokens * w.rows];
-    matmul_grouped_on(
-        isa,
-        &mut [GroupedProblem {
-            x,
-            tokens,
-            weight: *w,
-            out: &mut out,
-        }],
-    )
-    .unwrap();
-    out
-}
-
-fn bits(values: &[f32]) -> Vec<u32> {
-    values.iter().map(|v| v.to_bits()).collect()
-}
 
 /// Row `t` of `[tokens, width]`.
 fn row(values: &[f32], t: usize, width: usize) -> &[f32] {

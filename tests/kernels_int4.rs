@@ -3,11 +3,11 @@
 //! each token's outputs bitwise the same alone, in any batch, and on any
 //! number of threads.
 
+use sparkrt::backend::cpu::kernels::Isa;
 use sparkrt::backend::cpu::kernels::weights::weight_at;
-use sparkrt::backend::cpu::kernels::{GroupedProblem, Isa, matmul_grouped_on};
 use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
 
-use crate::kernels_common::{Rng, random_x};
+use crate::kernels_common::{Rng, bits, random_x, run_on};
 
 struct Int4 {
     rows: usize,
@@ -60,21 +60,6 @@ impl Int4 {
     }
 }
 
-fn run(isa: Isa, x: &[f32], tokens: usize, w: &LinearWeight) -> Vec<f32> {
-    let mut out = vec![f32::NAN; tokens * w.rows];
-    matmul_grouped_on(
-        isa,
-        &mut [GroupedProblem {
-            x,
-            tokens,
-            weight: *w,
-            out: &mut out,
-        }],
-    )
-    .unwrap();
-    out
-}
-
 #[test]
 fn int4_matmul_matches_the_element_definition_and_is_batch_invariant() {
     let mut rng = Rng::new(28);
@@ -84,10 +69,10 @@ fn int4_matmul_matches_the_element_definition_and_is_batch_invariant() {
         let tokens = 5;
         let x = random_x(&mut rng, tokens * cols, false);
         for isa in Isa::available() {
-            let all = run(isa, &x, tokens, &view);
+            let all = run_on(isa, &x, tokens, &view);
             for t in 0..tokens {
                 let xt = &x[t * cols..(t + 1) * cols];
-                let alone = run(isa, xt, 1, &view);
+                let alone = run_on(isa, xt, 1, &view);
                 for r in 0..rows {
                     let want: f64 = (0..cols)
                         .map(|c| f64::from(weight_at(&view, r, c)) * f64::from(xt[c]))
@@ -112,7 +97,7 @@ fn int4_matmul_matches_the_element_definition_and_is_batch_invariant() {
                     .num_threads(threads)
                     .build()
                     .unwrap();
-                let out = pool.install(|| run(isa, &x, tokens, &view));
+                let out = pool.install(|| run_on(isa, &x, tokens, &view));
                 let same = out
                     .iter()
                     .zip(&all)
@@ -146,15 +131,9 @@ fn avx512_int4_gives_the_avx2_bits() {
         let view = w.view();
         for tokens in [1, 2, 3, 5] {
             let x = random_x(&mut rng, tokens * cols, false);
-            let bits = |isa| -> Vec<u32> {
-                run(isa, &x, tokens, &view)
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect()
-            };
             assert_eq!(
-                bits(Isa::Avx512),
-                bits(Isa::Avx2),
+                bits(&run_on(Isa::Avx512, &x, tokens, &view)),
+                bits(&run_on(Isa::Avx2, &x, tokens, &view)),
                 "{rows}x{cols}/{group} zero offset {offset} tokens {tokens}"
             );
         }

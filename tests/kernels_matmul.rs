@@ -4,12 +4,12 @@
 use crate::kernels_common;
 
 use kernels_common::{
-    FORMATS, FP8_FORMATS, Format, OwnedWeight, Rng, bf16_rounding_bound, quantization_bound,
-    random_weight, random_x, run_grouped, tolerance,
+    FORMATS, FP8_FORMATS, Format, OwnedWeight, Rng, bf16_rounding_bound, bits, quantization_bound,
+    random_weight, random_x, run_grouped, run_on, tolerance,
 };
 use sparkrt::backend::cpu::kernels::{
-    GroupedProblem, Isa, KernelError, add_bias_bf16, matmul, matmul_grouped, matmul_grouped_on,
-    quantizes_activations, reference, rounds_activations_to_bf16,
+    GroupedProblem, Isa, KernelError, add_bias_bf16, matmul, matmul_grouped, quantizes_activations,
+    reference, rounds_activations_to_bf16,
 };
 use sparkrt::checkpoint::linear::{LinearWeight, WeightData};
 use sparkrt::formats::{E2M1, E4M3, E8M0, bf16_to_f32, f32_to_bf16};
@@ -28,18 +28,6 @@ fn awkward_cols(format: Format) -> &'static [usize] {
 
 const TOKENS: [usize; 8] = [1, 2, 3, 4, 5, 17, 64, 0];
 const ROWS: [usize; 3] = [1, 13, 30];
-
-fn run_on(isa: Isa, x: &[f32], tokens: usize, w: &LinearWeight) -> Vec<f32> {
-    let mut out = vec![f32::NAN; tokens * w.rows];
-    let mut problems = [GroupedProblem {
-        x,
-        tokens,
-        weight: *w,
-        out: &mut out,
-    }];
-    matmul_grouped_on(isa, &mut problems).unwrap();
-    out
-}
 
 /// Integer-like data: every order of summation gives the exact result, so
 /// any decoding or layout slip shows up as an inequality.
@@ -406,15 +394,9 @@ fn avx512_tier_gives_the_avx2_bits() {
                 let w = random_weight(&mut rng, format, rows, cols, offset, false);
                 for tokens in [1, 2, 3, 5, 17] {
                     let x = random_x(&mut rng, tokens * cols, false);
-                    let bits = |isa| -> Vec<u32> {
-                        run_on(isa, &x, tokens, &w.view())
-                            .iter()
-                            .map(|v| v.to_bits())
-                            .collect()
-                    };
                     assert_eq!(
-                        bits(Isa::Avx512),
-                        bits(Isa::Avx2),
+                        bits(&run_on(Isa::Avx512, &x, tokens, &w.view())),
+                        bits(&run_on(Isa::Avx2, &x, tokens, &w.view())),
                         "{format:?} cols {cols} tokens {tokens} offset {offset}"
                     );
                 }

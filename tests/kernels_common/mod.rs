@@ -293,6 +293,31 @@ pub fn tolerance(cols: usize, magnitude: f32) -> f32 {
     4.0 * (cols as f32).sqrt() * f32::EPSILON * magnitude + 1e-30
 }
 
+/// `w` against `x` (`tokens` rows) alone in one call on `isa`; the output
+/// `[tokens, rows]`.
+pub fn run_on(
+    isa: sparkrt::backend::cpu::kernels::Isa,
+    x: &[f32],
+    tokens: usize,
+    w: &LinearWeight,
+) -> Vec<f32> {
+    use sparkrt::backend::cpu::kernels::{GroupedProblem, matmul_grouped_on};
+    let mut out = vec![f32::NAN; tokens * w.rows];
+    let mut problems = [GroupedProblem {
+        x,
+        tokens,
+        weight: *w,
+        out: &mut out,
+    }];
+    matmul_grouped_on(isa, &mut problems).unwrap();
+    out
+}
+
+/// The bits of `values`, for bitwise comparisons that print readably.
+pub fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
 /// Runs `weights[i]` against `xs[i]` (`tokens[i]` rows each) in ONE grouped
 /// call on `isa`; returns each problem's output, `[tokens[i], rows]`.
 pub fn run_grouped(
