@@ -21,24 +21,22 @@ const SWEEPS: usize = 4;
 /// that another process interrupted.
 pub fn measure_read_bandwidth(threads: usize, bytes: usize) -> f64 {
     let threads = threads.max(1);
-    let slice_words = SLICE_BYTES / 8;
-    let words = (bytes / 8).max(2 * slice_words);
     // Non-zero fill so every page is really backed before timing.
-    let buffer = vec![1u64; words];
+    let buffer = vec![1u8; bytes.max(2 * SLICE_BYTES)];
     let timed = || {
         let mut rates = Vec::new();
         for sweep in 0..SWEEPS {
-            for slice in buffer.chunks(slice_words) {
+            for slice in buffer.chunks(SLICE_BYTES) {
                 let share = slice.len().div_ceil(threads);
                 let start = Instant::now();
                 // Wrapping, as the sums are: `sum()` would overflow-check in a debug build.
                 let total = slice
                     .par_chunks(share)
-                    .map(sum_words)
+                    .map(sum_bytes)
                     .reduce(|| 0, u64::wrapping_add);
                 black_box(total);
                 let seconds = start.elapsed().as_secs_f64();
-                if sweep > 0 && slice.len() == slice_words {
+                if sweep > 0 && slice.len() == SLICE_BYTES {
                     rates.push(SLICE_BYTES as f64 / seconds);
                 }
             }
@@ -141,38 +139,15 @@ fn sum_bytes(bytes: &[u8]) -> u64 {
     acc.iter().fold(tail, |a, &w| a.wrapping_add(w))
 }
 
-/// [`sum_bytes`] over words.
-fn sum_words(words: &[u64]) -> u64 {
-    const LINE_WORDS: usize = LINE / 8;
-    let part = words.len() / STREAMS / LINE_WORDS * LINE_WORDS;
-    let mut acc = [0u64; 8];
-    for at in (0..part).step_by(LINE_WORDS) {
-        for s in 0..STREAMS {
-            let line = &words[s * part + at..][..LINE_WORDS];
-            prefetch_line(line.as_ptr().cast(), STREAM_AHEAD);
-            for (a, &w) in acc.iter_mut().zip(line) {
-                *a = a.wrapping_add(w);
-            }
-        }
-    }
-    let tail = words[STREAMS * part..]
-        .iter()
-        .fold(0u64, |a, &w| a.wrapping_add(w));
-    acc.iter().fold(tail, |a, &w| a.wrapping_add(w))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// The streams and the tail cover every byte once, whatever the length.
     #[test]
-    fn the_stream_sums_read_every_value_once() {
+    fn the_stream_sum_reads_every_byte_once() {
         for len in [0, 1, 63, 64, 255, 256, 257, 4 * 64 * 3 + 17, 10_000] {
             let bytes: Vec<u8> = (0..len).map(|i| (i * 37 % 251) as u8).collect();
-            let words: Vec<u64> = bytes.iter().map(|&b| u64::from(b) << 40 | 3).collect();
-            let expect_words = words.iter().fold(0u64, |a, &w| a.wrapping_add(w));
-            assert_eq!(sum_words(&words), expect_words, "{len} words");
             // Little-endian words of 8 bytes, then the tail's bytes alone.
             let whole = len / STREAMS / LINE * LINE * STREAMS;
             let expect_bytes = bytes[..whole]
