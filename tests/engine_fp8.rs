@@ -9,7 +9,10 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::common;
-use crate::fixture_runs::{Outcome, max_abs_diff, profile, reference, serve_greedy};
+use crate::fixture_runs::{
+    Outcome, assert_greedy_matches, logits_tolerance, max_abs_diff, profile, reference,
+    serve_greedy,
+};
 
 use sparkrt::checkpoint::groups::bytes_by_group;
 use sparkrt::checkpoint::{ModelConfig, PageCachePolicy, read_headers};
@@ -21,22 +24,32 @@ use sparkrt::runtime::{HostSource, Loaded};
 const FP8_FIXTURES: [&str; 2] = ["qwen3-moe-tiny-fp8-block", "qwen3-moe-tiny-modelopt-mixed"];
 
 fn run(name: &str, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Outcome> {
+    let loaded = open(name);
+    let source = loaded.source();
+    let mut engine = loaded.engine(&source).unwrap();
+    serve_greedy(&mut engine, prompts, max_tokens)
+}
+
+/// Fixture `name` opened on the CPU with its profile, on the test host.
+fn open(name: &str) -> Loaded<sparkrt::backend::cpu::CpuBackend> {
     let host_root = common::fixture("hosts/box24");
     let host = HostSource {
         root: &host_root,
         kubelet_config: None,
     };
     let p = profile(name);
-    let loaded = Loaded::open_cpu(
+    Loaded::open_cpu(
         &common::fixture(name),
         Some(&p),
         &host,
         PageCachePolicy::Keep,
     )
-    .unwrap();
-    let source = loaded.source();
-    let mut engine = loaded.engine(&source).unwrap();
-    serve_greedy(&mut engine, prompts, max_tokens)
+    .unwrap()
+}
+
+/// The plan fixture `name` is served with.
+fn plan_of(name: &str) -> sparkrt::plan::Plan {
+    open(name).plan
 }
 
 #[test]
@@ -46,8 +59,20 @@ fn fp8_fixtures_match_transformers_on_the_dequantized_weights() {
         let out = run(name, std::slice::from_ref(&r.input_ids), r.greedy_ids.len());
         let diff = max_abs_diff(&out[0].prompt_logits, &r.logits);
         eprintln!("{name}: prompt logits within {diff:.2e} of transformers");
-        assert!(diff < 2e-3, "{name}: prompt logits differ by {diff}");
-        assert_eq!(out[0].tokens, r.greedy_ids, "{name}: greedy continuation");
+        let tolerance = logits_tolerance(&plan_of(name), 2e-3);
+        assert!(diff < tolerance, "{name}: prompt logits differ by {diff}");
+        assert_greedy_matches(
+            name,
+            &r.input_ids,
+            &out[0].tokens,
+            &r.greedy_ids,
+            tolerance,
+            2e-3,
+            |ids| {
+                let logits = run(name, &[ids.to_vec()], 1).remove(0).prompt_logits;
+                logits[(ids.len() - 1) * r.vocab..].to_vec()
+            },
+        );
         assert_eq!(out[0].finish, Some(FinishReason::Length));
     }
 }

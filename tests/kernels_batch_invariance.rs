@@ -19,7 +19,7 @@ fn cols_for(format: Format) -> &'static [usize] {
     match format {
         Format::F32 => &[1, 7, 24, 100, 768],
         Format::Bf16 => &[3, 24, 100, 768, 2085, 8192, 8224],
-        Format::Nvfp4 => &[16, 48, 80, 768, 2128],
+        Format::Nvfp4 => &[16, 48, 80, 96, 768, 2128, 2144],
         Format::Mxfp4 => &[32, 96, 160, 768, 2112],
         Format::Fp8 | Format::Fp8Block(_) => &[5, 32, 100, 768, 2085],
     }

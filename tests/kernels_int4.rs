@@ -116,7 +116,7 @@ fn int4_matmul_matches_the_element_definition_and_is_batch_invariant() {
 #[test]
 fn avx512_int4_gives_the_avx2_bits() {
     if !Isa::Avx512.is_available() {
-        eprintln!("skipped: this CPU lacks AVX-512F/VL/DQ (the avx512 tier)");
+        eprintln!("skipped: this CPU lacks AVX-512F/VL/DQ/BW (the avx512 tier)");
         return;
     }
     let mut rng = Rng::new(2812);

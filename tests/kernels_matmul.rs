@@ -20,7 +20,7 @@ fn awkward_cols(format: Format) -> &'static [usize] {
     match format {
         Format::F32 => &[1, 7, 100, 2100],
         Format::Bf16 => &[3, 24, 100, 2085],
-        Format::Nvfp4 => &[16, 48, 80, 2128],
+        Format::Nvfp4 => &[16, 32, 48, 64, 96, 416, 2128, 2144],
         Format::Mxfp4 => &[32, 96, 160, 2112],
         Format::Fp8 | Format::Fp8Block(_) => &[1, 31, 33, 128, 200, 2085],
     }
@@ -384,7 +384,7 @@ fn best_isa_is_the_simd_one_this_cpu_has() {
 #[test]
 fn avx512_tier_gives_the_avx2_bits() {
     if !Isa::Avx512.is_available() {
-        eprintln!("skipped: this CPU lacks AVX-512F/VL/DQ (the avx512 tier)");
+        eprintln!("skipped: this CPU lacks AVX-512F/VL/DQ/BW (the avx512 tier)");
         return;
     }
     let mut rng = Rng::new(21);

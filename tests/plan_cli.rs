@@ -160,10 +160,14 @@ fn spark_plan_for_qwen3_30b_nvfp4_uses_the_headroom_rule() {
         + 129 * 4 // expert offsets
         + rows * 2048 * 4 * 2 // gathered input, down output
         + rows * 2 * 768 * 4 // gate/up output
-        + rows * 768 * 4; // activation
+        + rows * 768 * 4 // activation
+        // NVFP4 experts read their inputs quantized on the CPU: an int16
+        // per value of the wider input (hidden), an f32 per 32 values.
+        + rows * 2048 * 2
+        + rows * 2048 / 32 * 4;
     assert_eq!(ws["bytes"], expected_ws);
     assert_eq!(ws["per_layer_total_bytes"], expected_ws * 48);
-    assert_eq!(ws["buffers"].as_array().unwrap().len(), 8);
+    assert_eq!(ws["buffers"].as_array().unwrap().len(), 10);
 
     // NVFP4 experts: per [768, 2048] matrix 768·2048/2 codes + 768·128 F8
     // scales + two f32 scalars; 3 matrices × 128 experts × 48 layers.

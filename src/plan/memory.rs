@@ -397,10 +397,11 @@ fn host_mapped_buffer(name: &str, bytes: u64) -> Buffer {
 /// The ONE MoE workspace shared by every MoE layer, sized for the largest
 /// batch the MoE can see: `capacity_tokens = max_num_batched_tokens × dp_size`
 /// (tokens gathered from every data-parallel rank), `routed_rows =
-/// capacity_tokens × top_k`. On the CPU, MXFP4 experts also read their
-/// inputs quantized (gate/up: `routed_rows × hidden` values, down:
-/// `routed_rows × moe_intermediate`, one at a time), which takes
-/// `quantized_input` and `quantized_scales`.
+/// capacity_tokens × top_k`. On the CPU, MXFP4 and NVFP4 matmuls read their
+/// inputs quantized, into `quantized_input` and `quantized_scales`: the
+/// experts' (gate/up: `routed_rows × hidden` values, down: `routed_rows ×
+/// moe_intermediate`, one at a time) and, between expert calls, those of
+/// the other NVFP4 linears (`capacity_tokens ×` their widest input).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MoeWorkspace {
     pub instances: u64,
@@ -477,8 +478,13 @@ pub fn moe_workspace(
             capacity_tokens * ACTIVATION_BYTES,
         ));
     }
-    if device == PlanDevice::Cpu && g.quantization == Quantization::Mxfp4 {
-        let values = rows * h.max(i);
+    let expert_values = if quantizes_inputs(g.quantization) {
+        rows * h.max(i)
+    } else {
+        0
+    };
+    let values = expert_values.max(capacity_tokens * dense_quantized_cols(g));
+    if device == PlanDevice::Cpu && values > 0 {
         buffers.push(buffer("quantized_input", values * QUANTIZED_CODE_BYTES));
         buffers.push(buffer(
             "quantized_scales",
@@ -494,6 +500,40 @@ pub fn moe_workspace(
         per_layer_total_bytes: bytes * g.num_moe_layers() as u64,
         buffers,
     }
+}
+
+/// Whether CPU matmuls of this format read their inputs quantized to int16
+/// (the integer FP4 kernels: MXFP4, and NVFP4 on x86; sized on every host,
+/// so a plan does not depend on the instruction set).
+fn quantizes_inputs(format: Quantization) -> bool {
+    matches!(format, Quantization::Mxfp4 | Quantization::Nvfp4)
+}
+
+/// The widest input of a linear outside the experts whose inputs the CPU
+/// quantizes (0 if none does): the attention and Gated DeltaNet projections,
+/// the dense MLPs and shared expert, the lm_head and the MTP head's input
+/// projection (twice the hidden size). One matmul call quantizes one input
+/// (its jobs share it), so the workspace's buffers need `tokens ×` this.
+fn dense_quantized_cols(g: &ModelGeometry) -> u64 {
+    let attention = quantizes_inputs(g.attention_quantization);
+    let mlp = quantizes_inputs(dense_format(g));
+    let lm_head = quantizes_inputs(g.lm_head_quantization);
+    if !(attention || mlp || lm_head) {
+        return 0;
+    }
+    let h = g.hidden_size as u64;
+    let mut cols = if g.mtp_layers > 0 { 2 * h } else { h };
+    if attention {
+        let values = g.delta_net().map_or(0, |d| d.value_width() as u64);
+        cols = cols
+            .max((g.num_attention_heads * g.head_dim) as u64)
+            .max(values);
+    }
+    if mlp {
+        let widest = g.intermediate_size.max(g.shared_expert_intermediate_size);
+        cols = cols.max(widest as u64);
+    }
+    cols
 }
 
 /// The CUDA workspace's buffers besides the experts': the attention's split
@@ -1386,6 +1426,41 @@ mod tests {
             .filter_map(|b| b.get("placement"))
             .collect();
         assert_eq!(placements, ["host_mapped", "host_mapped"]);
+    }
+
+    /// The CPU's quantized-activation buffers cover every NVFP4 or MXFP4
+    /// linear: the experts' routed rows, else (or if wider) the batch of
+    /// tokens times the widest input of the other NVFP4 linears; none on
+    /// CUDA, none where every linear multiplies f32 or bf16 inputs.
+    #[test]
+    fn quantized_activations_cover_every_fp4_linear() {
+        let quantized = |g: &ModelGeometry, device| {
+            let ws = moe_workspace(g, 16, 1, device, g.num_experts as u64);
+            let find = |name| ws.buffers.iter().find(|b| b.name == name).map(|b| b.bytes);
+            (find("quantized_input"), find("quantized_scales"))
+        };
+        // hidden 32, 4 heads of 8 (q 32), experts 32 wide, top-2.
+        let mut g = kv_geometry("F");
+        g.quantization = Quantization::Bf16;
+        assert_eq!(quantized(&g, PlanDevice::Cpu), (None, None));
+        g.lm_head_quantization = Quantization::Nvfp4;
+        // 16 tokens × 32 hidden values, 2 bytes each; an f32 per 32.
+        assert_eq!(
+            quantized(&g, PlanDevice::Cpu),
+            (Some(16 * 32 * 2), Some(16 * 4))
+        );
+        g.attention_quantization = Quantization::Nvfp4;
+        g.num_attention_heads = 8; // o_proj reads 64 values a token
+        assert_eq!(
+            quantized(&g, PlanDevice::Cpu),
+            (Some(16 * 64 * 2), Some(16 * 2 * 4))
+        );
+        g.mtp_layers = 1; // eh_proj reads 2 × hidden: no wider
+        assert_eq!(quantized(&g, PlanDevice::Cpu).0, Some(16 * 64 * 2));
+        g.quantization = Quantization::Nvfp4; // 16 × 2 routed rows × 32
+        g.moe_intermediate_size = 96;
+        assert_eq!(quantized(&g, PlanDevice::Cpu).0, Some(16 * 2 * 96 * 2));
+        assert_eq!(quantized(&g, PlanDevice::Cuda), (None, None));
     }
 
     /// `types` as layers (`S` sliding, `F` full), 2 KV heads of 8, window 40.

@@ -127,3 +127,71 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// Largest |Δlogit| against transformers' f32 reference where the CPU
+/// multiplies FP4 weights with int16 activations (`kernels::quantize`: 15
+/// significant bits of each 32-value block's largest value, where a bf16
+/// keeps 8). Measured on the NVFP4 fixtures on x86: 5.7e-3 to 8.4e-3
+/// (2026-12-07); the avx512bf16 tier's bf16 activations move these logits by
+/// up to 0.65. The f32 paths stay within the tests' own 1e-3 / 2e-3.
+pub const QUANTIZED_INPUTS_TOLERANCE: f32 = 2e-2;
+
+/// Whether a model planned as `plan` multiplies some weights with quantized
+/// activations on this CPU: the plan holds the buffers they go to (MXFP4 or
+/// NVFP4 linears), and the default tier quantizes them (the x86 ones for
+/// both formats; NEON for MXFP4 only, counted alike: a looser bound).
+pub fn quantizes_inputs(plan: &sparkrt::plan::Plan) -> bool {
+    let planned = plan
+        .moe_workspace
+        .buffers
+        .iter()
+        .any(|b| b.name == "quantized_input");
+    planned
+        && sparkrt::backend::cpu::kernels::Isa::best()
+            != sparkrt::backend::cpu::kernels::Isa::Scalar
+}
+
+/// The logits tolerance for a model planned as `plan`: `exact` on f32
+/// paths, [`QUANTIZED_INPUTS_TOLERANCE`] where it quantizes activations.
+pub fn logits_tolerance(plan: &sparkrt::plan::Plan, exact: f32) -> f32 {
+    if quantizes_inputs(plan) {
+        QUANTIZED_INPUTS_TOLERANCE.max(exact)
+    } else {
+        exact
+    }
+}
+
+/// `got`, a greedy continuation of `prompt`, is transformers' `want`; or,
+/// where activations are quantized (`tolerance` above `exact`), it parts
+/// from `want` only at a near-tie: at the first token that differs, this
+/// engine's logit for `want`'s token is within `2 · tolerance` of its top
+/// logit (`logits_after(ids)`: the engine's logits for the token after
+/// `ids`). After that the two continue from different text, so nothing
+/// more is compared.
+pub fn assert_greedy_matches(
+    what: &str,
+    prompt: &[u32],
+    got: &[u32],
+    want: &[u32],
+    tolerance: f32,
+    exact: f32,
+    logits_after: impl FnOnce(&[u32]) -> Vec<f32>,
+) {
+    if tolerance <= exact || got == want {
+        assert_eq!(got, want, "{what}: greedy continuation");
+        return;
+    }
+    assert_eq!(got.len(), want.len(), "{what}: greedy length");
+    let k = (0..want.len()).find(|&i| got[i] != want[i]).unwrap();
+    let ids: Vec<u32> = prompt.iter().chain(&want[..k]).copied().collect();
+    let logits = logits_after(&ids);
+    let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let theirs = logits[want[k] as usize];
+    assert!(
+        theirs >= top - 2.0 * tolerance,
+        "{what}: greedy token {k} is {} here, transformers' {} is {} below the top logit (more than 2 × {tolerance})",
+        got[k],
+        want[k],
+        top - theirs
+    );
+}

@@ -9,7 +9,7 @@ mod kv;
 mod moe;
 mod ops;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
@@ -30,6 +30,7 @@ use crate::step::StepBatch;
 pub use delta_net::CpuRecurrentState;
 pub use kv::CpuKvCache;
 pub use moe::{CpuExperts, CpuWorkspace};
+use moe::{SharedScratch, lock_scratch};
 
 /// An f32 buffer and the ledger charge that pays for it.
 pub struct CpuBuffer {
@@ -56,13 +57,29 @@ pub struct CpuStep {
 
 pub struct CpuBackend {
     ledger: Arc<Ledger>,
+    /// The workspace's quantized-activation scratch, once one exists: the
+    /// planned room where NVFP4 linears outside the experts quantize their
+    /// inputs. Before that (kernels driven directly, in tests) they use
+    /// the calling thread's own scratch.
+    quantized: Mutex<Option<SharedScratch>>,
 }
 
 impl CpuBackend {
     /// A backend charging its allocations to `ledger`. Threads are rayon's
     /// global pool (sized by the CLI's `--threads`).
     pub fn new(ledger: Arc<Ledger>) -> CpuBackend {
-        CpuBackend { ledger }
+        CpuBackend {
+            ledger,
+            quantized: Mutex::new(None),
+        }
+    }
+
+    /// The planned scratch matmuls quantize into, if a workspace exists.
+    fn quantized_scratch(&self) -> Option<SharedScratch> {
+        match self.quantized.lock() {
+            Ok(slot) => slot.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
     }
 
     pub fn ledger(&self) -> &Arc<Ledger> {
@@ -125,7 +142,13 @@ impl Backend for CpuBackend {
     }
 
     fn workspace(&self, plan: &MoeWorkspacePlan) -> Result<CpuWorkspace, BackendError> {
-        CpuWorkspace::allocate(plan, &self.ledger)
+        let workspace = CpuWorkspace::allocate(plan, &self.ledger)?;
+        let scratch = workspace.quantized_scratch();
+        match self.quantized.lock() {
+            Ok(mut slot) => *slot = Some(scratch),
+            Err(poisoned) => *poisoned.into_inner() = Some(scratch),
+        }
+        Ok(workspace)
     }
 
     fn kv_cache(
@@ -242,7 +265,13 @@ impl Backend for CpuBackend {
                 out: &mut job.out.data[..job.rows * n],
             });
         }
-        kernels::matmul_grouped(&mut problems).map_err(|e| BackendError::Kernel(e.to_string()))?;
+        match self.quantized_scratch() {
+            Some(scratch) => {
+                kernels::matmul_grouped_in(&mut problems, &mut *lock_scratch(&scratch)?)
+            }
+            None => kernels::matmul_grouped(&mut problems),
+        }
+        .map_err(|e| BackendError::Kernel(e.to_string()))?;
         drop(problems);
         for job in jobs.iter_mut() {
             if let Some(bias) = job.bias {

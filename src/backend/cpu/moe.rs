@@ -4,7 +4,7 @@
 //! activation, every down projection as another, then sum each token's
 //! expert outputs weighted by its routing weights.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rayon::prelude::*;
 
@@ -102,16 +102,36 @@ pub struct CpuWorkspace {
     gate_up_output: Vec<f32>,
     activation: Vec<f32>,
     down_output: Vec<f32>,
-    /// Where MXFP4 expert matmuls quantize their inputs (empty when the plan
-    /// has no such buffers: the experts are then in another format).
-    quantized: ActivationScratch,
+    /// Where MXFP4 and NVFP4 matmuls quantize their inputs (empty when the
+    /// plan has no such buffers: no linear is in those formats). Shared with
+    /// the backend's other matmuls (`CpuBackend::workspace`), which never run
+    /// during an expert call.
+    quantized: SharedScratch,
     /// Rows routed by the last `route` call, and its k.
     routed: usize,
     top_k: usize,
     _charges: Vec<Charge>,
 }
 
+/// The planned scratch quantized activations go to, shared by the experts
+/// and the backend's other matmuls.
+pub(crate) type SharedScratch = Arc<Mutex<ActivationScratch>>;
+
+/// The scratch, for one matmul call.
+pub(crate) fn lock_scratch(
+    scratch: &SharedScratch,
+) -> Result<MutexGuard<'_, ActivationScratch>, BackendError> {
+    scratch.lock().map_err(|_| {
+        BackendError::Kernel("a matmul panicked holding the activation scratch".into())
+    })
+}
+
 impl CpuWorkspace {
+    /// The quantized-activation scratch, for the backend's other matmuls.
+    pub(crate) fn quantized_scratch(&self) -> SharedScratch {
+        Arc::clone(&self.quantized)
+    }
+
     pub(crate) fn allocate(
         plan: &MoeWorkspacePlan,
         ledger: &Arc<Ledger>,
@@ -130,6 +150,7 @@ impl CpuWorkspace {
         } else {
             ActivationScratch::from_buffers(Vec::new(), Vec::new())
         };
+        let quantized = Arc::new(Mutex::new(quantized));
         // Every other buffer holds 4-byte values (f32 or i32).
         let mut elements = |name: &str| bytes(name).map(|b| b / ACTIVATION_BYTES as usize);
         let ws = CpuWorkspace {
@@ -337,7 +358,7 @@ impl CpuWorkspace {
                 }
             }
         }
-        kernels::matmul_grouped_in(&mut problems, &mut self.quantized)
+        kernels::matmul_grouped_in(&mut problems, &mut *lock_scratch(&self.quantized)?)
             .map_err(|e| BackendError::Kernel(e.to_string()))
     }
 
@@ -404,7 +425,7 @@ impl CpuWorkspace {
             });
             outs.push((e, a, b));
         }
-        kernels::matmul_grouped_in(&mut problems, &mut self.quantized)
+        kernels::matmul_grouped_in(&mut problems, &mut *lock_scratch(&self.quantized)?)
             .map_err(|e| BackendError::Kernel(e.to_string()))?;
         drop(problems);
         if !experts.down_bias.is_empty() {

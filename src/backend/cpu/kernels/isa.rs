@@ -13,7 +13,8 @@ pub enum Isa {
     Scalar,
     /// x86-64 with AVX2 and FMA.
     Avx2,
-    /// x86-64 with AVX2, FMA and AVX-512F/VL/DQ: the AVX2 kernels with NVFP4
+    /// x86-64 with AVX2, FMA and AVX-512F/VL/DQ/BW: the AVX2 kernels with
+    /// the integer FP4 kernels in zmm registers (`x86/avx2_fp4.rs`), NVFP4
     /// decoded by table permutes (`x86/avx512_nvfp4.rs`), INT4 16 rows a
     /// vector (`x86/avx512_int4.rs`) and the panel path over row pairs in
     /// zmm registers (`x86/avx512_panel.rs`), bitwise the
@@ -145,7 +146,10 @@ impl Isa {
         let (builds_on, adds): (Option<Isa>, &[&'static str]) = match self {
             Isa::Scalar => (None, &[]),
             Isa::Avx2 => (None, &["avx2", "fma"]),
-            Isa::Avx512 => (Some(Isa::Avx2), &["avx512f", "avx512vl", "avx512dq"]),
+            Isa::Avx512 => (
+                Some(Isa::Avx2),
+                &["avx512f", "avx512vl", "avx512dq", "avx512bw"],
+            ),
             Isa::Avx512Bf16 => (Some(Isa::Avx512), &["avx512bw", "avx512bf16"]),
             Isa::Amx => (
                 Some(Isa::Avx512Bf16),

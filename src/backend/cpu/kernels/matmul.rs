@@ -8,9 +8,10 @@
 //! each, and a slow thread never holds the others back by more than a unit.
 //! Every kernel reads the activations where they are: a call allocates
 //! nothing (the job list reuses a per-thread allocation). The one exception
-//! is MXFP4 on AVX2 and NEON, which first quantizes each problem's activations
-//! (`quantize`) into a scratch: the caller's ([`matmul_grouped_in`], the MoE
-//! workspace's planned buffers) or a per-thread one that grows.
+//! is MXFP4 (AVX2, NEON) and NVFP4 (the x86 tiers), which first quantize each
+//! problem's activations (`quantize`) into a scratch: the caller's
+//! ([`matmul_grouped_in`], the workspace's planned buffers) or a per-thread
+//! one that grows.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -22,7 +23,7 @@ use super::error::KernelError;
 use super::isa::Isa;
 use super::job::{Job, OutPtr, Path};
 use super::portable;
-use super::quantize::{ActivationScratch, BLOCK, QuantizedX, quantize_row};
+use super::quantize::{ActivationScratch, BLOCK, QuantizedX, integer_nvfp4, quantize_row};
 use super::weights::{check_weight, weight_bytes};
 use crate::checkpoint::linear::{LinearWeight, WeightData};
 use crate::formats::read_bf16;
@@ -77,9 +78,14 @@ pub fn matmul_grouped_on(isa: Isa, problems: &mut [GroupedProblem]) -> Result<()
 
 /// Whether `isa` multiplies this weight with quantized activations (and so
 /// needs an activation scratch): MXFP4 on AVX2 (and the tiers that run its
-/// kernels) and NEON.
+/// kernels) and NEON; NVFP4 on the x86 tiers, where its rows are whole
+/// activation blocks.
 pub fn quantizes_activations(isa: Isa, weight: &LinearWeight) -> bool {
-    (isa.runs_avx2() || isa == Isa::Neon) && matches!(weight.data, WeightData::Mxfp4 { .. })
+    match weight.data {
+        WeightData::Mxfp4 { .. } => isa.runs_avx2() || isa == Isa::Neon,
+        WeightData::Nvfp4 { .. } => isa.runs_avx2() && integer_nvfp4(weight),
+        _ => false,
+    }
 }
 
 /// Whether `isa` rounds the activations of this weight to bf16 before it

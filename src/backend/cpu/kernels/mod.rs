@@ -4,8 +4,9 @@
 //!   NVFP4 or MXFP4, decoded inside the kernel straight from the (possibly
 //!   misaligned) mapped bytes. A grouped call runs many independent problems
 //!   (the experts of one MoE layer) in one parallel region.
-//! - [`quantize`]: activations as int16 blocks, which the AVX2 and NEON
-//!   MXFP4 kernels multiply with the FP4 codes as integers.
+//! - [`quantize`]: activations as int16 blocks, which the MXFP4 kernels
+//!   (AVX2, NEON) and the NVFP4 kernels (the x86 tiers) multiply with the
+//!   FP4 codes as integers.
 //! - [`ops`]: RMSNorm, SiLU·mul, softmax, dot, axpy, bf16 rows, argmax.
 //! - [`measure_read_bandwidth`] / [`measure_read_bandwidth_of`]: the
 //!   machine's memory read bandwidth, over a fresh buffer or mapped memory.
@@ -18,8 +19,9 @@
 //! Threads: every call runs on the current rayon pool (`pool.install` to pick
 //! one). Memory: a call allocates nothing; the kernels read the weights and
 //! the activations where they are (decoded weight panels live on the stack),
-//! except that MXFP4 on AVX2 and NEON quantizes the activations into a
-//! scratch first: the caller's ([`matmul_grouped_in`]) or a per-thread one;
+//! except that MXFP4 (AVX2, NEON) and NVFP4 (the x86 tiers) quantize the
+//! activations into a scratch first: the caller's ([`matmul_grouped_in`],
+//! the planned workspace's) or a per-thread one;
 //! and BF16 on the AMX tier (a choice, never the default) packs up to 256
 //! tokens' activations per work unit into a per-thread buffer that grows to
 //! `512 · cols` bytes.

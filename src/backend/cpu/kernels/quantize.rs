@@ -1,4 +1,4 @@
-//! Activations quantized for the integer MXFP4 kernels.
+//! Activations quantized for the integer FP4 kernels (MXFP4; NVFP4 on x86).
 //!
 //! Why: decoding FP4 weights to f32 costs more vector instructions per byte
 //! than two cores can issue at the memory bandwidth. Multiplying FP4 codes
@@ -25,6 +25,7 @@
 //! [`scale_position`].
 
 use super::error::KernelError;
+use crate::checkpoint::linear::{LinearWeight, WeightData};
 use crate::formats::{E8M0, MXFP4_GROUP};
 
 /// Values per block (the MXFP4 scale block).
@@ -50,6 +51,14 @@ pub const CODE_UNSCALE: f32 = 1.0 / 512.0;
 #[inline]
 pub fn code_scale(byte: u8) -> f32 {
     E8M0[byte as usize] * CODE_UNSCALE
+}
+
+/// Whether NVFP4 weights multiply quantized activations as integers on the
+/// x86 tiers (`x86/avx2_fp4.rs`): where their rows are whole activation
+/// blocks; other NVFP4 rows decode to f32 (`x86/avx2.rs`), so every token of
+/// a matrix takes one of the two.
+pub fn integer_nvfp4(weight: &LinearWeight) -> bool {
+    matches!(weight.data, WeightData::Nvfp4 { .. }) && weight.cols.is_multiple_of(BLOCK)
 }
 
 /// Room for quantized activations: `values` int16 codes and one f32 scale

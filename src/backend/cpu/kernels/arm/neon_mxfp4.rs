@@ -1,6 +1,6 @@
 //! aarch64 NEON MXFP4 kernel: FP4 codes times int16 activations, as
 //! integers (activations quantized by [`crate::backend::cpu::kernels::quantize`];
-//! see `x86/avx2_mxfp4.rs` for why).
+//! see `x86/avx2_fp4.rs` for why).
 //!
 //! A code becomes an int16 worth 512 × its E2M1 value with a table lookup
 //! and a shift or a mask (the same decode as AVX2, 16 bytes at a time), and

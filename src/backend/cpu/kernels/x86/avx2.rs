@@ -1,6 +1,7 @@
 //! x86-64 AVX2 + FMA matmul kernels for F32, BF16, NVFP4 and FP8 (whose
 //! decoders are in `avx2_nvfp4.rs`, `avx512_nvfp4.rs` and `avx2_fp8.rs`;
-//! MXFP4 has its integer kernels in `avx2_mxfp4.rs`).
+//! MXFP4, and NVFP4 whose rows are whole 32-value blocks, have their integer
+//! kernels in `avx2_fp4.rs`).
 //!
 //! **One summation order.** Every output `Σ_c W[r, c] · x[t, c]` is summed
 //! the same way whatever path computes it, however many tokens share the

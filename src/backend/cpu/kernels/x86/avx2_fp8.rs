@@ -25,7 +25,7 @@ const _: () = assert!(FP8_BLOCK.is_multiple_of(Fp8Dec::CHUNK));
 
 /// 2^120: an E4M3 byte whose bits are moved into an f32's top bits (sign
 /// to bit 31, exponent and mantissa below it) reads as its value × 2^-120.
-const REBIAS: f32 = f32::from_bits((127 + 120) << 23);
+pub(super) const REBIAS: f32 = f32::from_bits((127 + 120) << 23);
 
 impl Decoder for Fp8Dec<'_> {
     const CHUNK: usize = 64;
@@ -113,7 +113,7 @@ impl Decoder for Fp8Dec<'_> {
 /// The CPU supports AVX2 (callers are reached only through `Isa::Avx2`).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn e4m3_lanes(bytes: __m256i) -> __m256 {
+pub(super) unsafe fn e4m3_lanes(bytes: __m256i) -> __m256 {
     let magnitude = _mm256_and_si256(bytes, _mm256_set1_epi32(0x7F));
     let normal = _mm256_castsi256_ps(_mm256_add_epi32(
         _mm256_slli_epi32::<20>(magnitude),

@@ -1,5 +1,5 @@
 //! Helpers shared by the AVX2 matmul kernels (`avx2.rs`, `avx2_fp8.rs`,
-//! `avx2_mxfp4.rs` and the AVX-512 panel, `avx512_panel.rs`): the fixed lane
+//! `avx2_fp4.rs` and the AVX-512 panel, `avx512_panel.rs`): the fixed lane
 //! reduction of their summation order, the lockstep walk over a work unit's
 //! rows, the `Decoder` each f32-decoding format implements, the panel
 //! path's sizes and the `PanelTiles` its two microkernels implement, and the
