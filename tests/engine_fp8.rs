@@ -10,7 +10,7 @@ use std::path::Path;
 
 use crate::common;
 use crate::fixture_runs::{
-    Outcome, assert_greedy_matches, logits_tolerance, max_abs_diff, profile, reference,
+    Outcome, assert_greedy_matches, last_row, logits_tolerance, max_abs_diff, profile, reference,
     serve_greedy,
 };
 
@@ -69,8 +69,10 @@ fn fp8_fixtures_match_transformers_on_the_dequantized_weights() {
             tolerance,
             2e-3,
             |ids| {
-                let logits = run(name, &[ids.to_vec()], 1).remove(0).prompt_logits;
-                logits[(ids.len() - 1) * r.vocab..].to_vec()
+                last_row(
+                    run(name, &[ids.to_vec()], 1).remove(0).prompt_logits,
+                    ids.len(),
+                )
             },
         );
         assert_eq!(out[0].finish, Some(FinishReason::Length));

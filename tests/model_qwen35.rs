@@ -28,7 +28,7 @@ use sparkrt::plan::{self, Plan, PlanDevice};
 use sparkrt::step::{Logits, StepBatch};
 
 use crate::common;
-use crate::fixture_runs::{assert_greedy_matches, logits_tolerance};
+use crate::fixture_runs::{assert_greedy_matches, last_row, logits_tolerance};
 
 /// Every Qwen3.5 / Qwen3-Next fixture (`qwen35-moe-tiny-ct-nvfp4`: the
 /// compressed-tensors NVFP4 layout, scripts/make-ct-nvfp4-fixture.py).
@@ -465,12 +465,6 @@ fn the_engine_batches_them_each_in_its_state_slot() {
             "{name}: engine prompt logits differ by {diff}"
         );
     }
-}
-
-/// The last of `rows` rows of `logits`.
-fn last_row(logits: Vec<f32>, rows: usize) -> Vec<f32> {
-    let vocab = logits.len() / rows;
-    logits[(rows - 1) * vocab..].to_vec()
 }
 
 /// `n = 3` sampled choices: the prompt computed once, each later choice

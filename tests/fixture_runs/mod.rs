@@ -161,6 +161,13 @@ pub fn logits_tolerance(plan: &sparkrt::plan::Plan, exact: f32) -> f32 {
     }
 }
 
+/// The last of `rows` rows of `logits` (a prompt's: the logits for the
+/// token after it).
+pub fn last_row(logits: Vec<f32>, rows: usize) -> Vec<f32> {
+    let vocab = logits.len() / rows;
+    logits[(rows - 1) * vocab..].to_vec()
+}
+
 /// `got`, a greedy continuation of `prompt`, is transformers' `want`; or,
 /// where activations are quantized (`tolerance` above `exact`), it parts
 /// from `want` only at a near-tie: at the first token that differs, this

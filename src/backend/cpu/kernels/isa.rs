@@ -173,8 +173,10 @@ impl Isa {
     }
 }
 
-/// Run-time detection of one feature by its `target_feature` name.
-fn has_feature(feature: &str) -> bool {
+/// Run-time detection of one feature by its `target_feature` name (also
+/// for the optional features a tier's kernels use where present, such as
+/// AVX-512 VNNI).
+pub(super) fn has_feature(feature: &str) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         match feature {
@@ -185,6 +187,7 @@ fn has_feature(feature: &str) -> bool {
             "avx512vl" => is_x86_feature_detected!("avx512vl"),
             "avx512dq" => is_x86_feature_detected!("avx512dq"),
             "avx512bf16" => is_x86_feature_detected!("avx512bf16"),
+            "avx512vnni" => is_x86_feature_detected!("avx512vnni"),
             "amx-tile" => amx_cpuid_bit(24),
             "amx-bf16" => amx_cpuid_bit(22),
             AMX_PERMISSION => amx_permitted(),

@@ -53,7 +53,7 @@ use std::ops::Range;
 
 use super::fp4_scales::{BlockScales, GROUP_VALUES, couple_lanes_0246, pair_scales};
 use super::lanes::{lockstep_sets, reduce};
-use crate::backend::cpu::kernels::isa::Isa;
+use crate::backend::cpu::kernels::isa::{Isa, has_feature};
 use crate::backend::cpu::kernels::job::{Job, Path};
 use crate::backend::cpu::kernels::prefetch::{LINE, STREAM_AHEAD, prefetch_line};
 use crate::backend::cpu::kernels::quantize::{BLOCK, DOUBLED_E2M1, QuantizedX, SCALE_GROUP};
@@ -93,6 +93,11 @@ impl Shape {
             groups: blocks / SCALE_GROUP,
             lone: blocks % 2 == 1,
         }
+    }
+
+    /// Weight scales per row, one per `S::VALUES` of its `32 · blocks` values.
+    fn row_scales<S: BlockScales>(self) -> usize {
+        self.blocks * BLOCK / S::VALUES
     }
 
     /// Pairs and the lone block: the units the accumulators alternate over.
@@ -143,7 +148,7 @@ pub(super) unsafe fn run_rows<S: BlockScales>(
     // SAFETY: the features each entry point enables are present (the
     // caller's contract); the rest is this function's contract.
     unsafe {
-        if isa.runs_avx512() && has_vnni() {
+        if isa.runs_avx512() && has_feature("avx512vnni") {
             run_rows_avx512_vnni(&stream, q, job, rows)
         } else if isa.runs_avx512() {
             run_rows_avx512(&stream, q, job, rows)
@@ -202,13 +207,6 @@ unsafe fn run_rows_avx512_vnni<S: BlockScales>(
 ) {
     // SAFETY: this function's contract; the features are enabled here.
     unsafe { run_body::<S, true, true>(stream, q, job, rows) }
-}
-
-/// Whether this CPU has AVX-512 VNNI (Cascade Lake, Ice Lake, Zen 4 and
-/// later; not Skylake-SP), detected once.
-fn has_vnni() -> bool {
-    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *VNNI.get_or_init(|| is_x86_feature_detected!("avx512vnni"))
 }
 
 /// The kernel's body, always inlined into the two entry points above and
@@ -302,18 +300,11 @@ trait Weights {
     fn prefetch(&self, _r: usize, _p: usize) {}
 }
 
-/// Weight blocks (of `S::VALUES`) per row of `cols` values.
-fn weight_blocks<S: BlockScales>(cols: usize) -> usize {
-    cols / S::VALUES
-}
-
 /// Decodes straight from the mapped weights.
 pub(super) struct Stream<'a, S> {
     codes: &'a [u8],
     scales: &'a [u8],
     shape: Shape,
-    /// Weight blocks per row.
-    row_scales: usize,
     format: S,
 }
 
@@ -325,7 +316,6 @@ impl<'a, S: BlockScales> Stream<'a, S> {
             codes,
             scales,
             shape: Shape::of(cols),
-            row_scales: weight_blocks::<S>(cols),
             format,
         }
     }
@@ -383,11 +373,12 @@ impl<S: BlockScales> Weights for Stream<'_, S> {
     ///
     /// As [`Weights::group_scales`]: AVX2 and FMA, `r < rows` of the checked
     /// matrix and `g < groups`, i.e. `GROUP_VALUES / VALUES` readable bytes
-    /// of `scales` from `r · row_scales + g · GROUP_VALUES / VALUES`.
+    /// of `scales` from `r · row_scales + g · GROUP_VALUES / VALUES`
+    /// ([`Shape::row_scales`]).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn group_scales(&self, r: usize, g: usize) -> S::Group {
-        let offset = r * self.row_scales + g * (GROUP_VALUES / S::VALUES);
+        let offset = r * self.shape.row_scales::<S>() + g * (GROUP_VALUES / S::VALUES);
         // SAFETY: as above.
         unsafe { self.format.decode_group(self.scales.as_ptr().add(offset)) }
     }
@@ -400,7 +391,8 @@ impl<S: BlockScales> Weights for Stream<'_, S> {
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn block_scale(&self, r: usize, b: usize) -> f32 {
-        self.format.scale(self.scales[r * self.row_scales + b])
+        self.format
+            .scale(self.scales[r * self.shape.row_scales::<S>() + b])
     }
     /// Once per cache line of the row (a pair is 32 bytes of codes).
     #[inline(always)]
@@ -887,7 +879,6 @@ struct Panel<S> {
     codes: *const __m256i,
     scales: *const f32,
     shape: Shape,
-    row_scales: usize,
     format: std::marker::PhantomData<S>,
 }
 
@@ -951,7 +942,7 @@ impl<S: BlockScales> Weights for Panel<S> {
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn group_scales(&self, r: usize, g: usize) -> S::Group {
-        let at = r * self.row_scales + g * (GROUP_VALUES / S::VALUES);
+        let at = r * self.shape.row_scales::<S>() + g * (GROUP_VALUES / S::VALUES);
         // SAFETY: as above.
         unsafe { S::load_group(self.scales.add(at)) }
     }
@@ -966,7 +957,7 @@ impl<S: BlockScales> Weights for Panel<S> {
     #[inline]
     unsafe fn block_scale(&self, r: usize, b: usize) -> f32 {
         // SAFETY: as above.
-        unsafe { *self.scales.add(r * self.row_scales + b) }
+        unsafe { *self.scales.add(r * self.shape.row_scales::<S>() + b) }
     }
 }
 
@@ -993,7 +984,7 @@ unsafe fn panel<S: BlockScales, const WIDE: bool, const VNNI: bool>(
 ) {
     let shape = stream.shape;
     let stride = shape.panel_stride();
-    let row_scales = stream.row_scales;
+    let row_scales = shape.row_scales::<S>();
     let group_scales = GROUP_VALUES / S::VALUES;
     let block_rows = panel_rows_for(shape);
     let mut codes = PanelCodes([MaybeUninit::uninit(); PANEL_VECTORS]);
@@ -1041,7 +1032,6 @@ unsafe fn panel<S: BlockScales, const WIDE: bool, const VNNI: bool>(
             codes: codes_base,
             scales: scales.as_ptr(),
             shape,
-            row_scales,
             format: std::marker::PhantomData,
         };
         let mut t0 = 0;
@@ -1147,13 +1137,7 @@ mod tests {
     #[test]
     fn the_wide_builds_give_the_avx2_bits_with_and_without_vnni() {
         let features = ["avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vnni"];
-        if !features.iter().all(|f| match *f {
-            "avx512f" => is_x86_feature_detected!("avx512f"),
-            "avx512bw" => is_x86_feature_detected!("avx512bw"),
-            "avx512vl" => is_x86_feature_detected!("avx512vl"),
-            "avx512dq" => is_x86_feature_detected!("avx512dq"),
-            _ => is_x86_feature_detected!("avx512vnni"),
-        }) {
+        if !features.iter().all(|f| has_feature(f)) {
             eprintln!("skipped: this CPU lacks one of {features:?}");
             return;
         }
