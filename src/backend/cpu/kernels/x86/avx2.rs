@@ -15,6 +15,13 @@
 //! 2. the 8 lanes are reduced as `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`;
 //! 3. the columns after the last whole chunk are added one by one, `s + w·x`.
 //!
+//! Formats whose decoder is `PAIRED` (FP8) sum in the **paired order**
+//! instead of step 1: vector `u` goes to one of two accumulators by the
+//! parity of `u`, each in ascending `u`, and the two are added lane by lane
+//! before step 2. The AVX-512 build then takes 16 columns of a row per zmm
+//! (`gemv_tile_wide`, `avx512_panel.rs`'s `WideTiles`): the even vector in
+//! the low half, the odd one in the high, the same sums.
+//!
 //! The order depends on `cols` and the format only. Weights are decoded in
 //! natural column order, so the activations are read where they are (no
 //! copy, no scratch).
@@ -48,7 +55,7 @@ use std::ops::Range;
 
 use super::avx2_nvfp4::Nvfp4Dec;
 use super::avx512_nvfp4::Nvfp4TableDec;
-use super::avx512_panel::PairTiles;
+use super::avx512_panel::{PairTiles, WideTiles};
 use super::lanes::{
     Ahead, Decoder, NT, PANEL_FLOATS, PANEL_MAX_ROWS, PanelTiles, lockstep_sets, reduce, row_slice,
     run_tile_sized,
@@ -74,7 +81,7 @@ const KC: usize = 512;
 /// Which path a problem takes: the panel needs at least `MR` rows of the
 /// row's whole chunks in the panel buffer.
 pub(super) fn choose_path(w: &LinearWeight, tokens: usize) -> Path {
-    if tokens > GEMV_MAX_TOKENS && RowTiles::block_rows(whole_columns(w)) >= MR {
+    if tokens > GEMV_MAX_TOKENS && RowTiles::<false>::block_rows(whole_columns(w)) >= MR {
         Path::Panel
     } else {
         Path::Gemv
@@ -200,11 +207,13 @@ unsafe fn run_format<D: Decoder, const WIDE: bool>(dec: &D, job: &Job, rows: Ran
     // panel path was chosen with at least one row tile's worth of rows.
     unsafe {
         match job.path {
-            Path::Gemv => gemv_rows(dec, job, rows),
+            Path::Gemv => gemv_rows::<D, WIDE>(dec, job, rows),
+            Path::Panel if WIDE && D::PAIRED => panel_rows::<D, WideTiles>(dec, job, rows),
             Path::Panel if WIDE && PairTiles::block_rows(whole) >= 2 => {
                 panel_rows::<D, PairTiles>(dec, job, rows)
             }
-            Path::Panel => panel_rows::<D, RowTiles>(dec, job, rows),
+            Path::Panel if D::PAIRED => panel_rows::<D, RowTiles<true>>(dec, job, rows),
+            Path::Panel => panel_rows::<D, RowTiles<false>>(dec, job, rows),
         }
     }
 }
@@ -299,15 +308,15 @@ unsafe fn finish<D: Decoder>(dec: &D, acc: __m256, row: usize, cols: usize, x: *
 ///
 /// # Safety
 ///
-/// As [`run_format`].
+/// As [`run_format`] (`WIDE` only from its AVX-512 entry point).
 #[inline(always)]
-unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
+unsafe fn gemv_rows<D: Decoder, const WIDE: bool>(dec: &D, job: &Job, rows: Range<usize>) {
     // SAFETY: same contract as this function's.
     unsafe {
         if job.tokens <= 2 && D::FOUR_ROWS_IN_LOCKSTEP {
-            gemv_streams::<D, 4>(dec, job, rows)
+            gemv_streams::<D, 4, WIDE>(dec, job, rows)
         } else {
-            gemv_streams::<D, 2>(dec, job, rows)
+            gemv_streams::<D, 2, WIDE>(dec, job, rows)
         }
     }
 }
@@ -318,16 +327,20 @@ unsafe fn gemv_rows<D: Decoder>(dec: &D, job: &Job, rows: Range<usize>) {
 ///
 /// As [`run_format`].
 #[inline(always)]
-unsafe fn gemv_streams<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: Range<usize>) {
+unsafe fn gemv_streams<D: Decoder, const R: usize, const WIDE: bool>(
+    dec: &D,
+    job: &Job,
+    rows: Range<usize>,
+) {
     let (sets, singles) = lockstep_sets::<R>(rows);
     for set in sets {
         // SAFETY: the rows are inside the unit, which owns their outputs;
         // the rest is this function's contract.
-        unsafe { gemv_set(dec, job, set) };
+        unsafe { gemv_set::<D, R, WIDE>(dec, job, set) };
     }
     for row in singles {
         // SAFETY: as above.
-        unsafe { gemv_set(dec, job, [row]) };
+        unsafe { gemv_set::<D, 1, WIDE>(dec, job, [row]) };
     }
 }
 
@@ -339,17 +352,31 @@ unsafe fn gemv_streams<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: Ran
 /// As [`run_format`], for every row of `rows` (inside `0..rows`, its
 /// outputs owned by the caller's unit).
 #[inline(always)]
-unsafe fn gemv_set<D: Decoder, const R: usize>(dec: &D, job: &Job, rows: [usize; R]) {
+unsafe fn gemv_set<D: Decoder, const R: usize, const WIDE: bool>(
+    dec: &D,
+    job: &Job,
+    rows: [usize; R],
+) {
     let mut t0 = 0;
     while t0 < job.tokens {
         let tn = (job.tokens - t0).min(GEMV_TOKENS);
-        // SAFETY: tokens t0..t0+tn exist; the rows are the caller's.
+        // SAFETY: tokens t0..t0+tn exist; the rows are the caller's; the
+        // wide tile only from the AVX-512 build (`WIDE`).
         unsafe {
-            match tn {
-                1 => gemv_tile::<D, R, 1>(dec, job, rows, t0),
-                2 => gemv_tile::<D, R, 2>(dec, job, rows, t0),
-                3 => gemv_tile::<D, R, 3>(dec, job, rows, t0),
-                _ => gemv_tile::<D, R, 4>(dec, job, rows, t0),
+            if WIDE && D::PAIRED {
+                match tn {
+                    1 => gemv_tile_wide::<D, R, 1>(dec, job, rows, t0),
+                    2 => gemv_tile_wide::<D, R, 2>(dec, job, rows, t0),
+                    3 => gemv_tile_wide::<D, R, 3>(dec, job, rows, t0),
+                    _ => gemv_tile_wide::<D, R, 4>(dec, job, rows, t0),
+                }
+            } else {
+                match tn {
+                    1 => gemv_tile::<D, R, 1>(dec, job, rows, t0),
+                    2 => gemv_tile::<D, R, 2>(dec, job, rows, t0),
+                    3 => gemv_tile::<D, R, 3>(dec, job, rows, t0),
+                    _ => gemv_tile::<D, R, 4>(dec, job, rows, t0),
+                }
             }
         }
         t0 += tn;
@@ -375,7 +402,8 @@ unsafe fn gemv_tile<D: Decoder, const R: usize, const T: usize>(
     let chunks = cols / D::CHUNK;
     // SAFETY: AVX2 is present (the contract).
     let zero = unsafe { _mm256_setzero_ps() };
-    let mut acc = [[zero; T]; R];
+    // Per output, its accumulator (a pair in the paired order: even, odd).
+    let mut acc = [[[zero; 2]; T]; R];
     let mut w = [[zero; 8]; R];
     // Where each row's bytes start, and how many a chunk takes, for the
     // prefetch below.
@@ -400,21 +428,93 @@ unsafe fn gemv_tile<D: Decoder, const R: usize, const T: usize>(
         // VECS deep per chunk). Each accumulator still sums its products in
         // column order, so the result is the same bits as row by row.
         for v in 0..D::VECS {
+            let half = if D::PAIRED { v % 2 } else { 0 };
             for t in 0..T {
                 // SAFETY: x holds T rows of cols values from t0.
                 let xv = unsafe { _mm256_loadu_ps(x.add(t * cols + xo + 8 * v)) };
                 for (acc_r, w_r) in acc.iter_mut().zip(w.iter()) {
                     // SAFETY: FMA is present (the contract).
-                    acc_r[t] = unsafe { _mm256_fmadd_ps(w_r[v], xv, acc_r[t]) };
+                    acc_r[t][half] = unsafe { _mm256_fmadd_ps(w_r[v], xv, acc_r[t][half]) };
+                }
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (t, &[even, odd]) in acc_r.iter().enumerate() {
+            // SAFETY: token t0 + t exists; the caller owns row rows[r];
+            // AVX is present.
+            unsafe {
+                let acc_rt = if D::PAIRED {
+                    _mm256_add_ps(even, odd)
+                } else {
+                    even
+                };
+                let sum = finish(dec, acc_rt, rows[r], cols, x.add(t * cols));
+                *job.out.get().add((t0 + t) * n_rows + rows[r]) = sum;
+            }
+        }
+    }
+}
+
+/// [`gemv_tile`] for the paired order in the AVX-512 build: each output's
+/// two accumulators are the halves of one zmm, and each instruction takes
+/// 16 columns of a row (`Decoder::decode_wide`).
+///
+/// # Safety
+///
+/// As [`gemv_tile`], `D::PAIRED`, and the CPU supports AVX-512F and DQ (the
+/// caller is `run_format_avx512`'s build).
+#[inline(always)]
+unsafe fn gemv_tile_wide<D: Decoder, const R: usize, const T: usize>(
+    dec: &D,
+    job: &Job,
+    rows: [usize; R],
+    t0: usize,
+) {
+    let (cols, n_rows) = (job.weight.cols, job.weight.rows);
+    let x = job.x[t0 * cols..].as_ptr();
+    let chunks = cols / D::CHUNK;
+    // SAFETY: AVX-512F is present (the contract).
+    let zero = unsafe { _mm512_setzero_ps() };
+    let mut acc = [[zero; T]; R];
+    let mut w = [[zero; 4]; R];
+    let starts = rows.map(|row| dec.row_bytes(row).as_ptr());
+    let chunk_bytes = dec.row_bytes(rows[0]).len() / chunks.max(1);
+    for ch in 0..chunks {
+        let xo = ch * D::CHUNK;
+        // The prefetch of `gemv_tile`.
+        let at = ch * chunk_bytes;
+        if at % LINE < chunk_bytes {
+            for &start in &starts {
+                prefetch_line(start, at + STREAM_AHEAD);
+            }
+        }
+        for (&row, w_r) in rows.iter().zip(w.iter_mut()) {
+            // SAFETY: chunk ch of the row is inside the matrix; AVX-512F
+            // and DQ are present.
+            unsafe { dec.decode_wide(row, ch, w_r) };
+        }
+        for j in 0..D::VECS / 2 {
+            for t in 0..T {
+                // SAFETY: x holds T rows of cols values from t0.
+                let xv = unsafe { _mm512_loadu_ps(x.add(t * cols + xo + 16 * j)) };
+                for (acc_r, w_r) in acc.iter_mut().zip(w.iter()) {
+                    // SAFETY: AVX-512F is present (the contract).
+                    acc_r[t] = unsafe { _mm512_fmadd_ps(w_r[j], xv, acc_r[t]) };
                 }
             }
         }
     }
     for (r, acc_r) in acc.iter().enumerate() {
         for (t, &acc_rt) in acc_r.iter().enumerate() {
-            // SAFETY: token t0 + t exists; the caller owns row rows[r].
+            // SAFETY: token t0 + t exists; the caller owns row rows[r];
+            // AVX-512F and DQ are present.
             unsafe {
-                let sum = finish(dec, acc_rt, rows[r], cols, x.add(t * cols));
+                let even_odd = _mm256_add_ps(
+                    _mm512_castps512_ps256(acc_rt),
+                    _mm512_extractf32x8_ps::<1>(acc_rt),
+                );
+                let sum = finish(dec, even_odd, rows[r], cols, x.add(t * cols));
                 *job.out.get().add((t0 + t) * n_rows + rows[r]) = sum;
             }
         }
@@ -498,12 +598,14 @@ unsafe fn panel_rows<D: Decoder, K: PanelTiles>(dec: &D, job: &Job, rows: Range<
 }
 
 /// The AVX2 microkernel: `MR` rows × `NT` tokens, one ymm accumulator per
-/// output, rows decoded one after another (`whole` floats apart).
-pub(super) struct RowTiles;
+/// output (two in the paired order, each taking its vectors in a pass of
+/// its own), rows decoded one after another (`whole` floats apart).
+pub(super) struct RowTiles<const PAIRED: bool>;
 
-impl PanelTiles for RowTiles {
+impl<const PAIRED: bool> PanelTiles for RowTiles<PAIRED> {
     const TILE_ROWS: usize = MR;
-    type Accs = [[__m256; NT]; MR];
+    /// The even vectors' accumulators, then the odd ones' (paired order).
+    type Accs = [[[__m256; NT]; MR]; 2];
 
     fn block_rows(whole: usize) -> usize {
         if whole == 0 {
@@ -515,7 +617,7 @@ impl PanelTiles for RowTiles {
     #[inline(always)]
     unsafe fn zero() -> Self::Accs {
         // SAFETY: AVX is present (the contract).
-        [[unsafe { _mm256_setzero_ps() }; NT]; MR]
+        [[[unsafe { _mm256_setzero_ps() }; NT]; MR]; 2]
     }
 
     #[inline(always)]
@@ -556,13 +658,28 @@ impl PanelTiles for RowTiles {
             x,
             cols,
         };
-        // SAFETY: the caller's contract, for `rows` rows and `tn` tokens.
-        unsafe { run_tile_sized!(tile, rows, tn, acc, k0, k1) }
+        let [even, odd] = acc;
+        // SAFETY: the caller's contract, for `rows` rows and `tn` tokens;
+        // in the paired order k0 and k1 are multiples of 16 (the chunk's
+        // vector count is even), so vector k / 8's parity is (k / 8) mod 2.
+        unsafe {
+            if PAIRED {
+                run_tile_sized!(tile, rows, tn, even, k0, k1, 16);
+                run_tile_sized!(tile, rows, tn, odd, k0 + 8, k1, 16);
+            } else {
+                run_tile_sized!(tile, rows, tn, even, k0, k1, 8);
+            }
+        }
     }
 
     #[inline(always)]
     unsafe fn output(acc: &Self::Accs, row: usize, t: usize) -> __m256 {
-        acc[row][t]
+        if PAIRED {
+            // SAFETY: AVX is present (the contract).
+            unsafe { _mm256_add_ps(acc[0][row][t], acc[1][row][t]) }
+        } else {
+            acc[0][row][t]
+        }
     }
 }
 
@@ -576,13 +693,14 @@ struct Tile {
 }
 
 impl Tile {
-    /// `RM` panel rows × `NTOK` tokens over columns `k0..k1` (multiples of
-    /// 8), accumulating into `acc[..RM][..NTOK]`.
+    /// `RM` panel rows × `NTOK` tokens over the vectors at columns `k0`,
+    /// `k0 + step`, … below `k1` (8 columns each; `step` 8, or 16 for one
+    /// parity of the paired order), accumulating into `acc[..RM][..NTOK]`.
     ///
     /// # Safety
     ///
-    /// As [`run_format`] for the features. `k0 ≤ k1` with `k1 − k0` a
-    /// multiple of 8; for every `r < RM`, `panel + r · whole + k0..k1` is
+    /// As [`run_format`] for the features. `k0 ≤ k1`, multiples of 8; for
+    /// every `r < RM`, `panel + r · whole + k0..k1` is
     /// readable and 32-byte aligned (aligned loads: `panel` is, and `whole`
     /// is a multiple of 8); for every `t < NTOK`, `x + t · cols + k0..k1` is
     /// readable.
@@ -592,6 +710,7 @@ impl Tile {
         acc_io: &mut [[__m256; NT]; MR],
         k0: usize,
         k1: usize,
+        step: usize,
     ) {
         let mut acc = [[acc_io[0][0]; NTOK]; RM];
         for (a, io) in acc.iter_mut().zip(acc_io.iter()) {
@@ -612,7 +731,7 @@ impl Tile {
                     acc_r[t] = unsafe { _mm256_fmadd_ps(*wr, xv, acc_r[t]) };
                 }
             }
-            k += 8;
+            k += step;
         }
         for (io, a) in acc_io.iter_mut().zip(&acc) {
             io[..NTOK].copy_from_slice(a);

@@ -1,6 +1,7 @@
-//! The AVX2 decoder of FP8 E4M3 weights (ModelOpt per-tensor or block-wise
-//! scales) for the f32 matmul kernels of `avx2.rs`, which keep their one
-//! summation order: a chunk is 64 columns, 8 vectors of 8.
+//! The decoder of FP8 E4M3 weights (ModelOpt per-tensor or block-wise
+//! scales) for the f32 matmul kernels of `avx2.rs`, in their paired
+//! summation order: a chunk is 64 columns, 8 vectors of 8 (AVX2) or 4 of 16
+//! (the AVX-512 build, `decode_wide`), the same values.
 //!
 //! E4M3 bytes become f32 by bit arithmetic rather than a gather from
 //! `crate::formats::E4M3` (8 loads per vector); the unit tests below hold
@@ -29,6 +30,10 @@ pub(super) const REBIAS: f32 = f32::from_bits((127 + 120) << 23);
 
 impl Decoder for Fp8Dec<'_> {
     const CHUNK: usize = 64;
+    /// FP8 sums in the paired order: the fast path's steps, 16 bytes a zmm
+    /// (half the instructions of two ymm decodes; the FP8 GEMV was bound by
+    /// them, `benches/kernels.rs`).
+    const PAIRED: bool = true;
     /// [`Decoder::decode`] for FP8: 64 bytes widened to f32 and multiplied
     /// by the chunk's scale (one rounding, as `fp8_value`).
     ///
@@ -49,27 +54,11 @@ impl Decoder for Fp8Dec<'_> {
     #[inline]
     unsafe fn decode(&self, row: usize, chunk: usize, out: &mut [__m256; 8]) {
         let col = chunk * Self::CHUNK;
-        let first = row * self.cols + col;
         let scale = self.scales.at(row, col, self.cols);
-        // SAFETY: bytes first .. first + 64 are the chunk's.
-        let p = unsafe { self.values.as_ptr().add(first) };
-        // SAFETY: as above; loadu has no alignment need.
-        let (a, b) = unsafe {
-            (
-                _mm256_loadu_si256(p as *const __m256i),
-                _mm256_loadu_si256(p.add(32) as *const __m256i),
-            )
-        };
-        // NaN bytes are S.1111.111: with the sign set, 0xFF, the largest
-        // byte, so the two halves' lane-wise maximum is 0xFF where either is.
-        let sign = _mm256_set1_epi8(0x80u8 as i8);
-        let nan = _mm256_cmpeq_epi8(
-            _mm256_max_epu8(_mm256_or_si256(a, sign), _mm256_or_si256(b, sign)),
-            _mm256_set1_epi8(-1),
-        );
-        // The fast path needs scale × 2^120 finite (NaN scales included out).
-        let fast_scale = scale.abs() < 128.0;
-        if _mm256_movemask_epi8(nan) != 0 || !fast_scale {
+        // SAFETY: bytes first .. first + 64 are the chunk's (the contract).
+        let p = unsafe { self.values.as_ptr().add(row * self.cols + col) };
+        // SAFETY: as above; AVX2 is present.
+        let Some(scale) = (unsafe { fast_scale(p, scale) }) else {
             let scale = _mm256_set1_ps(scale);
             for (v, lane) in out.iter_mut().enumerate().take(Self::VECS) {
                 // SAFETY: bytes 8v .. 8v + 8 of the chunk.
@@ -78,17 +67,52 @@ impl Decoder for Fp8Dec<'_> {
                 *lane = _mm256_mul_ps(unsafe { e4m3_lanes(_mm256_cvtepu8_epi32(bytes)) }, scale);
             }
             return;
-        }
-        let scale = _mm256_set1_ps(scale * REBIAS);
-        // Sign-extended, a byte S.EEEE.MMM shifted left by 20 has S in bit
-        // 31 and EEEE.MMM in bits 23..=26 and 20..=22; the mask clears the
-        // sign's copies in between.
-        let keep = _mm256_set1_epi32(0x87F0_0000u32 as i32);
+        };
+        let scale = _mm256_set1_ps(scale);
+        let keep = _mm256_set1_epi32(KEEP);
         for (v, lane) in out.iter_mut().enumerate().take(Self::VECS) {
             // SAFETY: bytes 8v .. 8v + 8 of the chunk.
             let bytes = unsafe { _mm_loadl_epi64(p.add(8 * v) as *const __m128i) };
             let bits = _mm256_and_si256(_mm256_slli_epi32::<20>(_mm256_cvtepi8_epi32(bytes)), keep);
             *lane = _mm256_mul_ps(_mm256_castsi256_ps(bits), scale);
+        }
+    }
+    /// [`Decoder::decode_wide`] for FP8: [`Decoder::decode`]'s values, 16 a
+    /// zmm.
+    ///
+    /// # Safety
+    ///
+    /// As [`Decoder::decode`], and the CPU supports AVX-512F (the AVX-512
+    /// tiers' build calls it).
+    #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512dq")]
+    #[inline]
+    unsafe fn decode_wide(&self, row: usize, chunk: usize, out: &mut [__m512; 4]) {
+        let col = chunk * Self::CHUNK;
+        let scale = self.scales.at(row, col, self.cols);
+        // SAFETY: bytes first .. first + 64 are the chunk's (the contract).
+        let p = unsafe { self.values.as_ptr().add(row * self.cols + col) };
+        // SAFETY: as above; AVX2 is present. (A 64-byte load and a byte
+        // compare into a mask register was slower here, benches/kernels.rs.)
+        let Some(scale) = (unsafe { fast_scale(p, scale) }) else {
+            let mut narrow = [_mm256_setzero_ps(); 8];
+            // SAFETY: the contract (the exact path, rare: NaN bytes or a
+            // huge scale).
+            unsafe { self.decode(row, chunk, &mut narrow) };
+            for (j, wide) in out.iter_mut().enumerate() {
+                *wide = _mm512_insertf32x8::<1>(
+                    _mm512_castps256_ps512(narrow[2 * j]),
+                    narrow[2 * j + 1],
+                );
+            }
+            return;
+        };
+        let scale = _mm512_set1_ps(scale);
+        let keep = _mm512_set1_epi32(KEEP);
+        for (j, wide) in out.iter_mut().enumerate() {
+            // SAFETY: bytes 16j .. 16j + 16 of the chunk.
+            let bytes = unsafe { _mm_loadu_si128(p.add(16 * j) as *const __m128i) };
+            let bits = _mm512_and_si512(_mm512_slli_epi32::<20>(_mm512_cvtepi8_epi32(bytes)), keep);
+            *wide = _mm512_mul_ps(_mm512_castsi512_ps(bits), scale);
         }
     }
     fn scalar(&self, row: usize, col: usize) -> f32 {
@@ -100,6 +124,38 @@ impl Decoder for Fp8Dec<'_> {
     fn row_bytes(&self, row: usize) -> &[u8] {
         super::lanes::row_slice(self.values, row, self.cols)
     }
+}
+
+/// Sign-extended, a byte `S.EEEE.MMM` shifted left by 20 has S in bit 31
+/// and EEEE.MMM in bits 23..=26 and 20..=22; this mask clears the sign's
+/// copies in between.
+const KEEP: i32 = 0x87F0_0000u32 as i32;
+
+/// The multiplier of the fast decode for the 64-byte chunk at `p` under
+/// `scale` (`scale × 2^120`), or `None` where the chunk needs the exact
+/// path: a NaN byte, or a scale too large (or NaN) to take the 2^120.
+///
+/// # Safety
+///
+/// AVX2 is present; 64 bytes are readable at `p`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn fast_scale(p: *const u8, scale: f32) -> Option<f32> {
+    // SAFETY: 64 readable bytes (the contract); loadu has no alignment need.
+    let (a, b) = unsafe {
+        (
+            _mm256_loadu_si256(p as *const __m256i),
+            _mm256_loadu_si256(p.add(32) as *const __m256i),
+        )
+    };
+    // NaN bytes are S.1111.111: with the sign set, 0xFF, the largest byte,
+    // so the two halves' lane-wise maximum is 0xFF where either is.
+    let sign = _mm256_set1_epi8(0x80u8 as i8);
+    let nan = _mm256_cmpeq_epi8(
+        _mm256_max_epu8(_mm256_or_si256(a, sign), _mm256_or_si256(b, sign)),
+        _mm256_set1_epi8(-1),
+    );
+    (_mm256_movemask_epi8(nan) == 0 && scale.abs() < 128.0).then_some(scale * REBIAS)
 }
 
 /// E4M3 bytes (one per 32-bit lane, zero-extended) → f32, exactly as

@@ -14,13 +14,19 @@
 //! `finish`. So GEMV (ymm) and this panel still agree for every token, and
 //! batch invariance holds across the paths.
 //!
-//! Only the layout and the tile are here: `avx2.rs`'s `panel_rows` runs the
+//! `WideTiles` is the panel of the paired order (FP8): one row per zmm, 16
+//! consecutive columns, the even vector's 8 in the low half and the odd
+//! one's in the high, which are the two accumulators of that order; the
+//! halves are added before `finish`, as the AVX2 build adds its two.
+//!
+//! Only the layouts and the tiles are here: `avx2.rs`'s `panel_rows` runs the
 //! block loop for both tile kinds. Everything is `#[inline(always)]` into
 //! `run_format_avx512` (AVX-512F, VL and DQ enabled there), as the module
 //! docs of `avx2.rs` require.
 
 use std::arch::x86_64::*;
 
+use super::avx2::RowTiles;
 use super::lanes::{Decoder, NT, PANEL_FLOATS, PANEL_MAX_ROWS, PanelTiles, run_tile_sized};
 
 /// Row pairs of a microkernel tile: 3 pairs × `NT` tokens, 12 zmm
@@ -176,6 +182,122 @@ impl PairTile {
                 }
             }
             k += 8;
+        }
+        for (io, a) in acc_io.iter_mut().zip(&acc) {
+            io[..NTOK].copy_from_slice(a);
+        }
+    }
+}
+
+/// Rows of a wide microkernel tile: 3 rows × `NT` tokens, 12 zmm
+/// accumulators, 3 + 4 loads per 12 FMAs of 16 lanes.
+const MW: usize = 3;
+
+/// The paired order's tiles: rows one after another in the panel (the AVX2
+/// layout, decoded by `RowTiles`), 16 columns a zmm.
+pub(super) struct WideTiles;
+
+impl PanelTiles for WideTiles {
+    const TILE_ROWS: usize = MW;
+    type Accs = [[__m512; NT]; MW];
+
+    fn block_rows(whole: usize) -> usize {
+        RowTiles::<true>::block_rows(whole)
+    }
+
+    #[inline(always)]
+    unsafe fn zero() -> Self::Accs {
+        // SAFETY: AVX-512F is present (the contract).
+        [[unsafe { _mm512_setzero_ps() }; NT]; MW]
+    }
+
+    #[inline(always)]
+    unsafe fn decode<D: Decoder>(dec: &D, panel: *mut f32, block: usize, nb: usize, whole: usize) {
+        // SAFETY: the caller's contract; the layout is RowTiles'.
+        unsafe { RowTiles::<true>::decode(dec, panel, block, nb, whole) }
+    }
+
+    #[inline(always)]
+    unsafe fn run(
+        tile_panel: *const f32,
+        whole: usize,
+        rows: usize,
+        x: *const f32,
+        cols: usize,
+        tn: usize,
+        acc: &mut Self::Accs,
+        k0: usize,
+        k1: usize,
+    ) {
+        let tile = WideTile {
+            panel: tile_panel,
+            whole,
+            x,
+            cols,
+        };
+        // SAFETY: the caller's contract, for `rows` rows and `tn` tokens.
+        unsafe { run_tile_sized!(tile, rows, tn, acc, k0, k1) }
+    }
+
+    /// The even vectors' accumulator (low half) plus the odd ones' (high).
+    #[inline(always)]
+    unsafe fn output(acc: &Self::Accs, row: usize, t: usize) -> __m256 {
+        let wide = acc[row][t];
+        // SAFETY: AVX-512F and DQ are present (the contract).
+        unsafe {
+            _mm256_add_ps(
+                _mm512_castps512_ps256(wide),
+                _mm512_extractf32x8_ps::<1>(wide),
+            )
+        }
+    }
+}
+
+/// Where a wide microkernel tile reads: rows from `panel` (stride `whole`),
+/// token rows from `x` (stride `cols`).
+struct WideTile {
+    panel: *const f32,
+    whole: usize,
+    x: *const f32,
+    cols: usize,
+}
+
+impl WideTile {
+    /// `RM` rows × `NTOK` tokens over columns `k0..k1` (multiples of 16),
+    /// accumulating into `acc[..RM][..NTOK]`.
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F (the caller's features). For every `r < RM`,
+    /// `panel + r · whole + k0..k1` is readable; for every `t < NTOK`,
+    /// `x + t · cols + k0..k1` is readable.
+    #[inline(always)]
+    unsafe fn run<const RM: usize, const NTOK: usize>(
+        &self,
+        acc_io: &mut [[__m512; NT]; MW],
+        k0: usize,
+        k1: usize,
+    ) {
+        let mut acc = [[acc_io[0][0]; NTOK]; RM];
+        for (a, io) in acc.iter_mut().zip(acc_io.iter()) {
+            a.copy_from_slice(&io[..NTOK]);
+        }
+        let mut w = [acc_io[0][0]; RM];
+        let mut k = k0;
+        while k < k1 {
+            for (r, wr) in w.iter_mut().enumerate() {
+                // SAFETY: k + 16 <= k1 <= whole: inside every panel row.
+                *wr = unsafe { _mm512_loadu_ps(self.panel.add(r * self.whole + k)) };
+            }
+            for t in 0..NTOK {
+                // SAFETY: inside the token's row, as above.
+                let xv = unsafe { _mm512_loadu_ps(self.x.add(t * self.cols + k)) };
+                for (acc_r, wr) in acc.iter_mut().zip(&w) {
+                    // SAFETY: AVX-512F is present (the contract).
+                    acc_r[t] = unsafe { _mm512_fmadd_ps(*wr, xv, acc_r[t]) };
+                }
+            }
+            k += 16;
         }
         for (io, a) in acc_io.iter_mut().zip(&acc) {
             io[..NTOK].copy_from_slice(a);

@@ -68,6 +68,32 @@ pub(super) trait Decoder {
     /// runs the decoder (16 on AVX2, 32 on AVX-512). Which rows share a walk
     /// never changes a sum.
     const FOUR_ROWS_IN_LOCKSTEP: bool = true;
+    /// Whether the format sums in the **paired order**: each output's even
+    /// vectors (columns `16j .. 16j + 8`) in one 8-lane accumulator and its
+    /// odd vectors in another, added lane by lane before the reduction
+    /// (avx2.rs, step 1'). Then the AVX-512 build takes 16 columns of a row
+    /// per zmm instruction (`decode_wide`), the even vector in the low half
+    /// and the odd one in the high, with the AVX2 build's bits. Every chunk
+    /// then holds an even number of vectors.
+    const PAIRED: bool = false;
+    /// Decodes chunk `chunk` of row `row` into `out[..VECS / 2]`, 16
+    /// columns a zmm in order (for the `PAIRED` order's AVX-512 build).
+    /// This default builds them from [`Decoder::decode`]'s vectors.
+    ///
+    /// # Safety
+    ///
+    /// As [`Decoder::decode`], and the CPU supports AVX-512F and DQ.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512dq")]
+    #[inline]
+    unsafe fn decode_wide(&self, row: usize, chunk: usize, out: &mut [__m512; 4]) {
+        let mut narrow = [_mm256_setzero_ps(); 8];
+        // SAFETY: the caller's contract.
+        unsafe { self.decode(row, chunk, &mut narrow) };
+        for (j, wide) in out.iter_mut().enumerate().take(Self::VECS / 2) {
+            *wide =
+                _mm512_insertf32x8::<1>(_mm512_castps256_ps512(narrow[2 * j]), narrow[2 * j + 1]);
+        }
+    }
     /// Decodes chunk `chunk` of row `row` into `out[..VECS]`, columns in order.
     ///
     /// # Safety
@@ -150,24 +176,24 @@ pub(super) trait PanelTiles {
     unsafe fn output(acc: &Self::Accs, row: usize, t: usize) -> __m256;
 }
 
-/// Runs `tile.run::<R, T>(acc, k0, k1)` for `rows` (1 to 3) rows or row
+/// Runs `tile.run::<R, T>(acc, k0, k1, …)` for `rows` (1 to 3) rows or row
 /// pairs and `tn` (1 to `NT`) tokens, the const sizes chosen by match (a
 /// microkernel's registers are fixed at compile time).
 macro_rules! run_tile_sized {
-    ($tile:expr, $rows:expr, $tn:expr, $acc:expr, $k0:expr, $k1:expr) => {
+    ($tile:expr, $rows:expr, $tn:expr, $acc:expr, $k0:expr, $k1:expr $(, $more:expr)*) => {
         match ($rows, $tn) {
-            (3, 4) => $tile.run::<3, 4>($acc, $k0, $k1),
-            (3, 3) => $tile.run::<3, 3>($acc, $k0, $k1),
-            (3, 2) => $tile.run::<3, 2>($acc, $k0, $k1),
-            (3, _) => $tile.run::<3, 1>($acc, $k0, $k1),
-            (2, 4) => $tile.run::<2, 4>($acc, $k0, $k1),
-            (2, 3) => $tile.run::<2, 3>($acc, $k0, $k1),
-            (2, 2) => $tile.run::<2, 2>($acc, $k0, $k1),
-            (2, _) => $tile.run::<2, 1>($acc, $k0, $k1),
-            (_, 4) => $tile.run::<1, 4>($acc, $k0, $k1),
-            (_, 3) => $tile.run::<1, 3>($acc, $k0, $k1),
-            (_, 2) => $tile.run::<1, 2>($acc, $k0, $k1),
-            (_, _) => $tile.run::<1, 1>($acc, $k0, $k1),
+            (3, 4) => $tile.run::<3, 4>($acc, $k0, $k1 $(, $more)*),
+            (3, 3) => $tile.run::<3, 3>($acc, $k0, $k1 $(, $more)*),
+            (3, 2) => $tile.run::<3, 2>($acc, $k0, $k1 $(, $more)*),
+            (3, _) => $tile.run::<3, 1>($acc, $k0, $k1 $(, $more)*),
+            (2, 4) => $tile.run::<2, 4>($acc, $k0, $k1 $(, $more)*),
+            (2, 3) => $tile.run::<2, 3>($acc, $k0, $k1 $(, $more)*),
+            (2, 2) => $tile.run::<2, 2>($acc, $k0, $k1 $(, $more)*),
+            (2, _) => $tile.run::<2, 1>($acc, $k0, $k1 $(, $more)*),
+            (_, 4) => $tile.run::<1, 4>($acc, $k0, $k1 $(, $more)*),
+            (_, 3) => $tile.run::<1, 3>($acc, $k0, $k1 $(, $more)*),
+            (_, 2) => $tile.run::<1, 2>($acc, $k0, $k1 $(, $more)*),
+            (_, _) => $tile.run::<1, 1>($acc, $k0, $k1 $(, $more)*),
         }
     };
 }
