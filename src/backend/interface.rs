@@ -52,6 +52,12 @@ pub trait Backend: Sync + Sized {
 
     fn name(&self) -> &'static str;
 
+    /// Whether the backend computes on the host's rayon pool (the CPU
+    /// backend): then the engine runs each step on a thread of that pool,
+    /// which computes its share of every parallel op, instead of handing
+    /// every op to the pool and sleeping until it is done.
+    const COMPUTES_ON_HOST_POOL: bool = false;
+
     // ---- memory, all charged to the ledger, all allocated once ----
 
     /// A zeroed f32 buffer of `elements`, charged to `category`, where

@@ -14,6 +14,12 @@ pub trait Executor: Send {
     /// Ids the model's logits rows cover.
     fn vocab_size(&self) -> usize;
 
+    /// Whether the model computes on the host's rayon pool
+    /// (`Backend::COMPUTES_ON_HOST_POOL`).
+    fn computes_on_host_pool(&self) -> bool {
+        false
+    }
+
     /// Runs `plan.batch` through the model, handing the logits of
     /// `plan.batch.logit_rows` to `logits` in order (in groups of whole
     /// rows), then makes `plan.kv_copies` and `plan.state_copies`;
@@ -66,6 +72,10 @@ impl<'w, B: Backend + 'w> ModelExecutor<'w, B> {
 impl<'w, B: Backend + 'w> Executor for ModelExecutor<'w, B> {
     fn vocab_size(&self) -> usize {
         self.model.settings.vocab_size
+    }
+
+    fn computes_on_host_pool(&self) -> bool {
+        B::COMPUTES_ON_HOST_POOL
     }
 
     fn execute(

@@ -100,6 +100,8 @@ fn check_len(what: &'static str, needed: usize, capacity: usize) -> Result<(), B
 }
 
 impl Backend for CpuBackend {
+    const COMPUTES_ON_HOST_POOL: bool = true;
+
     type Buffer = CpuBuffer;
     type Linear<'w> = LinearWeight<'w>;
     type Vector<'w> = VectorWeight<'w>;
