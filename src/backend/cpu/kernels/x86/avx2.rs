@@ -405,20 +405,10 @@ unsafe fn gemv_tile<D: Decoder, const R: usize, const T: usize>(
     // Per output, its accumulator (a pair in the paired order: even, odd).
     let mut acc = [[[zero; 2]; T]; R];
     let mut w = [[zero; 8]; R];
-    // Where each row's bytes start, and how many a chunk takes, for the
-    // prefetch below.
-    let starts = rows.map(|row| dec.row_bytes(row).as_ptr());
-    let chunk_bytes = dec.row_bytes(rows[0]).len() / chunks.max(1);
+    let streams = RowStreams::new(dec, rows, chunks);
     for ch in 0..chunks {
         let xo = ch * D::CHUNK;
-        // Once per cache line of each row: ask for the line STREAM_AHEAD
-        // bytes on (past a row's end, the next row of its share).
-        let at = ch * chunk_bytes;
-        if at % LINE < chunk_bytes {
-            for &start in &starts {
-                prefetch_line(start, at + STREAM_AHEAD);
-            }
-        }
+        streams.prefetch(ch);
         for (&row, w_r) in rows.iter().zip(w.iter_mut()) {
             // SAFETY: chunk ch of the row is inside the matrix.
             unsafe { dec.decode(row, ch, w_r) };
@@ -456,6 +446,36 @@ unsafe fn gemv_tile<D: Decoder, const R: usize, const T: usize>(
     }
 }
 
+/// The GEMV's rows as streams: where each row's bytes start and how many
+/// a chunk takes, for the prefetch.
+struct RowStreams<const R: usize> {
+    starts: [*const u8; R],
+    chunk_bytes: usize,
+}
+
+impl<const R: usize> RowStreams<R> {
+    #[inline(always)]
+    fn new<D: Decoder>(dec: &D, rows: [usize; R], chunks: usize) -> Self {
+        RowStreams {
+            starts: rows.map(|row| dec.row_bytes(row).as_ptr()),
+            chunk_bytes: dec.row_bytes(rows[0]).len() / chunks.max(1),
+        }
+    }
+
+    /// Once per cache line of each row: asks for the line STREAM_AHEAD
+    /// bytes on from chunk `ch` (past a row's end, the next row of its
+    /// share).
+    #[inline(always)]
+    fn prefetch(&self, ch: usize) {
+        let at = ch * self.chunk_bytes;
+        if at % LINE < self.chunk_bytes {
+            for &start in &self.starts {
+                prefetch_line(start, at + STREAM_AHEAD);
+            }
+        }
+    }
+}
+
 /// [`gemv_tile`] for the paired order in the AVX-512 build: each output's
 /// two accumulators are the halves of one zmm, and each instruction takes
 /// 16 columns of a row (`Decoder::decode_wide`).
@@ -478,17 +498,10 @@ unsafe fn gemv_tile_wide<D: Decoder, const R: usize, const T: usize>(
     let zero = unsafe { _mm512_setzero_ps() };
     let mut acc = [[zero; T]; R];
     let mut w = [[zero; 4]; R];
-    let starts = rows.map(|row| dec.row_bytes(row).as_ptr());
-    let chunk_bytes = dec.row_bytes(rows[0]).len() / chunks.max(1);
+    let streams = RowStreams::new(dec, rows, chunks);
     for ch in 0..chunks {
         let xo = ch * D::CHUNK;
-        // The prefetch of `gemv_tile`.
-        let at = ch * chunk_bytes;
-        if at % LINE < chunk_bytes {
-            for &start in &starts {
-                prefetch_line(start, at + STREAM_AHEAD);
-            }
-        }
+        streams.prefetch(ch);
         for (&row, w_r) in rows.iter().zip(w.iter_mut()) {
             // SAFETY: chunk ch of the row is inside the matrix; AVX-512F
             // and DQ are present.
