@@ -15,6 +15,7 @@ mod kernels_int4;
 mod server;
 
 mod bench_perf_model;
+mod bench_sampling;
 mod chat_parsers;
 mod chat_prefix_reuse;
 mod checkpoint_compressed_tensors;

@@ -59,6 +59,12 @@ pub struct BenchArgs {
     /// Tokens generated per request (end-of-sequence ignored).
     #[arg(long = "gen", default_value_t = 64)]
     pub generate: usize,
+    /// Sampling temperature, 0 to 2 (0: greedy). Above 0 each request
+    /// samples with a seed of its own (42 + its index), the same every
+    /// round and run; with --speculative-config, drafts are then kept by
+    /// rejection sampling (a workload where n-gram drafts often fail).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub temperature: f32,
     /// Requests timed; medians are reported.
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
@@ -127,6 +133,7 @@ struct BenchReport {
     generate: usize,
     repeats: usize,
     batch: usize,
+    temperature: f32,
     backend: &'static str,
     /// The CPU kernels' instruction set (`SPARKRT_ISA` or the default).
     cpu_isa: &'static str,
@@ -372,10 +379,34 @@ fn weight_regions<'c, B: Backend>(checkpoint: &'c Checkpoint, loaded: &Loaded<B>
     regions.into_iter().map(|(_, bytes)| bytes).collect()
 }
 
+/// The highest --temperature (the OpenAI API's bound).
+const MAX_TEMPERATURE: f32 = 2.0;
+
+/// Request `index`'s sampling: greedy, or at the bench's temperature with
+/// a seed of its own (the same draws every round).
+fn bench_sampling(args: &BenchArgs, index: usize) -> SamplingParams {
+    let greedy = SamplingParams::greedy(args.generate);
+    if args.temperature > 0.0 {
+        SamplingParams {
+            temperature: args.temperature,
+            seed: Some(42 + index as u64),
+            ..greedy
+        }
+    } else {
+        greedy
+    }
+}
+
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     set_threads(args.model.threads)?;
     if args.prompt_len == 0 || args.generate == 0 || args.repeats == 0 {
         bail!("--prompt-len, --gen and --repeats must be at least 1");
+    }
+    if !(0.0..=MAX_TEMPERATURE).contains(&args.temperature) {
+        bail!(
+            "--temperature {} is outside 0 to {MAX_TEMPERATURE}",
+            args.temperature
+        );
     }
     let (dir, mut profile) = resolve(&args.model, &args.serving)?;
     let (dir, _dummy) = dummy_if_asked(&args.model, &dir)?;
@@ -460,10 +491,10 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
     let mut decode_launches: Vec<(&'static str, u64)> = Vec::new();
     for round in 0..=args.repeats {
         let mut receivers = Vec::with_capacity(args.batch);
-        for prompt in &prompts {
+        for (i, prompt) in prompts.iter().enumerate() {
             let (tx, rx) = mpsc::channel();
             engine.add_request(
-                Request::new(prompt.clone(), SamplingParams::greedy(args.generate))
+                Request::new(prompt.clone(), bench_sampling(args, i))
                     .with_ignore_eos(true)
                     // A salt of its own per round: the prompts repeat, and
                     // the prefix cache must not make later rounds' prefill free.
@@ -575,6 +606,7 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
         generate: args.generate,
         repeats: args.repeats,
         batch: args.batch,
+        temperature: args.temperature,
         backend: loaded.backend.name(),
         cpu_isa: crate::backend::cpu::kernels::Isa::best().name(),
         launches_per_decode_step,
@@ -602,8 +634,16 @@ fn measure<B: Backend + DeviceFacts>(args: &BenchArgs, loaded: &Loaded<B>) -> Re
             ),
         }
         println!(
-            "  prompt {} tokens, generate {} tokens, batch {}, {} repeats (medians)",
-            args.prompt_len, args.generate, args.batch, args.repeats
+            "  prompt {} tokens, generate {} tokens, batch {}, {} repeats (medians), {}",
+            args.prompt_len,
+            args.generate,
+            args.batch,
+            args.repeats,
+            if args.temperature > 0.0 {
+                format!("temperature {}", args.temperature)
+            } else {
+                "greedy".to_string()
+            }
         );
         println!(
             "  prefill                 {:>10.1} tok/s",
