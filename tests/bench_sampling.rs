@@ -6,29 +6,41 @@ use crate::common;
 
 const FIXTURE: &str = "tests/fixtures/qwen3-moe-tiny";
 
-/// The bench's speculative counts at `temperature` (ngram, k = 3, prompts
-/// repeating a phrase).
-fn drafts_at(temperature: &str) -> (u64, u64) {
-    let out = common::sparkrt(&[
+/// `sparkrt bench` on the fixture's CPU backend at `temperature`, with
+/// `more` flags.
+fn bench_at(temperature: &str, more: &[&str]) -> std::process::Output {
+    let mut args = vec![
         "bench",
         "--model",
         FIXTURE,
         "--backend",
         "cpu",
-        "--prompt",
-        "repeat",
-        "--prompt-len",
-        "64",
-        "--gen",
-        "64",
-        "--repeats",
-        "1",
         "--temperature",
         temperature,
-        "--speculative-config",
-        r#"{"method": "ngram", "num_speculative_tokens": 3}"#,
-        "--json",
-    ]);
+    ];
+    args.extend_from_slice(more);
+    common::sparkrt(&args)
+}
+
+/// The bench's speculative counts at `temperature` (ngram, k = 3, prompts
+/// repeating a phrase).
+fn drafts_at(temperature: &str) -> (u64, u64) {
+    let out = bench_at(
+        temperature,
+        &[
+            "--prompt",
+            "repeat",
+            "--prompt-len",
+            "64",
+            "--gen",
+            "64",
+            "--repeats",
+            "1",
+            "--speculative-config",
+            r#"{"method": "ngram", "num_speculative_tokens": 3}"#,
+            "--json",
+        ],
+    );
     assert!(out.status.success(), "{}", common::stderr(&out));
     let report = common::json(&out);
     assert_eq!(
@@ -64,15 +76,7 @@ fn sampled_benches_reject_drafts_and_repeat_exactly() {
 #[test]
 fn temperatures_outside_0_to_2_are_refused_by_name() {
     for bad in ["-0.1", "2.5", "NaN", "inf"] {
-        let out = common::sparkrt(&[
-            "bench",
-            "--model",
-            FIXTURE,
-            "--backend",
-            "cpu",
-            "--temperature",
-            bad,
-        ]);
+        let out = bench_at(bad, &[]);
         assert!(!out.status.success(), "--temperature {bad} was accepted");
         assert!(
             common::stderr(&out).contains("--temperature"),

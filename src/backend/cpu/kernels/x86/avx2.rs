@@ -57,8 +57,8 @@ use super::avx2_nvfp4::Nvfp4Dec;
 use super::avx512_nvfp4::Nvfp4TableDec;
 use super::avx512_panel::{PairTiles, WideTiles};
 use super::lanes::{
-    Ahead, Decoder, NT, PANEL_FLOATS, PANEL_MAX_ROWS, PanelTiles, lockstep_sets, reduce, row_slice,
-    run_tile_sized,
+    Ahead, Decoder, NT, PANEL_FLOATS, PANEL_MAX_ROWS, PanelTiles, decode_rows, lockstep_sets,
+    reduce, row_block_rows, row_slice, run_tile_sized,
 };
 use crate::backend::cpu::kernels::isa::Isa;
 use crate::backend::cpu::kernels::job::{Job, Path};
@@ -621,10 +621,7 @@ impl<const PAIRED: bool> PanelTiles for RowTiles<PAIRED> {
     type Accs = [[[__m256; NT]; MR]; 2];
 
     fn block_rows(whole: usize) -> usize {
-        if whole == 0 {
-            return 0;
-        }
-        (PANEL_FLOATS / whole).min(PANEL_MAX_ROWS) / MR * MR
+        row_block_rows(whole, MR)
     }
 
     #[inline(always)]
@@ -635,22 +632,8 @@ impl<const PAIRED: bool> PanelTiles for RowTiles<PAIRED> {
 
     #[inline(always)]
     unsafe fn decode<D: Decoder>(dec: &D, panel: *mut f32, block: usize, nb: usize, whole: usize) {
-        // SAFETY: AVX is present (the contract).
-        let mut w = [unsafe { _mm256_setzero_ps() }; 8];
-        for r in 0..nb {
-            for ch in 0..whole / D::CHUNK {
-                // SAFETY: the chunk is inside the matrix; row r's floats
-                // r · whole .. (r + 1) · whole are inside the panel, and
-                // 32-byte aligned (whole is a multiple of 8).
-                unsafe {
-                    dec.decode(block + r, ch, &mut w);
-                    let dst = panel.add(r * whole + ch * D::CHUNK);
-                    for (v, wv) in w.iter().enumerate().take(D::VECS) {
-                        _mm256_store_ps(dst.add(8 * v), *wv);
-                    }
-                }
-            }
-        }
+        // SAFETY: the caller's contract.
+        unsafe { decode_rows(dec, panel, block, nb, whole) }
     }
 
     #[inline(always)]

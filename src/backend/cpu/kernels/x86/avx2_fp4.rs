@@ -209,7 +209,7 @@ unsafe fn run_rows_avx512_vnni<S: BlockScales>(
     unsafe { run_body::<S, true, true>(stream, q, job, rows) }
 }
 
-/// The kernel's body, always inlined into the two entry points above and
+/// The kernel's body, always inlined into the three entry points above and
 /// built with their features (so it calls no closures that hold intrinsics,
 /// see `avx2.rs`'s `run_format`).
 ///

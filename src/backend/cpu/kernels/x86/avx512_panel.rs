@@ -26,8 +26,10 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::RowTiles;
-use super::lanes::{Decoder, NT, PANEL_FLOATS, PANEL_MAX_ROWS, PanelTiles, run_tile_sized};
+use super::lanes::{
+    Decoder, NT, PANEL_FLOATS, PANEL_MAX_ROWS, PanelTiles, decode_rows, row_block_rows,
+    run_tile_sized,
+};
 
 /// Row pairs of a microkernel tile: 3 pairs × `NT` tokens, 12 zmm
 /// accumulators, 3 + 4 loads per 12 FMAs of 16 lanes.
@@ -194,7 +196,7 @@ impl PairTile {
 const MW: usize = 3;
 
 /// The paired order's tiles: rows one after another in the panel (the AVX2
-/// layout, decoded by `RowTiles`), 16 columns a zmm.
+/// tiles' layout, `decode_rows`), 16 columns a zmm.
 pub(super) struct WideTiles;
 
 impl PanelTiles for WideTiles {
@@ -202,7 +204,7 @@ impl PanelTiles for WideTiles {
     type Accs = [[__m512; NT]; MW];
 
     fn block_rows(whole: usize) -> usize {
-        RowTiles::<true>::block_rows(whole)
+        row_block_rows(whole, MW)
     }
 
     #[inline(always)]
@@ -213,8 +215,8 @@ impl PanelTiles for WideTiles {
 
     #[inline(always)]
     unsafe fn decode<D: Decoder>(dec: &D, panel: *mut f32, block: usize, nb: usize, whole: usize) {
-        // SAFETY: the caller's contract; the layout is RowTiles'.
-        unsafe { RowTiles::<true>::decode(dec, panel, block, nb, whole) }
+        // SAFETY: the caller's contract.
+        unsafe { decode_rows(dec, panel, block, nb, whole) }
     }
 
     #[inline(always)]

@@ -176,6 +176,52 @@ pub(super) trait PanelTiles {
     unsafe fn output(acc: &Self::Accs, row: usize, t: usize) -> __m256;
 }
 
+/// Rows per panel block where the rows lie one after another, `whole`
+/// decoded floats each (the AVX2 tiles' and the wide tiles' layout): as
+/// many as the panel takes, at most `PANEL_MAX_ROWS`, in whole tiles of
+/// `tile_rows` (0 when not one tile fits).
+pub(super) fn row_block_rows(whole: usize, tile_rows: usize) -> usize {
+    if whole == 0 {
+        return 0;
+    }
+    (PANEL_FLOATS / whole).min(PANEL_MAX_ROWS) / tile_rows * tile_rows
+}
+
+/// Decodes rows `block .. block + nb` (whole chunks) into `panel`, one
+/// after another, `whole` floats apart.
+///
+/// # Safety
+///
+/// AVX2 and FMA (the caller's entry point enables them: this is inlined
+/// into it); the rows' chunks lie inside the matrix `dec` decodes;
+/// `panel` is 32-byte aligned and holds `nb · whole` writable floats;
+/// `whole` is a multiple of 8.
+#[inline(always)]
+pub(super) unsafe fn decode_rows<D: Decoder>(
+    dec: &D,
+    panel: *mut f32,
+    block: usize,
+    nb: usize,
+    whole: usize,
+) {
+    // SAFETY: AVX is present (the contract).
+    let mut w = [unsafe { _mm256_setzero_ps() }; 8];
+    for r in 0..nb {
+        for ch in 0..whole / D::CHUNK {
+            // SAFETY: the chunk is inside the matrix; row r's floats
+            // r · whole .. (r + 1) · whole are inside the panel, and
+            // 32-byte aligned (whole is a multiple of 8).
+            unsafe {
+                dec.decode(block + r, ch, &mut w);
+                let dst = panel.add(r * whole + ch * D::CHUNK);
+                for (v, wv) in w.iter().enumerate().take(D::VECS) {
+                    _mm256_store_ps(dst.add(8 * v), *wv);
+                }
+            }
+        }
+    }
+}
+
 /// Runs `tile.run::<R, T>(acc, k0, k1, …)` for `rows` (1 to 3) rows or row
 /// pairs and `tn` (1 to `NT`) tokens, the const sizes chosen by match (a
 /// microkernel's registers are fixed at compile time).
