@@ -42,6 +42,8 @@ enum Format {
     Fp8,
     /// FP8 E4M3, f32 scales per 128 × 128 block (Qwen's -FP8).
     Fp8Block,
+    /// GPTQ INT4, group 128, f16 scales and packed zero points (AutoRound).
+    Int4,
 }
 
 impl Format {
@@ -52,6 +54,7 @@ impl Format {
             Format::Mxfp4 => "MXFP4",
             Format::Fp8 => "FP8",
             Format::Fp8Block => "FP8-b",
+            Format::Int4 => "INT4",
         }
     }
 }
@@ -62,7 +65,12 @@ struct Owned {
     format: Format,
     data: Vec<u8>,
     scales: Vec<u8>,
+    /// INT4's packed zero points (empty for the other formats).
+    zeros: Vec<u8>,
 }
+
+/// INT4's group of input columns.
+const INT4_GROUP: usize = 128;
 
 impl Owned {
     fn new(rng: &mut Rng, format: Format, rows: usize, cols: usize) -> Owned {
@@ -97,6 +105,17 @@ impl Owned {
                     .flat_map(|_| 0.01f32.to_le_bytes())
                     .collect(),
             ),
+            // Random codes; f16 scales of 0.01 (0x211F).
+            Format::Int4 => (
+                (0..n / 2).map(|_| rng.next() as u8).collect(),
+                (0..n / INT4_GROUP)
+                    .flat_map(|_| 0x211Fu16.to_le_bytes())
+                    .collect(),
+            ),
+        };
+        let zeros = match format {
+            Format::Int4 => (0..n / INT4_GROUP / 2).map(|_| rng.next() as u8).collect(),
+            _ => vec![],
         };
         Owned {
             rows,
@@ -104,6 +123,7 @@ impl Owned {
             format,
             data,
             scales,
+            zeros,
         }
     }
 
@@ -129,6 +149,13 @@ impl Owned {
                     bytes: &self.scales,
                     dtype: ScaleType::F32,
                 },
+            },
+            Format::Int4 => WeightData::Int4 {
+                qweight: &self.data,
+                qzeros: &self.zeros,
+                scales: &self.scales,
+                group: INT4_GROUP,
+                zero_offset: 1,
             },
         };
         LinearWeight {
@@ -289,7 +316,13 @@ fn main() {
             "case", "format", "MB", "µs", "GB/s", "% bw", "GB/s cpu"
         );
         let mut gemv_cases = Vec::new();
-        for format in [Format::Bf16, Format::Nvfp4, Format::Fp8, Format::Fp8Block] {
+        for format in [
+            Format::Bf16,
+            Format::Nvfp4,
+            Format::Fp8,
+            Format::Fp8Block,
+            Format::Int4,
+        ] {
             for (name, shapes) in [
                 (format!("q_proj {q}x{hidden}"), vec![(q, hidden)]),
                 (format!("o_proj {hidden}x{q}"), vec![(hidden, q)]),
@@ -403,7 +436,7 @@ fn main() {
             "{:<40} {:>6} {:>8} {:>9} {:>7} {:>8} {:>12}",
             "case", "format", "tokens", "µs", "GB/s", "GFLOP/s", "GFLOP/s cpu"
         );
-        for format in [Format::Bf16, Format::Nvfp4] {
+        for format in [Format::Bf16, Format::Nvfp4, Format::Int4] {
             for tokens in [1, 2, 3, 4, 5, 8, 12, 16] {
                 let case = Case {
                     name: format!("q_proj tokens={tokens}"),
@@ -432,7 +465,7 @@ fn main() {
             "{:<40} {:>6} {:>8} {:>9} {:>8} {:>12}",
             "case", "format", "tokens", "ms", "GFLOP/s", "GFLOP/s cpu"
         );
-        for format in [Format::Bf16, Format::Nvfp4] {
+        for format in [Format::Bf16, Format::Nvfp4, Format::Int4] {
             let cases = [
                 Case {
                     name: format!("q_proj {q}x{hidden}"),

@@ -1,13 +1,13 @@
-//! Activation quantization for the integer MXFP4 kernels: the layout, the
-//! rounding rule against an f64 recomputation, the special blocks, the SIMD
-//! quantizer against the scalar definition bit for bit, and a scratch that
-//! is too small.
+//! Activation quantization for the integer kernels: the layout (and the
+//! INT4 kernel's pairs of it), the rounding rule against an f64
+//! recomputation, the special blocks, the SIMD quantizer against the scalar
+//! definition bit for bit, and a scratch that is too small.
 
 use crate::kernels_common;
 
 use kernels_common::{Format, Rng, random_weight};
 use sparkrt::backend::cpu::kernels::quantize::{
-    DOUBLED_E2M1, block_scale, code_position, code_scale, quantize_row, scale_position,
+    DOUBLED_E2M1, QuantizedX, block_scale, code_position, code_scale, quantize_row, scale_position,
 };
 use sparkrt::backend::cpu::kernels::{
     ActivationScratch, GroupedProblem, Isa, KernelError, matmul_grouped_in, quantize_rows,
@@ -32,6 +32,46 @@ fn positions_are_a_permutation_of_the_row() {
         let mut scales: Vec<usize> = (0..blocks).map(|b| scale_position(blocks, b)).collect();
         scales.sort_unstable();
         assert_eq!(scales, (0..blocks).collect::<Vec<_>>(), "{blocks} blocks");
+    }
+}
+
+/// The INT4 kernel's view of a block (`QuantizedX::column_pairs`): the
+/// codes of columns 8w + j and 8w + j + 4 of block b, and b's scale, for
+/// every block of rows of 1 to 90 blocks and two tokens.
+#[test]
+fn column_pairs_are_the_codes_of_their_columns() {
+    let mut rng = Rng::new(35);
+    for blocks in BLOCK_COUNTS {
+        let cols = 32 * blocks;
+        let x = rng.floats(2 * cols, -4.0, 4.0);
+        let mut codes = vec![0i16; 2 * cols];
+        let mut scales = vec![0f32; 2 * blocks];
+        for t in 0..2 {
+            quantize_row(
+                &x[t * cols..(t + 1) * cols],
+                &mut codes[t * cols..(t + 1) * cols],
+                &mut scales[t * blocks..(t + 1) * blocks],
+            );
+        }
+        let q = QuantizedX {
+            codes: &codes,
+            scales: &scales,
+            cols,
+        };
+        for t in 0..2 {
+            let row = &codes[t * cols..(t + 1) * cols];
+            for b in 0..blocks {
+                let (pairs, scale) = q.column_pairs(t, b);
+                assert_eq!(scale, scales[t * blocks + scale_position(blocks, b)]);
+                for (w, word) in pairs.iter().enumerate() {
+                    for (j, &pair) in word.iter().enumerate() {
+                        let code = |i: usize| row[code_position(blocks, b, i)];
+                        assert_eq!(pair as i16, code(8 * w + j), "{blocks} blocks, b {b}");
+                        assert_eq!((pair >> 16) as i16, code(8 * w + j + 4));
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -503,10 +503,13 @@ pub fn moe_workspace(
 }
 
 /// Whether CPU matmuls of this format read their inputs quantized to int16
-/// (the integer FP4 kernels: MXFP4, and NVFP4 on x86; sized on every host,
-/// so a plan does not depend on the instruction set).
+/// (the integer kernels: MXFP4, and NVFP4 and GPTQ INT4 on x86; sized on
+/// every host, so a plan does not depend on the instruction set).
 fn quantizes_inputs(format: Quantization) -> bool {
-    matches!(format, Quantization::Mxfp4 | Quantization::Nvfp4)
+    matches!(
+        format,
+        Quantization::Mxfp4 | Quantization::Nvfp4 | Quantization::Int4
+    )
 }
 
 /// The widest input of a linear outside the experts whose inputs the CPU
@@ -1428,12 +1431,12 @@ mod tests {
         assert_eq!(placements, ["host_mapped", "host_mapped"]);
     }
 
-    /// The CPU's quantized-activation buffers cover every NVFP4 or MXFP4
-    /// linear: the experts' routed rows, else (or if wider) the batch of
+    /// The CPU's quantized-activation buffers cover every NVFP4, MXFP4 or
+    /// INT4 linear: the experts' routed rows, else (or if wider) the batch of
     /// tokens times the widest input of the other NVFP4 linears; none on
     /// CUDA, none where every linear multiplies f32 or bf16 inputs.
     #[test]
-    fn quantized_activations_cover_every_fp4_linear() {
+    fn quantized_activations_cover_every_integer_linear() {
         let quantized = |g: &ModelGeometry, device| {
             let ws = moe_workspace(g, 16, 1, device, g.num_experts as u64);
             let find = |name| ws.buffers.iter().find(|b| b.name == name).map(|b| b.bytes);
@@ -1461,6 +1464,14 @@ mod tests {
         g.moe_intermediate_size = 96;
         assert_eq!(quantized(&g, PlanDevice::Cpu).0, Some(16 * 2 * 96 * 2));
         assert_eq!(quantized(&g, PlanDevice::Cuda), (None, None));
+        // GPTQ INT4 attention alone (the integer INT4 kernel): o_proj's 64.
+        g.quantization = Quantization::Bf16;
+        g.lm_head_quantization = Quantization::Bf16;
+        g.attention_quantization = Quantization::Int4;
+        assert_eq!(
+            quantized(&g, PlanDevice::Cpu),
+            (Some(16 * 64 * 2), Some(16 * 2 * 4))
+        );
     }
 
     /// `types` as layers (`S` sliding, `F` full), 2 KV heads of 8, window 40.

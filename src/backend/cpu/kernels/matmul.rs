@@ -8,7 +8,7 @@
 //! each, and a slow thread never holds the others back by more than a unit.
 //! Every kernel reads the activations where they are: a call allocates
 //! nothing (the job list reuses a per-thread allocation). The one exception
-//! is MXFP4 (AVX2, NEON) and NVFP4 (the x86 tiers), which first quantize each
+//! is MXFP4 (AVX2, NEON), NVFP4 and INT4 (the x86 tiers), which first quantize each
 //! problem's activations (`quantize`) into a scratch: the caller's
 //! ([`matmul_grouped_in`], the workspace's planned buffers) or a per-thread
 //! one that grows.
@@ -78,12 +78,13 @@ pub fn matmul_grouped_on(isa: Isa, problems: &mut [GroupedProblem]) -> Result<()
 
 /// Whether `isa` multiplies this weight with quantized activations (and so
 /// needs an activation scratch): MXFP4 on AVX2 (and the tiers that run its
-/// kernels) and NEON; NVFP4 on the x86 tiers, where its rows are whole
-/// activation blocks.
+/// kernels) and NEON; NVFP4 and GPTQ INT4 on the x86 tiers, where their
+/// rows are whole activation blocks.
 pub fn quantizes_activations(isa: Isa, weight: &LinearWeight) -> bool {
     match weight.data {
         WeightData::Mxfp4 { .. } => isa.runs_avx2() || isa == Isa::Neon,
         WeightData::Nvfp4 { .. } => isa.runs_avx2() && integer_nvfp4(weight),
+        WeightData::Int4 { .. } => isa.runs_avx2() && weight.cols.is_multiple_of(BLOCK),
         _ => false,
     }
 }
@@ -389,6 +390,14 @@ fn choose_path(isa: Isa, w: &LinearWeight, tokens: usize) -> Path {
 
 fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
     match isa {
+        // INT4 whose inputs are not whole activation blocks (no model is
+        // known to have such a matrix) has no x86 kernel.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx
+            if matches!(job.weight.data, WeightData::Int4 { .. }) && job.quantized.is_none() =>
+        {
+            portable::run_rows(job, rows)
+        }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
             super::x86::run_rows(isa, job, rows)

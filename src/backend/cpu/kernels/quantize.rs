@@ -1,4 +1,5 @@
-//! Activations quantized for the integer FP4 kernels (MXFP4; NVFP4 on x86).
+//! Activations quantized for the integer kernels (MXFP4; NVFP4 and GPTQ INT4
+//! on x86).
 //!
 //! Why: decoding FP4 weights to f32 costs more vector instructions per byte
 //! than two cores can issue at the memory bandwidth. Multiplying FP4 codes
@@ -133,6 +134,24 @@ impl<'a> QuantizedX<'a> {
         let blocks = self.cols / BLOCK;
         &self.scales[t * blocks..(t + 1) * blocks]
     }
+
+    /// Block `b` of token `t` as the GPTQ INT4 kernel multiplies it: per
+    /// 8 columns `w` and `j < 4`, the codes of columns `8w + j` and
+    /// `8w + j + 4` as the low and high int16 of one value (neighbours in
+    /// the layout of [`code_position`], which groups a block's values by
+    /// their index mod 4), and the block's scale.
+    pub fn column_pairs(&self, t: usize, b: usize) -> ([[i32; 4]; BLOCK / 8], f32) {
+        let blocks = self.cols / BLOCK;
+        let (start, offsets) = block_layout(blocks, b);
+        let row = &self.codes_of(t)[start..];
+        let pairs = std::array::from_fn(|w| {
+            std::array::from_fn(|j| {
+                let low = offsets[8 * w + j];
+                i32::from(row[low] as u16) | (i32::from(row[low + 1]) << 16)
+            })
+        });
+        (pairs, self.scales_of(t)[scale_position(blocks, b)])
+    }
 }
 
 /// Where element `i` of block `b` goes in a row of `blocks` blocks.
@@ -183,6 +202,17 @@ pub fn block_scale(amax: f32) -> f32 {
 const PAIR_OFFSETS: [usize; BLOCK] = offsets(16);
 const LONE_OFFSETS: [usize; BLOCK] = offsets(8);
 
+/// Where block `b` of a row of `blocks` blocks starts in the layout of
+/// [`code_position`], and the offsets of its values from there.
+fn block_layout(blocks: usize, b: usize) -> (usize, &'static [usize; BLOCK]) {
+    let offsets = if b + 1 == blocks && blocks % 2 == 1 {
+        &LONE_OFFSETS
+    } else {
+        &PAIR_OFFSETS
+    };
+    (code_position(blocks, b, 0), offsets)
+}
+
 /// The group of a value by its index mod 4.
 const GROUP_OF: [usize; 4] = [0, 2, 1, 3];
 
@@ -225,12 +255,7 @@ pub fn quantize_row(x: &[f32], codes: &mut [i16], scales: &mut [f32]) {
         for (q, &v) in q.iter_mut().zip(block) {
             *q = ((v * inverse + ROUNDER) - ROUNDER) as i16;
         }
-        let start = code_position(blocks, b, 0);
-        let offsets = if b + 1 == blocks && blocks % 2 == 1 {
-            &LONE_OFFSETS
-        } else {
-            &PAIR_OFFSETS
-        };
+        let (start, offsets) = block_layout(blocks, b);
         let codes = &mut codes[start..];
         for (&offset, &q) in offsets.iter().zip(&q) {
             codes[offset] = q;

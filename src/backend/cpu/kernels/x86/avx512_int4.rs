@@ -1,27 +1,29 @@
 //! The AVX-512 tiers' entry to the INT4 kernel of `avx2_int4.rs`: 16
 //! output rows a zmm register instead of 8 a ymm register.
 //!
-//! The `qweight` words of 16 consecutive output rows are one 64-byte load.
-//! Per nibble, the AVX2 width spends a mask and a convert to turn the codes
-//! into floats; here one `vpermps` looks them up in the table `0.0 ..= 15.0`
-//! (the permute reads only each lane's low 4 bits, so no mask): half the
-//! vectors and fewer operations per weight. The scales widen from f16 by
-//! `vcvtph2ps`, exact as `read_f16`. Each lane computes what the AVX2
-//! lane for its row does, in the kernel's one order, so the bits are the
-//! AVX2 tier's. A row range whose length is an odd multiple of 8 leaves
-//! its last 8 rows to the AVX2 width.
+//! The `qweight` words of 16 consecutive output rows are one 64-byte load;
+//! each pair of codes meets its pair of activations in one `vpdpwssd`
+//! where the CPU has AVX-512 VNNI (`vpmaddwd` and `vpaddd` otherwise: the
+//! same integers). The scales widen from f16 by `vcvtph2ps`, exact as
+//! `read_f16`. Each lane computes what the AVX2 lane for its row does, in
+//! the kernel's one order, so the bits are the AVX2 tier's. A row range
+//! whose length is an odd multiple of 8 leaves its last 8 rows to the AVX2
+//! width.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::super::isa::has_feature;
 use super::super::job::Job;
-use super::avx2_int4::{Int4Lanes, Ymm, run_rows_with};
+use super::super::quantize::QuantizedX;
+use super::avx2_int4::{Int4Lanes, PAIR_MASK, Ymm, run_rows_with};
 use crate::formats::read_u32;
 
-/// 16 rows a zmm register (AVX-512F).
-struct Zmm;
+/// 16 rows a zmm register (AVX-512F/BW), the pairs' products by `vpdpwssd`
+/// where `VNNI`.
+struct Zmm<const VNNI: bool>;
 
-impl Int4Lanes for Zmm {
+impl<const VNNI: bool> Int4Lanes for Zmm<VNNI> {
     const LANES: usize = 16;
     type F = __m512;
     type I = __m512i;
@@ -46,9 +48,9 @@ impl Int4Lanes for Zmm {
         unsafe { _mm512_fnmadd_ps(a, b, c) }
     }
     #[inline(always)]
-    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+    unsafe fn zero_int() -> __m512i {
         // SAFETY: AVX-512F (the contract).
-        unsafe { _mm512_add_ps(a, b) }
+        unsafe { _mm512_setzero_si512() }
     }
     #[inline(always)]
     unsafe fn load_words(p: *const u8) -> __m512i {
@@ -56,20 +58,36 @@ impl Int4Lanes for Zmm {
         unsafe { _mm512_loadu_si512(p.cast()) }
     }
     #[inline(always)]
-    unsafe fn low_nibbles(words: __m512i) -> __m512 {
+    unsafe fn first_pair(words: __m512i) -> __m512i {
         // SAFETY: AVX-512F (the contract).
-        unsafe {
-            let codes_as_floats = _mm512_setr_ps(
-                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
-                15.0,
-            );
-            _mm512_permutexvar_ps(words, codes_as_floats)
-        }
+        unsafe { _mm512_and_si512(words, _mm512_set1_epi32(PAIR_MASK)) }
     }
     #[inline(always)]
     unsafe fn next_nibbles(words: __m512i) -> __m512i {
         // SAFETY: AVX-512F (the contract).
         unsafe { _mm512_srli_epi32::<4>(words) }
+    }
+    #[inline(always)]
+    unsafe fn dot_pair(acc: __m512i, codes: __m512i, x_pair: i32) -> __m512i {
+        // SAFETY: AVX-512F/BW, and AVX-512 VNNI where VNNI (the contract).
+        unsafe {
+            let x = _mm512_set1_epi32(x_pair);
+            if VNNI {
+                dpwssd(acc, codes, x)
+            } else {
+                _mm512_add_epi32(acc, _mm512_madd_epi16(codes, x))
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn add_int(a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: AVX-512F (the contract).
+        unsafe { _mm512_add_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn to_float(sums: __m512i) -> __m512 {
+        // SAFETY: AVX-512F (the contract).
+        unsafe { _mm512_cvtepi32_ps(sums) }
     }
     #[inline(always)]
     unsafe fn zero_points(qzeros: &[u8], first: usize, offset: u8) -> __m512 {
@@ -104,17 +122,73 @@ impl Int4Lanes for Zmm {
     }
 }
 
-/// Rows `rows` (multiples of 8, as the dispatcher's units are) of an INT4
-/// job, 16 rows a zmm register, a last 8 by the AVX2 width.
+/// `acc` plus the pairwise int16 products of `a` and `b` by one
+/// `vpdpwssd`, written out: given the intrinsic, LLVM's machine combiner
+/// splits chains of them into `vpmaddwd` + `vpaddd` (shorter dependency
+/// chains, one more instruction a pair), and this kernel's chains are
+/// short already (each row's sums are independent of the others'), while
+/// its instructions are what it waits on.
 ///
 /// # Safety
-/// AVX2, FMA and AVX-512F are present (the AVX-512 tiers exist only after
-/// run-time detection); the job's shapes were checked by `check_problem`.
-#[target_feature(enable = "avx2,fma,avx512f")]
-pub(super) unsafe fn run_rows(job: &Job, rows: Range<usize>) {
+/// The CPU has AVX-512F and AVX-512 VNNI.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: AVX-512 VNNI (the contract); registers only, no memory.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+/// Rows `rows` (multiples of 8, as the dispatcher's units are) of an INT4
+/// job whose activations are `q`, 16 rows a zmm register, a last 8 by the
+/// AVX2 width; by `vpdpwssd` where the CPU has AVX-512 VNNI.
+///
+/// # Safety
+/// AVX2, FMA and AVX-512F/BW are present (the AVX-512 tiers exist only
+/// after run-time detection); the job's shapes were checked by
+/// `check_problem` and `q` is the job's activations quantized.
+pub(super) unsafe fn run_rows(job: &Job, q: &QuantizedX, rows: Range<usize>) {
+    // SAFETY: this function's contract; VNNI where detected.
+    unsafe {
+        if has_feature("avx512vnni") {
+            run_rows_vnni(job, q, rows)
+        } else {
+            run_rows_plain(job, q, rows)
+        }
+    }
+}
+
+/// [`run_rows`] without VNNI.
+///
+/// # Safety
+/// As [`run_rows`].
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
+unsafe fn run_rows_plain(job: &Job, q: &QuantizedX, rows: Range<usize>) {
     // SAFETY: this function's contract, whose features Zmm and Ymm need.
     unsafe {
-        let done = run_rows_with::<Zmm>(job, rows.clone());
-        run_rows_with::<Ymm>(job, done..rows.end);
+        let done = run_rows_with::<Zmm<false>>(job, q, rows.clone());
+        run_rows_with::<Ymm>(job, q, done..rows.end);
+    }
+}
+
+/// [`run_rows`] with VNNI.
+///
+/// # Safety
+/// As [`run_rows`], and the CPU has AVX-512 VNNI.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
+unsafe fn run_rows_vnni(job: &Job, q: &QuantizedX, rows: Range<usize>) {
+    // SAFETY: this function's contract, whose features Zmm and Ymm need.
+    unsafe {
+        let done = run_rows_with::<Zmm<true>>(job, q, rows.clone());
+        run_rows_with::<Ymm>(job, q, done..rows.end);
     }
 }

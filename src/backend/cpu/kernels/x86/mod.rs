@@ -12,7 +12,8 @@
 //! with the decoders of `avx2_nvfp4.rs`, `avx512_nvfp4.rs` and
 //! `avx2_fp8.rs`), `avx2_fp4.rs` the integer FP4 kernels (MXFP4, and NVFP4
 //! whose rows are whole 32-value blocks) with their scales (`fp4_scales.rs`)
-//! and activation quantizer (`avx2_quantize.rs`), `avx2_int4.rs` and `avx512_int4.rs` the GPTQ INT4 kernels, `avx2_ops.rs`
+//! and activation quantizer (`avx2_quantize.rs`), `avx2_int4.rs` and `avx512_int4.rs` the integer GPTQ INT4
+//! kernels, `avx2_ops.rs`
 //! the small ops;
 //! `lanes.rs` what the two matmul files share. This file sends each format
 //! to its kernels.
@@ -96,14 +97,18 @@ pub(super) fn run_rows(isa: Isa, job: &Job, rows: Range<usize>) {
             // SAFETY: as for MXFP4 above.
             unsafe { avx2_fp4::run_rows(isa, stream, q, job, rows) }
         }
-        (WeightData::Int4 { .. }, _) if isa.runs_avx512() => {
-            // SAFETY: as above: shapes checked; this tier exists only with
-            // AVX2, FMA and AVX-512F detected.
-            unsafe { avx512_int4::run_rows(job, rows) }
+        (WeightData::Int4 { .. }, Some(q)) if isa.runs_avx512() => {
+            // SAFETY: as above: shapes checked, `q` the job's x quantized;
+            // this tier exists only with AVX2, FMA and AVX-512F/BW detected.
+            unsafe { avx512_int4::run_rows(job, q, rows) }
         }
-        (WeightData::Int4 { .. }, _) => {
-            // SAFETY: as above: shapes checked, AVX2 and FMA present.
-            unsafe { avx2_int4::run_rows(job, rows) }
+        (WeightData::Int4 { .. }, Some(q)) => {
+            // SAFETY: as above: shapes checked, `q` the job's x quantized,
+            // AVX2 and FMA present.
+            unsafe { avx2_int4::run_rows(job, q, rows) }
+        }
+        (WeightData::Int4 { .. }, None) => {
+            unreachable!("matmul sends INT4 without quantized activations to the portable kernel")
         }
         _ => avx2::run_rows(isa, job, rows),
     }
