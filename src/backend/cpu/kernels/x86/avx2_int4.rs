@@ -334,7 +334,7 @@ unsafe fn row_chunk<L: Int4Lanes, const T: usize>(
             }
             let segment = Segment {
                 qweight,
-                first_word: k,
+                block_start: activation_block * WORDS_PER_BLOCK,
                 rows: n_rows,
                 r0,
                 prefetch_words: packed_rows,
@@ -384,11 +384,11 @@ unsafe fn row_chunk<L: Int4Lanes, const T: usize>(
     T
 }
 
-/// The words of one segment (consecutive packed input rows from
-/// `first_word`) of a row chunk starting at row `r0`.
+/// The packed input rows of one activation block (from `block_start`) of
+/// a row chunk starting at row `r0`.
 struct Segment<'a> {
     qweight: &'a [u8],
-    first_word: usize,
+    block_start: usize,
     rows: usize,
     r0: usize,
     /// Packed input rows in all (none is prefetched past them).
@@ -397,11 +397,10 @@ struct Segment<'a> {
 
 impl Segment<'_> {
     /// Per token, the integer sums of block `b`'s codes in words `within`
-    /// (of the activation block, from the segment's first) times the
-    /// activations' pairs.
+    /// of the activation block times the activations' pairs.
     ///
     /// # Safety
-    /// `L`'s features are enabled; the segment's words for rows
+    /// `L`'s features are enabled; words `within` for rows
     /// `r0 + LANES·b ..+ LANES` lie inside `qweight`.
     #[inline(always)]
     unsafe fn sums<L: Int4Lanes, const T: usize>(
@@ -414,9 +413,8 @@ impl Segment<'_> {
         // integers are exact, so this only shortens the chains.
         // SAFETY: `L`'s features (the contract); so for every `L` call.
         let mut sums = [[unsafe { L::zero_int() }; 2]; T];
-        let first = within.start;
         for word in within {
-            let kk = self.first_word + word - first;
+            let kk = self.block_start + word;
             let at = (kk * self.rows + self.r0 + b * L::LANES) * 4;
             if kk + PREFETCH_ROWS < self.prefetch_words {
                 prefetch_line(self.qweight.as_ptr(), at + PREFETCH_ROWS * self.rows * 4);
